@@ -1,0 +1,647 @@
+"""One AMQP channel: its methods, content assembly, delivery tags and confirms.
+
+A method that needs a shard's answer (say queue.delete) sends a request and
+parks the channel: frames that arrive meanwhile wait in a backlog and are
+replayed in order once the answer is in, so a channel's methods always take
+effect in the order the client sent them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING
+
+from shards import records as r
+
+from . import frames, spec
+from . import methods as m
+from .broker import EXCHANGE_TYPES, Exchange, QueueMeta, server_generated_name
+from .confirms import ConfirmTracker
+from .errors import AMQPError, exchange_name, queue_name
+from .properties import peek_delivery_mode
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+BASIC_CLASS = spec.CLASS_IDS["basic"]
+CONSUMER_CREDIT = 500  # deliveries a consumer may have between gateway and socket
+
+
+class ConsumerState:
+    __slots__ = ("tag", "holder", "meta", "link", "no_ack", "owed_credit")
+
+    def __init__(self, tag: str, holder: int, meta: QueueMeta, link, no_ack: bool):
+        self.tag = tag
+        self.holder = holder
+        self.meta = meta
+        self.link = link
+        self.no_ack = no_ack
+        self.owed_credit = 0  # deliveries written out whose credit is not yet returned
+
+
+class Channel:
+    def __init__(self, conn: "Connection", number: int):
+        self.conn = conn
+        self.number = number
+        self.broker = conn.broker
+        self.id = self.broker.new_id()
+        self.broker.holders[self.id] = self
+        self.holder_ids = {self.id}  # every holder this channel used, for release
+        self.consumers: dict[str, ConsumerState] = {}
+        self.by_holder: dict[int, ConsumerState] = {}
+        self.unacked: OrderedDict[int, tuple] = OrderedDict()  # tag -> (link, qid, holder, seq)
+        self.next_tag = 1
+        self.consumer_prefetch = 0
+        self.channel_prefetch = 0
+        self.confirms: ConfirmTracker | None = None
+        self.flow_active = True
+        self.held_deliveries: list[bytes] = []  # while the client has flow off
+        self.last_queue = ""
+        self.closing = False  # we sent channel.close and wait for close-ok
+        self.closed = False
+        self._content_method = None
+        self._content_props = b""
+        self._content_size = 0
+        self._content_parts: list[bytes] = []
+        self._content_received = 0
+        self._awaiting_header = False
+        self._waiting = False
+        self._backlog: deque = deque()
+
+    @property
+    def vhost(self):
+        return self.conn.vhost
+
+    # -- frames in -------------------------------------------------------------
+
+    def handle_frame(self, frame_type: int, payload: bytes) -> None:
+        if self._waiting:
+            self._backlog.append((frame_type, payload))
+            return
+        if frame_type == frames.FRAME_METHOD:
+            if self._content_method is not None:
+                raise AMQPError(spec.UNEXPECTED_FRAME,
+                                f"expected content {'header' if self._awaiting_header else 'body'}"
+                                f" for class {BASIC_CLASS}, got non content frame instead")
+            method = self.conn.decode(payload)
+            if method.HAS_CONTENT:
+                self._start_content(method)
+            else:
+                self.handle_method(method)
+        elif frame_type == frames.FRAME_HEADER:
+            self._content_header(payload)
+        elif frame_type == frames.FRAME_BODY:
+            self._content_body(payload)
+        else:
+            raise AMQPError(spec.FRAME_ERROR, f"unexpected frame type {frame_type}")
+
+    def _start_content(self, method) -> None:
+        if type(method) is not m.BasicPublish:
+            raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME}",
+                            method.CLASS_ID, method.METHOD_ID)
+        self._content_method = method
+        self._awaiting_header = True
+
+    def _content_header(self, payload: bytes) -> None:
+        if not self._awaiting_header:
+            raise AMQPError(spec.UNEXPECTED_FRAME, "unexpected content header frame")
+        class_id, size, props = frames.parse_content_header(payload)
+        if class_id != BASIC_CLASS:
+            raise AMQPError(spec.UNEXPECTED_FRAME,
+                            f"content header for class {class_id}, expected {BASIC_CLASS}")
+        self._awaiting_header = False
+        self._content_props = props
+        self._content_size = size
+        self._content_parts = []
+        self._content_received = 0
+        if size == 0:
+            self._content_complete()
+
+    def _content_body(self, payload: bytes) -> None:
+        if self._content_method is None or self._awaiting_header:
+            raise AMQPError(spec.UNEXPECTED_FRAME, "unexpected content body frame")
+        self._content_received += len(payload)
+        if self._content_received > self._content_size:
+            raise AMQPError(spec.FRAME_ERROR, "content body larger than its header announced")
+        self._content_parts.append(payload)
+        if self._content_received == self._content_size:
+            self._content_complete()
+
+    def _content_complete(self) -> None:
+        method = self._content_method
+        parts = self._content_parts
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._content_method = None
+        self._content_parts = []
+        self._publish(method, self._content_props, body)
+
+    def handle_method(self, method) -> None:
+        handler = self._handlers.get(type(method))
+        if handler is None:
+            raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME}",
+                            method.CLASS_ID, method.METHOD_ID)
+        try:
+            handler(self, method)
+        except AMQPError as error:
+            if not error.class_id:
+                error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
+            raise
+
+    # -- waiting for a shard ---------------------------------------------------
+
+    def _request(self, link, make, on_reply) -> None:
+        """Send a request to a shard; park the channel until `on_reply(reply)` ran."""
+        self._waiting = True
+
+        def answered(reply) -> None:
+            if self.closed or self.closing:
+                return
+            self._waiting = False
+            self.conn.run_guarded(self, lambda: (on_reply(reply), self._drain_backlog()))
+
+        link.request(make, answered)
+
+    def _drain_backlog(self) -> None:
+        while self._backlog and not self._waiting and not self.closing:
+            frame_type, payload = self._backlog.popleft()
+            self.handle_frame(frame_type, payload)
+
+    # -- output ----------------------------------------------------------------
+
+    def send(self, method) -> None:
+        self.conn.send(frames.method_frame(self.number, method))
+
+    def _reply(self, method, nowait: bool = False) -> None:
+        if not nowait:
+            self.send(method)
+
+    # -- lookups ---------------------------------------------------------------
+
+    def _queue_named(self, name: str) -> QueueMeta:
+        if name == "":
+            if not self.last_queue:
+                raise AMQPError(spec.NOT_FOUND, "no previously declared queue")
+            name = self.last_queue
+        meta = self.vhost.queues.get(name)
+        if meta is None:
+            raise AMQPError(spec.NOT_FOUND, f"no {queue_name(self.vhost.name, name)}")
+        self._check_exclusive(meta)
+        return meta
+
+    def _check_exclusive(self, meta: QueueMeta, wants_exclusive: bool = False) -> None:
+        if ((meta.owner is not None and meta.owner is not self.conn)
+                or (wants_exclusive and meta.owner is None)):
+            raise AMQPError(
+                spec.RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked {queue_name(meta.vhost, meta.name)}. "
+                "It could be originally declared on another connection or the exclusive "
+                "property value does not match that of the original declaration.")
+
+    def _exchange_named(self, name: str) -> Exchange:
+        exchange = self.vhost.exchanges.get(name)
+        if exchange is None:
+            raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(self.vhost.name, name)}")
+        return exchange
+
+    def _link(self, meta: QueueMeta):
+        return self.broker.links[meta.shard]
+
+    # -- channel class ---------------------------------------------------------
+
+    def _channel_flow(self, method: m.ChannelFlow) -> None:
+        self.flow_active = method.active
+        self.send(m.ChannelFlowOk(active=method.active))
+        if method.active:
+            held, self.held_deliveries = self.held_deliveries, []
+            for data in held:
+                self.conn.send(data)
+            self.conn.owed_grants.update(c for c in self.consumers.values() if c.owed_credit)
+
+    def _channel_close(self, method: m.ChannelClose) -> None:
+        self.release()
+        self.send(m.ChannelCloseOk())
+        self.conn.forget_channel(self)
+
+    def _channel_close_ok(self, method: m.ChannelCloseOk) -> None:
+        pass  # only meaningful while closing; the connection handles that case
+
+    def _access_request(self, method: m.AccessRequest) -> None:
+        self.send(m.AccessRequestOk(ticket=1))
+
+    # -- exchanges -------------------------------------------------------------
+
+    def _exchange_declare(self, method: m.ExchangeDeclare) -> None:
+        vhost = self.vhost
+        name = method.exchange
+        existing = vhost.exchanges.get(name)
+        if method.passive:
+            if existing is None:
+                raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, name)}")
+            return self._reply(m.ExchangeDeclareOk(), method.nowait)
+        if name == "":
+            raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
+        if method.type not in EXCHANGE_TYPES:
+            raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{method.type}'")
+        if existing is None:
+            if name.startswith("amq."):
+                raise AMQPError(spec.ACCESS_REFUSED,
+                                f"exchange name '{name}' contains reserved prefix 'amq.*'")
+            vhost.exchanges[name] = Exchange(vhost.name, name, method.type, method.durable,
+                                             method.auto_delete, method.internal,
+                                             method.arguments)
+        else:
+            what = exchange_name(vhost.name, name)
+            _equivalent("type", what, method.type, existing.type)
+            _equivalent("durable", what, method.durable, existing.durable)
+            _equivalent("auto_delete", what, method.auto_delete, existing.auto_delete)
+            _equivalent("internal", what, method.internal, existing.internal)
+        self._reply(m.ExchangeDeclareOk(), method.nowait)
+
+    def _exchange_delete(self, method: m.ExchangeDelete) -> None:
+        name = method.exchange
+        if name == "":
+            raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
+        exchange = self.vhost.exchanges.get(name)
+        if exchange is not None:
+            if name.startswith("amq."):
+                raise AMQPError(spec.ACCESS_REFUSED,
+                                f"deletion of system {exchange_name(self.vhost.name, name)} "
+                                "not allowed")
+            if method.if_unused and exchange.bindings:
+                raise AMQPError(spec.PRECONDITION_FAILED,
+                                f"{exchange_name(self.vhost.name, name)} in use")
+            del self.vhost.exchanges[name]
+        self._reply(m.ExchangeDeleteOk(), method.nowait)
+
+    # -- queues ----------------------------------------------------------------
+
+    def _queue_declare(self, method: m.QueueDeclare) -> None:
+        vhost = self.vhost
+        name = method.queue
+        if method.passive:
+            meta = self._queue_named(name)
+            return self._queue_declare_existing(method, meta)
+        if name == "":
+            name = server_generated_name("amq.gen-")
+        elif name.startswith("amq."):
+            raise AMQPError(spec.ACCESS_REFUSED,
+                            f"queue name '{name}' contains reserved prefix 'amq.*'")
+        meta = vhost.queues.get(name)
+        if meta is not None:
+            self._check_exclusive(meta, wants_exclusive=method.exclusive)
+            what = queue_name(vhost.name, name)
+            _equivalent("durable", what, method.durable, meta.durable)
+            _equivalent("auto_delete", what, method.auto_delete, meta.auto_delete)
+            return self._queue_declare_existing(method, meta)
+        owner = self.conn if method.exclusive else None
+        meta = self.broker.create_queue(vhost, name, method.durable, owner, method.auto_delete,
+                                        method.arguments)
+        self.last_queue = name
+        self._reply(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
+                    method.nowait)
+
+    def _queue_declare_existing(self, method: m.QueueDeclare, meta: QueueMeta) -> None:
+        self.last_queue = meta.name
+        if method.nowait:
+            return
+
+        def answered(reply: r.Reply) -> None:
+            if reply.code:
+                raise AMQPError(reply.code, _shard_text(reply, meta))
+            self.send(m.QueueDeclareOk(queue=meta.name, message_count=reply.message_count,
+                                       consumer_count=reply.consumer_count))
+
+        self._request(self._link(meta), lambda req: r.QueueStatus(req, meta.qid), answered)
+
+    def _queue_bind(self, method: m.QueueBind) -> None:
+        meta = self._queue_named(method.queue)
+        exchange = self._bindable_exchange(method.exchange)
+        routing_key = method.routing_key
+        exchange.bind(routing_key, meta.name)
+        self._reply(m.QueueBindOk(), method.nowait)
+
+    def _queue_unbind(self, method: m.QueueUnbind) -> None:
+        meta = self._queue_named(method.queue)
+        exchange = self._bindable_exchange(method.exchange)
+        exchange.unbind(method.routing_key, meta.name)
+        self.send(m.QueueUnbindOk())
+
+    def _bindable_exchange(self, name: str) -> Exchange:
+        if name == "":
+            raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
+        return self._exchange_named(name)
+
+    def _queue_purge(self, method: m.QueuePurge) -> None:
+        meta = self._queue_named(method.queue)
+
+        def answered(reply: r.Reply) -> None:
+            if reply.code:
+                raise AMQPError(reply.code, _shard_text(reply, meta))
+            self._reply(m.QueuePurgeOk(message_count=reply.message_count), method.nowait)
+
+        self._request(self._link(meta), lambda req: r.PurgeQueue(req, meta.qid), answered)
+
+    def _queue_delete(self, method: m.QueueDelete) -> None:
+        name = method.queue or self.last_queue
+        meta = self.vhost.queues.get(name)
+        if meta is None:
+            # Deleting a queue that does not exist succeeds, as in RabbitMQ.
+            return self._reply(m.QueueDeleteOk(message_count=0), method.nowait)
+        self._check_exclusive(meta)
+
+        def answered(reply: r.Reply) -> None:
+            if reply.code:
+                raise AMQPError(reply.code, _shard_text(reply, meta))
+            self.broker.forget_queue(meta)
+            self._reply(m.QueueDeleteOk(message_count=reply.message_count), method.nowait)
+
+        self._request(self._link(meta),
+                      lambda req: r.DeleteQueue(req, meta.qid, method.if_unused, method.if_empty),
+                      answered)
+
+    # -- basic: consuming ------------------------------------------------------
+
+    def _basic_qos(self, method: m.BasicQos) -> None:
+        if method.prefetch_size:
+            raise AMQPError(spec.NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})")
+        if method.global_:
+            self.channel_prefetch = method.prefetch_count
+        else:
+            self.consumer_prefetch = method.prefetch_count
+        self.send(m.BasicQosOk())
+
+    def _basic_consume(self, method: m.BasicConsume) -> None:
+        meta = self._queue_named(method.queue)
+        tag = method.consumer_tag or server_generated_name("amq.ctag-")
+        if tag in self.consumers:
+            raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        priority = method.arguments.get("x-priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise AMQPError(spec.PRECONDITION_FAILED,
+                            f"invalid arg 'x-priority' for {queue_name(meta.vhost, meta.name)}")
+        holder = self.broker.new_id()
+        link = self._link(meta)
+        consumer = ConsumerState(tag, holder, meta, link, method.no_ack)
+        self.consumers[tag] = consumer
+        self.by_holder[holder] = consumer
+        self.holder_ids.add(holder)
+        self.broker.holders[holder] = self
+
+        def answered(reply: r.Reply) -> None:
+            if reply.code:
+                self._forget_consumer(consumer)
+                raise AMQPError(reply.code, _shard_text(reply, meta))
+            self._reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
+
+        self._request(link, lambda req: r.Consume(
+            req, meta.qid, holder, self.id, tag, method.no_ack, method.exclusive,
+            self.consumer_prefetch, CONSUMER_CREDIT, priority), answered)
+
+    def _basic_cancel(self, method: m.BasicCancel) -> None:
+        consumer = self.consumers.get(method.consumer_tag)
+        if consumer is None:
+            # Not an error: the broker may have cancelled it already (queue deleted).
+            return self._reply(m.BasicCancelOk(consumer_tag=method.consumer_tag), method.nowait)
+
+        def answered(reply: r.Reply) -> None:
+            self._forget_consumer(consumer)
+            self._reply(m.BasicCancelOk(consumer_tag=consumer.tag), method.nowait)
+
+        self._request(consumer.link, lambda req: r.Cancel(req, consumer.meta.qid, consumer.holder),
+                      answered)
+
+    def _forget_consumer(self, consumer: ConsumerState) -> None:
+        self.consumers.pop(consumer.tag, None)
+        self.by_holder.pop(consumer.holder, None)
+        self.broker.holders.pop(consumer.holder, None)
+        self.conn.owed_grants.discard(consumer)
+
+    def consumer_cancelled_by_broker(self, holder: int) -> None:
+        consumer = self.by_holder.get(holder)
+        if consumer is None or self.closing:
+            return
+        self._forget_consumer(consumer)
+        if self.conn.capabilities.get("consumer_cancel_notify"):
+            self.send(m.BasicCancel(consumer_tag=consumer.tag, nowait=True))
+
+    def deliver(self, link, event: r.Deliver) -> None:
+        consumer = self.by_holder.get(event.holder)
+        if consumer is None or self.closing:
+            return  # cancelled meanwhile; the shard requeues what this holder kept
+        tag = self.next_tag
+        self.next_tag += 1
+        if not consumer.no_ack:
+            self.unacked[tag] = (link, event.qid, event.holder, event.seq)
+        data = frames.content_frames(
+            self.number,
+            m.encode_method(m.BasicDeliver(consumer_tag=consumer.tag, delivery_tag=tag,
+                                           redelivered=event.redelivered,
+                                           exchange=event.exchange,
+                                           routing_key=event.routing_key)),
+            BASIC_CLASS, event.properties, event.body, self.conn.frame_max)
+        if self.flow_active:
+            self.conn.send(data)
+        else:
+            self.held_deliveries.append(data)
+        consumer.owed_credit += 1
+        self.conn.owed_grants.add(consumer)
+
+    def return_credit(self, consumer: ConsumerState) -> None:
+        """Give a consumer back the credit of deliveries that left through the socket."""
+        if consumer.owed_credit and self.flow_active and consumer.holder in self.by_holder:
+            consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, consumer.owed_credit))
+            consumer.owed_credit = 0
+
+    # -- basic: get and settle -------------------------------------------------
+
+    def _basic_get(self, method: m.BasicGet) -> None:
+        meta = self._queue_named(method.queue)
+        link = self._link(meta)
+
+        def answered(reply: r.GetReply) -> None:
+            if reply.code:
+                raise AMQPError(reply.code, _shard_text(reply, meta))
+            if reply.seq == 0:
+                return self.send(m.BasicGetEmpty())
+            tag = self.next_tag
+            self.next_tag += 1
+            if not method.no_ack:
+                self.unacked[tag] = (link, meta.qid, self.id, reply.seq)
+            self.conn.send(frames.content_frames(
+                self.number,
+                m.encode_method(m.BasicGetOk(delivery_tag=tag, redelivered=reply.redelivered,
+                                             exchange=reply.exchange,
+                                             routing_key=reply.routing_key,
+                                             message_count=reply.message_count)),
+                BASIC_CLASS, reply.properties, reply.body, self.conn.frame_max))
+
+        self._request(link, lambda req: r.Get(req, meta.qid, self.id, method.no_ack), answered)
+
+    def _take_unacked(self, tag: int, multiple: bool) -> list[tuple]:
+        """Remove and return the deliveries an ack/nack/reject settles (RabbitMQ's collect_acks)."""
+        if multiple:
+            if tag == 0:
+                taken = list(self.unacked.values())
+                self.unacked.clear()
+                return taken
+            if tag not in self.unacked:
+                raise AMQPError(spec.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            taken = []
+            while self.unacked:
+                first, entry = self.unacked.popitem(last=False)
+                taken.append(entry)
+                if first == tag:
+                    break
+            return taken
+        entry = self.unacked.pop(tag, None)
+        if entry is None:
+            raise AMQPError(spec.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        return [entry]
+
+    def _settle(self, entries: list[tuple], outcome: int) -> None:
+        groups: dict[tuple, list[int]] = {}
+        for link, qid, holder, seq in entries:
+            groups.setdefault((link, qid, holder), []).append(seq)
+        for (link, qid, holder), seqs in groups.items():
+            link.send(r.Settle(qid, holder, seqs, outcome))
+
+    def _basic_ack(self, method: m.BasicAck) -> None:
+        self._settle(self._take_unacked(method.delivery_tag, method.multiple), r.SETTLE_ACK)
+
+    def _basic_nack(self, method: m.BasicNack) -> None:
+        outcome = r.SETTLE_REQUEUE if method.requeue else r.SETTLE_DISCARD
+        self._settle(self._take_unacked(method.delivery_tag, method.multiple), outcome)
+
+    def _basic_reject(self, method: m.BasicReject) -> None:
+        outcome = r.SETTLE_REQUEUE if method.requeue else r.SETTLE_DISCARD
+        self._settle(self._take_unacked(method.delivery_tag, False), outcome)
+
+    def _basic_recover(self, method) -> None:
+        if not method.requeue:
+            raise AMQPError(spec.NOT_IMPLEMENTED, "requeue=false")
+        self._settle(list(self.unacked.values()), r.SETTLE_REQUEUE)
+        self.unacked.clear()
+        if type(method) is m.BasicRecover:
+            self.send(m.BasicRecoverOk())
+
+    # -- basic: publish and confirms -------------------------------------------
+
+    def _publish(self, method: m.BasicPublish, properties: bytes, body: bytes) -> None:
+        if method.immediate:
+            raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true",
+                            method.CLASS_ID, method.METHOD_ID)
+        vhost = self.vhost
+        exchange = vhost.exchanges.get(method.exchange)
+        if exchange is None:
+            raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
+                            method.CLASS_ID, method.METHOD_ID)
+        targets = self.broker.route(vhost, exchange, method.routing_key)
+        by_shard: dict[int, list[int]] = {}
+        for meta in targets:
+            by_shard.setdefault(meta.shard, []).append(meta.qid)
+        seq = self.confirms.publish(len(by_shard)) if self.confirms is not None else 0
+        if not targets and method.mandatory:
+            self.conn.send(frames.content_frames(
+                self.number,
+                m.encode_method(m.BasicReturn(reply_code=spec.NO_ROUTE, reply_text="NO_ROUTE",
+                                              exchange=method.exchange,
+                                              routing_key=method.routing_key)),
+                BASIC_CLASS, properties, body, self.conn.frame_max))
+        persistent = peek_delivery_mode(properties) == 2
+        confirm_channel = self.id if seq else 0
+        for shard, qids in by_shard.items():
+            self.broker.links[shard].send(
+                r.Publish(qids, method.exchange, method.routing_key, properties, body,
+                          persistent, confirm_channel, seq), self.conn)
+        if seq:
+            self.conn.owed_confirms.add(self)
+
+    def _confirm_select(self, method: m.ConfirmSelect) -> None:
+        if self.confirms is None:
+            self.confirms = ConfirmTracker()
+        self._reply(m.ConfirmSelectOk(), method.nowait)
+
+    def confirmed(self, seq: int) -> None:
+        if self.confirms is not None and not self.closing:
+            self.confirms.accept(seq)
+            self.conn.owed_confirms.add(self)
+
+    def send_confirms(self) -> None:
+        if self.confirms is None or self.closing:
+            return
+        for ack, tag, multiple in self.confirms.take_replies():
+            if ack:
+                self.send(m.BasicAck(delivery_tag=tag, multiple=multiple))
+            else:
+                self.send(m.BasicNack(delivery_tag=tag, multiple=multiple, requeue=False))
+
+    # -- teardown --------------------------------------------------------------
+
+    def release(self) -> None:
+        """The channel is going away: requeue what it holds, drop its consumers."""
+        if self.closed:
+            return
+        self.closed = True
+        holders = list(self.holder_ids)
+        for link in self.broker.links:
+            link.send(r.ReleaseHolders(holders))
+        for holder in holders:
+            self.broker.holders.pop(holder, None)
+        for consumer in self.consumers.values():
+            self.conn.owed_grants.discard(consumer)
+        self.consumers.clear()
+        self.by_holder.clear()
+        self.unacked.clear()
+        self._backlog.clear()
+        self.held_deliveries.clear()
+
+    def shard_lost(self, link) -> None:
+        """A shard died: its consumers are gone, and so are its deliveries' fates."""
+        for consumer in [c for c in self.consumers.values() if c.link is link]:
+            self.consumer_cancelled_by_broker(consumer.holder)
+        if self.confirms is not None:
+            self.confirms.fail_all()
+            self.conn.owed_confirms.add(self)
+
+    _handlers = {
+        m.ChannelFlow: _channel_flow,
+        m.ChannelClose: _channel_close,
+        m.ChannelCloseOk: _channel_close_ok,
+        m.AccessRequest: _access_request,
+        m.ExchangeDeclare: _exchange_declare,
+        m.ExchangeDelete: _exchange_delete,
+        m.QueueDeclare: _queue_declare,
+        m.QueueBind: _queue_bind,
+        m.QueueUnbind: _queue_unbind,
+        m.QueuePurge: _queue_purge,
+        m.QueueDelete: _queue_delete,
+        m.BasicQos: _basic_qos,
+        m.BasicConsume: _basic_consume,
+        m.BasicCancel: _basic_cancel,
+        m.BasicGet: _basic_get,
+        m.BasicAck: _basic_ack,
+        m.BasicNack: _basic_nack,
+        m.BasicReject: _basic_reject,
+        m.BasicRecover: _basic_recover,
+        m.BasicRecoverAsync: _basic_recover,
+        m.ConfirmSelect: _confirm_select,
+    }
+
+
+def _equivalent(arg: str, what: str, received, current) -> None:
+    if received != current:
+        raise AMQPError(spec.PRECONDITION_FAILED,
+                        f"inequivalent arg '{arg}' for {what}: received "
+                        f"'{_show(received)}' but current is '{_show(current)}'")
+
+
+def _show(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _shard_text(reply, meta: QueueMeta) -> str:
+    """A shard's error text without its reply-name prefix (AMQPError adds it)."""
+    if reply.code == spec.NOT_FOUND:
+        return f"no {queue_name(meta.vhost, meta.name)}"
+    prefix = f"{spec.REPLY_NAMES[reply.code]} - "
+    return reply.text[len(prefix):] if reply.text.startswith(prefix) else reply.text

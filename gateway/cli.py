@@ -1,0 +1,31 @@
+"""The `warren` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="warren", description="Warren, an AMQP 0-9-1 broker")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the broker")
+    serve.add_argument("--port", type=int, default=5672, help="AMQP port (0: any free port)")
+    serve.add_argument("--bind", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--data", default="./warren-data", help="data directory")
+    serve.add_argument("--shards", type=int, default=None,
+                       help="shard processes (default: number of CPUs)")
+
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        from .server import ServeOptions, run
+
+        if args.shards is not None and args.shards < 1:
+            parser.error("--shards must be at least 1")
+        run(ServeOptions(args.bind, args.port, args.data, args.shards))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

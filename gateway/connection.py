@@ -1,0 +1,419 @@
+"""One client connection: an asyncio.Protocol around the sans-IO framing.
+
+Handshake (protocol header, start/start-ok, tune/tune-ok, open), heartbeats,
+channel multiplexing, connection-level errors and flow control. Output for a
+loop turn is gathered and written with one call; confirms and credit grants
+are flushed at the same moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+import time
+
+from . import __version__, frames, spec
+from . import methods as m
+from .channel import Channel
+from .errors import AMQPError
+from .fieldtable import FieldTableError, decode_table
+from .frames import FrameError, FrameReader
+
+log = logging.getLogger("warren.connection")
+
+CHANNEL_MAX = 2047
+FRAME_MAX = 131072
+HEARTBEAT = 60
+HANDSHAKE_TIMEOUT = 10.0
+CLOSE_OK_TIMEOUT = 3.0
+
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+}
+
+# Handshake states
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, broker, tune: dict | None = None):
+        self.broker = broker
+        tune = tune or {}
+        self.channel_max = tune.get("channel_max", CHANNEL_MAX)
+        self.frame_max = tune.get("frame_max", FRAME_MAX)
+        self.heartbeat = tune.get("heartbeat", HEARTBEAT)
+        self.state = AWAIT_HEADER
+        self.reader = FrameReader(self.frame_max)
+        self.channels: dict[int, Channel] = {}
+        self.capabilities: dict = {}
+        self.client_properties: dict = {}
+        self.user = ""
+        self.vhost = None
+        self.transport: asyncio.Transport | None = None
+        self.owed_confirms: set[Channel] = set()
+        self.owed_grants: set = set()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._writing_paused = False
+        self._paused_by: set = set()  # shard links whose full rings pause our reading
+        self._last_received = self._last_sent = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername")
+        self.loop = asyncio.get_running_loop()
+        self.broker.connections.add(self)
+        self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    def connection_lost(self, exc) -> None:
+        self.state = CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+        for channel in list(self.channels.values()):
+            channel.release()
+        self.channels.clear()
+        self.broker.delete_exclusive_queues(self)
+        self.broker.connections.discard(self)
+        for link in list(self._paused_by):
+            link.paused.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_received = time.monotonic()
+        self.reader.receive_data(data)
+        try:
+            if self.state == AWAIT_HEADER and not self._read_protocol_header():
+                return
+            while self.state != CLOSED:
+                frame = self.reader.next_frame()
+                if frame is None:
+                    break
+                self._handle_frame(*frame)
+        except FrameError as error:
+            self.close_with_error(AMQPError(spec.FRAME_ERROR, error.text))
+        except AMQPError as error:
+            self.close_with_error(error)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._grant_credit()
+
+    # -- output ----------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self.owed_confirms:
+            owed, self.owed_confirms = self.owed_confirms, set()
+            for channel in owed:
+                channel.send_confirms()
+        if self._out and self.state != CLOSED:
+            out, self._out = self._out, []
+            self.transport.write(b"".join(out))
+            self._last_sent = time.monotonic()
+        self._grant_credit()
+
+    def _grant_credit(self) -> None:
+        if self._writing_paused or not self.owed_grants:
+            return
+        owed, self.owed_grants = self.owed_grants, set()
+        for consumer in owed:
+            channel = self.broker.holders.get(consumer.holder)
+            if channel is not None:
+                channel.return_credit(consumer)
+
+    def method(self, channel: int, method) -> None:
+        self.send(frames.method_frame(channel, method))
+
+    # -- flow control from shards ----------------------------------------------
+
+    def pause_for_shard(self, link) -> None:
+        if not self._paused_by and self.state != CLOSED:
+            self.transport.pause_reading()
+            if self.capabilities.get("connection.blocked"):
+                self.method(0, m.ConnectionBlocked(reason="shard queue full"))
+        self._paused_by.add(link)
+
+    def resume_for_shard(self, link) -> None:
+        self._paused_by.discard(link)
+        if not self._paused_by and self.state != CLOSED:
+            self.transport.resume_reading()
+            if self.capabilities.get("connection.blocked"):
+                self.method(0, m.ConnectionUnblocked())
+
+    # -- frames ----------------------------------------------------------------
+
+    def _read_protocol_header(self) -> bool:
+        header = self.reader.read_protocol_header()
+        if header is None:
+            return False
+        if header != frames.PROTOCOL_HEADER:
+            # Tell the client which protocol we speak, then hang up (AMQP 0-9-1 §4.2.2).
+            self.transport.write(frames.PROTOCOL_HEADER)
+            self.state = CLOSED
+            self.transport.close()
+            return False
+        self.state = AWAIT_START_OK
+        self.method(0, m.ConnectionStart(
+            version_major=spec.SPEC["major-version"], version_minor=spec.SPEC["minor-version"],
+            server_properties={
+                "product": "Warren",
+                "version": __version__,
+                "platform": f"Python {platform.python_version()}",
+                "copyright": "Warren developers",
+                "information": "AMQP 0-9-1 broker; see README.md",
+                "capabilities": dict(CAPABILITIES),
+            },
+            mechanisms=b"PLAIN AMQPLAIN", locales=b"en_US"))
+        return True
+
+    def decode(self, payload: bytes):
+        try:
+            return m.decode_method(payload)
+        except m.UnknownMethod as error:
+            raise AMQPError(spec.COMMAND_INVALID,
+                            f"unknown method class {error.class_id} method {error.method_id}",
+                            error.class_id, error.method_id)
+        except m.CodecError as error:
+            class_id, method_id = frames.method_ids(payload)
+            raise AMQPError(spec.SYNTAX_ERROR, f"cannot decode method arguments: {error}",
+                            class_id, method_id)
+
+    def _handle_frame(self, frame_type: int, channel: int, payload: bytes) -> None:
+        if frame_type == frames.FRAME_HEARTBEAT:
+            if channel != 0:
+                raise AMQPError(spec.FRAME_ERROR, "heartbeat frame on a non-zero channel")
+            return
+        if self.state == CLOSING:
+            self._handle_while_closing(frame_type, channel, payload)
+            return
+        if channel == 0:
+            if frame_type != frames.FRAME_METHOD:
+                raise AMQPError(spec.UNEXPECTED_FRAME,
+                                f"unexpected frame type {frame_type} on channel 0")
+            self._connection_method(self.decode(payload))
+            return
+        if self.state != OPEN:
+            raise AMQPError(spec.CHANNEL_ERROR, "channel frame before connection.open-ok")
+        ch = self.channels.get(channel)
+        if ch is None:
+            self._channel_open(channel, frame_type, payload)
+            return
+        if ch.closing:
+            # After our channel.close only close-ok (or a crossing close) matters.
+            if frame_type == frames.FRAME_METHOD:
+                method = self.decode(payload)
+                if type(method) is m.ChannelCloseOk:
+                    self.forget_channel(ch)
+                elif type(method) is m.ChannelClose:
+                    ch.send(m.ChannelCloseOk())
+                    self.forget_channel(ch)
+            return
+        self.run_guarded(ch, lambda: ch.handle_frame(frame_type, payload))
+
+    def run_guarded(self, ch: Channel, action) -> None:
+        """Run channel work; a soft error closes that channel, a hard one the connection."""
+        try:
+            action()
+        except AMQPError as error:
+            if error.hard:
+                self.close_with_error(error)
+            else:
+                self._close_channel_with_error(ch, error)
+
+    def _channel_open(self, number: int, frame_type: int, payload: bytes) -> None:
+        method = self.decode(payload) if frame_type == frames.FRAME_METHOD else None
+        if type(method) is not m.ChannelOpen:
+            raise AMQPError(spec.CHANNEL_ERROR, f"expected 'channel.open' on channel {number}")
+        if number > self.channel_max:
+            raise AMQPError(spec.CHANNEL_ERROR, f"channel {number} is over channel_max "
+                            f"{self.channel_max}", method.CLASS_ID, method.METHOD_ID)
+        self.channels[number] = Channel(self, number)
+        self.method(number, m.ChannelOpenOk())
+
+    def _close_channel_with_error(self, ch: Channel, error: AMQPError) -> None:
+        ch.release()
+        ch.closing = True
+        ch.send(m.ChannelClose(reply_code=error.code, reply_text=error.text[:255],
+                               class_id=error.class_id, method_id=error.method_id))
+
+    def forget_channel(self, ch: Channel) -> None:
+        ch.release()
+        self.channels.pop(ch.number, None)
+        self.owed_confirms.discard(ch)
+
+    def _handle_while_closing(self, frame_type: int, channel: int, payload: bytes) -> None:
+        if channel != 0 or frame_type != frames.FRAME_METHOD:
+            return
+        method = self.decode(payload)
+        if type(method) is m.ConnectionCloseOk:
+            self._shutdown()
+        elif type(method) is m.ConnectionClose:
+            self.method(0, m.ConnectionCloseOk())
+            self._shutdown()
+
+    # -- connection class ------------------------------------------------------
+
+    def _connection_method(self, method) -> None:
+        kind = type(method)
+        expected = {AWAIT_START_OK: m.ConnectionStartOk, AWAIT_TUNE_OK: m.ConnectionTuneOk,
+                    AWAIT_OPEN: m.ConnectionOpen}.get(self.state)
+        if expected is not None and kind is not expected and kind is not m.ConnectionClose:
+            raise AMQPError(spec.COMMAND_INVALID, f"expected '{expected.NAME}', got "
+                            f"'{method.NAME}'", method.CLASS_ID, method.METHOD_ID)
+        if kind is m.ConnectionStartOk:
+            self._start_ok(method)
+        elif kind is m.ConnectionTuneOk:
+            self._tune_ok(method)
+        elif kind is m.ConnectionOpen:
+            self._open(method)
+        elif kind is m.ConnectionClose:
+            self.method(0, m.ConnectionCloseOk())
+            self._shutdown()
+        elif kind is m.ConnectionUpdateSecret:
+            self.method(0, m.ConnectionUpdateSecretOk())
+        elif kind is m.ConnectionCloseOk:
+            self._shutdown()
+        else:
+            raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME}",
+                            method.CLASS_ID, method.METHOD_ID)
+
+    def _start_ok(self, method: m.ConnectionStartOk) -> None:
+        self.client_properties = method.client_properties
+        capabilities = method.client_properties.get("capabilities")
+        self.capabilities = capabilities if isinstance(capabilities, dict) else {}
+        user, password = self._credentials(method.mechanism, method.response)
+        if user is None or self.broker.users.get(user) != password:
+            self._refuse_login(method.mechanism)
+            return
+        self.user = user
+        self.state = AWAIT_TUNE_OK
+        self.method(0, m.ConnectionTune(channel_max=self.channel_max, frame_max=self.frame_max,
+                                        heartbeat=self.heartbeat))
+
+    def _credentials(self, mechanism: str, response: bytes) -> tuple[str | None, str | None]:
+        if mechanism == "PLAIN":
+            parts = response.split(b"\0")
+            if len(parts) != 3:
+                return None, None
+            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        if mechanism == "AMQPLAIN":
+            try:
+                table, _ = decode_table(len(response).to_bytes(4, "big") + response, 0)
+            except FieldTableError:
+                return None, None
+            user, password = table.get("LOGIN"), table.get("PASSWORD")
+            if isinstance(user, bytes):
+                user = user.decode("utf-8", "replace")
+            if isinstance(password, bytes):
+                password = password.decode("utf-8", "replace")
+            return user, password
+        raise AMQPError(spec.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'")
+
+    def _refuse_login(self, mechanism: str) -> None:
+        text = (f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
+                " For details see the broker logfile.")
+        log.warning("login refused for %s from %s", mechanism, self.peer)
+        if self.capabilities.get("authentication_failure_close"):
+            self.method(0, m.ConnectionClose(reply_code=spec.ACCESS_REFUSED, reply_text=text))
+            self.state = CLOSING
+            self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
+        else:
+            self._shutdown()
+
+    def _tune_ok(self, method: m.ConnectionTuneOk) -> None:
+        if method.frame_max and method.frame_max < spec.FRAME_MIN_SIZE:
+            raise AMQPError(spec.NOT_ALLOWED, f"frame_max={method.frame_max} < "
+                            f"{spec.FRAME_MIN_SIZE} min size")
+        if method.frame_max > self.frame_max:
+            raise AMQPError(spec.NOT_ALLOWED, f"frame_max={method.frame_max} > "
+                            f"{self.frame_max} max size")
+        if method.channel_max > self.channel_max:
+            raise AMQPError(spec.NOT_ALLOWED, f"channel_max={method.channel_max} > "
+                            f"{self.channel_max} max channels")
+        self.frame_max = method.frame_max or self.frame_max
+        self.channel_max = method.channel_max or self.channel_max
+        self.heartbeat = method.heartbeat
+        self.reader.frame_max = self.frame_max
+        self.state = AWAIT_OPEN
+
+    def _open(self, method: m.ConnectionOpen) -> None:
+        vhost = self.broker.vhosts.get(method.virtual_host)
+        if vhost is None:
+            raise AMQPError(spec.NOT_ALLOWED, f"vhost {method.virtual_host} not found",
+                            method.CLASS_ID, method.METHOD_ID)
+        self.vhost = vhost
+        self.state = OPEN
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.heartbeat:
+            self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+        self.method(0, m.ConnectionOpenOk())
+
+    # -- timers ----------------------------------------------------------------
+
+    def _handshake_timeout(self) -> None:
+        if self.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN):
+            log.warning("handshake timeout from %s", self.peer)
+            self._shutdown()
+
+    def _heartbeat_tick(self) -> None:
+        if self.state != OPEN:
+            return
+        now = time.monotonic()
+        if now - self._last_received > 2 * self.heartbeat:
+            log.warning("missed heartbeats from client %s, timeout: %ss", self.peer,
+                        self.heartbeat)
+            self.transport.abort()
+            return
+        if now - self._last_sent >= self.heartbeat / 2:
+            self.send(frames.HEARTBEAT_FRAME)
+        self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    # -- closing ---------------------------------------------------------------
+
+    def close_with_error(self, error: AMQPError) -> None:
+        """A hard error: send connection.close and wait (briefly) for close-ok."""
+        if self.state in (CLOSING, CLOSED):
+            return
+        log.info("closing connection %s: %s", self.peer, error.text)
+        for channel in list(self.channels.values()):
+            channel.release()
+        self.method(0, m.ConnectionClose(reply_code=error.code, reply_text=error.text[:255],
+                                         class_id=error.class_id, method_id=error.method_id))
+        self.state = CLOSING
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
+
+    def close_for_shutdown(self) -> None:
+        self.close_with_error(AMQPError(
+            spec.CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'"))
+
+    def _shutdown(self) -> None:
+        if self.state == CLOSED:
+            return
+        self.flush()
+        self.state = CLOSED
+        self.transport.close()
+

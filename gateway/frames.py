@@ -1,0 +1,112 @@
+"""AMQP 0-9-1 framing, sans-IO.
+
+`FrameReader.receive_data(bytes)` only buffers; `next_frame()` returns the next
+complete frame as (type, channel, payload) or None when more data is needed.
+Payloads are copied out as `bytes` once per frame: keeping many memoryview
+slices of the receive buffer alive costs more in garbage collection than the
+copy (DESIGN.md, performance approach). Builders return ready-to-send bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from . import spec
+from .methods import Method, encode_method
+
+PROTOCOL_HEADER = b"AMQP\x00" + bytes(
+    (spec.SPEC["major-version"], spec.SPEC["minor-version"], spec.SPEC["revision"]))
+
+FRAME_METHOD = spec.FRAME_METHOD
+FRAME_HEADER = spec.FRAME_HEADER
+FRAME_BODY = spec.FRAME_BODY
+FRAME_HEARTBEAT = spec.FRAME_HEARTBEAT
+FRAME_END = spec.FRAME_END
+FRAME_END_BYTE = bytes((FRAME_END,))
+FRAME_OVERHEAD = 8  # type(1) + channel(2) + size(4) + frame-end(1)
+
+_frame_prefix = struct.Struct(">BHI")
+_header_prefix = struct.Struct(">HHQ")  # class-id, weight, body-size
+_method_ids = struct.Struct(">HH")
+
+HEARTBEAT_FRAME = _frame_prefix.pack(FRAME_HEARTBEAT, 0, 0) + FRAME_END_BYTE
+
+
+class FrameError(Exception):
+    """A connection-level framing error: 501 FRAME_ERROR."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+class FrameReader:
+    def __init__(self, frame_max: int):
+        self.frame_max = frame_max
+        self._buffer = bytearray()
+        self._offset = 0
+
+    def receive_data(self, data: bytes) -> None:
+        if self._offset:
+            del self._buffer[:self._offset]
+            self._offset = 0
+        self._buffer += data
+
+    def read_protocol_header(self) -> bytes | None:
+        """The 8-byte protocol header that opens a connection, once it has arrived."""
+        if len(self._buffer) - self._offset < len(PROTOCOL_HEADER):
+            return None
+        start = self._offset
+        self._offset += len(PROTOCOL_HEADER)
+        return bytes(self._buffer[start:self._offset])
+
+    def next_frame(self) -> tuple[int, int, bytes] | None:
+        buf = self._buffer
+        offset = self._offset
+        if len(buf) - offset < 7:
+            return None
+        frame_type, channel, size = _frame_prefix.unpack_from(buf, offset)
+        if size + FRAME_OVERHEAD > self.frame_max:
+            raise FrameError(f"type {frame_type}, frame size {size + FRAME_OVERHEAD} "
+                             f"exceeds frame_max {self.frame_max}")
+        end = offset + 7 + size
+        if len(buf) <= end:
+            return None
+        if buf[end] != FRAME_END:
+            raise FrameError(f"type {frame_type}, bad frame end octet {buf[end]}")
+        payload = bytes(buf[offset + 7:end])
+        self._offset = end + 1
+        return frame_type, channel, payload
+
+
+def method_frame(channel: int, method: Method) -> bytes:
+    payload = encode_method(method)
+    return _frame_prefix.pack(FRAME_METHOD, channel, len(payload)) + payload + FRAME_END_BYTE
+
+
+def content_frames(channel: int, method_payload: bytes, class_id: int, properties: bytes,
+                   body: bytes, frame_max: int) -> bytes:
+    """A method frame, its content header and the body split to fit frame_max."""
+    parts = [_frame_prefix.pack(FRAME_METHOD, channel, len(method_payload)), method_payload,
+             FRAME_END_BYTE,
+             _frame_prefix.pack(FRAME_HEADER, channel, 12 + len(properties)),
+             _header_prefix.pack(class_id, 0, len(body)), properties, FRAME_END_BYTE]
+    chunk = frame_max - FRAME_OVERHEAD
+    for start in range(0, len(body), chunk):
+        piece = body[start:start + chunk]
+        parts += (_frame_prefix.pack(FRAME_BODY, channel, len(piece)), piece, FRAME_END_BYTE)
+    return b"".join(parts)
+
+
+def parse_content_header(payload: bytes) -> tuple[int, int, bytes]:
+    """(class-id, body-size, raw property bytes) of a content header payload."""
+    if len(payload) < 14:
+        raise FrameError("content header too short")
+    class_id, _weight, body_size = _header_prefix.unpack_from(payload, 0)
+    return class_id, body_size, payload[12:]
+
+
+def method_ids(payload: bytes) -> tuple[int, int]:
+    if len(payload) < 4:
+        raise FrameError("method frame too short")
+    return _method_ids.unpack_from(payload, 0)

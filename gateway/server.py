@@ -1,0 +1,67 @@
+"""`warren serve`: start the shards, listen for AMQP, stop cleanly on a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from .broker import Broker
+from .connection import Connection
+
+log = logging.getLogger("warren")
+
+
+class ServeOptions:
+    def __init__(self, bind: str = "127.0.0.1", port: int = 5672, data: str = "./warren-data",
+                 shards: int | None = None):
+        self.bind = bind
+        self.port = port
+        self.data = data
+        self.shards = shards or os.cpu_count() or 1
+
+
+async def serve(options: ServeOptions) -> None:
+    loop = asyncio.get_running_loop()
+    broker = Broker(os.path.abspath(options.data), options.shards)
+    await broker.start()
+    server = await loop.create_server(lambda: Connection(broker), options.bind, options.port,
+                                      reuse_address=True)
+    host, port = server.sockets[0].getsockname()[:2]
+    print(f"Warren listening on amqp://{host}:{port} (data {broker.data_dir}, "
+          f"{options.shards} shards)", flush=True)
+
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+
+    log.info("stopping: closing the listener and %d connections", len(broker.connections))
+    server.close()
+    for conn in list(broker.connections):
+        conn.close_for_shutdown()
+    await _wait_for(lambda: not broker.connections, timeout=3.0)
+    for conn in list(broker.connections):
+        conn.transport.abort()
+    await broker.stop()
+    print("Warren stopped", flush=True)
+
+
+async def _wait_for(condition, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition() and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+
+
+def run(options: ServeOptions) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(serve(options))
+    else:
+        uvloop.run(serve(options))

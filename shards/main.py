@@ -1,0 +1,179 @@
+"""The shard process: a thin I/O shell around its queues' state machines.
+
+One loop turn: read every command batch waiting in the command ring, apply
+them to the queues, then carry out the effects in one go: storage writes, then
+events (deliveries, replies, confirms) to the gateway in one ring write and one
+doorbell. When the command ring is empty the shard sleeps on the ring's
+doorbell; when the event ring is full it stops reading commands, which is the
+backpressure the gateway feels. Started by the gateway as
+`python -m shards.main SPEC_JSON`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+
+import msgspec
+
+from . import records as r
+from .queue import Destroyed, Persist, Queue, Remove
+from .ring import Ring, RingSpec
+
+EVENTS_PER_RECORD = 512
+
+
+class ShardSpec(msgspec.Struct):
+    index: int
+    data_dir: str
+    commands: RingSpec
+    events: RingSpec
+    lifeline_fd: int  # read end of a pipe the gateway holds open; EOF = gateway gone
+
+
+class Shard:
+    """Commands in, effects out; the queues hold all the logic."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.queues: dict[int, Queue] = {}
+        self.holder_queues: dict[int, set[int]] = {}  # who holds what where, for channel close
+        self.outbox: list = []
+        self.confirm_channels: list[int] = []
+        self.confirm_seqs: list[int] = []
+        self.running = True
+
+    def take_events(self) -> list:
+        """This turn's events; confirms last, after everything they depend on."""
+        if self.confirm_seqs:
+            self.outbox.append(r.Confirmed(self.confirm_channels, self.confirm_seqs))
+            self.confirm_channels, self.confirm_seqs = [], []
+        events, self.outbox = self.outbox, []
+        return events
+
+    def handle(self, cmd, now: float) -> None:
+        kind = type(cmd)
+        if kind is r.Publish:
+            for qid in cmd.qids:
+                queue = self.queues.get(qid)
+                if queue is not None:
+                    self._effects(queue.apply(cmd, now))
+            if cmd.confirm_channel:
+                self.confirm_channels.append(cmd.confirm_channel)
+                self.confirm_seqs.append(cmd.confirm_seq)
+        elif kind is r.CreateQueue:
+            if cmd.qid not in self.queues:
+                self.queues[cmd.qid] = Queue(cmd)
+            self.outbox.append(r.Reply(cmd.req))
+        elif kind is r.ReleaseHolders:
+            qids: set[int] = set()
+            for holder in cmd.holders:
+                qids |= self.holder_queues.pop(holder, set())
+            for qid in qids:
+                queue = self.queues.get(qid)
+                if queue is not None:
+                    self._effects(queue.apply(cmd, now))
+        elif kind is r.Stop:
+            self.running = False
+        else:
+            queue = self.queues.get(cmd.qid)
+            if queue is None:
+                self._missing_queue(cmd)
+                return
+            if kind is r.Consume or kind is r.Get:
+                self.holder_queues.setdefault(cmd.holder, set()).add(cmd.qid)
+            self._effects(queue.apply(cmd, now))
+
+    def _missing_queue(self, cmd) -> None:
+        # The queue went away (deleted, or auto-deleted) after the gateway sent this.
+        req = getattr(cmd, "req", None)
+        if req is None:
+            return
+        if type(cmd) is r.Get:
+            self.outbox.append(r.GetReply(req, cmd.qid, code=404, text="NOT_FOUND"))
+        else:
+            self.outbox.append(r.Reply(req, 404, "NOT_FOUND"))
+
+    def _effects(self, effects: list) -> None:
+        for effect in effects:
+            kind = type(effect)
+            if kind is Persist or kind is Remove:
+                continue  # durable storage arrives with the storage layer
+            if kind is Destroyed:
+                self.queues.pop(effect.qid, None)
+                continue
+            self.outbox.append(effect)
+
+
+def _event_records(events: list) -> list[bytes]:
+    return [r.encode_batch(events[i:i + EVENTS_PER_RECORD])
+            for i in range(0, len(events), EVENTS_PER_RECORD)]
+
+
+def serve(spec: ShardSpec) -> None:
+    commands = Ring.attach(spec.commands)
+    events = Ring.attach(spec.events)
+    shard = Shard(spec.index)
+    poller = select.poll()
+    poller.register(spec.commands.data_fd, select.POLLIN)
+    poller.register(spec.lifeline_fd, select.POLLIN)
+    pending: list[bytes] = []  # encoded event records waiting for ring space
+
+    while shard.running:
+        if pending:
+            written = events.write_many(pending)
+            events.flush()
+            del pending[:written]
+            if pending:
+                if events.want_space():
+                    _wait(poller, events.spec().space_fd, spec.lifeline_fd)
+                    events.clear_space_doorbell()
+                continue
+        batches = commands.read_many()
+        if not batches:
+            if commands.sleep():
+                fds = _wait(poller, None, spec.lifeline_fd)
+                if spec.lifeline_fd in fds:
+                    return
+                commands.clear_data_doorbell()
+            continue
+        now = time.monotonic()
+        for batch in batches:
+            for cmd in r.decode_commands(batch):
+                shard.handle(cmd, now)
+        events_out = shard.take_events()
+        if events_out:
+            pending.extend(_event_records(events_out))
+
+    if pending:
+        events.write_many(pending)
+        events.flush()
+
+
+def _wait(poller: select.poll, extra_fd: int | None, lifeline_fd: int) -> set[int]:
+    """Block until a registered fd (or `extra_fd`) is readable; exit if the gateway died."""
+    if extra_fd is not None:
+        poller.register(extra_fd, select.POLLIN)
+    try:
+        fds = {fd for fd, _ in poller.poll()}
+    finally:
+        if extra_fd is not None:
+            poller.unregister(extra_fd)
+    if lifeline_fd in fds:
+        sys.exit(0)
+    return fds
+
+
+def main() -> None:
+    # Ctrl-C reaches the whole process group; the gateway decides when shards stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    spec = msgspec.json.decode(sys.argv[1], type=ShardSpec)
+    os.set_blocking(spec.lifeline_fd, False)
+    serve(spec)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""Records carried over the gateway<->shard rings.
+
+Every ring record is one msgpack array holding a batch of these structs, so a
+loop turn's work for a shard costs one encode, one ring write and one doorbell.
+Structs are `array_like` (positional, no field names on the wire) and tagged
+with a small integer so a batch can mix kinds.
+
+Identifiers chosen by the gateway:
+* `qid`     a queue's id, unique for the broker's data directory.
+* `holder`  who holds checked-out messages: a consumer id, or a channel's id
+            for messages taken with basic.get. Both come from one counter, so
+            they never collide.
+* `req`     request id for commands that expect a `Reply`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class _Record(msgspec.Struct, array_like=True, tag=True, omit_defaults=False):
+    pass
+
+
+# --- gateway -> shard --------------------------------------------------------
+
+
+class CreateQueue(_Record, tag=1):
+    req: int
+    qid: int
+    vhost: str
+    name: str
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    arguments: dict
+
+
+class QueueStatus(_Record, tag=2):
+    """Ask for message and consumer counts (queue.declare of an existing queue)."""
+
+    req: int
+    qid: int
+
+
+class DeleteQueue(_Record, tag=3):
+    req: int
+    qid: int
+    if_unused: bool
+    if_empty: bool
+
+
+class PurgeQueue(_Record, tag=4):
+    req: int
+    qid: int
+
+
+class Publish(_Record, tag=5):
+    """One message for one or more queues on this shard (fan-out shares the body)."""
+
+    qids: list[int]
+    exchange: str
+    routing_key: str
+    properties: bytes  # the publisher's raw content-header property bytes
+    body: bytes
+    persistent: bool
+    confirm_channel: int = 0  # the publishing channel's id when it is in confirm mode
+    confirm_seq: int = 0  # its publish sequence number
+
+
+class Consume(_Record, tag=6):
+    req: int
+    qid: int
+    holder: int  # the consumer id
+    channel: int  # the channel's id: where deliveries go, and the exclusivity owner
+    tag: str
+    no_ack: bool
+    exclusive: bool
+    prefetch: int  # per-consumer unacked limit, 0 = unlimited
+    credit: int  # initial link credit granted by the gateway
+    priority: int = 0
+
+
+class Cancel(_Record, tag=7):
+    req: int
+    qid: int
+    holder: int
+
+
+class Get(_Record, tag=8):
+    req: int
+    qid: int
+    holder: int  # the channel's id
+    no_ack: bool
+
+
+class Settle(_Record, tag=9):
+    """Settle checked-out messages: ack, or return them (requeue) or drop them."""
+
+    qid: int
+    holder: int
+    seqs: list[int]
+    outcome: int  # one of SETTLE_*
+
+
+SETTLE_ACK = 0
+SETTLE_REQUEUE = 1
+SETTLE_DISCARD = 2
+
+
+class Grant(_Record, tag=10):
+    """Top up a consumer's link credit (flow control and channel-wide prefetch)."""
+
+    qid: int
+    holder: int
+    credit: int
+
+
+class ReleaseHolders(_Record, tag=11):
+    """A channel closed: cancel its consumers and requeue everything they hold."""
+
+    holders: list[int]
+
+
+class SetPrefetch(_Record, tag=12):
+    qid: int
+    holder: int
+    prefetch: int
+
+
+class Stop(_Record, tag=13):
+    """Finish pending work, commit, and exit."""
+
+
+# --- shard -> gateway --------------------------------------------------------
+
+
+class Reply(_Record, tag=50):
+    """Answer to a request. `code` 0 means success; otherwise an AMQP reply code."""
+
+    req: int
+    code: int = 0
+    text: str = ""
+    message_count: int = 0
+    consumer_count: int = 0
+
+
+class Deliver(_Record, tag=51):
+    holder: int  # consumer id
+    qid: int
+    seq: int
+    redelivered: bool
+    exchange: str
+    routing_key: str
+    properties: bytes
+    body: bytes
+
+
+class GetReply(_Record, tag=52):
+    """basic.get answer; seq 0 means the queue was empty (basic.get-empty)."""
+
+    req: int
+    qid: int
+    seq: int = 0
+    redelivered: bool = False
+    exchange: str = ""
+    routing_key: str = ""
+    properties: bytes = b""
+    body: bytes = b""
+    message_count: int = 0
+    code: int = 0
+    text: str = ""
+
+
+class ConsumerCancelled(_Record, tag=53):
+    """The shard ended a consumer (its queue was deleted)."""
+
+    holder: int
+    qid: int
+
+
+class Confirmed(_Record, tag=54):
+    """Publishes that every target queue on this shard accepted (parallel lists)."""
+
+    channels: list[int]
+    seqs: list[int]
+
+
+class QueueDeleted(_Record, tag=55):
+    """The shard deleted a queue by itself (auto-delete after the last consumer)."""
+
+    qid: int
+
+
+Command = (
+    CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
+    | Get | Settle | Grant | ReleaseHolders | SetPrefetch | Stop
+)
+Event = Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | QueueDeleted
+
+_command_encoder = msgspec.msgpack.Encoder()
+_command_batch_decoder = msgspec.msgpack.Decoder(list[Command])
+_event_batch_decoder = msgspec.msgpack.Decoder(list[Event])
+
+
+def encode_batch(records: list) -> bytes:
+    return _command_encoder.encode(records)
+
+
+def decode_commands(batch: bytes) -> list:
+    return _command_batch_decoder.decode(batch)
+
+
+def decode_events(batch: bytes) -> list:
+    return _event_batch_decoder.decode(batch)

@@ -1,0 +1,108 @@
+"""Shared fixtures: a real `warren serve` subprocess on a free port and a temp data dir."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class RunningBroker:
+    def __init__(self, data_dir: Path, shards: int = 2, extra_args: list[str] | None = None):
+        self.data_dir = data_dir
+        self.shards = shards
+        self.extra_args = extra_args or []
+        self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self, timeout: float = 30.0) -> "RunningBroker":
+        self.log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data",
+             str(self.data_dir), "--shards", str(self.shards), *self.extra_args],
+            stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT)
+        line = read_line(self.process.stdout, timeout)
+        if "listening on amqp://" not in line:
+            self.stop()
+            raise RuntimeError(f"broker did not start: {line!r}; log:\n{self.log_text()}")
+        self.port = int(line.split("amqp://", 1)[1].split()[0].rsplit(":", 1)[1])
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float = 20.0) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process is not None and self.process.stdout:
+            self.process.stdout.close()
+        self.log.close()
+
+
+def read_line(stream, timeout: float) -> str:
+    """One line from a pipe, or '' once the deadline passes."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    fd = stream.fileno()
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            break
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
+
+
+def wait_until(condition, timeout: float = 10.0, interval: float = 0.01, message: str = ""):
+    """Poll `condition` until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s {message}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    running = RunningBroker(tmp_path_factory.mktemp("warren") / "data", shards=4).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def fresh_broker(tmp_path):
+    running = RunningBroker(tmp_path / "data", shards=2)
+    yield running
+    running.stop()

@@ -1,0 +1,200 @@
+"""Bad input gets RabbitMQ's reply code and text, closes only what it must, and never
+disturbs the broker or other clients."""
+
+from __future__ import annotations
+
+import random
+import socket
+import struct
+import time
+
+import pika
+import pytest
+
+from gateway import frames, spec
+from gateway import methods as m
+
+from .rawclient import RawClient
+
+
+def connect(broker) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+
+
+def expect_connection_close(client: RawClient, code: int, text_start: str) -> m.ConnectionClose:
+    channel, method = client.next_method()
+    assert channel == 0 and isinstance(method, m.ConnectionClose), method
+    assert method.reply_code == code, method
+    assert method.reply_text.startswith(text_start), method.reply_text
+    client.send_method(0, m.ConnectionCloseOk())
+    assert client.next_frame() is None  # and the server hangs up
+    return method
+
+
+def test_wrong_protocol_header_gets_ours_back_and_close(broker):
+    sock = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+    sock.sendall(b"AMQP\x01\x01\x00\x0a")
+    data = b""
+    while True:
+        chunk = sock.recv(100)
+        if not chunk:
+            break
+        data += chunk
+    assert data == b"AMQP\x00\x00\x09\x01"
+    sock.close()
+
+
+def test_missing_queue_is_404_and_closes_only_the_channel(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch.queue_declare("does-not-exist", passive=True)
+    assert info.value.reply_code == 404
+    assert info.value.reply_text == "NOT_FOUND - no queue 'does-not-exist' in vhost '/'"
+    ch2 = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch2.basic_publish("no-such-exchange", "k", b"x")
+        ch2.queue_declare("", exclusive=True)  # the close arrives while we wait here
+    assert info.value.reply_code == 404
+    assert info.value.reply_text == "NOT_FOUND - no exchange 'no-such-exchange' in vhost '/'"
+    assert conn.channel().queue_declare("", exclusive=True).method.queue  # connection lives
+    conn.close()
+
+
+def test_bad_credentials_are_403(broker):
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError) as info:
+        pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", broker.port, credentials=pika.PlainCredentials("guest", "wrong")))
+    assert "ACCESS_REFUSED" in str(info.value)
+    client = RawClient(broker.port)
+    client.send(frames.PROTOCOL_HEADER)
+    client.next_method()
+    client.send_method(0, m.ConnectionStartOk(
+        client_properties={"capabilities": {"authentication_failure_close": True}},
+        mechanism="AMQPLAIN", response=b"\x05LOGINS\x00\x00\x00\x05guest\x08PASSWORDS\x00\x00\x00\x03bad"))
+    expect_connection_close(client, 403, "ACCESS_REFUSED - Login was refused")
+
+
+def test_amqplain_login(broker):
+    client = RawClient(broker.port)
+    client.send(frames.PROTOCOL_HEADER)
+    _, start = client.next_method()
+    assert b"AMQPLAIN" in start.mechanisms.split() and b"PLAIN" in start.mechanisms.split()
+    client.send_method(0, m.ConnectionStartOk(
+        client_properties={}, mechanism="AMQPLAIN",
+        response=b"\x05LOGINS\x00\x00\x00\x05guest\x08PASSWORDS\x00\x00\x00\x05guest"))
+    _, tune = client.next_method()
+    assert isinstance(tune, m.ConnectionTune)
+    assert (tune.channel_max, tune.frame_max, tune.heartbeat) == (2047, 131072, 60)
+    client.close()
+
+
+def test_frame_on_unopened_channel_is_504(broker):
+    client = RawClient(broker.port)
+    client.handshake()
+    client.send_method(5, m.QueueDeclare(queue="x"))
+    expect_connection_close(client, 504, "CHANNEL_ERROR")
+
+
+def test_content_body_without_header_is_505(broker):
+    client = RawClient(broker.port)
+    client.handshake()
+    client.open_channel(1)
+    client.send_method(1, m.BasicPublish(exchange="", routing_key="x"))
+    client.send_frame(frames.FRAME_BODY, 1, b"body first")
+    expect_connection_close(client, 505, "UNEXPECTED_FRAME")
+
+
+def test_method_instead_of_content_header_is_505(broker):
+    client = RawClient(broker.port)
+    client.handshake()
+    client.open_channel(1)
+    client.send_method(1, m.BasicPublish(exchange="", routing_key="x"))
+    client.send_method(1, m.BasicQos(prefetch_count=1))
+    expect_connection_close(client, 505, "UNEXPECTED_FRAME")
+
+
+def test_bad_frame_end_is_501(broker):
+    client = RawClient(broker.port)
+    client.handshake()
+    client.send_frame(frames.FRAME_METHOD, 0, m.encode_method(m.ChannelOpen()), end=0x00)
+    expect_connection_close(client, 501, "FRAME_ERROR")
+
+
+def test_frame_over_frame_max_is_501(broker):
+    client = RawClient(broker.port)
+    client.handshake()
+    client.open_channel(1)
+    client.send_method(1, m.BasicPublish(exchange="", routing_key="x"))
+    client.send_frame(frames.FRAME_HEADER, 1, struct.pack(">HHQH", 60, 0, 200_000, 0))
+    client.send_frame(frames.FRAME_BODY, 1, b"x" * 200_000)
+    expect_connection_close(client, 501, "FRAME_ERROR")
+
+
+def test_undecodable_arguments_are_502(broker):
+    client = RawClient(broker.port)
+    client.handshake()
+    client.open_channel(1)
+    payload = m.encode_method(m.QueueDeclare(queue="x"))[:6]  # cut inside the arguments
+    client.send_frame(frames.FRAME_METHOD, 1, payload)
+    expect_connection_close(client, 502, "SYNTAX_ERROR")
+
+
+def test_heartbeats_sent_and_missing_ones_detected(broker):
+    client = RawClient(broker.port)
+    client.handshake(heartbeat=1)
+    started = time.monotonic()
+    saw_heartbeat = False
+    while True:
+        frame = client.next_frame(timeout=10)
+        if frame is None:
+            break
+        saw_heartbeat |= frame[0] == frames.FRAME_HEARTBEAT
+    # We never sent one back: the broker hangs up after two intervals (plus one tick).
+    assert saw_heartbeat
+    assert 1.5 < time.monotonic() - started < 6
+
+
+def test_fuzzed_frames_never_hurt_other_clients(broker):
+    rng = random.Random(1234)
+    conn = connect(broker)
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    valid = [m.encode_method(x) for x in (
+        m.ChannelOpen(), m.QueueDeclare(queue="fuzz"), m.BasicPublish(routing_key="fuzz"),
+        m.BasicConsume(queue="fuzz"), m.BasicAck(delivery_tag=7), m.ExchangeDeclare(
+            exchange="fz", type="direct"), m.ChannelClose(reply_code=200))]
+    for attempt in range(60):
+        try:
+            client = RawClient(broker.port, timeout=2)
+            if attempt % 3:
+                client.handshake()
+            chunks = []
+            for _ in range(rng.randint(1, 8)):
+                kind = rng.random()
+                if kind < 0.3:
+                    chunks.append(bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 64))))
+                else:
+                    payload = rng.choice(valid)
+                    if kind < 0.6:
+                        payload = payload[:rng.randint(0, len(payload))]
+                    frame = struct.pack(">BHI", rng.choice([1, 2, 3, 8, 9]), rng.randint(0, 3),
+                                        len(payload)) + payload + b"\xce"
+                    if kind > 0.9:
+                        frame = frame[:rng.randint(1, len(frame))]
+                    chunks.append(frame)
+            client.send(b"".join(chunks))
+            client.sock.settimeout(0.2)
+            try:
+                while client.sock.recv(65536):
+                    pass
+            except (socket.timeout, ConnectionError):
+                pass
+            client.close()
+        except (ConnectionError, socket.timeout, AssertionError):
+            pass
+        # The well-behaved client on its own connection still works.
+        ch.basic_publish("", q, str(attempt).encode())
+        method, _, body = ch.basic_get(q, auto_ack=True)
+        assert body == str(attempt).encode()
+    conn.close()
