@@ -445,6 +445,7 @@ class Channel:
             self.held_deliveries.append(data)
         consumer.owed_credit += 1
         self.conn.owed_grants.add(consumer)
+        self.conn.schedule_flush()
 
     def return_credit(self, consumer: ConsumerState) -> None:
         """Give a consumer back the credit of deliveries that left through the socket."""
@@ -555,6 +556,7 @@ class Channel:
                           persistent, confirm_channel, seq), self.conn)
         if seq:
             self.conn.owed_confirms.add(self)
+            self.conn.schedule_flush()
 
     def _confirm_select(self, method: m.ConfirmSelect) -> None:
         if self.confirms is None:
@@ -565,6 +567,7 @@ class Channel:
         if self.confirms is not None and not self.closing:
             self.confirms.accept(seq)
             self.conn.owed_confirms.add(self)
+            self.conn.schedule_flush()
 
     def send_confirms(self) -> None:
         if self.confirms is None or self.closing:
@@ -602,6 +605,7 @@ class Channel:
         if self.confirms is not None:
             self.confirms.fail_all()
             self.conn.owed_confirms.add(self)
+            self.conn.schedule_flush()
 
     _handlers = {
         m.ChannelFlow: _channel_flow,

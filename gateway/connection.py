@@ -116,6 +116,10 @@ class Connection(asyncio.Protocol):
         if self.state == CLOSED:
             return
         self._out.append(data)
+        self.schedule_flush()
+
+    def schedule_flush(self) -> None:
+        """Write this turn's output (and owed confirms and credit) at the end of the turn."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self.flush)

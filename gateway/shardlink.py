@@ -135,11 +135,11 @@ class ShardLink:
         if self._batch:
             self._pending.append(r.encode_batch(self._batch))
             self._batch = []
-        if self._pending:
+        if self._pending or self.commands.backlogged():
             written = self.commands.write_many(self._pending)
             self.commands.flush()
             del self._pending[:written]
-        if self._pending:
+        if self._pending or self.commands.backlogged():
             self._apply_backpressure()
         self.feeders.clear()
 
@@ -159,7 +159,7 @@ class ShardLink:
             return
         self.commands.clear_space_doorbell()
         self.flush()
-        if not self._pending:
+        if not self._pending and not self.commands.backlogged():
             self._resume_paused()
 
     def _resume_paused(self) -> None:

@@ -123,11 +123,11 @@ def serve(spec: ShardSpec) -> None:
     pending: list[bytes] = []  # encoded event records waiting for ring space
 
     while shard.running:
-        if pending:
+        if pending or events.backlogged():
             written = events.write_many(pending)
             events.flush()
             del pending[:written]
-            if pending:
+            if pending or events.backlogged():
                 if events.want_space():
                     _wait(poller, events.spec().space_fd, spec.lifeline_fd)
                     events.clear_space_doorbell()
@@ -135,9 +135,7 @@ def serve(spec: ShardSpec) -> None:
         batches = commands.read_many()
         if not batches:
             if commands.sleep():
-                fds = _wait(poller, None, spec.lifeline_fd)
-                if spec.lifeline_fd in fds:
-                    return
+                _wait(poller, None, spec.lifeline_fd)
                 commands.clear_data_doorbell()
             continue
         now = time.monotonic()
@@ -148,9 +146,12 @@ def serve(spec: ShardSpec) -> None:
         if events_out:
             pending.extend(_event_records(events_out))
 
-    if pending:
-        events.write_many(pending)
+    while pending or events.backlogged():  # hand over the last events before exiting
+        del pending[:events.write_many(pending)]
         events.flush()
+        if (pending or events.backlogged()) and events.want_space():
+            _wait(poller, events.spec().space_fd, spec.lifeline_fd)
+            events.clear_space_doorbell()
 
 
 def _wait(poller: select.poll, extra_fd: int | None, lifeline_fd: int) -> set[int]:
@@ -168,8 +169,11 @@ def _wait(poller: select.poll, extra_fd: int | None, lifeline_fd: int) -> set[in
 
 
 def main() -> None:
-    # Ctrl-C reaches the whole process group; the gateway decides when shards stop.
+    # Ctrl-C, systemd and `timeout` signal the whole process group; the gateway
+    # decides when shards stop (after draining), and a dead gateway is seen on
+    # the lifeline pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     spec = msgspec.json.decode(sys.argv[1], type=ShardSpec)
     os.set_blocking(spec.lifeline_fd, False)
     serve(spec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import decimal
 import os
 import signal
 import subprocess
@@ -147,7 +148,7 @@ def test_message_properties_and_large_body_byte_for_byte(broker):
     body = os.urandom(1_000_000)  # split into many frames by frame-max
     props = pika.BasicProperties(
         content_type="application/octet-stream", content_encoding="identity",
-        headers={"a": 1, "nested": {"b": [1, "two", 3.5]}, "s": "str"}, delivery_mode=2,
+        headers={"a": 1, "nested": {"b": [1, "two", decimal.Decimal("3.5")]}, "s": "str"}, delivery_mode=2,
         priority=5, correlation_id="corr", reply_to="reply", expiration="60000",
         message_id="mid", timestamp=1_700_000_000, type="kind", user_id="guest",
         app_id="tests", cluster_id="c")
@@ -176,7 +177,9 @@ def test_py_amqp_client(broker):
         ch.queue_bind(q, "pyamqp-x", "k")
         ch.basic_publish(amqp.Message("hello", application_headers={"h": "v"}), "pyamqp-x", "k")
         msg = wait_until(lambda: ch.basic_get(q, no_ack=True))
-        assert msg.body == b"hello" and msg.headers == {"h": "v"}
+        # py-amqp encodes str bodies as UTF-8 and decodes them back by content_encoding
+        assert msg.body == "hello" and msg.headers == {"h": "v"}
+        assert msg.properties["content_encoding"] == "utf-8"
         ch.exchange_delete("pyamqp-x")
 
 

@@ -1,0 +1,253 @@
+"""A single-producer/single-consumer byte ring in shared memory, with eventfd doorbells.
+
+Layout: a header of four 64-byte-separated words (so producer and consumer
+never write the same cache line), then the data area:
+
+    head            bytes ever written (producer only)
+    tail            bytes ever consumed (consumer only)
+    reader_sleeping consumer found the ring empty and waits on data_fd
+    writer_waiting  producer found the ring full and waits on space_fd
+
+Records are a 4-byte length word and the bytes, padded to 4 bytes so a length
+word never straddles the end. A record that does not fit before the end is
+preceded by a wrap marker. Records larger than an eighth of the ring go in
+fragments (a flag in the length word says more follow) that the reader joins,
+so any size works even through a small ring; fragments not yet written wait
+inside the Ring and are pushed out by later writes (`backlogged()` tells).
+
+Doorbells never lose a wake-up: a sleeper sets its flag, then re-checks; the
+other side publishes its counter, then reads the flag and rings. Plain stores
+are enough for that ordering on x86-64 (TSO); a weaker memory model would need
+fences around the counter updates.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections import deque
+from multiprocessing import shared_memory
+
+import msgspec
+
+_HEAD, _TAIL, _READER_SLEEPING, _WRITER_WAITING = 0, 64, 128, 192
+HEADER_SIZE = 256
+_u64 = struct.Struct("<Q")
+_u32 = struct.Struct("<I")
+WRAP = 0xFFFFFFFF
+MORE = 0x80000000  # length-word flag: another fragment of this record follows
+_LENGTH_MASK = 0x7FFFFFFF
+
+
+class RingSpec(msgspec.Struct, array_like=True):
+    shm_name: str
+    capacity: int  # bytes of the data area
+    data_fd: int  # producer -> consumer: records available
+    space_fd: int  # consumer -> producer: space available
+
+
+def _padded(n: int) -> int:
+    return (n + 3) & ~3
+
+
+class Ring:
+    def __init__(self, spec: RingSpec, buf, owner: shared_memory.SharedMemory | None, mapping):
+        self._spec = spec
+        self.capacity = spec.capacity
+        self._buf = buf
+        self._owner = owner
+        self._mapping = mapping
+        # An eighth of the ring: with a wrap's waste, one piece then needs under half
+        # the ring, so 'half free' (the space doorbell's threshold) always fits it.
+        self._max_fragment = max(4, (self.capacity // 8) & ~3)
+        self._fragments: deque[tuple[bytes, bool]] = deque()  # producer: (piece, more follow)
+        self._partial: list[bytes] = []  # consumer: fragments of a record being joined
+
+    @classmethod
+    def create(cls, capacity: int = 8 * 1024 * 1024) -> "Ring":
+        capacity = _padded(capacity)
+        shm = shared_memory.SharedMemory(create=True, size=HEADER_SIZE + capacity)
+        shm.buf[:HEADER_SIZE] = bytes(HEADER_SIZE)
+        spec = RingSpec(shm.name, capacity, os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC),
+                        os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+        return cls(spec, shm.buf, shm, None)
+
+    @classmethod
+    def attach(cls, spec: RingSpec) -> "Ring":
+        # Map the segment directly rather than through SharedMemory: in 3.11 that
+        # would register it with this process's resource tracker, which would then
+        # unlink the creator's segment (and warn) when this process exits.
+        fd = os.open(f"/dev/shm/{spec.shm_name.lstrip('/')}", os.O_RDWR)
+        try:
+            mapping = mmap.mmap(fd, HEADER_SIZE + spec.capacity)
+        finally:
+            os.close(fd)
+        return cls(spec, memoryview(mapping), None, mapping)
+
+    def spec(self) -> RingSpec:
+        return self._spec
+
+    def close(self) -> None:
+        self._buf.release()
+        if self._owner is not None:
+            self._owner.close()
+            for fd in (self._spec.data_fd, self._spec.space_fd):
+                os.close(fd)
+        elif self._mapping is not None:
+            self._mapping.close()
+
+    def unlink(self) -> None:
+        if self._owner is not None:
+            self._owner.unlink()
+
+    # -- shared counters -------------------------------------------------------
+
+    def _get(self, offset: int) -> int:
+        return _u64.unpack_from(self._buf, offset)[0]
+
+    def _set(self, offset: int, value: int) -> None:
+        _u64.pack_into(self._buf, offset, value)
+
+    def free_space(self) -> int:
+        return self.capacity - (self._get(_HEAD) - self._get(_TAIL))
+
+    def is_empty(self) -> bool:
+        return self._get(_HEAD) == self._get(_TAIL)
+
+    # -- producer --------------------------------------------------------------
+
+    def write(self, record) -> bool:
+        """Queue one record; False (nothing written) when it does not fit now."""
+        return self.write_many((record,)) == 1
+
+    def write_many(self, records) -> int:
+        """Write records in order as far as they fit; return how many were taken."""
+        head = self._get(_HEAD)
+        tail = self._get(_TAIL)
+        head = self._push_fragments(head, tail)
+        taken = 0
+        if not self._fragments:
+            for record in records:
+                size = len(record)
+                if size > self._max_fragment:
+                    view = memoryview(record)
+                    step = self._max_fragment
+                    for start in range(0, size, step):
+                        self._fragments.append((bytes(view[start:start + step]),
+                                                start + step < size))
+                    taken += 1
+                    head = self._push_fragments(head, tail)
+                    if self._fragments:
+                        break
+                    continue
+                new_head = self._put(head, tail, record, 0)
+                if new_head is None:
+                    break
+                head = new_head
+                taken += 1
+        self._set(_HEAD, head)
+        return taken
+
+    def backlogged(self) -> bool:
+        """Fragments of an accepted large record still wait for ring space."""
+        return bool(self._fragments)
+
+    def _push_fragments(self, head: int, tail: int) -> int:
+        while self._fragments:
+            piece, more = self._fragments[0]
+            new_head = self._put(head, tail, piece, MORE if more else 0)
+            if new_head is None:
+                break
+            head = new_head
+            self._fragments.popleft()
+        return head
+
+    def _put(self, head: int, tail: int, data, flags: int) -> int | None:
+        """Write one length-prefixed piece at `head`; the new head, or None if full."""
+        size = len(data)
+        need = 4 + _padded(size)
+        pos = head % self.capacity
+        room_to_end = self.capacity - pos
+        wrap = need > room_to_end
+        if (room_to_end if wrap else 0) + need > self.capacity - (head - tail):
+            return None
+        if wrap:
+            _u32.pack_into(self._buf, HEADER_SIZE + pos, WRAP)
+            head += room_to_end
+            pos = 0
+        start = HEADER_SIZE + pos
+        _u32.pack_into(self._buf, start, size | flags)
+        self._buf[start + 4:start + 4 + size] = data
+        return head + need
+
+    def flush(self) -> None:
+        """Ring the data doorbell once, if the consumer said it sleeps."""
+        if _u32.unpack_from(self._buf, _READER_SLEEPING)[0]:
+            _u32.pack_into(self._buf, _READER_SLEEPING, 0)
+            os.eventfd_write(self._spec.data_fd, 1)
+
+    def want_space(self) -> bool:
+        """Producer is stuck: ask for the space doorbell. True if still stuck
+        (wait for space_fd, then clear_space_doorbell() and write again)."""
+        _u32.pack_into(self._buf, _WRITER_WAITING, 1)
+        if self.free_space() >= self.capacity // 2:
+            _u32.pack_into(self._buf, _WRITER_WAITING, 0)
+            return False
+        return True
+
+    def clear_space_doorbell(self) -> None:
+        _drain(self._spec.space_fd)
+
+    # -- consumer --------------------------------------------------------------
+
+    def read_many(self, max_records: int = 1 << 30) -> list[bytes]:
+        """Copy out whole records (joining fragments); advance the tail once."""
+        head = self._get(_HEAD)
+        tail = self._get(_TAIL)
+        records: list[bytes] = []
+        buf = self._buf
+        while tail < head and len(records) < max_records:
+            pos = tail % self.capacity
+            word = _u32.unpack_from(buf, HEADER_SIZE + pos)[0]
+            if word == WRAP:
+                tail += self.capacity - pos
+                continue
+            size = word & _LENGTH_MASK
+            start = HEADER_SIZE + pos + 4
+            data = bytes(buf[start:start + size])
+            tail += 4 + _padded(size)
+            if word & MORE:
+                self._partial.append(data)
+            elif self._partial:
+                self._partial.append(data)
+                records.append(b"".join(self._partial))
+                self._partial = []
+            else:
+                records.append(data)
+        self._set(_TAIL, tail)
+        if _u32.unpack_from(buf, _WRITER_WAITING)[0] and \
+                self.capacity - (head - tail) >= self.capacity // 2:
+            _u32.pack_into(buf, _WRITER_WAITING, 0)
+            os.eventfd_write(self._spec.space_fd, 1)
+        return records
+
+    def sleep(self) -> bool:
+        """Consumer found nothing: ask for the data doorbell. True if still empty
+        (wait for data_fd, then clear_data_doorbell() and read again)."""
+        _u32.pack_into(self._buf, _READER_SLEEPING, 1)
+        if not self.is_empty():
+            _u32.pack_into(self._buf, _READER_SLEEPING, 0)
+            return False
+        return True
+
+    def clear_data_doorbell(self) -> None:
+        _u32.pack_into(self._buf, _READER_SLEEPING, 0)
+        _drain(self._spec.data_fd)
+
+
+def _drain(fd: int) -> None:
+    try:
+        os.eventfd_read(fd)
+    except BlockingIOError:
+        pass
