@@ -24,19 +24,42 @@ if TYPE_CHECKING:
     from .connection import Connection
 
 BASIC_CLASS = spec.CLASS_IDS["basic"]
-CONSUMER_CREDIT = 500  # deliveries a consumer may have between gateway and socket
+# Link credit of a consumer outside a channel-wide limit: how many deliveries may
+# be on their way between its shard and the socket. Credit comes back as
+# deliveries are written to the socket, so a slow reader stops its shard.
+FLOW_WINDOW = 500
 
 
 class ConsumerState:
-    __slots__ = ("tag", "holder", "meta", "link", "no_ack", "owed_credit")
+    """The gateway's side of a consumer. Credit is handed out in one of two modes:
 
-    def __init__(self, tag: str, holder: int, meta: QueueMeta, link, no_ack: bool):
+    * window: FLOW_WINDOW credit, returned as deliveries leave through the socket
+      (no-ack consumers, and every consumer of a channel without a global limit);
+    * limited: manual-ack consumers of a channel with basic.qos global=true share
+      the channel's limit; credit comes back only as deliveries are settled, and
+      credit outstanding + unacked never exceeds the limit (DESIGN.md, prefetch).
+    """
+
+    __slots__ = ("tag", "holder", "meta", "link", "no_ack", "prefetch", "credit", "owed_credit",
+                 "unacked")
+
+    def __init__(self, tag: str, holder: int, meta: QueueMeta, link, no_ack: bool,
+                 prefetch: int):
         self.tag = tag
         self.holder = holder
         self.meta = meta
         self.link = link
         self.no_ack = no_ack
-        self.owed_credit = 0  # deliveries written out whose credit is not yet returned
+        self.prefetch = prefetch  # its own limit (global=false), enforced by the shard
+        self.credit = 0  # granted to the shard minus deliveries seen
+        self.owed_credit = 0  # window mode: written out, credit not yet returned
+        self.unacked = 0
+
+    def useful_credit(self) -> int | None:
+        """Credit it could use under its own limit; None when it has none."""
+        if self.no_ack or not self.prefetch:
+            return None
+        return max(self.prefetch - self.unacked - max(self.credit, 0), 0)
 
 
 class Channel:
@@ -50,6 +73,7 @@ class Channel:
         self.consumers: dict[str, ConsumerState] = {}
         self.by_holder: dict[int, ConsumerState] = {}
         self.unacked: OrderedDict[int, tuple] = OrderedDict()  # tag -> (link, qid, holder, seq)
+        self.consumer_unacked = 0  # unacked deliveries to consumers (basic.get's excluded)
         self.next_tag = 1
         self.consumer_prefetch = 0
         self.channel_prefetch = 0
@@ -365,10 +389,60 @@ class Channel:
         if method.prefetch_size:
             raise AMQPError(spec.NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})")
         if method.global_:
-            self.channel_prefetch = method.prefetch_count
+            self._set_channel_prefetch(method.prefetch_count)
         else:
             self.consumer_prefetch = method.prefetch_count
         self.send(m.BasicQosOk())
+
+    def _limited(self, consumer: ConsumerState) -> bool:
+        return bool(self.channel_prefetch) and not consumer.no_ack
+
+    def _set_channel_prefetch(self, limit: int) -> None:
+        """Re-deal credit under the new limit; deliveries already on their way may
+        briefly leave more unacked than it (DESIGN.md)."""
+        was_limited = bool(self.channel_prefetch)
+        self.channel_prefetch = limit
+        for consumer in self.consumers.values():
+            if consumer.no_ack:
+                continue
+            if limit:
+                consumer.credit = 0
+            elif was_limited:
+                consumer.credit = FLOW_WINDOW
+            else:
+                continue
+            consumer.owed_credit = 0
+            consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, consumer.credit,
+                                       reset=True))
+        self._deal_credit()
+
+    def _deal_credit(self) -> None:
+        """Hand the channel's free credit to its limited consumers, least-served first."""
+        if not self.channel_prefetch:
+            return
+        limited = [c for c in self.consumers.values() if not c.no_ack]
+        if not limited:
+            return
+        free = (self.channel_prefetch - self.consumer_unacked
+                - sum(max(c.credit, 0) for c in limited))
+        if free <= 0:
+            return
+        # Never deal a consumer more than its own prefetch lets it use: that credit
+        # would sit idle while another consumer of the channel could use it.
+        room = {c: c.useful_credit() for c in limited}
+        grants = dict.fromkeys(limited, 0)
+        limited.sort(key=lambda c: c.credit)
+        while free > 0:
+            takers = [c for c in limited if room[c] is None or room[c] > grants[c]]
+            if not takers:
+                break
+            for consumer in takers[:free]:
+                grants[consumer] += 1
+            free -= min(free, len(takers))
+        for consumer, credit in grants.items():
+            if credit:
+                consumer.credit += credit
+                consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, credit))
 
     def _basic_consume(self, method: m.BasicConsume) -> None:
         meta = self._queue_named(method.queue)
@@ -381,7 +455,8 @@ class Channel:
                             f"invalid arg 'x-priority' for {queue_name(meta.vhost, meta.name)}")
         holder = self.broker.new_id()
         link = self._link(meta)
-        consumer = ConsumerState(tag, holder, meta, link, method.no_ack)
+        consumer = ConsumerState(tag, holder, meta, link, method.no_ack, self.consumer_prefetch)
+        consumer.credit = 0 if self._limited(consumer) else FLOW_WINDOW
         self.consumers[tag] = consumer
         self.by_holder[holder] = consumer
         self.holder_ids.add(holder)
@@ -395,7 +470,8 @@ class Channel:
 
         self._request(link, lambda req: r.Consume(
             req, meta.qid, holder, self.id, tag, method.no_ack, method.exclusive,
-            self.consumer_prefetch, CONSUMER_CREDIT, priority), answered)
+            self.consumer_prefetch, consumer.credit, priority), answered)
+        self._deal_credit()
 
     def _basic_cancel(self, method: m.BasicCancel) -> None:
         consumer = self.consumers.get(method.consumer_tag)
@@ -415,6 +491,7 @@ class Channel:
         self.by_holder.pop(consumer.holder, None)
         self.broker.holders.pop(consumer.holder, None)
         self.conn.owed_grants.discard(consumer)
+        self._deal_credit()  # a limited consumer's credit went with it
 
     def consumer_cancelled_by_broker(self, holder: int) -> None:
         consumer = self.by_holder.get(holder)
@@ -430,8 +507,11 @@ class Channel:
             return  # cancelled meanwhile; the shard requeues what this holder kept
         tag = self.next_tag
         self.next_tag += 1
+        consumer.credit -= 1
         if not consumer.no_ack:
             self.unacked[tag] = (link, event.qid, event.holder, event.seq)
+            self.consumer_unacked += 1
+            consumer.unacked += 1
         data = frames.content_frames(
             self.number,
             m.encode_method(m.BasicDeliver(consumer_tag=consumer.tag, delivery_tag=tag,
@@ -443,14 +523,16 @@ class Channel:
             self.conn.send(data)
         else:
             self.held_deliveries.append(data)
-        consumer.owed_credit += 1
-        self.conn.owed_grants.add(consumer)
-        self.conn.schedule_flush()
+        if not self._limited(consumer):
+            consumer.owed_credit += 1
+            self.conn.owed_grants.add(consumer)
+            self.conn.schedule_flush()
 
     def return_credit(self, consumer: ConsumerState) -> None:
-        """Give a consumer back the credit of deliveries that left through the socket."""
+        """Window mode: give back the credit of deliveries that left through the socket."""
         if consumer.owed_credit and self.flow_active and consumer.holder in self.by_holder:
             consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, consumer.owed_credit))
+            consumer.credit += consumer.owed_credit
             consumer.owed_credit = 0
 
     # -- basic: get and settle -------------------------------------------------
@@ -503,8 +585,14 @@ class Channel:
         groups: dict[tuple, list[int]] = {}
         for link, qid, holder, seq in entries:
             groups.setdefault((link, qid, holder), []).append(seq)
+            if holder != self.id:
+                self.consumer_unacked -= 1
+                consumer = self.by_holder.get(holder)
+                if consumer is not None:
+                    consumer.unacked -= 1
         for (link, qid, holder), seqs in groups.items():
             link.send(r.Settle(qid, holder, seqs, outcome))
+        self._deal_credit()
 
     def _basic_ack(self, method: m.BasicAck) -> None:
         self._settle(self._take_unacked(method.delivery_tag, method.multiple), r.SETTLE_ACK)
@@ -520,8 +608,9 @@ class Channel:
     def _basic_recover(self, method) -> None:
         if not method.requeue:
             raise AMQPError(spec.NOT_IMPLEMENTED, "requeue=false")
-        self._settle(list(self.unacked.values()), r.SETTLE_REQUEUE)
+        entries = list(self.unacked.values())
         self.unacked.clear()
+        self._settle(entries, r.SETTLE_REQUEUE)
         if type(method) is m.BasicRecover:
             self.send(m.BasicRecoverOk())
 

@@ -202,7 +202,7 @@ class Queue:
     def _grant(self, cmd: r.Grant, effects: list) -> None:
         consumer = self.consumers.get(cmd.holder)
         if consumer is not None:
-            consumer.credit += cmd.credit
+            consumer.credit = cmd.credit if cmd.reset else consumer.credit + cmd.credit
             self._dispatch(effects)
 
     def _set_prefetch(self, cmd: r.SetPrefetch, effects: list) -> None:

@@ -109,11 +109,13 @@ SETTLE_DISCARD = 2
 
 
 class Grant(_Record, tag=10):
-    """Top up a consumer's link credit (flow control and channel-wide prefetch)."""
+    """Top up a consumer's link credit (flow control and channel-wide prefetch);
+    with `reset`, replace it (the channel's limit changed)."""
 
     qid: int
     holder: int
     credit: int
+    reset: bool = False
 
 
 class ReleaseHolders(_Record, tag=11):
