@@ -7,6 +7,7 @@ can route a publish to the right shards without asking anyone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
@@ -107,15 +108,21 @@ class Broker:
         self.holders: dict[int, "Channel"] = {}  # consumer id -> its channel
         self._next_id = 0
         self._next_qid = 0
+        self.stopping = False
+        self._restarts: dict[int, float] = {}  # shard -> delay before its next restart
 
     async def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         for index in range(self.shard_count):
-            link = ShardLink(index, self.data_dir, self._on_events, self._on_shard_exit)
-            link.start()
-            self.links.append(link)
+            self.links.append(self._start_shard(index))
+
+    def _start_shard(self, index: int) -> ShardLink:
+        link = ShardLink(index, self.data_dir, self._on_events, self._on_shard_exit)
+        link.start()
+        return link
 
     async def stop(self) -> None:
+        self.stopping = True
         for link in self.links:
             await link.stop()
 
@@ -173,7 +180,7 @@ class Broker:
                 for channel_id, seq in zip(event.channels, event.seqs):
                     channel = self.holders.get(channel_id)
                     if channel is not None:
-                        channel.confirmed(seq)
+                        channel.confirmed(seq, link.index)
             elif kind is r.ConsumerCancelled:
                 channel = self.holders.get(event.holder)
                 if channel is not None:
@@ -189,10 +196,24 @@ class Broker:
                     return
 
     def _on_shard_exit(self, link: ShardLink, returncode: int) -> None:
-        log.error("shard %d exited with code %s", link.index, returncode)
-        # Its queues are gone with it; consumers are told, channels forget them.
+        if self.stopping:
+            return
+        log.error("shard %d exited with code %s; restarting it", link.index, returncode)
+        # Its transient queues died with it; durable ones come back from its store.
         for vhost in self.vhosts.values():
-            for meta in [m for m in vhost.queues.values() if m.shard == link.index]:
+            for meta in [m for m in vhost.queues.values()
+                         if m.shard == link.index and not m.durable]:
                 self.forget_queue(meta)
-        for channel in {c for c in self.holders.values()}:
+        # Its consumers are cancelled and its unconfirmed publishes nacked.
+        for channel in set(self.holders.values()):
             channel.shard_lost(link)
+        # A shard that keeps dying is restarted less and less often.
+        delay = self._restarts.get(link.index, 0.0)
+        self._restarts[link.index] = min(max(delay * 2, 0.1), 5.0)
+        loop = asyncio.get_running_loop()
+        loop.call_later(delay, self._restart_shard, link.index)
+        loop.call_later(30.0, self._restarts.pop, link.index, None)
+
+    def _restart_shard(self, index: int) -> None:
+        if not self.stopping:
+            self.links[index] = self._start_shard(index)

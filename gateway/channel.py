@@ -629,7 +629,7 @@ class Channel:
         by_shard: dict[int, list[int]] = {}
         for meta in targets:
             by_shard.setdefault(meta.shard, []).append(meta.qid)
-        seq = self.confirms.publish(len(by_shard)) if self.confirms is not None else 0
+        seq = self.confirms.publish(by_shard) if self.confirms is not None else 0
         if not targets and method.mandatory:
             self.conn.send(frames.content_frames(
                 self.number,
@@ -640,9 +640,13 @@ class Channel:
         persistent = peek_delivery_mode(properties) == 2
         confirm_channel = self.id if seq else 0
         for shard, qids in by_shard.items():
-            self.broker.links[shard].send(
-                r.Publish(qids, method.exchange, method.routing_key, properties, body,
-                          persistent, confirm_channel, seq), self.conn)
+            link = self.broker.links[shard]
+            if not link.alive:  # between a shard's death and its restart
+                if seq:
+                    self.confirms.reject(seq, shard)
+                continue
+            link.send(r.Publish(qids, method.exchange, method.routing_key, properties, body,
+                                persistent, confirm_channel, seq), self.conn)
         if seq:
             self.conn.owed_confirms.add(self)
             self.conn.schedule_flush()
@@ -652,9 +656,9 @@ class Channel:
             self.confirms = ConfirmTracker()
         self._reply(m.ConfirmSelectOk(), method.nowait)
 
-    def confirmed(self, seq: int) -> None:
+    def confirmed(self, seq: int, shard: int) -> None:
         if self.confirms is not None and not self.closing:
-            self.confirms.accept(seq)
+            self.confirms.accept(seq, shard)
             self.conn.owed_confirms.add(self)
             self.conn.schedule_flush()
 
@@ -692,7 +696,7 @@ class Channel:
         for consumer in [c for c in self.consumers.values() if c.link is link]:
             self.consumer_cancelled_by_broker(consumer.holder)
         if self.confirms is not None:
-            self.confirms.fail_all()
+            self.confirms.fail_shard(link.index)
             self.conn.owed_confirms.add(self)
             self.conn.schedule_flush()
 

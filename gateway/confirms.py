@@ -1,7 +1,7 @@
 """Publisher confirms for one channel, as a small pure tracker.
 
-Each published message gets the next sequence number and the number of
-acceptances it needs (one per shard holding a target queue). Resolved messages
+Each published message gets the next sequence number and the set of shards
+that must accept it (those holding a target queue). Resolved messages
 are answered once per loop turn: everything below the lowest still-pending
 number goes out as runs of `multiple=true` acks/nacks, the rest one by one.
 """
@@ -15,44 +15,41 @@ NACK = False
 class ConfirmTracker:
     def __init__(self) -> None:
         self.next_seq = 1
-        self._pending: dict[int, int] = {}  # seq -> acceptances still needed
+        self._pending: dict[int, set[int]] = {}  # seq -> shards still to accept it
         self._failed: set[int] = set()  # pending seqs that will be nacked
         self._resolved: dict[int, bool] = {}  # seq -> ACK/NACK, not yet sent
         self._low = 1  # lowest seq that may still be pending
 
-    def publish(self, parts: int) -> int:
-        """Record a publish needing `parts` acceptances (0: confirm at once)."""
+    def publish(self, shards) -> int:
+        """Record a publish that these shards must accept (none: confirm at once)."""
         seq = self.next_seq
         self.next_seq += 1
-        if parts:
-            self._pending[seq] = parts
+        if shards:
+            self._pending[seq] = set(shards)
         else:
             self._resolved[seq] = ACK
         return seq
 
-    def accept(self, seq: int) -> None:
+    def accept(self, seq: int, shard: int) -> None:
         remaining = self._pending.get(seq)
         if remaining is None:
             return
-        if remaining > 1:
-            self._pending[seq] = remaining - 1
-            return
-        del self._pending[seq]
-        self._resolved[seq] = NACK if seq in self._failed else ACK
-        self._failed.discard(seq)
+        remaining.discard(shard)
+        if not remaining:
+            del self._pending[seq]
+            self._resolved[seq] = NACK if seq in self._failed else ACK
+            self._failed.discard(seq)
 
-    def reject(self, seq: int) -> None:
-        """A target refused the message: it will be nacked once all parts answer."""
+    def reject(self, seq: int, shard: int) -> None:
+        """A shard refused the message: it is nacked once every shard has answered."""
         if seq in self._pending:
             self._failed.add(seq)
-            self.accept(seq)
+            self.accept(seq, shard)
 
-    def fail_all(self) -> None:
-        """Nack everything still pending (the shard holding it is gone)."""
-        for seq in list(self._pending):
-            self._failed.add(seq)
-            self._pending[seq] = 1
-            self.accept(seq)
+    def fail_shard(self, shard: int) -> None:
+        """A shard is gone: nack what it had not accepted yet."""
+        for seq in [s for s, shards in self._pending.items() if shard in shards]:
+            self.reject(seq, shard)
 
     @property
     def outstanding(self) -> int:

@@ -296,3 +296,50 @@ def test_sigterm_closes_connections_with_320_and_exits_zero(fresh_broker):
     assert info.value.reply_code == 320
     assert "CONNECTION_FORCED" in info.value.reply_text
     assert fresh_broker.wait(20) == 0
+
+
+def shard_pids(broker) -> list[int]:
+    """The broker's shard processes: the gateway's children running shards.main."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if ppid == broker.process.pid and b"shards.main" in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def test_killed_shard_is_restarted_and_others_keep_working(fresh_broker):
+    fresh_broker.start()
+    conn = connect(fresh_broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    queues = names_on_every_shard(2, per_shard=1, prefix="crash")
+    for q in queues:
+        ch.queue_declare(q)
+        ch.basic_publish("", q, b"before")
+    cancelled = []
+    ch.basic_consume(queues[0], lambda *a: None, consumer_tag="on-shard-0")
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    victims = shard_pids(fresh_broker)
+    assert len(victims) == 2
+    shard0 = sorted(victims)[0]  # started first: shard 0
+    os.kill(shard0, signal.SIGKILL)
+    wait_until(lambda: (conn.process_data_events(time_limit=0.05), cancelled)[1], timeout=10)
+    assert cancelled == ["on-shard-0"]
+    # The other shard's queue kept its message; the dead shard's transient queue is gone.
+    method, _, body = ch.basic_get(queues[1], auto_ack=True)
+    assert body == b"before"
+    wait_until(lambda: len(shard_pids(fresh_broker)) == 2 and shard0 not in
+               shard_pids(fresh_broker), timeout=10)
+    ch.queue_declare(queues[0])
+    ch.basic_publish("", queues[0], b"after", mandatory=True)  # confirmed by the new shard
+    assert wait_until(lambda: _get(ch, queues[0]))[2] == b"after"
+    conn.close()
