@@ -16,15 +16,18 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from shards import records as r
+from storage.metastore import BindingDef, ExchangeDef, MetaStore, QueueDef, VHostDef
 
 from .shardlink import ShardLink
+from .topic import TopicTrie
 
 if TYPE_CHECKING:
     from .channel import Channel
 
 log = logging.getLogger("warren")
 
-EXCHANGE_TYPES = ("direct", "fanout")
+EXCHANGE_TYPES = ("direct", "fanout", "topic")
+TRANSIENT_QIDS = 1 << 62  # transient queue ids start here; durable ones come from the metastore
 
 
 class QueueMeta:
@@ -46,7 +49,7 @@ class QueueMeta:
 
 class Exchange:
     __slots__ = ("vhost", "name", "type", "durable", "auto_delete", "internal", "arguments",
-                 "bindings")
+                 "bindings", "trie")
 
     def __init__(self, vhost: str, name: str, type: str, durable: bool = True,
                  auto_delete: bool = False, internal: bool = False, arguments: dict | None = None):
@@ -58,9 +61,12 @@ class Exchange:
         self.internal = internal
         self.arguments = arguments or {}
         self.bindings: dict[str, set[str]] = {}  # routing key -> queue names
+        self.trie = TopicTrie() if type == "topic" else None
 
     def bind(self, routing_key: str, queue: str) -> None:
         self.bindings.setdefault(routing_key, set()).add(queue)
+        if self.trie is not None:
+            self.trie.add(routing_key, queue)
 
     def unbind(self, routing_key: str, queue: str) -> None:
         queues = self.bindings.get(routing_key)
@@ -68,12 +74,15 @@ class Exchange:
             queues.discard(queue)
             if not queues:
                 del self.bindings[routing_key]
+            if self.trie is not None:
+                self.trie.remove(routing_key, queue)
 
-    def unbind_queue(self, queue: str) -> None:
-        for key in [k for k, qs in self.bindings.items() if queue in qs]:
-            self.unbind(key, queue)
+    def keys_bound_to(self, queue: str) -> list[str]:
+        return [key for key, queues in self.bindings.items() if queue in queues]
 
     def route(self, routing_key: str) -> set[str]:
+        if self.trie is not None:
+            return self.trie.match(routing_key)
         if self.type == "fanout":
             return set().union(*self.bindings.values()) if self.bindings else set()
         return self.bindings.get(routing_key, set())
@@ -113,11 +122,48 @@ class Broker:
 
     async def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
+        self.meta = MetaStore(os.path.join(self.data_dir, "meta"))
+        self._load_definitions()
         for index in range(self.shard_count):
             self.links.append(self._start_shard(index))
 
+    def _load_definitions(self) -> None:
+        """Durable vhosts, exchanges, queues (with their placement) and bindings."""
+        defs = self.meta.load()
+        if not any(v.name == "/" for v in defs.vhosts):
+            self.meta.put_vhost(VHostDef("/"))
+        for v in defs.vhosts:
+            self.vhosts.setdefault(v.name, VHost(v.name))
+        for e in defs.exchanges:
+            vhost = self.vhosts.setdefault(e.vhost, VHost(e.vhost))
+            vhost.exchanges[e.name] = Exchange(e.vhost, e.name, e.type, e.durable,
+                                               e.auto_delete, e.internal, e.arguments)
+        for q in defs.queues:
+            vhost = self.vhosts.setdefault(q.vhost, VHost(q.vhost))
+            # A queue recorded on a shard that no longer exists lives on in its old
+            # store, which shard (K mod N) adopts.
+            vhost.queues[q.name] = QueueMeta(q.qid, q.vhost, q.name, q.shard % self.shard_count,
+                                             True, None, q.auto_delete, q.arguments)
+        for b in defs.bindings:
+            vhost = self.vhosts.get(b.vhost)
+            exchange = vhost.exchanges.get(b.source) if vhost else None
+            if exchange is not None and b.destination_type == "queue":
+                exchange.bind(b.routing_key, b.destination)
+
+    def _stores_of(self, index: int) -> list[int]:
+        """Store directories shard `index` opens: its own, and any left by a larger
+        shard count before (shard-K with K >= N goes to shard K mod N)."""
+        adopted = []
+        for entry in os.listdir(self.data_dir):
+            if entry.startswith("shard-") and entry[6:].isdigit():
+                k = int(entry[6:])
+                if k >= self.shard_count and k % self.shard_count == index:
+                    adopted.append(k)
+        return [index, *sorted(adopted)]
+
     def _start_shard(self, index: int) -> ShardLink:
-        link = ShardLink(index, self.data_dir, self._on_events, self._on_shard_exit)
+        link = ShardLink(index, self.data_dir, self._stores_of(index), self._on_events,
+                         self._on_shard_exit)
         link.start()
         return link
 
@@ -125,6 +171,7 @@ class Broker:
         self.stopping = True
         for link in self.links:
             await link.stop()
+        self.meta.close()
 
     def new_id(self) -> int:
         """A broker-wide id for a channel or consumer (shard 'holders')."""
@@ -135,10 +182,18 @@ class Broker:
 
     def create_queue(self, vhost: VHost, name: str, durable: bool, owner, auto_delete: bool,
                      arguments: dict) -> QueueMeta:
-        self._next_qid += 1
-        meta = QueueMeta(self._next_qid, vhost.name, name,
-                         placement(vhost.name, name, self.shard_count), durable, owner,
-                         auto_delete, arguments)
+        stored = durable and owner is None
+        if stored:
+            qid = self.meta.allocate_qid()
+        else:
+            # Transient queues die with the broker: ids from a range of their own.
+            self._next_qid += 1
+            qid = TRANSIENT_QIDS + self._next_qid
+        meta = QueueMeta(qid, vhost.name, name, placement(vhost.name, name, self.shard_count),
+                         durable, owner, auto_delete, arguments)
+        if stored:
+            self.meta.put_queue(QueueDef(vhost.name, name, qid, meta.shard, durable,
+                                         auto_delete, arguments))
         vhost.queues[name] = meta
         self.links[meta.shard].send(r.CreateQueue(0, meta.qid, vhost.name, name, durable,
                                                   owner is not None, auto_delete, arguments))
@@ -150,7 +205,48 @@ class Broker:
             return
         del vhost.queues[meta.name]
         for exchange in vhost.exchanges.values():
-            exchange.unbind_queue(meta.name)
+            for key in exchange.keys_bound_to(meta.name):
+                self.unbind(exchange, key, meta)
+        if self._stored(meta):
+            self.meta.delete_queue(meta.vhost, meta.name)
+
+    @staticmethod
+    def _stored(meta: QueueMeta) -> bool:
+        return meta.durable and meta.owner is None
+
+    # -- exchanges and bindings ------------------------------------------------
+
+    def add_exchange(self, exchange: Exchange) -> None:
+        self.vhosts[exchange.vhost].exchanges[exchange.name] = exchange
+        if exchange.durable:
+            self.meta.put_exchange(ExchangeDef(exchange.vhost, exchange.name, exchange.type,
+                                               exchange.durable, exchange.auto_delete,
+                                               exchange.internal, exchange.arguments))
+
+    def delete_exchange(self, exchange: Exchange) -> None:
+        vhost = self.vhosts[exchange.vhost]
+        for key, names in list(exchange.bindings.items()):
+            for name in list(names):
+                meta = vhost.queues.get(name)
+                if meta is not None:
+                    self.unbind(exchange, key, meta)
+        del vhost.exchanges[exchange.name]
+        if exchange.durable:
+            self.meta.delete_exchange(exchange.vhost, exchange.name)
+
+    def bind(self, exchange: Exchange, routing_key: str, meta: QueueMeta) -> None:
+        exchange.bind(routing_key, meta.name)
+        if exchange.durable and self._stored(meta):
+            self.meta.put_binding(self._binding(exchange, routing_key, meta))
+
+    def unbind(self, exchange: Exchange, routing_key: str, meta: QueueMeta) -> None:
+        exchange.unbind(routing_key, meta.name)
+        if exchange.durable and self._stored(meta):
+            self.meta.delete_binding(self._binding(exchange, routing_key, meta))
+
+    @staticmethod
+    def _binding(exchange: Exchange, routing_key: str, meta: QueueMeta) -> BindingDef:
+        return BindingDef(exchange.vhost, exchange.name, meta.name, "queue", routing_key, {})
 
     def delete_exclusive_queues(self, owner) -> None:
         for vhost in self.vhosts.values():
@@ -181,6 +277,11 @@ class Broker:
                     channel = self.holders.get(channel_id)
                     if channel is not None:
                         channel.confirmed(seq, link.index)
+            elif kind is r.Rejected:
+                for channel_id, seq in zip(event.channels, event.seqs):
+                    channel = self.holders.get(channel_id)
+                    if channel is not None:
+                        channel.rejected(seq, link.index)
             elif kind is r.ConsumerCancelled:
                 channel = self.holders.get(event.holder)
                 if channel is not None:

@@ -78,6 +78,9 @@ class Channel:
         self.consumer_prefetch = 0
         self.channel_prefetch = 0
         self.confirms: ConfirmTracker | None = None
+        self.tx: list | None = None  # buffered (action, *args) while transactional
+        self.tx_confirms: ConfirmTracker | None = None  # shards' acceptance of a commit
+        self._commit_pending = False
         self.flow_active = True
         self.held_deliveries: list[bytes] = []  # while the client has flow off
         self.last_queue = ""
@@ -270,9 +273,9 @@ class Channel:
             if name.startswith("amq."):
                 raise AMQPError(spec.ACCESS_REFUSED,
                                 f"exchange name '{name}' contains reserved prefix 'amq.*'")
-            vhost.exchanges[name] = Exchange(vhost.name, name, method.type, method.durable,
-                                             method.auto_delete, method.internal,
-                                             method.arguments)
+            self.broker.add_exchange(Exchange(vhost.name, name, method.type, method.durable,
+                                              method.auto_delete, method.internal,
+                                              method.arguments))
         else:
             what = exchange_name(vhost.name, name)
             _equivalent("type", what, method.type, existing.type)
@@ -294,7 +297,7 @@ class Channel:
             if method.if_unused and exchange.bindings:
                 raise AMQPError(spec.PRECONDITION_FAILED,
                                 f"{exchange_name(self.vhost.name, name)} in use")
-            del self.vhost.exchanges[name]
+            self.broker.delete_exchange(exchange)
         self._reply(m.ExchangeDeleteOk(), method.nowait)
 
     # -- queues ----------------------------------------------------------------
@@ -341,13 +344,13 @@ class Channel:
         meta = self._queue_named(method.queue)
         exchange = self._bindable_exchange(method.exchange)
         routing_key = method.routing_key
-        exchange.bind(routing_key, meta.name)
+        self.broker.bind(exchange, routing_key, meta)
         self._reply(m.QueueBindOk(), method.nowait)
 
     def _queue_unbind(self, method: m.QueueUnbind) -> None:
         meta = self._queue_named(method.queue)
         exchange = self._bindable_exchange(method.exchange)
-        exchange.unbind(method.routing_key, meta.name)
+        self.broker.unbind(exchange, method.routing_key, meta)
         self.send(m.QueueUnbindOk())
 
     def _bindable_exchange(self, name: str) -> Exchange:
@@ -560,11 +563,12 @@ class Channel:
 
         self._request(link, lambda req: r.Get(req, meta.qid, self.id, method.no_ack), answered)
 
-    def _take_unacked(self, tag: int, multiple: bool) -> list[tuple]:
-        """Remove and return the deliveries an ack/nack/reject settles (RabbitMQ's collect_acks)."""
+    def _take_unacked(self, tag: int, multiple: bool) -> list[tuple[int, tuple]]:
+        """Remove and return (tag, delivery) for what an ack/nack/reject settles
+        (RabbitMQ's collect_acks): 406 for a tag that is not outstanding."""
         if multiple:
             if tag == 0:
-                taken = list(self.unacked.values())
+                taken = list(self.unacked.items())
                 self.unacked.clear()
                 return taken
             if tag not in self.unacked:
@@ -572,18 +576,24 @@ class Channel:
             taken = []
             while self.unacked:
                 first, entry = self.unacked.popitem(last=False)
-                taken.append(entry)
+                taken.append((first, entry))
                 if first == tag:
                     break
             return taken
         entry = self.unacked.pop(tag, None)
         if entry is None:
             raise AMQPError(spec.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        return [entry]
+        return [(tag, entry)]
 
-    def _settle(self, entries: list[tuple], outcome: int) -> None:
+    def _settle(self, taken: list[tuple[int, tuple]], outcome: int) -> None:
+        if self.tx is not None:
+            self.tx.append((self._settle_now, taken, outcome))
+        else:
+            self._settle_now(taken, outcome)
+
+    def _settle_now(self, taken: list[tuple[int, tuple]], outcome: int) -> None:
         groups: dict[tuple, list[int]] = {}
-        for link, qid, holder, seq in entries:
+        for _tag, (link, qid, holder, seq) in taken:
             groups.setdefault((link, qid, holder), []).append(seq)
             if holder != self.id:
                 self.consumer_unacked -= 1
@@ -608,9 +618,9 @@ class Channel:
     def _basic_recover(self, method) -> None:
         if not method.requeue:
             raise AMQPError(spec.NOT_IMPLEMENTED, "requeue=false")
-        entries = list(self.unacked.values())
+        taken = list(self.unacked.items())
         self.unacked.clear()
-        self._settle(entries, r.SETTLE_REQUEUE)
+        self._settle_now(taken, r.SETTLE_REQUEUE)
         if type(method) is m.BasicRecover:
             self.send(m.BasicRecoverOk())
 
@@ -625,11 +635,21 @@ class Channel:
         if exchange is None:
             raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
                             method.CLASS_ID, method.METHOD_ID)
-        targets = self.broker.route(vhost, exchange, method.routing_key)
+        if self.tx is not None:
+            self.tx.append((self._route, method, properties, body))
+        else:
+            self._route(method, properties, body)
+
+    def _route(self, method: m.BasicPublish, properties: bytes, body: bytes) -> None:
+        """Send a message to the shards of every queue it routes to, in one record each."""
+        vhost = self.vhost
+        exchange = vhost.exchanges.get(method.exchange)
+        targets = self.broker.route(vhost, exchange, method.routing_key) if exchange else []
         by_shard: dict[int, list[int]] = {}
         for meta in targets:
             by_shard.setdefault(meta.shard, []).append(meta.qid)
-        seq = self.confirms.publish(by_shard) if self.confirms is not None else 0
+        tracker = self.confirms if self.confirms is not None else self.tx_confirms
+        seq = tracker.publish(by_shard) if tracker is not None else 0
         if not targets and method.mandatory:
             self.conn.send(frames.content_frames(
                 self.number,
@@ -643,24 +663,83 @@ class Channel:
             link = self.broker.links[shard]
             if not link.alive:  # between a shard's death and its restart
                 if seq:
-                    self.confirms.reject(seq, shard)
+                    tracker.reject(seq, shard)
                 continue
             link.send(r.Publish(qids, method.exchange, method.routing_key, properties, body,
                                 persistent, confirm_channel, seq), self.conn)
         if seq:
-            self.conn.owed_confirms.add(self)
-            self.conn.schedule_flush()
+            self._confirms_changed()
 
     def _confirm_select(self, method: m.ConfirmSelect) -> None:
+        if self.tx is not None:
+            raise AMQPError(spec.PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         if self.confirms is None:
             self.confirms = ConfirmTracker()
         self._reply(m.ConfirmSelectOk(), method.nowait)
 
     def confirmed(self, seq: int, shard: int) -> None:
-        if self.confirms is not None and not self.closing:
-            self.confirms.accept(seq, shard)
+        tracker = self.confirms if self.confirms is not None else self.tx_confirms
+        if tracker is not None and not self.closing:
+            tracker.accept(seq, shard)
+            self._confirms_changed()
+
+    def rejected(self, seq: int, shard: int) -> None:
+        tracker = self.confirms if self.confirms is not None else self.tx_confirms
+        if tracker is not None and not self.closing:
+            tracker.reject(seq, shard)
+            self._confirms_changed()
+
+    def _confirms_changed(self) -> None:
+        if self.confirms is not None:
             self.conn.owed_confirms.add(self)
             self.conn.schedule_flush()
+        elif self._commit_pending and not self.tx_confirms.outstanding:
+            self.tx_confirms.take_replies()
+            self._commit_pending = False
+            self.send(m.TxCommitOk())
+            self._waiting = False
+            self.conn.run_guarded(self, self._drain_backlog)
+
+    # -- transactions ----------------------------------------------------------
+
+    def _tx_select(self, method: m.TxSelect) -> None:
+        if self.confirms is not None:
+            raise AMQPError(spec.PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        if self.tx is None:
+            self.tx = []
+            self.tx_confirms = ConfirmTracker()
+        self.send(m.TxSelectOk())
+
+    def _tx_commit(self, method: m.TxCommit) -> None:
+        """Carry out the transaction's publishes and settlements in one loop turn, so
+        each shard gets them in one batch and applies them in one commit; answer
+        commit-ok once every shard has stored its part."""
+        if self.tx is None:
+            raise AMQPError(spec.PRECONDITION_FAILED, "channel is not transactional")
+        actions, self.tx = self.tx, None
+        try:
+            for action, *args in actions:
+                action(*args)
+        finally:
+            self.tx = []
+        if self.tx_confirms.outstanding:
+            self._commit_pending = True
+            self._waiting = True  # later frames wait for commit-ok
+        else:
+            self.tx_confirms.take_replies()
+            self.send(m.TxCommitOk())
+
+    def _tx_rollback(self, method: m.TxRollback) -> None:
+        if self.tx is None:
+            raise AMQPError(spec.PRECONDITION_FAILED, "channel is not transactional")
+        # Acks of the rolled-back transaction leave their deliveries unacked again.
+        returned = [pair for action, *args in self.tx if action == self._settle_now
+                    for pair in args[0]]
+        self.tx = []
+        if returned:
+            merged = sorted([*self.unacked.items(), *returned])
+            self.unacked = OrderedDict(merged)
+        self.send(m.TxRollbackOk())
 
     def send_confirms(self) -> None:
         if self.confirms is None or self.closing:
@@ -722,6 +801,9 @@ class Channel:
         m.BasicRecover: _basic_recover,
         m.BasicRecoverAsync: _basic_recover,
         m.ConfirmSelect: _confirm_select,
+        m.TxSelect: _tx_select,
+        m.TxCommit: _tx_commit,
+        m.TxRollback: _tx_rollback,
     }
 
 

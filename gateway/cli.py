@@ -17,6 +17,21 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--shards", type=int, default=None,
                        help="shard processes (default: number of CPUs)")
 
+    # These hand their arguments to their own parsers.
+    commands.add_parser("inspect", help="list queues and messages of a data directory",
+                        add_help=False)
+    commands.add_parser("bench", help="throughput and latency benchmark", add_help=False)
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "inspect":
+        from storage.inspect import main as inspect_main
+
+        return inspect_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from loadtest.bench import main as bench_main
+
+        return bench_main(argv[1:])
+
     args = parser.parse_args(argv)
     if args.command == "serve":
         from .server import ServeOptions, run

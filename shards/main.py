@@ -19,8 +19,11 @@ import time
 
 import msgspec
 
+from storage.shardstore import ShardStore
+
 from . import records as r
-from .queue import Destroyed, Persist, Queue, Remove
+from .persister import Persister
+from .queue import Delivered, Destroyed, Persist, Queue, Remove
 from .ring import Ring, RingSpec
 
 EVENTS_PER_RECORD = 512
@@ -32,14 +35,16 @@ class ShardSpec(msgspec.Struct):
     commands: RingSpec
     events: RingSpec
     lifeline_fd: int  # read end of a pipe the gateway holds open; EOF = gateway gone
+    stores: list[int]  # store directories DATA/shard-K to open: its own, then adopted ones
 
 
 class Shard:
     """Commands in, effects out; the queues hold all the logic."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, persister: Persister):
         self.index = index
-        self.queues: dict[int, Queue] = {}
+        self.persister = persister
+        self.queues: dict[int, Queue] = {q.qid: q for q in persister.recover()}
         self.holder_queues: dict[int, set[int]] = {}  # who holds what where, for channel close
         self.outbox: list = []
         self.confirm_channels: list[int] = []
@@ -47,12 +52,19 @@ class Shard:
         self.running = True
 
     def take_events(self) -> list:
-        """This turn's events; confirms last, after everything they depend on."""
-        if self.confirm_seqs:
-            self.outbox.append(r.Confirmed(self.confirm_channels, self.confirm_seqs))
-            self.confirm_channels, self.confirm_seqs = [], []
+        """This turn's events but confirms, with stored content read back."""
         events, self.outbox = self.outbox, []
+        self.persister.fill(events)
         return events
+
+    def take_confirms(self, stored: bool) -> list:
+        """This turn's confirms, to send once its writes are durable (or nacks)."""
+        if not self.confirm_seqs:
+            return []
+        kind = r.Confirmed if stored else r.Rejected
+        confirms = [kind(self.confirm_channels, self.confirm_seqs)]
+        self.confirm_channels, self.confirm_seqs = [], []
+        return confirms
 
     def handle(self, cmd, now: float) -> None:
         kind = type(cmd)
@@ -66,7 +78,9 @@ class Shard:
                 self.confirm_seqs.append(cmd.confirm_seq)
         elif kind is r.CreateQueue:
             if cmd.qid not in self.queues:
-                self.queues[cmd.qid] = Queue(cmd)
+                queue = self.queues[cmd.qid] = Queue(cmd)
+                if queue.stored:
+                    self.persister.create_queue(queue)
             self.outbox.append(r.Reply(cmd.req))
         elif kind is r.ReleaseHolders:
             qids: set[int] = set()
@@ -98,14 +112,20 @@ class Shard:
             self.outbox.append(r.Reply(req, 404, "NOT_FOUND"))
 
     def _effects(self, effects: list) -> None:
+        persister = self.persister
         for effect in effects:
             kind = type(effect)
-            if kind is Persist or kind is Remove:
-                continue  # durable storage arrives with the storage layer
-            if kind is Destroyed:
+            if kind is Persist:
+                persister.persist(effect.qid, effect.messages)
+            elif kind is Remove:
+                persister.remove(effect.qid, effect.seqs)
+            elif kind is Delivered:
+                persister.mark_delivered(effect.qid, effect.seq)
+            elif kind is Destroyed:
                 self.queues.pop(effect.qid, None)
-                continue
-            self.outbox.append(effect)
+                persister.delete_queue(effect.qid)
+            else:
+                self.outbox.append(effect)
 
 
 def _event_records(events: list) -> list[bytes]:
@@ -116,7 +136,8 @@ def _event_records(events: list) -> list[bytes]:
 def serve(spec: ShardSpec) -> None:
     commands = Ring.attach(spec.commands)
     events = Ring.attach(spec.events)
-    shard = Shard(spec.index)
+    stores = {k: ShardStore(os.path.join(spec.data_dir, f"shard-{k}")) for k in spec.stores}
+    shard = Shard(spec.index, Persister(stores, spec.index))
     poller = select.poll()
     poller.register(spec.commands.data_fd, select.POLLIN)
     poller.register(spec.lifeline_fd, select.POLLIN)
@@ -142,9 +163,10 @@ def serve(spec: ShardSpec) -> None:
         for batch in batches:
             for cmd in r.decode_commands(batch):
                 shard.handle(cmd, now)
-        events_out = shard.take_events()
-        if events_out:
-            pending.extend(_event_records(events_out))
+        # Deliveries and replies go out at once; confirms only after the fsync.
+        _send(events, pending, shard.take_events())
+        stored = shard.persister.commit()
+        _send(events, pending, shard.take_confirms(stored))
 
     while pending or events.backlogged():  # hand over the last events before exiting
         del pending[:events.write_many(pending)]
@@ -152,6 +174,14 @@ def serve(spec: ShardSpec) -> None:
         if (pending or events.backlogged()) and events.want_space():
             _wait(poller, events.spec().space_fd, spec.lifeline_fd)
             events.clear_space_doorbell()
+    shard.persister.close()
+
+
+def _send(events: Ring, pending: list[bytes], records: list) -> None:
+    if records:
+        pending.extend(_event_records(records))
+        del pending[:events.write_many(pending)]
+        events.flush()
 
 
 def _wait(poller: select.poll, extra_fd: int | None, lifeline_fd: int) -> set[int]:

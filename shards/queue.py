@@ -22,18 +22,28 @@ from . import records as r
 
 
 class Message:
-    __slots__ = ("seq", "exchange", "routing_key", "properties", "body", "persistent",
-                 "redelivered")
+    """A message in a queue. A stored message (persistent, in a durable queue) keeps
+    only its index in RAM once committed: its content fields become None and the
+    shard reads them back from storage when it delivers it."""
 
-    def __init__(self, seq: int, exchange: str, routing_key: str, properties: bytes,
-                 body: bytes, persistent: bool, redelivered: bool = False):
+    __slots__ = ("seq", "exchange", "routing_key", "properties", "body", "persistent",
+                 "stored", "redelivered")
+
+    def __init__(self, seq: int, exchange: str | None, routing_key: str | None,
+                 properties: bytes | None, body: bytes | None, persistent: bool,
+                 stored: bool = False, redelivered: bool = False):
         self.seq = seq
         self.exchange = exchange
         self.routing_key = routing_key
         self.properties = properties
         self.body = body
         self.persistent = persistent
+        self.stored = stored
         self.redelivered = redelivered
+
+    def evict(self) -> None:
+        """Drop the content from RAM: storage has it."""
+        self.exchange = self.routing_key = self.properties = self.body = None
 
     def __lt__(self, other: "Message") -> bool:  # heap order = enqueue order
         return self.seq < other.seq
@@ -74,6 +84,17 @@ class Remove:
         self.seqs = seqs
 
 
+class Delivered:
+    """Storage effect: a stored message went out for the first time, so after a
+    crash it must come back marked redelivered."""
+
+    __slots__ = ("qid", "seq")
+
+    def __init__(self, qid: int, seq: int):
+        self.qid = qid
+        self.seq = seq
+
+
 class Destroyed:
     """The queue no longer exists; the shell forgets it (and its stored messages)."""
 
@@ -81,6 +102,17 @@ class Destroyed:
 
     def __init__(self, qid: int):
         self.qid = qid
+
+
+class QueueCounters:
+    """Running totals for the shard's statistics log."""
+
+    __slots__ = ("published", "published_bytes", "delivered", "redelivered", "acked",
+                 "rejected", "requeued")
+
+    def __init__(self):
+        self.published = self.published_bytes = self.delivered = self.redelivered = 0
+        self.acked = self.rejected = self.requeued = 0
 
 
 def describe(vhost: str, name: str) -> str:
@@ -97,15 +129,20 @@ class Queue:
         self.exclusive = c.exclusive
         self.auto_delete = c.auto_delete
         self.arguments = c.arguments
+        # Exclusive queues die with their connection, so they are never stored.
+        self.stored = c.durable and not c.exclusive
         self.next_seq = 1
         self.ready: deque[Message] = deque()
         self.returned: list[Message] = []  # heap of requeued messages, by seq
         self.holdings: dict[int, dict[int, Message]] = {}  # holder -> seq -> message
         self.consumers: dict[int, Consumer] = {}
-        # Round-robin order per consumer priority, highest priority served first.
+        # Round-robin order per consumer priority; `priorities` lists the keys,
+        # highest first, kept sorted as consumers come and go.
         self.rotations: dict[int, deque[int]] = {}
+        self.priorities: list[int] = []
         self.had_consumer = False
         self.deleted = False
+        self.counters = QueueCounters()
 
     # -- queries ---------------------------------------------------------------
 
@@ -117,8 +154,6 @@ class Queue:
     def unacked_count(self) -> int:
         return sum(len(h) for h in self.holdings.values())
 
-    def _stores(self, persistent: bool) -> bool:
-        return self.durable and persistent
 
     def _describe(self) -> str:
         return describe(self.vhost, self.name)
@@ -136,10 +171,12 @@ class Queue:
 
     def _publish(self, cmd: r.Publish, effects: list) -> None:
         msg = Message(self.next_seq, cmd.exchange, cmd.routing_key, cmd.properties, cmd.body,
-                      cmd.persistent)
+                      cmd.persistent, self.stored and cmd.persistent)
         self.next_seq += 1
         self.ready.append(msg)
-        if self._stores(msg.persistent):
+        self.counters.published += 1
+        self.counters.published_bytes += len(cmd.body)
+        if msg.stored:
             effects.append(Persist(self.qid, [msg]))
         self._dispatch(effects)
 
@@ -159,7 +196,10 @@ class Queue:
             return
         consumer = Consumer(cmd)
         self.consumers[cmd.holder] = consumer
-        self.rotations.setdefault(consumer.priority, deque()).append(cmd.holder)
+        if consumer.priority not in self.rotations:
+            self.rotations[consumer.priority] = deque()
+            self.priorities = sorted(self.rotations, reverse=True)
+        self.rotations[consumer.priority].append(cmd.holder)
         self.had_consumer = True
         effects.append(r.Reply(cmd.req, consumer_count=len(self.consumers)))
         self._dispatch(effects)
@@ -175,10 +215,7 @@ class Queue:
             effects.append(r.GetReply(cmd.req, self.qid))
             return
         redelivered = msg.redelivered
-        if cmd.no_ack:
-            self._settled(msg, effects)
-        else:
-            self.holdings.setdefault(cmd.holder, {})[msg.seq] = msg
+        self._hand_out(msg, None if cmd.no_ack else cmd.holder, effects)
         effects.append(r.GetReply(cmd.req, self.qid, msg.seq, redelivered, msg.exchange,
                                   msg.routing_key, msg.properties, msg.body,
                                   self.ready_count))
@@ -194,6 +231,10 @@ class Queue:
             if cmd.outcome == r.SETTLE_REQUEUE:
                 self._return(msg)
             else:
+                if cmd.outcome == r.SETTLE_ACK:
+                    self.counters.acked += 1
+                else:
+                    self.counters.rejected += 1
                 self._settled(msg, effects)
         if not held:
             del self.holdings[cmd.holder]
@@ -258,19 +299,32 @@ class Queue:
             return self.ready.popleft()
         return None
 
+    def _hand_out(self, msg: Message, holder: int | None, effects: list) -> None:
+        """A message goes out: to `holder` until settled, or settled now (no-ack)."""
+        self.counters.delivered += 1
+        if msg.redelivered:
+            self.counters.redelivered += 1
+        if holder is None:
+            self._settled(msg, effects)
+            return
+        self.holdings.setdefault(holder, {})[msg.seq] = msg
+        if msg.stored and not msg.redelivered:
+            effects.append(Delivered(self.qid, msg.seq))
+
     def _return(self, msg: Message) -> None:
+        self.counters.requeued += 1
         msg.redelivered = True
         heapq.heappush(self.returned, msg)
 
     def _settled(self, msg: Message, effects: list) -> None:
-        if self._stores(msg.persistent):
+        if msg.stored:
             effects.append(Remove(self.qid, [msg.seq]))
 
     def _drop_ready(self, effects: list) -> int:
         dropped = list(self.returned) + list(self.ready)
         self.returned.clear()
         self.ready.clear()
-        stored = [m.seq for m in dropped if self._stores(m.persistent)]
+        stored = [m.seq for m in dropped if m.stored]
         if stored:
             effects.append(Remove(self.qid, stored))
         return len(dropped)
@@ -283,6 +337,7 @@ class Queue:
         rotation.remove(holder)
         if not rotation:
             del self.rotations[consumer.priority]
+            self.priorities = sorted(self.rotations, reverse=True)
 
     def _maybe_auto_delete(self, effects: list) -> None:
         if self.auto_delete and self.had_consumer and not self.consumers:
@@ -294,6 +349,7 @@ class Queue:
             effects.append(r.ConsumerCancelled(holder, self.qid))
         self.consumers.clear()
         self.rotations.clear()
+        self.priorities = []
         self.holdings.clear()
         self.ready.clear()
         self.returned.clear()
@@ -310,7 +366,7 @@ class Queue:
 
     def _next_consumer(self) -> Consumer | None:
         """Highest priority first; round-robin among consumers of equal priority."""
-        for priority in sorted(self.rotations, reverse=True):
+        for priority in self.priorities:
             rotation = self.rotations[priority]
             for _ in range(len(rotation)):
                 consumer = self.consumers[rotation[0]]
@@ -328,7 +384,4 @@ class Queue:
             consumer.credit -= 1
             effects.append(r.Deliver(consumer.holder, self.qid, msg.seq, msg.redelivered,
                                      msg.exchange, msg.routing_key, msg.properties, msg.body))
-            if consumer.no_ack:
-                self._settled(msg, effects)
-            else:
-                self.holdings.setdefault(consumer.holder, {})[msg.seq] = msg
+            self._hand_out(msg, None if consumer.no_ack else consumer.holder, effects)

@@ -188,6 +188,13 @@ class Confirmed(_Record, tag=54):
     seqs: list[int]
 
 
+class Rejected(_Record, tag=56):
+    """Publishes this shard could not store (its store is full): nack them."""
+
+    channels: list[int]
+    seqs: list[int]
+
+
 class QueueDeleted(_Record, tag=55):
     """The shard deleted a queue by itself (auto-delete after the last consumer)."""
 
@@ -198,7 +205,7 @@ Command = (
     CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
     | Get | Settle | Grant | ReleaseHolders | SetPrefetch | Stop
 )
-Event = Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | QueueDeleted
+Event = Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted
 
 _command_encoder = msgspec.msgpack.Encoder()
 _command_batch_decoder = msgspec.msgpack.Decoder(list[Command])

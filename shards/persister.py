@@ -1,0 +1,131 @@
+"""Group commit for one shard.
+
+The shard's loop turn hands every durable write of the turn to the persister;
+`commit()` then writes each touched store in one LMDB transaction with fsync,
+and only afterwards does the shard send the confirms of that turn. The next
+commit starts as soon as this one is done, so a lone message waits for no
+timer while a flood shares fsyncs (DESIGN.md, group commit).
+
+A shard normally has one store (DATA/shard-K); after a restart with fewer
+shards it also adopts the stores of shards that no longer exist, so every
+durable queue is found again and stays in the store it was written to.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
+
+from . import records as r
+from .queue import Message, Queue
+
+log = logging.getLogger("warren.shard")
+
+
+class Persister:
+    def __init__(self, stores: dict[int, ShardStore], home: int):
+        self.stores = stores
+        self.home = stores[home]  # where new queues go
+        self._store_of: dict[int, ShardStore] = {}  # qid -> its store
+        self._batches: dict[ShardStore, WriteBatch] = {}
+        self._written: list[Message] = []  # content to drop from RAM after the commit
+        self.fsyncs = 0
+        self.messages = 0
+
+    # -- recovery --------------------------------------------------------------
+
+    def recover(self) -> list[Queue]:
+        """Rebuild every stored queue's index from its store, in sequence order."""
+        queues = []
+        for store in self.stores.values():
+            for stored in store.queues():
+                queue = Queue(r.CreateQueue(0, stored.qid, stored.vhost, stored.name,
+                                            stored.durable, stored.exclusive,
+                                            stored.auto_delete, stored.arguments))
+                self._store_of[stored.qid] = store
+                for seq, delivered, _delivery_count, _acquired in store.recover(stored.qid):
+                    queue.enqueue_recovered(Message(seq, None, None, None, None, True, True,
+                                                    delivered))
+                queues.append(queue)
+        return queues
+
+    # -- this turn's writes ----------------------------------------------------
+
+    def _batch(self, qid: int) -> WriteBatch:
+        store = self._store_of.get(qid, self.home)
+        batch = self._batches.get(store)
+        if batch is None:
+            batch = self._batches[store] = WriteBatch()
+        return batch
+
+    def create_queue(self, queue: Queue) -> None:
+        self._store_of[queue.qid] = self.home
+        self._batch(queue.qid).put_queue(StoredQueue(
+            queue.qid, queue.vhost, queue.name, queue.durable, queue.exclusive,
+            queue.auto_delete, queue.arguments))
+
+    def delete_queue(self, qid: int) -> None:
+        if qid in self._store_of:
+            self._batch(qid).delete_queue(qid)
+            del self._store_of[qid]
+
+    def persist(self, qid: int, messages: list[Message]) -> None:
+        batch = self._batch(qid)
+        for msg in messages:
+            batch.put_message(qid, msg.seq, StoredMessage(msg.exchange, msg.routing_key,
+                                                          msg.properties, msg.body))
+        self._written.extend(messages)
+
+    def remove(self, qid: int, seqs: list[int]) -> None:
+        batch = self._batch(qid)
+        for seq in seqs:
+            batch.delete_message(qid, seq)
+
+    def mark_delivered(self, qid: int, seq: int) -> None:
+        self._batch(qid).mark_delivered(qid, seq)
+
+    def commit(self) -> bool:
+        """Make this turn's writes durable: one transaction and one fsync per store.
+        False if a store refused (full): the turn's confirms must then be nacks."""
+        ok = True
+        for store, batch in self._batches.items():
+            if batch.is_empty():
+                continue
+            try:
+                store.commit(batch)
+            except StoreFull:
+                log.error("store %s is full: nacking this turn's publishes", store)
+                ok = False
+                continue
+            self.fsyncs += 1
+            self.messages += len(batch)
+        self._batches.clear()
+        if ok:
+            for msg in self._written:
+                msg.evict()
+        self._written.clear()
+        return ok
+
+    # -- reading content back --------------------------------------------------
+
+    def fill(self, events: list) -> None:
+        """Read back the content of stored messages that go out in these events."""
+        wanted = [e for e in events
+                  if (type(e) is r.Deliver or type(e) is r.GetReply) and e.body is None]
+        by_store: dict[ShardStore, list] = {}
+        for event in wanted:
+            by_store.setdefault(self._store_of.get(event.qid, self.home), []).append(event)
+        for store, group in by_store.items():
+            contents = store.read_many([(e.qid, e.seq) for e in group])
+            for event, stored in zip(group, contents):
+                if stored is None:  # cannot happen unless the store was altered
+                    stored = StoredMessage("", "", b"", b"")
+                event.exchange = stored.exchange
+                event.routing_key = stored.routing_key
+                event.properties = stored.properties
+                event.body = stored.body
+
+    def close(self) -> None:
+        for store in self.stores.values():
+            store.close()

@@ -1,0 +1,191 @@
+"""The metadata environment (DATA/meta/): vhosts, users, permissions, policies,
+durable exchanges, durable queues with their placement, and bindings.
+
+Metadata changes are rare, so each one is its own synced transaction.
+"""
+
+from __future__ import annotations
+
+import os
+
+import lmdb
+import msgspec
+
+
+class ExchangeDef(msgspec.Struct):
+    vhost: str
+    name: str
+    type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict
+
+
+class QueueDef(msgspec.Struct):
+    vhost: str
+    name: str
+    qid: int
+    shard: int  # the shard (and store directory shard-K) chosen at declaration
+    durable: bool
+    auto_delete: bool
+    arguments: dict
+    queue_type: str = "classic"
+
+
+class BindingDef(msgspec.Struct):
+    vhost: str
+    source: str
+    destination: str
+    destination_type: str  # "queue" or "exchange"
+    routing_key: str
+    arguments: dict
+
+
+class UserDef(msgspec.Struct):
+    name: str
+    password_hash: str
+    tags: list[str] = []
+
+
+class VHostDef(msgspec.Struct):
+    name: str
+
+
+class PermissionDef(msgspec.Struct):
+    user: str
+    vhost: str
+    configure: str
+    write: str
+    read: str
+
+
+class PolicyDef(msgspec.Struct):
+    vhost: str
+    name: str
+    pattern: str
+    apply_to: str
+    priority: int
+    definition: dict
+
+
+class Definitions(msgspec.Struct):
+    vhosts: list[VHostDef]
+    users: list[UserDef]
+    permissions: list[PermissionDef]
+    exchanges: list[ExchangeDef]
+    queues: list[QueueDef]
+    bindings: list[BindingDef]
+    policies: list[PolicyDef]
+    next_qid: int
+
+
+_KINDS = {"vhosts": VHostDef, "users": UserDef, "permissions": PermissionDef,
+          "exchanges": ExchangeDef, "queues": QueueDef, "bindings": BindingDef,
+          "policies": PolicyDef}
+_NEXT_QID = b"next_qid"
+
+
+def _key(*parts: str) -> bytes:
+    return "\0".join(parts).encode()
+
+
+class MetaStore:
+    def __init__(self, path: str, map_size: int = 1 << 30, readonly: bool = False):
+        if not readonly:
+            os.makedirs(path, exist_ok=True)
+        self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=len(_KINDS) + 1,
+                             sync=True, readonly=readonly, create=not readonly)
+        self._dbs = {kind: self.env.open_db(kind.encode(), create=not readonly)
+                     for kind in (*_KINDS, "counters")}
+        self._encode = msgspec.msgpack.Encoder().encode
+
+    def load(self) -> Definitions:
+        found = {}
+        with self.env.begin() as txn:
+            for kind, struct in _KINDS.items():
+                decoder = msgspec.msgpack.Decoder(struct)
+                found[kind] = [decoder.decode(v) for _, v in txn.cursor(db=self._dbs[kind])]
+            raw = txn.get(_NEXT_QID, db=self._dbs["counters"])
+        return Definitions(**found, next_qid=int(raw or b"1"))
+
+    def allocate_qid(self) -> int:
+        """A new durable queue id, never reused, even across restarts."""
+        with self.env.begin(write=True) as txn:
+            qid = int(txn.get(_NEXT_QID, db=self._dbs["counters"]) or b"1")
+            txn.put(_NEXT_QID, str(qid + 1).encode(), db=self._dbs["counters"])
+        return qid
+
+    def _put(self, kind: str, key: bytes, value) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.put(key, self._encode(value), db=self._dbs[kind])
+
+    def _delete(self, kind: str, key: bytes) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.delete(key, db=self._dbs[kind])
+
+    @staticmethod
+    def _binding_key(b: BindingDef) -> bytes:
+        # Identical bindings (arguments compared canonically) are one binding.
+        arguments = msgspec.msgpack.encode(sorted(b.arguments.items())).hex()
+        return _key(b.vhost, b.source, b.destination_type, b.destination, b.routing_key,
+                    arguments)
+
+    def put_exchange(self, e: ExchangeDef) -> None:
+        self._put("exchanges", _key(e.vhost, e.name), e)
+
+    def delete_exchange(self, vhost: str, name: str) -> None:
+        self._delete("exchanges", _key(vhost, name))
+
+    def put_queue(self, q: QueueDef) -> None:
+        self._put("queues", _key(q.vhost, q.name), q)
+
+    def delete_queue(self, vhost: str, name: str) -> None:
+        self._delete("queues", _key(vhost, name))
+
+    def put_binding(self, b: BindingDef) -> None:
+        self._put("bindings", self._binding_key(b), b)
+
+    def delete_binding(self, b: BindingDef) -> None:
+        self._delete("bindings", self._binding_key(b))
+
+    def put_user(self, u: UserDef) -> None:
+        self._put("users", _key(u.name), u)
+
+    def delete_user(self, name: str) -> None:
+        self._delete("users", _key(name))
+
+    def put_vhost(self, v: VHostDef) -> None:
+        self._put("vhosts", _key(v.name), v)
+
+    def delete_vhost(self, name: str) -> None:
+        """Remove a vhost with everything defined in it."""
+        prefix = name.encode() + b"\0"
+        with self.env.begin(write=True) as txn:
+            txn.delete(_key(name), db=self._dbs["vhosts"])
+            for kind in ("exchanges", "queues", "bindings", "policies"):
+                cursor = txn.cursor(db=self._dbs[kind])
+                if cursor.set_range(prefix):
+                    while cursor.key().startswith(prefix):
+                        if not cursor.delete():
+                            break
+            cursor = txn.cursor(db=self._dbs["permissions"])
+            decoder = msgspec.msgpack.Decoder(PermissionDef)
+            doomed = [k for k, v in cursor if decoder.decode(v).vhost == name]
+            for key in doomed:
+                txn.delete(key, db=self._dbs["permissions"])
+
+    def put_permission(self, p: PermissionDef) -> None:
+        self._put("permissions", _key(p.user, p.vhost), p)
+
+    def delete_permission(self, user: str, vhost: str) -> None:
+        self._delete("permissions", _key(user, vhost))
+
+    def put_policy(self, p: PolicyDef) -> None:
+        self._put("policies", _key(p.vhost, p.name), p)
+
+    def delete_policy(self, vhost: str, name: str) -> None:
+        self._delete("policies", _key(vhost, name))
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,205 @@
+"""A shard's LMDB environment: its durable queues and their persistent messages.
+
+Keys are the queue id and the sequence number, each 8 bytes big-endian, so a
+cursor walks a queue in order. Three databases:
+
+    queues     qid            -> StoredQueue
+    messages   qid + seq      -> StoredMessage (content; read back on delivery)
+    marks      qid + seq      -> (delivered, delivery_count, acquired_count)
+
+`marks` exists only for messages that went out at least once; recovery reads
+the keys of `messages` and the small `marks` values, never the bodies.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Iterator
+
+import lmdb
+import msgspec
+
+_key = struct.Struct(">QQ")
+_qid = struct.Struct(">Q")
+
+
+class StoredQueue(msgspec.Struct, array_like=True):
+    qid: int
+    vhost: str
+    name: str
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    arguments: dict
+    queue_type: str = "classic"
+
+
+class StoredMessage(msgspec.Struct, array_like=True):
+    exchange: str
+    routing_key: str
+    properties: bytes
+    body: bytes
+    delivery_count: int = 0  # failed returns (quorum queues)
+    acquired_count: int = 0  # every return
+
+
+class _Mark(msgspec.Struct, array_like=True):
+    delivered: bool = True
+    delivery_count: int = 0
+    acquired_count: int = 0
+
+
+class StoreFull(Exception):
+    """The environment's map is full: nothing of the batch was written."""
+
+
+class WriteBatch:
+    """Everything one shard loop turn wants durable. Building it does no I/O."""
+
+    def __init__(self) -> None:
+        self.queue_puts: dict[int, StoredQueue] = {}
+        self.queue_deletes: set[int] = set()
+        self.puts: dict[bytes, StoredMessage] = {}
+        self.deletes: set[bytes] = set()
+        self.marks: dict[bytes, _Mark] = {}
+
+    def put_queue(self, queue: StoredQueue) -> None:
+        self.queue_deletes.discard(queue.qid)
+        self.queue_puts[queue.qid] = queue
+
+    def delete_queue(self, qid: int) -> None:
+        self.queue_puts.pop(qid, None)
+        self.queue_deletes.add(qid)
+        prefix = _qid.pack(qid)
+        for pending in (self.puts, self.marks):
+            for key in [k for k in pending if k.startswith(prefix)]:
+                del pending[key]
+
+    def put_message(self, qid: int, seq: int, message: StoredMessage) -> None:
+        key = _key.pack(qid, seq)
+        self.deletes.discard(key)
+        self.puts[key] = message
+
+    def delete_message(self, qid: int, seq: int) -> None:
+        key = _key.pack(qid, seq)
+        self.marks.pop(key, None)
+        if self.puts.pop(key, None) is None:  # written and deleted in one turn: nothing to do
+            self.deletes.add(key)
+
+    def mark_delivered(self, qid: int, seq: int) -> None:
+        key = _key.pack(qid, seq)
+        self.marks.setdefault(key, _Mark())
+
+    def update_counts(self, qid: int, seq: int, delivery_count: int, acquired_count: int) -> None:
+        self.marks[_key.pack(qid, seq)] = _Mark(True, delivery_count, acquired_count)
+
+    def __len__(self) -> int:
+        return len(self.puts) + len(self.deletes) + len(self.marks)
+
+    def is_empty(self) -> bool:
+        return not (self.queue_puts or self.queue_deletes or self.puts or self.deletes
+                    or self.marks)
+
+
+class ShardStore:
+    def __init__(self, path: str, map_size: int = 32 << 30):
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=4, sync=True,
+                             metasync=True, readahead=False, meminit=False, max_readers=126)
+        self._queues = self.env.open_db(b"queues")
+        self._messages = self.env.open_db(b"messages")
+        self._marks = self.env.open_db(b"marks")
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._queue_decoder = msgspec.msgpack.Decoder(StoredQueue)
+        self._message_decoder = msgspec.msgpack.Decoder(StoredMessage)
+        self._mark_decoder = msgspec.msgpack.Decoder(_Mark)
+        self.fsync_count = 0
+        self.committed_messages = 0
+        self.last_batch_size = 0
+
+    def __repr__(self) -> str:
+        return f"ShardStore({self.path!r})"
+
+    def commit(self, batch: WriteBatch) -> None:
+        """Write the batch in one transaction and fsync it (sync=True)."""
+        encode = self._encode
+        try:
+            with self.env.begin(write=True) as txn:
+                for qid in batch.queue_deletes:
+                    txn.delete(_qid.pack(qid), db=self._queues)
+                    self._delete_prefix(txn, self._messages, qid)
+                    self._delete_prefix(txn, self._marks, qid)
+                for qid, queue in batch.queue_puts.items():
+                    txn.put(_qid.pack(qid), encode(queue), db=self._queues)
+                for key, message in batch.puts.items():
+                    txn.put(key, encode(message), db=self._messages)
+                for key in batch.deletes:
+                    txn.delete(key, db=self._messages)
+                    txn.delete(key, db=self._marks)
+                for key, mark in batch.marks.items():
+                    txn.put(key, encode(mark), db=self._marks)
+        except lmdb.MapFullError as error:
+            raise StoreFull(str(error)) from error
+        self.fsync_count += 1
+        self.last_batch_size = len(batch)
+        self.committed_messages += self.last_batch_size
+
+    @staticmethod
+    def _delete_prefix(txn, db, qid: int) -> None:
+        prefix = _qid.pack(qid)
+        cursor = txn.cursor(db=db)
+        if cursor.set_range(prefix):
+            while cursor.key()[:8] == prefix:
+                if not cursor.delete():
+                    break
+
+    def queues(self) -> list[StoredQueue]:
+        with self.env.begin() as txn:
+            return [self._queue_decoder.decode(v) for _, v in txn.cursor(db=self._queues)]
+
+    def recover(self, qid: int) -> Iterator[tuple[int, bool, int, int]]:
+        """(seq, delivered, delivery_count, acquired_count) of a queue, in order,
+        without decoding bodies."""
+        prefix = _qid.pack(qid)
+        with self.env.begin() as txn:
+            marks = {}
+            cursor = txn.cursor(db=self._marks)
+            if cursor.set_range(prefix):
+                for key, value in cursor:
+                    if key[:8] != prefix:
+                        break
+                    marks[key] = self._mark_decoder.decode(value)
+            cursor = txn.cursor(db=self._messages)
+            if not cursor.set_range(prefix):
+                return
+            for key in cursor.iternext(keys=True, values=False):
+                if key[:8] != prefix:
+                    break
+                mark = marks.get(key)
+                seq = _key.unpack(key)[1]
+                if mark is None:
+                    yield seq, False, 0, 0
+                else:
+                    yield seq, mark.delivered, mark.delivery_count, mark.acquired_count
+
+    def read(self, qid: int, seq: int) -> StoredMessage | None:
+        return self.read_many([(qid, seq)])[0]
+
+    def read_many(self, keys: list[tuple[int, int]]) -> list[StoredMessage | None]:
+        decode = self._message_decoder.decode
+        with self.env.begin(buffers=True) as txn:
+            out = []
+            for qid, seq in keys:
+                value = txn.get(_key.pack(qid, seq), db=self._messages)
+                out.append(None if value is None else decode(value))
+            return out
+
+    def free_bytes_estimate(self) -> int:
+        info = self.env.info()
+        stat = self.env.stat()
+        return info["map_size"] - (info["last_pgno"] + 1) * stat["psize"]
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,250 @@
+"""Durability end to end: restarts, shard-count changes, SIGKILL of any process.
+Whatever a publisher was told is stored stays stored."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import struct
+import time
+
+import pika
+import pytest
+
+from .confirmpublisher import ConfirmPublisher
+from .conftest import RunningBroker, wait_until
+from .test_e2e_basic import names_on_every_shard, shard_pids
+
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def connect(broker) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+
+
+def drain(ch, queue: str, timeout: float = 20.0) -> list[tuple[bytes, bool]]:
+    """Every message now in `queue`, in order, as (body, redelivered)."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        method, _, body = ch.basic_get(queue, auto_ack=True)
+        if method is None:
+            return out
+        out.append((body, method.redelivered))
+    raise AssertionError("queue did not drain in time")
+
+
+def test_durable_definitions_and_persistent_messages_survive_restart(tmp_path):
+    data = tmp_path / "data"
+    broker = RunningBroker(data, shards=2).start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.exchange_declare("durable-x", "direct", durable=True)
+        ch.exchange_declare("transient-x", "direct", durable=False)
+        ch.queue_declare("durable-q", durable=True)
+        ch.queue_declare("transient-q", durable=False)
+        ch.queue_bind("durable-q", "durable-x", "rk")
+        ch.confirm_delivery()
+        for i in range(100):
+            props = PERSISTENT if i % 2 == 0 else pika.BasicProperties(delivery_mode=1)
+            ch.basic_publish("durable-x", "rk", b"%d" % i, props)
+        ch.basic_publish("", "transient-q", b"gone", PERSISTENT)
+        conn.close()
+    finally:
+        broker.stop()
+    assert broker.process.returncode == 0
+
+    broker = RunningBroker(data, shards=2).start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        # Persistent messages came back in order; transient ones did not.
+        assert [b for b, _ in drain(ch, "durable-q")] == [b"%d" % i for i in range(0, 100, 2)]
+        ch.basic_publish("durable-x", "rk", b"binding survived")
+        assert wait_until(lambda: drain(ch, "durable-q"))[0][0] == b"binding survived"
+        for kind, name in (("queue", "transient-q"), ("exchange", "transient-x")):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+                if kind == "queue":
+                    ch.queue_declare(name, passive=True)
+                else:
+                    ch.exchange_declare(name, passive=True)
+            assert info.value.reply_code == 404
+            ch = conn.channel()
+        conn.close()
+    finally:
+        broker.stop()
+
+
+def test_restart_with_other_shard_counts_finds_every_queue(tmp_path):
+    data = tmp_path / "data"
+    queues = names_on_every_shard(4, per_shard=1, prefix="moving")
+    broker = RunningBroker(data, shards=4).start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for q in queues:
+            ch.queue_declare(q, durable=True)
+            for i in range(5):
+                ch.basic_publish("", q, f"{q}/{i}".encode(), PERSISTENT)
+        conn.close()
+    finally:
+        broker.stop()
+    for shards in (2, 3, 1, 4):
+        broker = RunningBroker(data, shards=shards).start()
+        try:
+            conn = connect(broker)
+            ch = conn.channel()
+            ch.confirm_delivery()
+            for q in queues:
+                got = [b.decode() for b, _ in drain(ch, q)]
+                assert got == [f"{q}/{i}" for i in range(5)], (shards, q, got)
+                for i in range(5):  # put them back for the next round
+                    ch.basic_publish("", q, f"{q}/{i}".encode(), PERSISTENT)
+            conn.close()
+        finally:
+            broker.stop()
+
+
+def _kill_round(tmp_path, seed: int, victim: str) -> None:
+    rng = random.Random(seed)
+    data = tmp_path / f"data-{victim}-{seed}"
+    broker = RunningBroker(data, shards=2).start()
+    publisher = ConfirmPublisher(broker.port, "kill-q")
+    try:
+        deadline = time.monotonic() + rng.uniform(0.3, 1.2)
+        while time.monotonic() < deadline:
+            publisher.publish(rng.randint(1, 200))
+            time.sleep(0.001)
+        if victim == "shard":
+            os.kill(rng.choice(shard_pids(broker)), signal.SIGKILL)
+            # The gateway restarts the shard; the connection lives on.
+            publisher.publish(50)
+            wait_until(lambda: len(publisher.acked | publisher.nacked) >= publisher.sent - 50,
+                       timeout=20)
+        elif victim == "gateway":
+            broker.process.send_signal(signal.SIGKILL)
+        else:  # the whole broker at once
+            pids = [broker.process.pid, *shard_pids(broker)]
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+        if victim != "shard":
+            broker.process.wait(10)
+            wait_until(lambda: publisher.closed.is_set(), timeout=10)
+    finally:
+        publisher.close()
+        broker.stop()
+    assert not publisher.answered_twice
+    assert not (publisher.acked & publisher.nacked)
+    confirmed = publisher.acked
+
+    # After a restart every confirmed message is there (perhaps marked redelivered).
+    wait_until(lambda: not any(f"{data}" in _cmdline(p) for p in _all_pids()), timeout=10)
+    broker = RunningBroker(data, shards=2).start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        stored = [struct.unpack(">Q", body)[0] for body, _ in drain(ch, "kill-q", timeout=60)]
+        conn.close()
+    finally:
+        broker.stop()
+    missing = confirmed - set(stored)
+    assert not missing, f"{len(missing)} confirmed messages lost ({victim}, seed {seed})"
+    assert len(stored) == len(set(stored)), "a message was stored twice"
+    assert stored == sorted(stored), "queue order changed"
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("victim", ["shard", "gateway", "everything"])
+def test_kill_loses_no_confirmed_message(tmp_path, victim, seed):
+    _kill_round(tmp_path, seed, victim)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("seed", range(100, 130))
+@pytest.mark.parametrize("victim", ["shard", "gateway", "everything"])
+def test_kill_soak(tmp_path, victim, seed):
+    _kill_round(tmp_path, seed, victim)
+
+
+def test_confirms_ack_each_message_once_and_unroutable_mandatory_returns_first(broker):
+    from .rawclient import RawClient
+    from gateway import methods as m
+    from gateway import frames
+
+    client = RawClient(broker.port)
+    client.handshake()
+    client.open_channel(1)
+    client.send_method(1, m.ConfirmSelect(nowait=True))  # no select-ok with nowait
+    client.send_method(1, m.QueueDeclare(queue="", exclusive=True))
+    _, ok = client.next_method()
+    assert isinstance(ok, m.QueueDeclareOk)
+    publish = m.encode_method(m.BasicPublish(exchange="", routing_key=ok.queue))
+    unroutable = m.encode_method(m.BasicPublish(exchange="", routing_key="nowhere",
+                                                mandatory=True))
+    data = b"".join(frames.content_frames(1, publish, 60, b"\x00\x00", b"x", 131072)
+                    for _ in range(9))
+    data += frames.content_frames(1, unroutable, 60, b"\x00\x00", b"lost", 131072)
+    client.send(data)
+    answered = set()
+    seen_return = False
+    while len(answered) < 10:
+        _, method = client.next_method()
+        if isinstance(method, m.BasicReturn):
+            assert method.reply_code == 312 and method.reply_text == "NO_ROUTE"
+            assert 10 not in answered  # basic.return goes out before the ack
+            seen_return = True
+            continue
+        assert isinstance(method, m.BasicAck), method
+        if method.multiple:  # everything not yet answered up to the tag
+            tags = [t for t in range(1, method.delivery_tag + 1) if t not in answered]
+        else:
+            tags = [method.delivery_tag]
+        for tag in tags:
+            assert tag not in answered
+            answered.add(tag)
+    assert answered == set(range(1, 11)) and seen_return
+    client.close()
+
+
+def test_transactions_commit_rollback_and_mode_exclusivity(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    ch.tx_select()
+    ch.basic_publish("", q, b"rolled back")
+    ch.tx_rollback()
+    ch.basic_publish("", q, b"committed")
+    assert ch.queue_declare(q, passive=True).method.message_count == 0  # not before commit
+    ch.tx_commit()
+    assert ch.queue_declare(q, passive=True).method.message_count == 1
+    method, _, body = ch.basic_get(q)
+    assert body == b"committed"
+    ch.basic_ack(method.delivery_tag)
+    ch.tx_rollback()  # the ack is undone: the message is still unacked on this channel
+    ch.basic_ack(method.delivery_tag)  # and can be acked again, then committed
+    ch.tx_commit()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch.confirm_delivery()
+    assert info.value.reply_code == 406
+    assert info.value.reply_text == "PRECONDITION_FAILED - cannot switch from tx to confirm mode"
+    ch = conn.channel()
+    ch.confirm_delivery()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch.tx_select()
+    assert info.value.reply_text == "PRECONDITION_FAILED - cannot switch from confirm to tx mode"
+    conn.close()
