@@ -25,14 +25,16 @@ def connect(broker) -> pika.BlockingConnection:
 
 def drain(ch, queue: str, timeout: float = 20.0) -> list[tuple[bytes, bool]]:
     """Every message now in `queue`, in order, as (body, redelivered)."""
+    expected = ch.queue_declare(queue, passive=True).method.message_count
     out = []
+    tag = ch.basic_consume(queue, lambda c, m, p, b: out.append((b, m.redelivered)),
+                           auto_ack=True)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        method, _, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            return out
-        out.append((body, method.redelivered))
-    raise AssertionError("queue did not drain in time")
+    while len(out) < expected:
+        assert time.monotonic() < deadline, "queue did not drain in time"
+        ch.connection.process_data_events(time_limit=0.05)
+    ch.basic_cancel(tag)
+    return out
 
 
 def test_durable_definitions_and_persistent_messages_survive_restart(tmp_path):
