@@ -24,8 +24,8 @@ from shards.ring import Ring
 
 log = logging.getLogger("warren.shard")
 
-COMMAND_RING_BYTES = 32 * 1024 * 1024
-EVENT_RING_BYTES = 32 * 1024 * 1024
+COMMAND_RING_BYTES = 16 * 1024 * 1024
+EVENT_RING_BYTES = 16 * 1024 * 1024
 
 
 class ShardLink:

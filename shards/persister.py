@@ -45,8 +45,7 @@ class Persister:
                                             stored.auto_delete, stored.arguments))
                 self._store_of[stored.qid] = store
                 for seq, delivered, _delivery_count, _acquired in store.recover(stored.qid):
-                    queue.enqueue_recovered(Message(seq, None, None, None, None, True, True,
-                                                    delivered))
+                    queue.enqueue_recovered(Message(seq, None, True, delivered))
                 queues.append(queue)
         return queues
 
@@ -73,8 +72,7 @@ class Persister:
     def persist(self, qid: int, messages: list[Message]) -> None:
         batch = self._batch(qid)
         for msg in messages:
-            batch.put_message(qid, msg.seq, StoredMessage(msg.exchange, msg.routing_key,
-                                                          msg.properties, msg.body))
+            batch.put_message(qid, msg.seq, StoredMessage(*msg.content))
         self._written.extend(messages)
 
     def remove(self, qid: int, seqs: list[int]) -> None:

@@ -22,31 +22,30 @@ from . import records as r
 
 
 class Message:
-    """A message in a queue. A stored message (persistent, in a durable queue) keeps
-    only its index in RAM once committed: its content fields become None and the
-    shard reads them back from storage when it delivers it."""
+    """A message in a queue. `content` is (exchange, routing key, raw properties,
+    body). A stored message (persistent, in a durable queue) keeps only its index
+    in RAM once committed: its content becomes None and the shard reads it back
+    from storage when it delivers it. Four slots, because a backlog of millions
+    is mostly these objects."""
 
-    __slots__ = ("seq", "exchange", "routing_key", "properties", "body", "persistent",
-                 "stored", "redelivered")
+    __slots__ = ("seq", "content", "stored", "redelivered")
 
-    def __init__(self, seq: int, exchange: str | None, routing_key: str | None,
-                 properties: bytes | None, body: bytes | None, persistent: bool,
-                 stored: bool = False, redelivered: bool = False):
+    def __init__(self, seq: int, content: tuple | None, stored: bool = False,
+                 redelivered: bool = False):
         self.seq = seq
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.properties = properties
-        self.body = body
-        self.persistent = persistent
+        self.content = content
         self.stored = stored
         self.redelivered = redelivered
 
     def evict(self) -> None:
         """Drop the content from RAM: storage has it."""
-        self.exchange = self.routing_key = self.properties = self.body = None
+        self.content = None
 
     def __lt__(self, other: "Message") -> bool:  # heap order = enqueue order
         return self.seq < other.seq
+
+
+NO_CONTENT = (None, None, None, None)  # to be read back from storage by the shard
 
 
 class Consumer:
@@ -170,8 +169,8 @@ class Queue:
         return effects
 
     def _publish(self, cmd: r.Publish, effects: list) -> None:
-        msg = Message(self.next_seq, cmd.exchange, cmd.routing_key, cmd.properties, cmd.body,
-                      cmd.persistent, self.stored and cmd.persistent)
+        msg = Message(self.next_seq, (cmd.exchange, cmd.routing_key, cmd.properties, cmd.body),
+                      self.stored and cmd.persistent)
         self.next_seq += 1
         self.ready.append(msg)
         self.counters.published += 1
@@ -216,9 +215,8 @@ class Queue:
             return
         redelivered = msg.redelivered
         self._hand_out(msg, None if cmd.no_ack else cmd.holder, effects)
-        effects.append(r.GetReply(cmd.req, self.qid, msg.seq, redelivered, msg.exchange,
-                                  msg.routing_key, msg.properties, msg.body,
-                                  self.ready_count))
+        effects.append(r.GetReply(cmd.req, self.qid, msg.seq, redelivered,
+                                  *(msg.content or NO_CONTENT), self.ready_count))
 
     def _settle(self, cmd: r.Settle, effects: list) -> None:
         held = self.holdings.get(cmd.holder)
@@ -383,5 +381,5 @@ class Queue:
             msg = self._take_next()
             consumer.credit -= 1
             effects.append(r.Deliver(consumer.holder, self.qid, msg.seq, msg.redelivered,
-                                     msg.exchange, msg.routing_key, msg.properties, msg.body))
+                                     *(msg.content or NO_CONTENT)))
             self._hand_out(msg, None if consumer.no_ack else consumer.holder, effects)

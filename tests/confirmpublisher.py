@@ -34,13 +34,14 @@ class ConfirmPublisher:
         self._reader = threading.Thread(target=self._read_answers, daemon=True)
         self._reader.start()
 
-    def publish(self, count: int) -> None:
+    def publish(self, count: int, body: bytes = b"") -> None:
+        """Publish `count` persistent messages; each body starts with its sequence number."""
+        payload = m.encode_method(m.BasicPublish(exchange="", routing_key=self.queue))
         parts = []
         for _ in range(count):
             self.sent += 1
-            body = struct.pack(">Q", self.sent)
-            payload = m.encode_method(m.BasicPublish(exchange="", routing_key=self.queue))
-            parts.append(frames.content_frames(1, payload, 60, PERSISTENT, body, 131072))
+            content = struct.pack(">Q", self.sent) + body
+            parts.append(frames.content_frames(1, payload, 60, PERSISTENT, content, 131072))
         self.client.send(b"".join(parts))
 
     def _answer(self, seq: int, ack: bool) -> None:

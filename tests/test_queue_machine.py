@@ -122,7 +122,7 @@ def test_durable_queue_persists_and_removes_persistent_messages_only():
     q = make_queue(durable=True)
     effects = publish(q, b"p", persistent=True) + publish(q, b"t", persistent=False)
     persisted = [e for e in effects if isinstance(e, Persist)]
-    assert [msg.body for e in persisted for msg in e.messages] == [b"p"]
+    assert [msg.content[3] for e in persisted for msg in e.messages] == [b"p"]
     consume(q, 1, no_ack=False)
     effects = q.apply(r.Settle(1, 1, [1, 2], r.SETTLE_ACK), 0.0)
     assert [e.seqs for e in effects if isinstance(e, Remove)] == [[1]]
