@@ -1,0 +1,193 @@
+"""The shared-memory SPSC ring: wrap-around, full ring, doorbells, oversize
+records, a model-based property test, and a million records between processes."""
+
+from __future__ import annotations
+
+import os
+import select
+import struct
+import subprocess
+import sys
+from collections import deque
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shards.ring import Ring
+
+from .conftest import ROOT
+
+
+@pytest.fixture
+def ring():
+    made = []
+
+    def make(capacity: int) -> Ring:
+        r = Ring.create(capacity)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+        r.unlink()
+
+
+def readable(fd: int, timeout: float = 0.0) -> bool:
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def test_wrap_around_keeps_content_and_order(ring):
+    r = ring(4096)
+    sent, got = [], []
+    for i in range(5000):
+        record = os.urandom(1 + (i * 37) % 300)
+        while not r.write(record):
+            got += r.read_many()
+        sent.append(record)
+    got += r.read_many()
+    assert got == sent
+
+
+def test_full_ring_takes_what_fits_and_frees_space_on_read(ring):
+    r = ring(1024)
+    records = [bytes([i]) * 100 for i in range(20)]
+    taken = r.write_many(records)
+    assert 0 < taken < 20
+    assert not r.write(b"x" * 100)
+    assert r.read_many(max_records=3) == records[:3]
+    assert r.write_many(records[taken:]) > 0
+
+
+def test_space_doorbell_wakes_a_waiting_writer(ring):
+    r = ring(1024)
+    while r.write(b"y" * 100):
+        pass
+    assert r.want_space()  # still full: the writer will wait on space_fd
+    assert not readable(r.spec().space_fd)
+    r.read_many()
+    assert readable(r.spec().space_fd, 1.0)
+    r.clear_space_doorbell()
+    assert not readable(r.spec().space_fd)
+    assert r.write(b"y" * 100)
+
+
+def test_data_doorbell_rings_only_for_a_sleeping_reader(ring):
+    r = ring(4096)
+    r.write(b"a")
+    r.flush()
+    assert not readable(r.spec().data_fd)  # the reader never said it sleeps
+    assert r.read_many() == [b"a"]
+    assert r.sleep()  # empty: the reader goes to sleep
+    r.write(b"b")
+    assert not readable(r.spec().data_fd)  # written, not yet flushed
+    r.flush()
+    assert readable(r.spec().data_fd, 1.0)
+    r.clear_data_doorbell()
+    assert r.read_many() == [b"b"]
+    r.write(b"c")
+    assert not r.sleep()  # data arrived before sleeping: no wait, no lost wake-up
+    r.flush()
+    assert not readable(r.spec().data_fd)
+
+
+def test_oversize_records_are_fragmented_and_joined(ring):
+    r = ring(1 << 20)
+    big = os.urandom(10 << 20)
+    sent = [b"small-1", big, b"small-2", big[:3 << 20]]
+    got = []
+    pending = deque(sent)
+    while pending or r.backlogged():
+        taken = r.write_many(list(pending))
+        for _ in range(taken):
+            pending.popleft()
+        got += r.read_many()
+    got += r.read_many()
+    assert got == sent
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 600).map(lambda n: ("write", n)),
+                          st.integers(1, 5).map(lambda n: ("read", n))), max_size=80))
+def test_matches_a_fifo_model(operations):
+    r = Ring.create(2048)
+    try:
+        model: deque[bytes] = deque()
+        counter = 0
+        for op, n in operations:
+            if op == "write":
+                counter += 1
+                record = struct.pack(">I", counter) * (n // 4 + 1)
+                if r.write(record):
+                    model.append(record)
+                else:
+                    assert r.free_space() < len(record) + 8 + r.capacity // 8 or r.backlogged()
+            else:
+                got = r.read_many(max_records=n)
+                expected = [model.popleft() for _ in range(min(n, len(model)))]
+                # Fragmented records may need their remaining pieces written first.
+                while r.backlogged() and len(got) < len(expected):
+                    r.write_many([])
+                    got += r.read_many(max_records=n - len(got))
+                assert got == expected
+        rest = []
+        while r.backlogged() or not r.is_empty():
+            r.write_many([])
+            rest += r.read_many()
+        assert rest == list(model)
+    finally:
+        r.close()
+        r.unlink()
+
+
+PRODUCER = """
+import select, struct, sys, msgspec
+from shards.ring import Ring, RingSpec
+ring = Ring.attach(msgspec.json.decode(sys.argv[1], type=RingSpec))
+total, batch = int(sys.argv[2]), 256
+seq = 0
+while seq < total:
+    records = [struct.pack(">Q", n) for n in range(seq, min(seq + batch, total))]
+    while records:
+        taken = ring.write_many(records)
+        ring.flush()
+        seq += taken
+        del records[:taken]
+        if records and ring.want_space():
+            select.select([ring.spec().space_fd], [], [], 5)
+            ring.clear_space_doorbell()
+ring.close()
+"""
+
+
+def test_million_records_between_two_processes(ring):
+    r = ring(1 << 20)
+    total = 1_000_000
+    spec = r.spec()
+    child = subprocess.Popen(
+        [sys.executable, "-c", PRODUCER, msgspec.json.encode(spec).decode(), str(total)],
+        pass_fds=[spec.data_fd, spec.space_fd], cwd=ROOT, stderr=subprocess.PIPE)
+    expected = 0
+    try:
+        while expected < total:
+            records = r.read_many()
+            if not records:
+                if r.sleep():
+                    assert readable(spec.data_fd, 10.0), "producer stalled"
+                    r.clear_data_doorbell()
+                continue
+            for record in records:
+                (n,) = struct.unpack(">Q", record)
+                assert n == expected, "lost, duplicated or reordered"
+                expected += 1
+        assert child.wait(20) == 0
+        stderr = child.stderr.read().decode()
+        assert "leaked shared_memory" not in stderr and "Traceback" not in stderr, stderr
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stderr.close()
+    assert r.is_empty()
