@@ -198,3 +198,26 @@ def test_fuzzed_frames_never_hurt_other_clients(broker):
         method, _, body = ch.basic_get(q, auto_ack=True)
         assert body == str(attempt).encode()
     conn.close()
+
+
+def test_channel_flow_pauses_and_resumes_deliveries(broker):
+    from gateway import frames as f
+
+    client = RawClient(broker.port)
+    client.handshake()
+    client.open_channel(1)
+    client.send_method(1, m.QueueDeclare(queue="", exclusive=True))
+    _, ok = client.next_method()
+    client.send_method(1, m.ChannelFlow(active=False))
+    assert client.next_method() == (1, m.ChannelFlowOk(active=False))
+    client.send_method(1, m.BasicConsume(queue=ok.queue, no_ack=True))
+    assert isinstance(client.next_method()[1], m.BasicConsumeOk)
+    publish = m.encode_method(m.BasicPublish(routing_key=ok.queue))
+    client.send(f.content_frames(1, publish, 60, b"\x00\x00", b"held", 131072))
+    with pytest.raises(socket.timeout):
+        client.next_method(timeout=0.3)  # flow is off: nothing is delivered
+    client.send_method(1, m.ChannelFlow(active=True))
+    assert client.next_method() == (1, m.ChannelFlowOk(active=True))
+    _, deliver = client.next_method()
+    assert isinstance(deliver, m.BasicDeliver) and deliver.delivery_tag == 1
+    client.close()
