@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import secrets
 from typing import TYPE_CHECKING
 
@@ -107,7 +108,8 @@ def server_generated_name(prefix: str) -> str:
 
 
 class Broker:
-    def __init__(self, data_dir: str, shard_count: int, users: dict[str, str] | None = None):
+    def __init__(self, data_dir: str, shard_count: int, users: dict[str, str] | None = None,
+                 memory_limit: int = 0, disk_free_limit: int = 50_000_000):
         self.data_dir = data_dir
         self.shard_count = shard_count
         self.users = users if users is not None else {"guest": "guest"}
@@ -118,6 +120,9 @@ class Broker:
         self._next_id = 0
         self._next_qid = 0
         self.stopping = False
+        self.memory_limit = memory_limit  # bytes of bodies in RAM, all shards together
+        self.disk_free_limit = disk_free_limit
+        self.alarms: set[tuple] = set()  # (source, resource) of active resource alarms
         self._restarts: dict[int, float] = {}  # shard -> delay before its next restart
 
     async def start(self) -> None:
@@ -126,6 +131,32 @@ class Broker:
         self._load_definitions()
         for index in range(self.shard_count):
             self.links.append(self._start_shard(index))
+        self._check_disk()
+
+    def _check_disk(self) -> None:
+        """Block publishers while free disk is under the limit (RabbitMQ's disk alarm)."""
+        if self.stopping:
+            return
+        free = shutil.disk_usage(self.data_dir).free
+        self.set_alarm(("gateway", "disk"), free < self.disk_free_limit)
+        asyncio.get_running_loop().call_later(1.0, self._check_disk)
+
+    def set_alarm(self, key: tuple, active: bool) -> None:
+        if active == (key in self.alarms):
+            return
+        was_on = bool(self.alarms)
+        (self.alarms.add if active else self.alarms.discard)(key)
+        log.warning("resource alarm %s %s: %s", key[1], "on" if active else "off", key)
+        if self.alarms and not was_on:
+            for conn in self.connections:
+                conn.block_publishing(self.alarm_reason())
+        elif not self.alarms and was_on:
+            for conn in self.connections:
+                conn.unblock_publishing()
+
+    def alarm_reason(self) -> str:
+        resources = sorted({resource for _, resource in self.alarms})
+        return " and ".join(f"low on {r}" for r in resources) or ""
 
     def _load_definitions(self) -> None:
         """Durable vhosts, exchanges, queues (with their placement) and bindings."""
@@ -162,7 +193,8 @@ class Broker:
         return [index, *sorted(adopted)]
 
     def _start_shard(self, index: int) -> ShardLink:
-        link = ShardLink(index, self.data_dir, self._stores_of(index), self._on_events,
+        link = ShardLink(index, self.data_dir, self._stores_of(index),
+                         self.memory_limit // self.shard_count, self._on_events,
                          self._on_shard_exit)
         link.start()
         return link
@@ -286,6 +318,8 @@ class Broker:
                 channel = self.holders.get(event.holder)
                 if channel is not None:
                     channel.consumer_cancelled_by_broker(event.holder)
+            elif kind is r.Alarm:
+                self.set_alarm((link.index, event.resource), event.active)
             elif kind is r.QueueDeleted:
                 self._queue_deleted_by_shard(link.index, event.qid)
 
@@ -305,6 +339,8 @@ class Broker:
             for meta in [m for m in vhost.queues.values()
                          if m.shard == link.index and not m.durable]:
                 self.forget_queue(meta)
+        for key in [k for k in self.alarms if k[0] == link.index]:
+            self.set_alarm(key, False)
         # Its consumers are cancelled and its unconfirmed publishes nacked.
         for channel in set(self.holders.values()):
             channel.shard_lost(link)

@@ -635,6 +635,8 @@ class Channel:
         if exchange is None:
             raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
                             method.CLASS_ID, method.METHOD_ID)
+        if not self.conn.has_published or self.broker.alarms:
+            self.conn.note_publish()
         if self.tx is not None:
             self.tx.append((self._route, method, properties, body))
         else:

@@ -16,6 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--data", default="./warren-data", help="data directory")
     serve.add_argument("--shards", type=int, default=None,
                        help="shard processes (default: number of CPUs)")
+    serve.add_argument("--memory-limit", type=int, default=None, metavar="BYTES",
+                       help="message bodies held in RAM before publishers are blocked "
+                            "(default: 40%% of the machine's memory)")
+    serve.add_argument("--disk-free-limit", type=int, default=50_000_000, metavar="BYTES",
+                       help="free disk below which publishers are blocked (default 50 MB)")
 
     # These hand their arguments to their own parsers.
     commands.add_parser("inspect", help="list queues and messages of a data directory",
@@ -38,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.shards is not None and args.shards < 1:
             parser.error("--shards must be at least 1")
-        run(ServeOptions(args.bind, args.port, args.data, args.shards))
+        run(ServeOptions(args.bind, args.port, args.data, args.shards, args.memory_limit,
+                         args.disk_free_limit))
     return 0
 
 

@@ -62,7 +62,8 @@ class Connection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._writing_paused = False
-        self._paused_by: set = set()  # shard links whose full rings pause our reading
+        self._paused_by: set = set()  # why reading is paused: shard links with full rings, "alarm"
+        self.has_published = False
         self._last_received = self._last_sent = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -84,8 +85,9 @@ class Connection(asyncio.Protocol):
         self.channels.clear()
         self.broker.delete_exclusive_queues(self)
         self.broker.connections.discard(self)
-        for link in list(self._paused_by):
-            link.paused.discard(self)
+        for cause in list(self._paused_by):
+            if cause != "alarm":
+                cause.paused.discard(self)
 
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
@@ -148,17 +150,38 @@ class Connection(asyncio.Protocol):
     def method(self, channel: int, method) -> None:
         self.send(frames.method_frame(channel, method))
 
-    # -- flow control from shards ----------------------------------------------
+    # -- flow control: full shard rings and resource alarms ----------------------
 
     def pause_for_shard(self, link) -> None:
+        self._pause(link, "shard queue full")
+
+    def resume_for_shard(self, link) -> None:
+        self._resume(link)
+
+    def block_publishing(self, reason: str) -> None:
+        """A resource alarm is on: stop reading from this connection if it publishes."""
+        if self.has_published:
+            self._pause("alarm", reason)
+
+    def unblock_publishing(self) -> None:
+        self._resume("alarm")
+
+    def note_publish(self) -> None:
+        self.has_published = True
+        if self.broker.alarms:
+            self.block_publishing(self.broker.alarm_reason())
+
+    def _pause(self, cause, reason: str) -> None:
         if not self._paused_by and self.state != CLOSED:
             self.transport.pause_reading()
             if self.capabilities.get("connection.blocked"):
-                self.method(0, m.ConnectionBlocked(reason="shard queue full"))
-        self._paused_by.add(link)
+                self.method(0, m.ConnectionBlocked(reason=reason))
+        self._paused_by.add(cause)
 
-    def resume_for_shard(self, link) -> None:
-        self._paused_by.discard(link)
+    def _resume(self, cause) -> None:
+        if cause not in self._paused_by:
+            return
+        self._paused_by.discard(cause)
         if not self._paused_by and self.state != CLOSED:
             self.transport.resume_reading()
             if self.capabilities.get("connection.blocked"):

@@ -16,16 +16,22 @@ log = logging.getLogger("warren")
 
 class ServeOptions:
     def __init__(self, bind: str = "127.0.0.1", port: int = 5672, data: str = "./warren-data",
-                 shards: int | None = None):
+                 shards: int | None = None, memory_limit: int | None = None,
+                 disk_free_limit: int = 50_000_000):
         self.bind = bind
         self.port = port
         self.data = data
         self.shards = shards or os.cpu_count() or 1
+        # As RabbitMQ's vm_memory_high_watermark: 40% of the machine's memory.
+        self.memory_limit = (memory_limit if memory_limit is not None
+                             else int(0.4 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
+        self.disk_free_limit = disk_free_limit
 
 
 async def serve(options: ServeOptions) -> None:
     loop = asyncio.get_running_loop()
-    broker = Broker(os.path.abspath(options.data), options.shards)
+    broker = Broker(os.path.abspath(options.data), options.shards,
+                    memory_limit=options.memory_limit, disk_free_limit=options.disk_free_limit)
     await broker.start()
     server = await loop.create_server(lambda: Connection(broker), options.bind, options.port,
                                       reuse_address=True)

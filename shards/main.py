@@ -36,6 +36,7 @@ class ShardSpec(msgspec.Struct):
     events: RingSpec
     lifeline_fd: int  # read end of a pipe the gateway holds open; EOF = gateway gone
     stores: list[int]  # store directories DATA/shard-K to open: its own, then adopted ones
+    memory_limit: int = 0  # bytes of message bodies in RAM before publishers are blocked
 
 
 class Shard:
@@ -50,12 +51,40 @@ class Shard:
         self.confirm_channels: list[int] = []
         self.confirm_seqs: list[int] = []
         self.running = True
+        self.alarms: set[str] = set()
+        self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # bodies in RAM
 
     def take_events(self) -> list:
         """This turn's events but confirms, with stored content read back."""
         events, self.outbox = self.outbox, []
         self.persister.fill(events)
         return events
+
+    def commit(self) -> bool:
+        return self.persister.commit(self._evict)
+
+    def _evict(self, qid: int, msg) -> None:
+        queue = self.queues.get(qid)
+        if queue is not None:
+            before = queue.ram_bytes
+            queue.evict(msg)
+            self.ram_bytes += queue.ram_bytes - before
+
+    def _apply(self, queue: Queue, cmd, now: float) -> None:
+        before = queue.ram_bytes
+        self._effects(queue.apply(cmd, now))
+        self.ram_bytes += queue.ram_bytes - before
+
+    def check_resources(self, memory_limit: int, stored: bool) -> None:
+        """Raise or clear this shard's alarms (publishers are blocked while any is on)."""
+        if memory_limit:
+            self._alarm("memory", self.ram_bytes > memory_limit)
+        self._alarm("disk", not stored)
+
+    def _alarm(self, resource: str, active: bool) -> None:
+        if active != (resource in self.alarms):
+            (self.alarms.add if active else self.alarms.discard)(resource)
+            self.outbox.append(r.Alarm(resource, active))
 
     def take_confirms(self, stored: bool) -> list:
         """This turn's confirms, to send once its writes are durable (or nacks)."""
@@ -72,7 +101,7 @@ class Shard:
             for qid in cmd.qids:
                 queue = self.queues.get(qid)
                 if queue is not None:
-                    self._effects(queue.apply(cmd, now))
+                    self._apply(queue, cmd, now)
             if cmd.confirm_channel:
                 self.confirm_channels.append(cmd.confirm_channel)
                 self.confirm_seqs.append(cmd.confirm_seq)
@@ -89,7 +118,7 @@ class Shard:
             for qid in qids:
                 queue = self.queues.get(qid)
                 if queue is not None:
-                    self._effects(queue.apply(cmd, now))
+                    self._apply(queue, cmd, now)
         elif kind is r.Stop:
             self.running = False
         else:
@@ -99,7 +128,7 @@ class Shard:
                 return
             if kind is r.Consume or kind is r.Get:
                 self.holder_queues.setdefault(cmd.holder, set()).add(cmd.qid)
-            self._effects(queue.apply(cmd, now))
+            self._apply(queue, cmd, now)
 
     def _missing_queue(self, cmd) -> None:
         # The queue went away (deleted, or auto-deleted) after the gateway sent this.
@@ -165,8 +194,9 @@ def serve(spec: ShardSpec) -> None:
                 shard.handle(cmd, now)
         # Deliveries and replies go out at once; confirms only after the fsync.
         _send(events, pending, shard.take_events())
-        stored = shard.persister.commit()
-        _send(events, pending, shard.take_confirms(stored))
+        stored = shard.commit()
+        shard.check_resources(spec.memory_limit, stored)
+        _send(events, pending, shard.take_confirms(stored) + shard.take_events())
 
     while pending or events.backlogged():  # hand over the last events before exiting
         del pending[:events.write_many(pending)]

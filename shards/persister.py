@@ -29,7 +29,7 @@ class Persister:
         self.home = stores[home]  # where new queues go
         self._store_of: dict[int, ShardStore] = {}  # qid -> its store
         self._batches: dict[ShardStore, WriteBatch] = {}
-        self._written: list[Message] = []  # content to drop from RAM after the commit
+        self._written: list[tuple[int, Message]] = []  # content to drop from RAM once committed
         self.fsyncs = 0
         self.messages = 0
 
@@ -73,7 +73,7 @@ class Persister:
         batch = self._batch(qid)
         for msg in messages:
             batch.put_message(qid, msg.seq, StoredMessage(*msg.content))
-        self._written.extend(messages)
+        self._written.extend((qid, msg) for msg in messages)
 
     def remove(self, qid: int, seqs: list[int]) -> None:
         batch = self._batch(qid)
@@ -83,8 +83,9 @@ class Persister:
     def mark_delivered(self, qid: int, seq: int) -> None:
         self._batch(qid).mark_delivered(qid, seq)
 
-    def commit(self) -> bool:
-        """Make this turn's writes durable: one transaction and one fsync per store.
+    def commit(self, evict) -> bool:
+        """Make this turn's writes durable: one transaction and one fsync per store,
+        then `evict(qid, message)` each written message's content from RAM.
         False if a store refused (full): the turn's confirms must then be nacks."""
         ok = True
         for store, batch in self._batches.items():
@@ -100,8 +101,8 @@ class Persister:
             self.messages += len(batch)
         self._batches.clear()
         if ok:
-            for msg in self._written:
-                msg.evict()
+            for qid, msg in self._written:
+                evict(qid, msg)
         self._written.clear()
         return ok
 

@@ -142,6 +142,7 @@ class Queue:
         self.had_consumer = False
         self.deleted = False
         self.counters = QueueCounters()
+        self.ram_bytes = 0  # bodies held in RAM (transient, or stored but not yet committed)
 
     # -- queries ---------------------------------------------------------------
 
@@ -175,6 +176,7 @@ class Queue:
         self.ready.append(msg)
         self.counters.published += 1
         self.counters.published_bytes += len(cmd.body)
+        self.ram_bytes += len(cmd.body)
         if msg.stored:
             effects.append(Persist(self.qid, [msg]))
         self._dispatch(effects)
@@ -315,13 +317,22 @@ class Queue:
         heapq.heappush(self.returned, msg)
 
     def _settled(self, msg: Message, effects: list) -> None:
+        if msg.content is not None:
+            self.ram_bytes -= len(msg.content[3])
         if msg.stored:
             effects.append(Remove(self.qid, [msg.seq]))
+
+    def evict(self, msg: Message) -> None:
+        """Storage has committed this message: keep only its index in RAM."""
+        if msg.content is not None:
+            self.ram_bytes -= len(msg.content[3])
+            msg.evict()
 
     def _drop_ready(self, effects: list) -> int:
         dropped = list(self.returned) + list(self.ready)
         self.returned.clear()
         self.ready.clear()
+        self.ram_bytes -= sum(len(m.content[3]) for m in dropped if m.content is not None)
         stored = [m.seq for m in dropped if m.stored]
         if stored:
             effects.append(Remove(self.qid, stored))
@@ -351,6 +362,7 @@ class Queue:
         self.holdings.clear()
         self.ready.clear()
         self.returned.clear()
+        self.ram_bytes = 0
         self.deleted = True
         effects.append(Destroyed(self.qid))
 

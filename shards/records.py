@@ -195,6 +195,14 @@ class Rejected(_Record, tag=56):
     seqs: list[int]
 
 
+class Alarm(_Record, tag=57):
+    """A shard's resource alarm went on or off: 'memory' (transient bodies over
+    the watermark) or 'disk' (its store is full)."""
+
+    resource: str
+    active: bool
+
+
 class QueueDeleted(_Record, tag=55):
     """The shard deleted a queue by itself (auto-delete after the last consumer)."""
 
@@ -205,7 +213,7 @@ Command = (
     CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
     | Get | Settle | Grant | ReleaseHolders | SetPrefetch | Stop
 )
-Event = Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted
+Event = Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted | Alarm
 
 _command_encoder = msgspec.msgpack.Encoder()
 _command_batch_decoder = msgspec.msgpack.Decoder(list[Command])

@@ -250,3 +250,34 @@ def test_transactions_commit_rollback_and_mode_exclusivity(broker):
         ch.tx_select()
     assert info.value.reply_text == "PRECONDITION_FAILED - cannot switch from confirm to tx mode"
     conn.close()
+
+
+def test_memory_watermark_blocks_publishers_and_drops_nothing(tmp_path):
+    broker = RunningBroker(tmp_path / "data", shards=1,
+                           extra_args=["--memory-limit", "2000000"]).start()
+    try:
+        blocked, unblocked = [], []
+        pub = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        pub.add_on_connection_blocked_callback(lambda c, f: blocked.append(f.method.reason))
+        pub.add_on_connection_unblocked_callback(lambda c, f: unblocked.append(True))
+        ch = pub.channel()
+        ch.queue_declare("watermark")
+        body = b"m" * 100_000
+        for _ in range(40):  # 4 MB of transient bodies, twice the limit
+            ch.basic_publish("", "watermark", body)
+        wait_until(lambda: (pub.process_data_events(time_limit=0.05), blocked)[1], timeout=10)
+        assert blocked == ["low on memory"]
+        # A consumer on its own connection drains the queue: the alarm clears.
+        con = connect(broker)
+        got = []
+        con.channel().basic_consume("watermark", lambda c, m, p, b: got.append(len(b)),
+                                    auto_ack=True)
+        wait_until(lambda: (con.process_data_events(time_limit=0.05),
+                            pub.process_data_events(time_limit=0.01), unblocked)[2], timeout=20)
+        wait_until(lambda: (con.process_data_events(time_limit=0.05), len(got) == 40)[1],
+                   timeout=20)
+        assert got == [100_000] * 40  # nothing was dropped
+        pub.close()
+        con.close()
+    finally:
+        broker.stop()
