@@ -10,7 +10,8 @@ from pamqp import commands as pamqp_commands
 
 from gateway import spec
 
-SHARED_SPEC = Path("/work/shared/spec/amqp-rabbitmq-0.9.1.json")
+# CI clones the repository with shared/ beside it, as in the workplace.
+SHARED_SPEC = Path(__file__).resolve().parents[2] / "shared" / "spec" / "amqp-rabbitmq-0.9.1.json"
 
 
 def pamqp_name_to_ours(pamqp_name: str) -> str:
