@@ -1,0 +1,184 @@
+"""`warren inspect DATA_DIR`: what a data directory holds, read without touching it.
+
+Environments are opened read-only as ordinary LMDB readers, so this works on a
+stopped broker and beside a running one without blocking its writers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import struct
+import sys
+
+import lmdb
+import msgspec
+
+from .metastore import QueueDef
+from .shardstore import StoredMessage, StoredQueue
+
+_key = struct.Struct(">QQ")
+
+
+def _open(path: str):
+    return lmdb.open(path, readonly=True, lock=True, subdir=True, max_dbs=8,
+                     create=False)
+
+
+class _ShardView:
+    """One shard store, read-only."""
+
+    def __init__(self, path: str):
+        self.env = _open(path)
+        self.queues = self.env.open_db(b"queues", create=False)
+        self.messages = self.env.open_db(b"messages", create=False)
+        self.marks = self.env.open_db(b"marks", create=False)
+
+    def stored_queues(self) -> dict[int, StoredQueue]:
+        decoder = msgspec.msgpack.Decoder(StoredQueue)
+        with self.env.begin() as txn:
+            return {q.qid: q for q in (decoder.decode(v) for _, v in txn.cursor(db=self.queues))}
+
+    def counts(self, qid: int) -> tuple[int, int]:
+        """(messages, bytes of stored values) of a queue."""
+        prefix = qid.to_bytes(8, "big")
+        count = size = 0
+        with self.env.begin(buffers=True) as txn:
+            cursor = txn.cursor(db=self.messages)
+            if cursor.set_range(prefix):
+                for key, value in cursor:
+                    if bytes(key[:8]) != prefix:
+                        break
+                    count += 1
+                    size += len(value)
+        return count, size
+
+    def first(self, qid: int, limit: int) -> list[tuple[int, StoredMessage, bool]]:
+        decoder = msgspec.msgpack.Decoder(StoredMessage)
+        prefix = qid.to_bytes(8, "big")
+        out = []
+        with self.env.begin() as txn:
+            cursor = txn.cursor(db=self.messages)
+            if cursor.set_range(prefix):
+                for key, value in cursor:
+                    if key[:8] != prefix or len(out) >= limit:
+                        break
+                    delivered = txn.get(key, db=self.marks) is not None
+                    out.append((_key.unpack(key)[1], decoder.decode(value), delivered))
+        return out
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _queues(data_dir: str) -> tuple[list[str], list[dict], dict[int, _ShardView]]:
+    """The vhosts, one row per durable queue, and the open shard stores."""
+    meta_env = _open(os.path.join(data_dir, "meta"))
+    try:
+        db = meta_env.open_db(b"queues", create=False)
+        decoder = msgspec.msgpack.Decoder(QueueDef)
+        with meta_env.begin() as txn:
+            defs = [decoder.decode(v) for _, v in txn.cursor(db=db)]
+        vhosts_db = meta_env.open_db(b"vhosts", create=False)
+        with meta_env.begin() as txn:
+            vhosts = sorted(bytes(k).decode() for k, _ in txn.cursor(db=vhosts_db))
+    finally:
+        meta_env.close()
+    shards = {}
+    for path in sorted(glob.glob(os.path.join(data_dir, "shard-*"))):
+        suffix = path.rsplit("-", 1)[1]
+        if suffix.isdigit():
+            shards[int(suffix)] = _ShardView(path)
+    rows = []
+    for d in sorted(defs, key=lambda d: (d.vhost, d.name)):
+        view = shards.get(d.shard)
+        count, size = view.counts(d.qid) if view else (0, 0)
+        rows.append({"vhost": d.vhost, "name": d.name, "shard": d.shard, "qid": d.qid,
+                     "durable": d.durable, "auto_delete": d.auto_delete,
+                     "arguments": d.arguments, "messages": count, "bytes": size})
+    return vhosts, rows, shards
+
+
+def _properties(raw: bytes) -> dict:
+    from gateway.properties import decode_properties
+
+    try:
+        props = decode_properties(raw)
+    except ValueError as error:
+        return {"undecodable": str(error)}
+    fields = {}
+    for name in props.__slots__:
+        value = getattr(props, name)
+        if value is not None:
+            fields[name] = value
+    return json.loads(json.dumps(fields, default=str))
+
+
+def _preview(body: bytes, size: int = 64) -> str:
+    head = body[:size]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(head) + ("…" if len(body) > size else "")
+    return text + ("…" if len(body) > size else "")
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="warren inspect",
+                                     description="list what a Warren data directory holds")
+    parser.add_argument("data_dir")
+    parser.add_argument("--queue", help="show the first messages of this queue")
+    parser.add_argument("--vhost", default="/")
+    parser.add_argument("--limit", type=int, default=10)
+    parser.add_argument("--json", action="store_true", help="JSON output for scripts")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(os.path.join(args.data_dir, "meta")):
+        print(f"warren inspect: no Warren data directory at {args.data_dir} "
+              "(no meta/ environment)", file=sys.stderr)
+        return 2
+    vhosts, rows, shards = _queues(args.data_dir)
+    try:
+        if args.queue is None:
+            if args.json:
+                print(json.dumps({"vhosts": vhosts, "queues": rows}))
+            else:
+                print("vhosts: " + ", ".join(vhosts))
+                print(_table(rows, ["vhost", "name", "shard", "durable", "messages", "bytes",
+                                    "arguments"]))
+            return 0
+        row = next((r for r in rows if r["vhost"] == args.vhost and r["name"] == args.queue),
+                   None)
+        if row is None:
+            print(f"warren inspect: no durable queue '{args.queue}' in vhost '{args.vhost}'",
+                  file=sys.stderr)
+            return 1
+        view = shards.get(row["shard"])
+        messages = []
+        for seq, stored, delivered in (view.first(row["qid"], args.limit) if view else []):
+            messages.append({"seq": seq, "exchange": stored.exchange,
+                             "routing_key": stored.routing_key,
+                             "properties": _properties(stored.properties),
+                             "body_size": len(stored.body), "body": _preview(stored.body),
+                             "delivered": delivered,
+                             "delivery_count": stored.delivery_count})
+        if args.json:
+            print(json.dumps({"queue": row, "messages": messages}))
+        else:
+            print(_table([row], ["vhost", "name", "shard", "messages", "bytes"]))
+            print()
+            print(_table(messages, ["seq", "exchange", "routing_key", "body_size", "delivered",
+                                    "properties", "body"]))
+        return 0
+    finally:
+        for view in shards.values():
+            view.close()
