@@ -117,6 +117,7 @@ class Broker:
         self.links: list[ShardLink] = []
         self.connections: set = set()
         self.holders: dict[int, "Channel"] = {}  # consumer id -> its channel
+        self.queues_by_qid: dict[int, QueueMeta] = {}
         self._next_id = 0
         self._next_qid = 0
         self.stopping = False
@@ -173,8 +174,9 @@ class Broker:
             vhost = self.vhosts.setdefault(q.vhost, VHost(q.vhost))
             # A queue recorded on a shard that no longer exists lives on in its old
             # store, which shard (K mod N) adopts.
-            vhost.queues[q.name] = QueueMeta(q.qid, q.vhost, q.name, q.shard % self.shard_count,
-                                             True, None, q.auto_delete, q.arguments)
+            meta = QueueMeta(q.qid, q.vhost, q.name, q.shard % self.shard_count, True, None,
+                             q.auto_delete, q.arguments)
+            vhost.queues[q.name] = self.queues_by_qid[q.qid] = meta
         for b in defs.bindings:
             vhost = self.vhosts.get(b.vhost)
             exchange = vhost.exchanges.get(b.source) if vhost else None
@@ -226,7 +228,9 @@ class Broker:
         if stored:
             self.meta.put_queue(QueueDef(vhost.name, name, qid, meta.shard, durable,
                                          auto_delete, arguments))
-        vhost.queues[name] = meta
+        vhost.queues[name] = self.queues_by_qid[qid] = meta
+        if owner is not None:
+            owner.exclusive_queues.add(meta)
         self.links[meta.shard].send(r.CreateQueue(0, meta.qid, vhost.name, name, durable,
                                                   owner is not None, auto_delete, arguments))
         return meta
@@ -236,6 +240,9 @@ class Broker:
         if vhost is None or vhost.queues.get(meta.name) is not meta:
             return
         del vhost.queues[meta.name]
+        del self.queues_by_qid[meta.qid]
+        if meta.owner is not None:
+            meta.owner.exclusive_queues.discard(meta)
         for exchange in vhost.exchanges.values():
             for key in exchange.keys_bound_to(meta.name):
                 self.unbind(exchange, key, meta)
@@ -281,10 +288,9 @@ class Broker:
         return BindingDef(exchange.vhost, exchange.name, meta.name, "queue", routing_key, {})
 
     def delete_exclusive_queues(self, owner) -> None:
-        for vhost in self.vhosts.values():
-            for meta in [m for m in vhost.queues.values() if m.owner is owner]:
-                self.forget_queue(meta)
-                self.links[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
+        for meta in list(owner.exclusive_queues):
+            self.forget_queue(meta)
+            self.links[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
 
     # -- routing ---------------------------------------------------------------
 
@@ -324,11 +330,9 @@ class Broker:
                 self._queue_deleted_by_shard(link.index, event.qid)
 
     def _queue_deleted_by_shard(self, shard: int, qid: int) -> None:
-        for vhost in self.vhosts.values():
-            for meta in vhost.queues.values():
-                if meta.qid == qid and meta.shard == shard:
-                    self.forget_queue(meta)
-                    return
+        meta = self.queues_by_qid.get(qid)
+        if meta is not None and meta.shard == shard:
+            self.forget_queue(meta)
 
     def _on_shard_exit(self, link: ShardLink, returncode: int) -> None:
         if self.stopping:

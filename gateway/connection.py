@@ -64,6 +64,7 @@ class Connection(asyncio.Protocol):
         self._writing_paused = False
         self._paused_by: set = set()  # why reading is paused: shard links with full rings, "alarm"
         self.has_published = False
+        self.exclusive_queues: set = set()  # QueueMeta of the exclusive queues it owns
         self._last_received = self._last_sent = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
 
