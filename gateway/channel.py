@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from shards import records as r
 
-from . import frames, spec
+from . import frames, hotpath, spec
 from . import methods as m
 from .broker import EXCHANGE_TYPES, Exchange, QueueMeta, server_generated_name
 from .confirms import ConfirmTracker
@@ -40,12 +40,13 @@ class ConsumerState:
       credit outstanding + unacked never exceeds the limit (DESIGN.md, prefetch).
     """
 
-    __slots__ = ("tag", "holder", "meta", "link", "no_ack", "prefetch", "credit", "owed_credit",
-                 "unacked")
+    __slots__ = ("tag", "tag_shortstr", "holder", "meta", "link", "no_ack", "prefetch", "credit",
+                 "owed_credit", "unacked")
 
     def __init__(self, tag: str, holder: int, meta: QueueMeta, link, no_ack: bool,
                  prefetch: int):
         self.tag = tag
+        self.tag_shortstr = hotpath.shortstr(tag)
         self.holder = holder
         self.meta = meta
         self.link = link
@@ -110,7 +111,13 @@ class Channel:
                 raise AMQPError(spec.UNEXPECTED_FRAME,
                                 f"expected content {'header' if self._awaiting_header else 'body'}"
                                 f" for class {BASIC_CLASS}, got non content frame instead")
-            method = self.conn.decode(payload)
+            if payload[:4] == hotpath.PUBLISH_IDS:
+                try:
+                    method = hotpath.parse_publish(payload)
+                except m.MalformedMethod:
+                    method = self.conn.decode(payload)  # raises the full syntax error
+            else:
+                method = self.conn.decode(payload)
             if method.HAS_CONTENT:
                 self._start_content(method)
             else:
@@ -123,7 +130,7 @@ class Channel:
             raise AMQPError(spec.FRAME_ERROR, f"unexpected frame type {frame_type}")
 
     def _start_content(self, method) -> None:
-        if type(method) is not m.BasicPublish:
+        if type(method) is not hotpath.Publish and type(method) is not m.BasicPublish:
             raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME}",
                             method.CLASS_ID, method.METHOD_ID)
         self._content_method = method
@@ -517,10 +524,8 @@ class Channel:
             consumer.unacked += 1
         data = frames.content_frames(
             self.number,
-            m.encode_method(m.BasicDeliver(consumer_tag=consumer.tag, delivery_tag=tag,
-                                           redelivered=event.redelivered,
-                                           exchange=event.exchange,
-                                           routing_key=event.routing_key)),
+            hotpath.deliver_payload(consumer.tag_shortstr, tag, event.redelivered,
+                                    event.exchange, event.routing_key),
             BASIC_CLASS, event.properties, event.body, self.conn.frame_max)
         if self.flow_active:
             self.conn.send(data)
@@ -626,7 +631,7 @@ class Channel:
 
     # -- basic: publish and confirms -------------------------------------------
 
-    def _publish(self, method: m.BasicPublish, properties: bytes, body: bytes) -> None:
+    def _publish(self, method: hotpath.Publish, properties: bytes, body: bytes) -> None:
         if method.immediate:
             raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true",
                             method.CLASS_ID, method.METHOD_ID)
@@ -642,7 +647,7 @@ class Channel:
         else:
             self._route(method, properties, body)
 
-    def _route(self, method: m.BasicPublish, properties: bytes, body: bytes) -> None:
+    def _route(self, method: hotpath.Publish, properties: bytes, body: bytes) -> None:
         """Send a message to the shards of every queue it routes to, in one record each."""
         vhost = self.vhost
         exchange = vhost.exchanges.get(method.exchange)

@@ -1,0 +1,34 @@
+"""The hand-written hot-path codec agrees with the generic, spec-built one."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway import hotpath
+from gateway import methods as m
+
+short = st.text(max_size=60).filter(lambda t: len(t.encode()) <= 255)
+
+
+@given(short, short, st.booleans(), st.booleans())
+def test_parse_publish_matches_generic_decoding(exchange, routing_key, mandatory, immediate):
+    payload = m.encode_method(m.BasicPublish(exchange=exchange, routing_key=routing_key,
+                                             mandatory=mandatory, immediate=immediate))
+    parsed = hotpath.parse_publish(payload)
+    assert (parsed.exchange, parsed.routing_key, parsed.mandatory, parsed.immediate) == \
+        (exchange, routing_key, mandatory, immediate)
+    for cut in range(4, len(payload)):
+        with pytest.raises(m.MalformedMethod):
+            hotpath.parse_publish(payload[:cut])
+
+
+@given(short, st.integers(1, 2**64 - 1), st.booleans(), short, short)
+def test_deliver_payload_matches_generic_encoding(tag, delivery_tag, redelivered, exchange,
+                                                  routing_key):
+    expected = m.encode_method(m.BasicDeliver(consumer_tag=tag, delivery_tag=delivery_tag,
+                                              redelivered=redelivered, exchange=exchange,
+                                              routing_key=routing_key))
+    assert hotpath.deliver_payload(hotpath.shortstr(tag), delivery_tag, redelivered, exchange,
+                                   routing_key) == expected
