@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
                             "(default: 40%% of the machine's memory)")
     serve.add_argument("--disk-free-limit", type=int, default=50_000_000, metavar="BYTES",
                        help="free disk below which publishers are blocked (default 50 MB)")
+    serve.add_argument("--stats-interval", type=float, default=5.0, metavar="SECONDS",
+                       help="seconds between statistics records in DATA/logs (default 5)")
 
     # These hand their arguments to their own parsers.
     commands.add_parser("inspect", help="list queues and messages of a data directory",
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.shards is not None and args.shards < 1:
             parser.error("--shards must be at least 1")
         run(ServeOptions(args.bind, args.port, args.data, args.shards, args.memory_limit,
-                         args.disk_free_limit))
+                         args.disk_free_limit, args.stats_interval))
     return 0
 
 

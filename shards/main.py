@@ -25,6 +25,7 @@ from . import records as r
 from .persister import Persister
 from .queue import Delivered, Destroyed, Persist, Queue, Remove
 from .ring import Ring, RingSpec
+from .stats import StatsLog
 
 EVENTS_PER_RECORD = 512
 
@@ -37,15 +38,22 @@ class ShardSpec(msgspec.Struct):
     lifeline_fd: int  # read end of a pipe the gateway holds open; EOF = gateway gone
     stores: list[int]  # store directories DATA/shard-K to open: its own, then adopted ones
     memory_limit: int = 0  # bytes of message bodies in RAM before publishers are blocked
+    stats_interval: float = 5.0  # seconds between statistics records in DATA/logs
 
 
 class Shard:
     """Commands in, effects out; the queues hold all the logic."""
 
-    def __init__(self, index: int, persister: Persister):
+    def __init__(self, index: int, persister: Persister, stats: StatsLog):
         self.index = index
         self.persister = persister
+        self.stats = stats
+        started = time.monotonic()
+        stats.event("shard_started")
         self.queues: dict[int, Queue] = {q.qid: q for q in persister.recover()}
+        stats.event("shard_recovered", recovery_seconds=round(time.monotonic() - started, 6),
+                    queues=len(self.queues),
+                    messages=sum(q.ready_count for q in self.queues.values()))
         self.holder_queues: dict[int, set[int]] = {}  # who holds what where, for channel close
         self.outbox: list = []
         self.confirm_channels: list[int] = []
@@ -61,7 +69,10 @@ class Shard:
         return events
 
     def commit(self) -> bool:
-        return self.persister.commit(self._evict)
+        stored = self.persister.commit(self._evict)
+        for messages in self.persister.last_commits:
+            self.stats.note_commit(messages)
+        return stored
 
     def _evict(self, qid: int, msg) -> None:
         queue = self.queues.get(qid)
@@ -110,6 +121,8 @@ class Shard:
                 queue = self.queues[cmd.qid] = Queue(cmd)
                 if queue.stored:
                     self.persister.create_queue(queue)
+                self.stats.event("queue_declared", vhost=cmd.vhost, queue=cmd.name,
+                                 durable=cmd.durable)
             self.outbox.append(r.Reply(cmd.req))
         elif kind is r.ReleaseHolders:
             qids: set[int] = set()
@@ -128,6 +141,11 @@ class Shard:
                 return
             if kind is r.Consume or kind is r.Get:
                 self.holder_queues.setdefault(cmd.holder, set()).add(cmd.qid)
+            if kind is r.Consume:
+                self.stats.event("consumer_added", vhost=queue.vhost, queue=queue.name,
+                                 consumer_tag=cmd.tag)
+            elif kind is r.Cancel:
+                self.stats.event("consumer_cancelled", vhost=queue.vhost, queue=queue.name)
             self._apply(queue, cmd, now)
 
     def _missing_queue(self, cmd) -> None:
@@ -151,8 +169,10 @@ class Shard:
             elif kind is Delivered:
                 persister.mark_delivered(effect.qid, effect.seq)
             elif kind is Destroyed:
-                self.queues.pop(effect.qid, None)
+                queue = self.queues.pop(effect.qid, None)
                 persister.delete_queue(effect.qid)
+                if queue is not None:
+                    self.stats.event("queue_deleted", vhost=queue.vhost, queue=queue.name)
             else:
                 self.outbox.append(effect)
 
@@ -166,7 +186,8 @@ def serve(spec: ShardSpec) -> None:
     commands = Ring.attach(spec.commands)
     events = Ring.attach(spec.events)
     stores = {k: ShardStore(os.path.join(spec.data_dir, f"shard-{k}")) for k in spec.stores}
-    shard = Shard(spec.index, Persister(stores, spec.index))
+    stats = StatsLog(os.path.join(spec.data_dir, "logs"), spec.index, spec.stats_interval)
+    shard = Shard(spec.index, Persister(stores, spec.index), stats)
     poller = select.poll()
     poller.register(spec.commands.data_fd, select.POLLIN)
     poller.register(spec.lifeline_fd, select.POLLIN)
@@ -184,8 +205,10 @@ def serve(spec: ShardSpec) -> None:
                 continue
         batches = commands.read_many()
         if not batches:
+            stats.tick(time.time(), shard.queues.values())
             if commands.sleep():
-                _wait(poller, None, spec.lifeline_fd)
+                # Wake at least once an interval, so an idle shard still logs.
+                _wait(poller, None, spec.lifeline_fd, spec.stats_interval)
                 commands.clear_data_doorbell()
             continue
         now = time.monotonic()
@@ -196,7 +219,11 @@ def serve(spec: ShardSpec) -> None:
         _send(events, pending, shard.take_events())
         stored = shard.commit()
         shard.check_resources(spec.memory_limit, stored)
-        _send(events, pending, shard.take_confirms(stored) + shard.take_events())
+        confirms = shard.take_confirms(stored)
+        if confirms:
+            stats.note_confirm_latency(time.monotonic() - now, len(confirms[0].seqs))
+        _send(events, pending, confirms + shard.take_events())
+        stats.tick(time.time(), shard.queues.values())
 
     while pending or events.backlogged():  # hand over the last events before exiting
         del pending[:events.write_many(pending)]
@@ -205,6 +232,8 @@ def serve(spec: ShardSpec) -> None:
             _wait(poller, events.spec().space_fd, spec.lifeline_fd)
             events.clear_space_doorbell()
     shard.persister.close()
+    stats.tick(time.time(), shard.queues.values(), force=True)
+    stats.close()
 
 
 def _send(events: Ring, pending: list[bytes], records: list) -> None:
@@ -214,12 +243,14 @@ def _send(events: Ring, pending: list[bytes], records: list) -> None:
         events.flush()
 
 
-def _wait(poller: select.poll, extra_fd: int | None, lifeline_fd: int) -> set[int]:
-    """Block until a registered fd (or `extra_fd`) is readable; exit if the gateway died."""
+def _wait(poller: select.poll, extra_fd: int | None, lifeline_fd: int,
+          timeout: float | None = None) -> set[int]:
+    """Block until a registered fd (or `extra_fd`) is readable or `timeout` seconds
+    pass; exit if the gateway died."""
     if extra_fd is not None:
         poller.register(extra_fd, select.POLLIN)
     try:
-        fds = {fd for fd, _ in poller.poll()}
+        fds = {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}
     finally:
         if extra_fd is not None:
             poller.unregister(extra_fd)

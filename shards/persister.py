@@ -32,6 +32,7 @@ class Persister:
         self._written: list[tuple[int, Message]] = []  # content to drop from RAM once committed
         self.fsyncs = 0
         self.messages = 0
+        self.last_commits: list[int] = []  # messages per fsync of the latest commit()
 
     # -- recovery --------------------------------------------------------------
 
@@ -88,6 +89,7 @@ class Persister:
         then `evict(qid, message)` each written message's content from RAM.
         False if a store refused (full): the turn's confirms must then be nacks."""
         ok = True
+        self.last_commits = []
         for store, batch in self._batches.items():
             if batch.is_empty():
                 continue
@@ -99,6 +101,7 @@ class Persister:
                 continue
             self.fsyncs += 1
             self.messages += len(batch)
+            self.last_commits.append(len(batch))
         self._batches.clear()
         if ok:
             for qid, msg in self._written:

@@ -4,6 +4,7 @@ and whether any was answered twice."""
 
 from __future__ import annotations
 
+import socket
 import struct
 import threading
 
@@ -77,5 +78,9 @@ class ConfirmPublisher:
             self.closed.set()
 
     def close(self) -> None:
+        try:  # shutdown wakes the reader thread's recv; close alone would not
+            self.client.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.client.close()
         self._reader.join(5)

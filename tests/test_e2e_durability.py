@@ -281,3 +281,36 @@ def test_memory_watermark_blocks_publishers_and_drops_nothing(tmp_path):
         con.close()
     finally:
         broker.stop()
+
+
+def test_group_commit_shares_fsyncs_between_publishers(tmp_path):
+    """10,000 confirmed persistent publishes from 8 concurrent publishers take far
+    fewer fsyncs than messages: one commit covers a whole loop turn's writes."""
+    import json
+    import threading
+
+    data = tmp_path / "data"
+    broker = RunningBroker(data, shards=1).start()
+    publishers = [ConfirmPublisher(broker.port, f"group-{i}") for i in range(8)]
+    try:
+        def run(publisher: ConfirmPublisher) -> None:
+            while publisher.sent < 1250:
+                publisher.publish(25)  # then wait for the confirms, as a careful publisher does
+                wait_until(lambda: len(publisher.acked) == publisher.sent, timeout=30)
+
+        threads = [threading.Thread(target=run, args=(p,)) for p in publishers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sum(len(p.acked) for p in publishers) == 10_000
+    finally:
+        for publisher in publishers:
+            publisher.close()
+        broker.stop()
+    records = [json.loads(line) for line in (data / "logs" / "shard-0.jsonl").open()]
+    last = [r for r in records if r["type"] == "shard_stats"][-1]
+    print(f"group commit: {last['fsyncs']} fsyncs for {last['messages']} durable writes; "
+          f"batch histogram {last['fsync_batch']}")
+    assert last["messages"] >= 10_000
+    assert last["fsyncs"] * 10 < last["messages"]

@@ -1,0 +1,137 @@
+"""A shard's statistics log: JSON lines in DATA/logs/shard-K.jsonl.
+
+The shard's loop only encodes lines and hands them to a queue; a background
+thread owns the file, writes, flushes and rotates it (shard-K.jsonl ->
+shard-K.jsonl.1 -> ... up to `backups`), so a slow disk never stalls the loop.
+
+Record schema, version 1 (every record has "v", "type", "ts" in unix seconds
+and "shard"):
+* queue_stats: vhost, queue, queue_type, cumulative counters (published,
+  published_bytes, delivered, redelivered, acked, rejected, requeued, expired,
+  dead_lettered, timeouts) and gauges (ready, unacked, consumers, ram_bytes).
+* shard_stats: fsyncs and messages (cumulative), fsync_batch (histogram of
+  messages per fsync in this interval, keyed by power-of-two upper bound),
+  confirm_latency_ms (p50, p90, p99, max of this interval).
+* event: kind plus its fields (queue_declared, queue_deleted, consumer_added,
+  consumer_cancelled, consumer_timed_out, shard_started, shard_recovered, alarm).
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_module
+import threading
+import time
+
+import msgspec
+
+SCHEMA_VERSION = 1
+_COUNTERS = ("published", "published_bytes", "delivered", "redelivered", "acked", "rejected",
+             "requeued", "expired", "dead_lettered", "timeouts")
+
+
+class StatsLog:
+    def __init__(self, log_dir: str, shard: int, interval: float = 5.0,
+                 max_bytes: int = 64 << 20, backups: int = 5):
+        os.makedirs(log_dir, exist_ok=True)
+        self.path = os.path.join(log_dir, f"shard-{shard}.jsonl")
+        self.shard = shard
+        self.interval = interval
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._encode = msgspec.json.Encoder().encode
+        self._lines: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self._next_stats = 0.0
+        self._fsyncs = 0
+        self._messages = 0
+        self._batches: dict[int, int] = {}
+        self._latencies: list[float] = []
+        self._writer = threading.Thread(target=self._write_lines, name=f"stats-{shard}",
+                                        daemon=True)
+        self._writer.start()
+
+    # -- what the loop reports -------------------------------------------------
+
+    def event(self, kind: str, **fields) -> None:
+        self._put({"v": SCHEMA_VERSION, "type": "event", "ts": time.time(), "shard": self.shard,
+                   "kind": kind, **fields})
+
+    def note_commit(self, messages: int) -> None:
+        self._fsyncs += 1
+        self._messages += messages
+        bucket = 1 << max(messages - 1, 0).bit_length()
+        self._batches[bucket] = self._batches.get(bucket, 0) + 1
+
+    def note_confirm_latency(self, seconds: float, count: int = 1) -> None:
+        self._latencies.extend([seconds] * min(count, 1000))
+
+    def tick(self, now: float, queues, force: bool = False) -> None:
+        """Write the interval's records when the interval has passed (or `force`,
+        on stop); cheap otherwise."""
+        if now < self._next_stats and not force:
+            return
+        self._next_stats = now + self.interval
+        for q in queues:
+            counters = q.counters
+            record = {"v": SCHEMA_VERSION, "type": "queue_stats", "ts": now,
+                      "shard": self.shard, "vhost": q.vhost, "queue": q.name,
+                      "queue_type": q.arguments.get("x-queue-type", "classic")}
+            for name in _COUNTERS:
+                record[name] = getattr(counters, name, 0)
+            record.update(ready=q.ready_count, unacked=q.unacked_count,
+                          consumers=len(q.consumers), ram_bytes=q.ram_bytes)
+            self._put(record)
+        self._put({"v": SCHEMA_VERSION, "type": "shard_stats", "ts": now, "shard": self.shard,
+                   "fsyncs": self._fsyncs, "messages": self._messages,
+                   "fsync_batch": {str(k): v for k, v in sorted(self._batches.items())},
+                   "confirm_latency_ms": _percentiles(self._latencies)})
+        self._batches = {}
+        self._latencies = []
+
+    def close(self) -> None:
+        self._lines.put(None)
+        self._writer.join(10)
+
+    # -- the writer thread -----------------------------------------------------
+
+    def _put(self, record: dict) -> None:
+        self._lines.put(self._encode(record) + b"\n")
+
+    def _write_lines(self) -> None:
+        out = open(self.path, "ab")
+        try:
+            while True:
+                line = self._lines.get()
+                if line is None:
+                    break
+                out.write(line)
+                while not self._lines.empty():  # write what piled up, then flush once
+                    more = self._lines.get()
+                    if more is None:
+                        return
+                    out.write(more)
+                out.flush()
+                if out.tell() >= self.max_bytes:
+                    out.close()
+                    self._rotate()
+                    out = open(self.path, "ab")
+        finally:
+            out.close()
+
+    def _rotate(self) -> None:
+        for n in range(self.backups - 1, 0, -1):
+            older = f"{self.path}.{n}"
+            if os.path.exists(older):
+                os.replace(older, f"{self.path}.{n + 1}")
+        os.replace(self.path, f"{self.path}.1")
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def at(fraction: float) -> float:
+        return round(1000 * ordered[min(len(ordered) - 1, int(fraction * len(ordered)))], 3)
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": at(1.0)}
