@@ -314,3 +314,24 @@ def test_group_commit_shares_fsyncs_between_publishers(tmp_path):
           f"batch histogram {last['fsync_batch']}")
     assert last["messages"] >= 10_000
     assert last["fsyncs"] * 10 < last["messages"]
+
+
+def test_disk_alarm_blocks_publishers_but_not_consumers(tmp_path):
+    # A free-disk limit larger than any disk: the alarm is on from the start.
+    broker = RunningBroker(tmp_path / "data", shards=1,
+                           extra_args=["--disk-free-limit", str(10**18)]).start()
+    try:
+        pub = connect(broker)
+        blocked = []
+        pub.add_on_connection_blocked_callback(lambda c, f: blocked.append(f.method.reason))
+        ch = pub.channel()
+        ch.queue_declare("disk-q")
+        ch.basic_publish("", "disk-q", b"first")  # taken; then the connection is blocked
+        wait_until(lambda: (pub.process_data_events(time_limit=0.05), blocked)[1], timeout=10)
+        assert blocked == ["low on disk"]
+        con = connect(broker)  # a consumer still gets what was published
+        method, _, body = con.channel().basic_get("disk-q", auto_ack=True)
+        assert body == b"first"
+        con.close()
+    finally:
+        broker.stop()
