@@ -246,12 +246,6 @@ class Queue:
             consumer.credit = cmd.credit if cmd.reset else consumer.credit + cmd.credit
             self._dispatch(effects)
 
-    def _set_prefetch(self, cmd: r.SetPrefetch, effects: list) -> None:
-        consumer = self.consumers.get(cmd.holder)
-        if consumer is not None:
-            consumer.prefetch = cmd.prefetch
-            self._dispatch(effects)
-
     def _release(self, cmd: r.ReleaseHolders, effects: list) -> None:
         for holder in cmd.holders:
             self._remove_consumer(holder)
@@ -284,7 +278,6 @@ class Queue:
         r.Get: _get,
         r.Settle: _settle,
         r.Grant: _grant,
-        r.SetPrefetch: _set_prefetch,
         r.ReleaseHolders: _release,
         r.PurgeQueue: _purge,
         r.DeleteQueue: _delete,

@@ -124,12 +124,6 @@ class ReleaseHolders(_Record, tag=11):
     holders: list[int]
 
 
-class SetPrefetch(_Record, tag=12):
-    qid: int
-    holder: int
-    prefetch: int
-
-
 class Stop(_Record, tag=13):
     """Finish pending work, commit, and exit."""
 
@@ -211,7 +205,7 @@ class QueueDeleted(_Record, tag=55):
 
 Command = (
     CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
-    | Get | Settle | Grant | ReleaseHolders | SetPrefetch | Stop
+    | Get | Settle | Grant | ReleaseHolders | Stop
 )
 Event = Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted | Alarm
 
