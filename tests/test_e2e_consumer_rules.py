@@ -316,3 +316,74 @@ def test_missed_heartbeats_requeue_unacked_deliveries(broker):
     ch.queue_delete(q)
     conn.close()
     silent.close()
+
+
+def test_recover_async_redelivers_without_a_reply(broker):
+    from gateway import frames
+    from gateway import methods as m
+
+    from .rawclient import RawClient
+
+    client = RawClient(broker.port)
+    client.handshake()
+    client.open_channel(1)
+    client.send_method(1, m.QueueDeclare(queue="", exclusive=True))
+    _, ok = client.next_method()
+    publish = m.encode_method(m.BasicPublish(routing_key=ok.queue))
+    client.send(frames.content_frames(1, publish, 60, b"\x00\x00", b"x", 131072))
+    client.send_method(1, m.BasicConsume(queue=ok.queue))
+    methods = [client.next_method()[1] for _ in range(2)]
+    assert [type(x) for x in methods] == [m.BasicConsumeOk, m.BasicDeliver]
+    assert methods[1].redelivered is False
+    client.send_method(1, m.BasicRecoverAsync(requeue=True))
+    _, again = client.next_method()
+    assert isinstance(again, m.BasicDeliver)  # no recover-ok comes first
+    assert again.redelivered is True and again.delivery_tag == 2
+    client.close()
+
+
+def test_channel_qos_change_applies_to_new_deliveries(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    fill(ch, "qos-change", 20)
+    ch.basic_qos(prefetch_count=5, global_qos=True)
+    got = collect(conn, ch, "qos-change")
+    pump_until(conn, lambda: len(got) == 5)
+    ch.basic_qos(prefetch_count=2, global_qos=True)  # 5 in flight stay; new limit is 2
+    ch.basic_ack(0, multiple=True)
+    pump_until(conn, lambda: len(got) == 7)
+    settle_for(conn, 0.3)
+    assert len(got) == 7
+    conn.close()
+
+
+def test_aio_pika_nack_requeue_and_prefetch(broker):
+    import asyncio
+
+    import aio_pika
+
+    async def scenario():
+        conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{broker.port}/")
+        async with conn:
+            ch = await conn.channel()
+            await ch.set_qos(prefetch_count=2)
+            queue = await ch.declare_queue("", exclusive=True)
+            for i in range(4):
+                await ch.default_exchange.publish(aio_pika.Message(str(i).encode()),
+                                                  routing_key=queue.name)
+            seen = []
+            async with queue.iterator() as it:
+                async for message in it:
+                    seen.append((int(message.body), message.redelivered))
+                    if len(seen) == 1:
+                        await message.nack(requeue=True)
+                    else:
+                        await message.ack()
+                    if len(seen) == 5:
+                        break
+            return seen
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert seen[0] == (0, False)
+    assert (0, True) in seen[1:3]  # back at the head of the queue, marked redelivered
+    assert sorted(n for n, _ in seen[1:]) == [0, 1, 2, 3]
