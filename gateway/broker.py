@@ -110,7 +110,7 @@ def server_generated_name(prefix: str) -> str:
 class Broker:
     def __init__(self, data_dir: str, shard_count: int, users: dict[str, str] | None = None,
                  memory_limit: int = 0, disk_free_limit: int = 50_000_000,
-                 stats_interval: float = 5.0):
+                 stats_interval: float = 5.0, store_map_size: int = 32 << 30):
         self.data_dir = data_dir
         self.shard_count = shard_count
         self.users = users if users is not None else {"guest": "guest"}
@@ -125,6 +125,7 @@ class Broker:
         self.memory_limit = memory_limit  # bytes of bodies in RAM, all shards together
         self.disk_free_limit = disk_free_limit
         self.stats_interval = stats_interval
+        self.store_map_size = store_map_size
         self.alarms: set[tuple] = set()  # (source, resource) of active resource alarms
         self._restarts: dict[int, float] = {}  # shard -> delay before its next restart
 
@@ -199,7 +200,7 @@ class Broker:
     def _start_shard(self, index: int) -> ShardLink:
         link = ShardLink(index, self.data_dir, self._stores_of(index),
                          self.memory_limit // self.shard_count, self.stats_interval,
-                         self._on_events,
+                         self.store_map_size, self._on_events,
                          self._on_shard_exit)
         link.start()
         return link

@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="free disk below which publishers are blocked (default 50 MB)")
     serve.add_argument("--stats-interval", type=float, default=5.0, metavar="SECONDS",
                        help="seconds between statistics records in DATA/logs (default 5)")
+    serve.add_argument("--store-map-size", type=int, default=32 << 30, metavar="BYTES",
+                       help="LMDB map size of each shard store (default 32 GiB, sparse); "
+                            "a full map blocks publishers and nacks what it cannot store")
 
     # These hand their arguments to their own parsers.
     commands.add_parser("inspect", help="list queues and messages of a data directory",
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.shards is not None and args.shards < 1:
             parser.error("--shards must be at least 1")
         run(ServeOptions(args.bind, args.port, args.data, args.shards, args.memory_limit,
-                         args.disk_free_limit, args.stats_interval))
+                         args.disk_free_limit, args.stats_interval, args.store_map_size))
     return 0
 
 

@@ -17,7 +17,8 @@ log = logging.getLogger("warren")
 class ServeOptions:
     def __init__(self, bind: str = "127.0.0.1", port: int = 5672, data: str = "./warren-data",
                  shards: int | None = None, memory_limit: int | None = None,
-                 disk_free_limit: int = 50_000_000, stats_interval: float = 5.0):
+                 disk_free_limit: int = 50_000_000, stats_interval: float = 5.0,
+                 store_map_size: int = 32 << 30):
         self.bind = bind
         self.port = port
         self.data = data
@@ -27,13 +28,15 @@ class ServeOptions:
                              else int(0.4 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
         self.disk_free_limit = disk_free_limit
         self.stats_interval = stats_interval
+        self.store_map_size = store_map_size
 
 
 async def serve(options: ServeOptions) -> None:
     loop = asyncio.get_running_loop()
     broker = Broker(os.path.abspath(options.data), options.shards,
                     memory_limit=options.memory_limit, disk_free_limit=options.disk_free_limit,
-                    stats_interval=options.stats_interval)
+                    stats_interval=options.stats_interval,
+                    store_map_size=options.store_map_size)
     await broker.start()
     server = await loop.create_server(lambda: Connection(broker), options.bind, options.port,
                                       reuse_address=True)

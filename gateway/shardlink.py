@@ -30,12 +30,14 @@ EVENT_RING_BYTES = 16 * 1024 * 1024
 
 class ShardLink:
     def __init__(self, index: int, data_dir: str, stores: list[int], memory_limit: int,
-                 stats_interval: float, on_events: Callable, on_exit: Callable):
+                 stats_interval: float, store_map_size: int, on_events: Callable,
+                 on_exit: Callable):
         self.index = index
         self.data_dir = data_dir
         self.stores = stores
         self.memory_limit = memory_limit
         self.stats_interval = stats_interval
+        self.store_map_size = store_map_size
         self._on_events = on_events  # (link, events) -> None
         self._on_exit = on_exit  # (link, returncode) -> None
         self._loop = asyncio.get_running_loop()
@@ -56,7 +58,8 @@ class ShardLink:
         self.events = Ring.create(EVENT_RING_BYTES)
         lifeline_read, self._lifeline_write = os.pipe()
         spec = ShardSpec(self.index, self.data_dir, self.commands.spec(), self.events.spec(),
-                         lifeline_read, self.stores, self.memory_limit, self.stats_interval)
+                         lifeline_read, self.stores, self.memory_limit, self.stats_interval,
+                         self.store_map_size)
         fds = [self.commands.spec().data_fd, self.commands.spec().space_fd,
                self.events.spec().data_fd, self.events.spec().space_fd, lifeline_read]
         self.process = subprocess.Popen(

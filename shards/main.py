@@ -39,6 +39,7 @@ class ShardSpec(msgspec.Struct):
     stores: list[int]  # store directories DATA/shard-K to open: its own, then adopted ones
     memory_limit: int = 0  # bytes of message bodies in RAM before publishers are blocked
     stats_interval: float = 5.0  # seconds between statistics records in DATA/logs
+    store_map_size: int = 32 << 30  # LMDB map size of each shard store
 
 
 class Shard:
@@ -185,7 +186,8 @@ def _event_records(events: list) -> list[bytes]:
 def serve(spec: ShardSpec) -> None:
     commands = Ring.attach(spec.commands)
     events = Ring.attach(spec.events)
-    stores = {k: ShardStore(os.path.join(spec.data_dir, f"shard-{k}")) for k in spec.stores}
+    stores = {k: ShardStore(os.path.join(spec.data_dir, f"shard-{k}"), spec.store_map_size)
+              for k in spec.stores}
     stats = StatsLog(os.path.join(spec.data_dir, "logs"), spec.index, spec.stats_interval)
     shard = Shard(spec.index, Persister(stores, spec.index), stats)
     poller = select.poll()

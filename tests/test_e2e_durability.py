@@ -335,3 +335,32 @@ def test_disk_alarm_blocks_publishers_but_not_consumers(tmp_path):
         con.close()
     finally:
         broker.stop()
+
+
+def test_full_store_nacks_and_blocks_publishers(tmp_path):
+    broker = RunningBroker(tmp_path / "data", shards=1,
+                           extra_args=["--store-map-size", str(2 << 20)]).start()
+    publisher = ConfirmPublisher(broker.port, "full")
+    try:
+        body = b"f" * 20_000
+        while not publisher.nacked and publisher.sent < 1000:
+            publisher.publish(10, body=body)
+            wait_until(lambda: len(publisher.acked | publisher.nacked) == publisher.sent
+                       or publisher.nacked, timeout=10)
+        assert publisher.nacked, "a full store must nack what it cannot store"
+        assert not (publisher.acked & publisher.nacked)
+        wait_until(lambda: "resource alarm disk on" in broker.log_text(), timeout=10)
+    finally:
+        publisher.close()
+        broker.stop()
+    # What was acked is still there after a restart.
+    broker = RunningBroker(tmp_path / "data", shards=1,
+                           extra_args=["--store-map-size", str(2 << 20)]).start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        stored = {struct.unpack(">Q", b[:8])[0] for b, _ in drain(ch, "full")}
+        assert publisher.acked <= stored
+        conn.close()
+    finally:
+        broker.stop()
