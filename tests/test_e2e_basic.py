@@ -343,3 +343,34 @@ def test_killed_shard_is_restarted_and_others_keep_working(fresh_broker):
     ch.basic_publish("", queues[0], b"after", mandatory=True)  # confirmed by the new shard
     assert wait_until(lambda: _get(ch, queues[0]))[2] == b"after"
     conn.close()
+
+
+def test_queue_delete_conditions_counts_and_auto_delete(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("del-q")
+    ch.queue_purge("del-q")
+    for i in range(3):
+        ch.basic_publish("", "del-q", b"x")
+    wait_until(lambda: ch.queue_declare("del-q", passive=True).method.message_count == 3)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch.queue_delete("del-q", if_empty=True)
+    assert info.value.reply_code == 406
+    assert info.value.reply_text == "PRECONDITION_FAILED - queue 'del-q' in vhost '/' not empty"
+    ch = conn.channel()
+    tag = ch.basic_consume("del-q", lambda *a: None, consumer_tag="busy")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        conn.channel().queue_delete("del-q", if_unused=True)
+    assert info.value.reply_text == "PRECONDITION_FAILED - queue 'del-q' in vhost '/' in use"
+    ch.basic_cancel(tag)
+    ch.basic_recover(requeue=True)
+    assert ch.queue_delete("del-q").method.message_count == 3
+    # An auto-delete queue goes when its last consumer does.
+    q = ch.queue_declare("auto-q", auto_delete=True).method.queue
+    tag = ch.basic_consume(q, lambda *a: None)
+    assert ch.queue_declare(q, passive=True).method.consumer_count == 1
+    ch.basic_cancel(tag)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        wait_until(lambda: ch.queue_declare(q, passive=True) and False, timeout=5)
+    assert info.value.reply_code == 404
+    conn.close()
