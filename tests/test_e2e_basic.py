@@ -374,3 +374,35 @@ def test_queue_delete_conditions_counts_and_auto_delete(broker):
         wait_until(lambda: ch.queue_declare(q, passive=True) and False, timeout=5)
     assert info.value.reply_code == 404
     conn.close()
+
+
+def test_fanout_and_topic_exchanges_route_like_the_tutorials(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.exchange_declare("logs", "fanout")
+    ch.exchange_declare("topic_logs", "topic")
+    fan = [ch.queue_declare("", exclusive=True).method.queue for _ in range(3)]
+    for q in fan:
+        ch.queue_bind(q, "logs")
+    kern = ch.queue_declare("", exclusive=True).method.queue
+    crit = ch.queue_declare("", exclusive=True).method.queue
+    ch.queue_bind(kern, "topic_logs", "kern.*")
+    ch.queue_bind(crit, "topic_logs", "#.critical")
+    ch.basic_publish("logs", "ignored", b"to all")
+    for key in ("kern.critical", "kern.info", "app.critical", "app.info", "kern.disk.full"):
+        ch.basic_publish("topic_logs", key, key.encode())
+    for q in fan:
+        assert wait_until(lambda: _get(ch, q))[2] == b"to all"
+
+    def bodies(q):
+        out = []
+        while (got := _get(ch, q)) is not None:
+            out.append(got[2].decode())
+        return out
+
+    wait_until(lambda: ch.queue_declare(crit, passive=True).method.message_count == 2)
+    assert bodies(kern) == ["kern.critical", "kern.info"]
+    assert bodies(crit) == ["kern.critical", "app.critical"]
+    ch.exchange_delete("logs")
+    ch.exchange_delete("topic_logs")
+    conn.close()
