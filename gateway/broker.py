@@ -8,6 +8,7 @@ can route a publish to the right shards without asking anyone.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import os
 import shutil
@@ -19,15 +20,16 @@ import xxhash
 from shards import records as r
 from storage.metastore import BindingDef, ExchangeDef, MetaStore, QueueDef, VHostDef
 
+from . import deadletter, replyto
+from .exchange import EXCHANGE, QUEUE, Exchange, arguments_key
+from .properties import PropertiesError, decode_properties, encode_properties
 from .shardlink import ShardLink
-from .topic import TopicTrie
 
 if TYPE_CHECKING:
     from .channel import Channel
 
 log = logging.getLogger("warren")
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic")
 TRANSIENT_QIDS = 1 << 62  # transient queue ids start here; durable ones come from the metastore
 
 
@@ -48,54 +50,22 @@ class QueueMeta:
         self.arguments = arguments
 
 
-class Exchange:
-    __slots__ = ("vhost", "name", "type", "durable", "auto_delete", "internal", "arguments",
-                 "bindings", "trie")
-
-    def __init__(self, vhost: str, name: str, type: str, durable: bool = True,
-                 auto_delete: bool = False, internal: bool = False, arguments: dict | None = None):
-        self.vhost = vhost
-        self.name = name
-        self.type = type
-        self.durable = durable
-        self.auto_delete = auto_delete
-        self.internal = internal
-        self.arguments = arguments or {}
-        self.bindings: dict[str, set[str]] = {}  # routing key -> queue names
-        self.trie = TopicTrie() if type == "topic" else None
-
-    def bind(self, routing_key: str, queue: str) -> None:
-        self.bindings.setdefault(routing_key, set()).add(queue)
-        if self.trie is not None:
-            self.trie.add(routing_key, queue)
-
-    def unbind(self, routing_key: str, queue: str) -> None:
-        queues = self.bindings.get(routing_key)
-        if queues is not None:
-            queues.discard(queue)
-            if not queues:
-                del self.bindings[routing_key]
-            if self.trie is not None:
-                self.trie.remove(routing_key, queue)
-
-    def keys_bound_to(self, queue: str) -> list[str]:
-        return [key for key, queues in self.bindings.items() if queue in queues]
-
-    def route(self, routing_key: str) -> set[str]:
-        if self.trie is not None:
-            return self.trie.match(routing_key)
-        if self.type == "fanout":
-            return set().union(*self.bindings.values()) if self.bindings else set()
-        return self.bindings.get(routing_key, set())
+# The exchanges every vhost has (RabbitMQ's predeclared set).
+PREDECLARED = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "fanout"),
+               ("amq.topic", "topic"), ("amq.headers", "headers"), ("amq.match", "headers"))
 
 
 class VHost:
     def __init__(self, name: str):
         self.name = name
         self.queues: dict[str, QueueMeta] = {}
-        self.exchanges: dict[str, Exchange] = {"": Exchange(name, "", "direct")}
-        for kind in EXCHANGE_TYPES:
-            self.exchanges[f"amq.{kind}"] = Exchange(name, f"amq.{kind}", kind)
+        self.exchanges: dict[str, Exchange] = {
+            x: Exchange(name, x, kind) for x, kind in PREDECLARED}
+        self.exchanges["amq.rabbitmq.trace"] = Exchange(name, "amq.rabbitmq.trace", "topic",
+                                                        internal=True)
+        # destination -> {(source exchange, routing key, arguments key)}: what to
+        # unbind when a queue or exchange goes away, without scanning every exchange
+        self.inbound: dict[tuple, set[tuple]] = {}
 
 
 def placement(vhost: str, name: str, shards: int) -> int:
@@ -118,6 +88,7 @@ class Broker:
         self.links: list[ShardLink] = []
         self.connections: set = set()
         self.holders: dict[int, "Channel"] = {}  # consumer id -> its channel
+        self.reply_channels: dict[str, "Channel"] = {}  # direct reply-to key -> channel
         self.queues_by_qid: dict[int, QueueMeta] = {}
         self._next_id = 0
         self._next_qid = 0
@@ -183,8 +154,9 @@ class Broker:
         for b in defs.bindings:
             vhost = self.vhosts.get(b.vhost)
             exchange = vhost.exchanges.get(b.source) if vhost else None
-            if exchange is not None and b.destination_type == "queue":
-                exchange.bind(b.routing_key, b.destination)
+            if exchange is not None:
+                self._add_binding(vhost, exchange, (b.destination_type, b.destination),
+                                  b.routing_key, b.arguments)
 
     def _stores_of(self, index: int) -> list[int]:
         """Store directories shard `index` opens: its own, and any left by a larger
@@ -203,6 +175,13 @@ class Broker:
                          self.store_map_size, self._on_events,
                          self._on_shard_exit)
         link.start()
+        # Declare its durable queues again: one whose declaration the shard had not
+        # committed when it died (or the broker stopped) would otherwise be missing
+        # from its store. Queues it recovered ignore this.
+        for meta in self.queues_by_qid.values():
+            if meta.shard == index and self._stored(meta):
+                link.send(r.CreateQueue(0, meta.qid, meta.vhost, meta.name, True, False,
+                                        meta.auto_delete, meta.arguments))
         return link
 
     async def stop(self) -> None:
@@ -210,6 +189,11 @@ class Broker:
         for link in self.links:
             await link.stop()
         self.meta.close()
+
+    def reply_channel(self, address: str):
+        """The channel behind a direct reply-to address, if it still consumes."""
+        key = replyto.key_of(address)
+        return self.reply_channels.get(key) if key else None
 
     def new_id(self) -> int:
         """A broker-wide id for a channel or consumer (shard 'holders')."""
@@ -243,13 +227,11 @@ class Broker:
         vhost = self.vhosts.get(meta.vhost)
         if vhost is None or vhost.queues.get(meta.name) is not meta:
             return
+        self._unbind_destination(vhost, (QUEUE, meta.name))  # while the queue is known
         del vhost.queues[meta.name]
         del self.queues_by_qid[meta.qid]
         if meta.owner is not None:
             meta.owner.exclusive_queues.discard(meta)
-        for exchange in vhost.exchanges.values():
-            for key in exchange.keys_bound_to(meta.name):
-                self.unbind(exchange, key, meta)
         if self._stored(meta):
             self.meta.delete_queue(meta.vhost, meta.name)
 
@@ -268,28 +250,68 @@ class Broker:
 
     def delete_exchange(self, exchange: Exchange) -> None:
         vhost = self.vhosts[exchange.vhost]
-        for key, names in list(exchange.bindings.items()):
-            for name in list(names):
-                meta = vhost.queues.get(name)
-                if meta is not None:
-                    self.unbind(exchange, key, meta)
+        if vhost.exchanges.get(exchange.name) is not exchange:
+            return
+        for (destination, routing_key, _), arguments in list(exchange.bindings.items()):
+            self.unbind(exchange, destination, routing_key, arguments, auto_delete=False)
+        self._unbind_destination(vhost, (EXCHANGE, exchange.name))
         del vhost.exchanges[exchange.name]
         if exchange.durable:
             self.meta.delete_exchange(exchange.vhost, exchange.name)
 
-    def bind(self, exchange: Exchange, routing_key: str, meta: QueueMeta) -> None:
-        exchange.bind(routing_key, meta.name)
-        if exchange.durable and self._stored(meta):
-            self.meta.put_binding(self._binding(exchange, routing_key, meta))
+    def bind(self, exchange: Exchange, destination: tuple, routing_key: str,
+             arguments: dict) -> None:
+        vhost = self.vhosts[exchange.vhost]
+        if self._add_binding(vhost, exchange, destination, routing_key, arguments) \
+                and self._durable_binding(vhost, exchange, destination):
+            self.meta.put_binding(BindingDef(exchange.vhost, exchange.name, destination[1],
+                                             destination[0], routing_key, arguments))
 
-    def unbind(self, exchange: Exchange, routing_key: str, meta: QueueMeta) -> None:
-        exchange.unbind(routing_key, meta.name)
-        if exchange.durable and self._stored(meta):
-            self.meta.delete_binding(self._binding(exchange, routing_key, meta))
+    def unbind(self, exchange: Exchange, destination: tuple, routing_key: str, arguments: dict,
+               auto_delete: bool = True) -> None:
+        """Remove a binding; an auto-delete exchange goes with its last one."""
+        vhost = self.vhosts[exchange.vhost]
+        if not exchange.unbind(destination, routing_key, arguments):
+            return
+        inbound = vhost.inbound.get(destination)
+        if inbound is not None:
+            inbound.discard((exchange.name, routing_key, arguments_key(arguments)))
+            if not inbound:
+                del vhost.inbound[destination]
+        if self._durable_binding(vhost, exchange, destination):
+            self.meta.delete_binding(BindingDef(exchange.vhost, exchange.name, destination[1],
+                                                destination[0], routing_key, arguments))
+        if auto_delete and exchange.auto_delete and not exchange.bindings:
+            self.delete_exchange(exchange)
 
-    @staticmethod
-    def _binding(exchange: Exchange, routing_key: str, meta: QueueMeta) -> BindingDef:
-        return BindingDef(exchange.vhost, exchange.name, meta.name, "queue", routing_key, {})
+    def _add_binding(self, vhost: VHost, exchange: Exchange, destination: tuple,
+                     routing_key: str, arguments: dict) -> bool:
+        if not exchange.bind(destination, routing_key, arguments):
+            return False
+        vhost.inbound.setdefault(destination, set()).add(
+            (exchange.name, routing_key, arguments_key(arguments)))
+        return True
+
+    def _unbind_destination(self, vhost: VHost, destination: tuple) -> None:
+        for source, routing_key, args_key in list(vhost.inbound.get(destination, ())):
+            exchange = vhost.exchanges.get(source)
+            if exchange is None:
+                continue
+            arguments = exchange.bindings.get((destination, routing_key, args_key))
+            if arguments is not None:
+                self.unbind(exchange, destination, routing_key, arguments)
+        vhost.inbound.pop(destination, None)
+
+    def _durable_binding(self, vhost: VHost, exchange: Exchange, destination: tuple) -> bool:
+        """Stored when both ends survive a restart."""
+        if not exchange.durable:
+            return False
+        kind, name = destination
+        if kind == QUEUE:
+            meta = vhost.queues.get(name)
+            return meta is not None and self._stored(meta)
+        target = vhost.exchanges.get(name)
+        return target is not None and target.durable
 
     def delete_exclusive_queues(self, owner) -> None:
         for meta in list(owner.exclusive_queues):
@@ -298,12 +320,37 @@ class Broker:
 
     # -- routing ---------------------------------------------------------------
 
-    def route(self, vhost: VHost, exchange: Exchange, routing_key: str) -> list[QueueMeta]:
+    def route(self, vhost: VHost, exchange: Exchange, routing_key: str,
+              headers) -> list[QueueMeta]:
+        """Every queue a message reaches from `exchange`: through exchange-to-exchange
+        bindings (each exchange visited once) and alternate exchanges of exchanges
+        that route it nowhere. `headers()` decodes the message headers on demand."""
         if exchange.name == "":
             meta = vhost.queues.get(routing_key)
             return [meta] if meta is not None else []
-        return [vhost.queues[name] for name in exchange.route(routing_key)
-                if name in vhost.queues]
+        queues: dict[str, QueueMeta] = {}
+        seen = {exchange.name}
+        pending = [exchange]
+        while pending:
+            current = pending.pop()
+            destinations = current.route(routing_key, headers)
+            if not destinations:
+                alternate = vhost.exchanges.get(current.alternate or "")
+                if alternate is not None and alternate.name not in seen and alternate.name:
+                    seen.add(alternate.name)
+                    pending.append(alternate)
+                continue
+            for kind, name in destinations:
+                if kind == QUEUE:
+                    meta = vhost.queues.get(name)
+                    if meta is not None:
+                        queues[name] = meta
+                elif name not in seen:
+                    target = vhost.exchanges.get(name)
+                    if target is not None:
+                        seen.add(name)
+                        pending.append(target)
+        return list(queues.values())
 
     # -- events from shards ----------------------------------------------------
 
@@ -332,6 +379,50 @@ class Broker:
                 self.set_alarm((link.index, event.resource), event.active)
             elif kind is r.QueueDeleted:
                 self._queue_deleted_by_shard(link.index, event.qid)
+            elif kind is r.DeadLettered:
+                self._dead_letter(event)
+
+    def _dead_letter(self, event: r.DeadLettered) -> None:
+        """Republish a dead-lettered message to its queue's dead-letter exchange,
+        with its x-death history; queues that would close a cycle are skipped.
+        At most once, as in RabbitMQ: no confirm is waited for."""
+        meta = self.queues_by_qid.get(event.qid)
+        if meta is None:
+            return
+        vhost = self.vhosts[meta.vhost]
+        exchange = vhost.exchanges.get(meta.arguments.get("x-dead-letter-exchange"))
+        if exchange is None:
+            return  # RabbitMQ drops it too when the exchange is missing
+        try:
+            props = decode_properties(event.properties)
+        except PropertiesError:
+            return
+        routing_key = meta.arguments.get("x-dead-letter-routing-key", event.routing_key)
+        deaths = deadletter.record_death(props, meta.name, event.reason, event.exchange,
+                                         event.routing_key,
+                                         datetime.datetime.now(datetime.timezone.utc))
+        targets = [q for q in self.route(vhost, exchange, routing_key, lambda: props.headers)
+                   if not deadletter.is_cycle(q.name, deaths)]
+        properties = encode_properties(props)
+        self.publish(targets, exchange.name, routing_key, properties, event.body,
+                     props.delivery_mode == 2, -1, props.priority or 0)
+
+    def publish(self, targets: list[QueueMeta], exchange: str, routing_key: str,
+                properties: bytes, body: bytes, persistent: bool, expiration: int,
+                priority: int, confirm_channel: int = 0, seq: int = 0, tracker=None,
+                feeder=None) -> None:
+        """Send a message to the shards of its queues, one record per shard."""
+        by_shard: dict[int, list[int]] = {}
+        for meta in targets:
+            by_shard.setdefault(meta.shard, []).append(meta.qid)
+        for shard, qids in by_shard.items():
+            link = self.links[shard]
+            if not link.alive:  # between a shard's death and its restart
+                if tracker is not None:
+                    tracker.reject(seq, shard)
+                continue
+            link.send(r.Publish(qids, exchange, routing_key, properties, body, persistent,
+                                confirm_channel, seq, expiration, priority), feeder)
 
     def _queue_deleted_by_shard(self, shard: int, qid: int) -> None:
         meta = self.queues_by_qid.get(qid)

@@ -13,17 +13,24 @@ from typing import TYPE_CHECKING
 
 from shards import records as r
 
-from . import frames, hotpath, spec
+from . import arguments, frames, hotpath, replyto, spec
 from . import methods as m
-from .broker import EXCHANGE_TYPES, Exchange, QueueMeta, server_generated_name
+from .broker import QueueMeta, server_generated_name
 from .confirms import ConfirmTracker
 from .errors import AMQPError, exchange_name, queue_name
-from .properties import peek_delivery_mode
+from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from .properties import (PropertiesError, decode_properties, encode_properties, flag_mask,
+                         peek_delivery_mode, peek_expiration, peek_priority, peek_reply_to)
 
 if TYPE_CHECKING:
     from .connection import Connection
 
 BASIC_CLASS = spec.CLASS_IDS["basic"]
+_EXPIRATION = flag_mask("expiration")
+_PRIORITY = flag_mask("priority")
+_REPLY_TO = flag_mask("reply_to")
+_HEADERS = flag_mask("headers")
+_EXTRAS = _EXPIRATION | _PRIORITY | _REPLY_TO
 # Link credit of a consumer outside a channel-wide limit: how many deliveries may
 # be on their way between its shard and the socket. Credit comes back as
 # deliveries are written to the socket, so a slow reader stops its shard.
@@ -85,6 +92,9 @@ class Channel:
         self.flow_active = True
         self.held_deliveries: list[bytes] = []  # while the client has flow off
         self.last_queue = ""
+        self.reply_consumer: str | None = None  # consumer tag on amq.rabbitmq.reply-to
+        self.reply_key = ""
+        self.reply_address = ""
         self.closing = False  # we sent channel.close and wait for close-ok
         self.closed = False
         self._content_method = None
@@ -276,19 +286,22 @@ class Channel:
             raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
         if method.type not in EXCHANGE_TYPES:
             raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{method.type}'")
+        what = exchange_name(vhost.name, name)
         if existing is None:
             if name.startswith("amq."):
                 raise AMQPError(spec.ACCESS_REFUSED,
                                 f"exchange name '{name}' contains reserved prefix 'amq.*'")
+            arguments.validate(method.arguments, arguments.EXCHANGE_ARGUMENTS, what)
             self.broker.add_exchange(Exchange(vhost.name, name, method.type, method.durable,
                                               method.auto_delete, method.internal,
                                               method.arguments))
         else:
-            what = exchange_name(vhost.name, name)
             _equivalent("type", what, method.type, existing.type)
             _equivalent("durable", what, method.durable, existing.durable)
             _equivalent("auto_delete", what, method.auto_delete, existing.auto_delete)
             _equivalent("internal", what, method.internal, existing.internal)
+            arguments.assert_equivalent(method.arguments, existing.arguments,
+                                        arguments.EXCHANGE_ARGUMENTS, what)
         self._reply(m.ExchangeDeclareOk(), method.nowait)
 
     def _exchange_delete(self, method: m.ExchangeDelete) -> None:
@@ -307,12 +320,29 @@ class Channel:
             self.broker.delete_exchange(exchange)
         self._reply(m.ExchangeDeleteOk(), method.nowait)
 
+    def _exchange_bind(self, method: m.ExchangeBind) -> None:
+        source = self._bindable_exchange(method.source)
+        destination = self._bindable_exchange(method.destination)
+        self.broker.bind(source, (EXCHANGE, destination.name), method.routing_key,
+                         method.arguments)
+        self._reply(m.ExchangeBindOk(), method.nowait)
+
+    def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
+        source = self._bindable_exchange(method.source)
+        destination = self._bindable_exchange(method.destination)
+        self.broker.unbind(source, (EXCHANGE, destination.name), method.routing_key,
+                           method.arguments)
+        self._reply(m.ExchangeUnbindOk(), method.nowait)
+
     # -- queues ----------------------------------------------------------------
 
     def _queue_declare(self, method: m.QueueDeclare) -> None:
         vhost = self.vhost
         name = method.queue
         if method.passive:
+            if replyto.is_reply_queue(name) and self.broker.reply_channel(name) is not None:
+                return self._reply(m.QueueDeclareOk(queue=name, message_count=0,
+                                                    consumer_count=1), method.nowait)
             meta = self._queue_named(name)
             return self._queue_declare_existing(method, meta)
         if name == "":
@@ -320,13 +350,16 @@ class Channel:
         elif name.startswith("amq."):
             raise AMQPError(spec.ACCESS_REFUSED,
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
+        what = queue_name(vhost.name, name)
         meta = vhost.queues.get(name)
         if meta is not None:
             self._check_exclusive(meta, wants_exclusive=method.exclusive)
-            what = queue_name(vhost.name, name)
             _equivalent("durable", what, method.durable, meta.durable)
             _equivalent("auto_delete", what, method.auto_delete, meta.auto_delete)
+            arguments.assert_equivalent(method.arguments, meta.arguments,
+                                        arguments.QUEUE_ARGUMENTS, what)
             return self._queue_declare_existing(method, meta)
+        arguments.validate(method.arguments, arguments.QUEUE_ARGUMENTS, what)
         owner = self.conn if method.exclusive else None
         meta = self.broker.create_queue(vhost, name, method.durable, owner, method.auto_delete,
                                         method.arguments)
@@ -350,14 +383,13 @@ class Channel:
     def _queue_bind(self, method: m.QueueBind) -> None:
         meta = self._queue_named(method.queue)
         exchange = self._bindable_exchange(method.exchange)
-        routing_key = method.routing_key
-        self.broker.bind(exchange, routing_key, meta)
+        self.broker.bind(exchange, (QUEUE, meta.name), method.routing_key, method.arguments)
         self._reply(m.QueueBindOk(), method.nowait)
 
     def _queue_unbind(self, method: m.QueueUnbind) -> None:
         meta = self._queue_named(method.queue)
         exchange = self._bindable_exchange(method.exchange)
-        self.broker.unbind(exchange, method.routing_key, meta)
+        self.broker.unbind(exchange, (QUEUE, meta.name), method.routing_key, method.arguments)
         self.send(m.QueueUnbindOk())
 
     def _bindable_exchange(self, name: str) -> Exchange:
@@ -455,9 +487,11 @@ class Channel:
                 consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, credit))
 
     def _basic_consume(self, method: m.BasicConsume) -> None:
+        if method.queue == replyto.REPLY_QUEUE:
+            return self._consume_replies(method)
         meta = self._queue_named(method.queue)
         tag = method.consumer_tag or server_generated_name("amq.ctag-")
-        if tag in self.consumers:
+        if tag in self.consumers or tag == self.reply_consumer:
             raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         priority = method.arguments.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -483,7 +517,28 @@ class Channel:
             self.consumer_prefetch, consumer.credit, priority), answered)
         self._deal_credit()
 
+    def _consume_replies(self, method: m.BasicConsume) -> None:
+        if not method.no_ack:
+            raise AMQPError(spec.PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+        if self.reply_consumer is not None:
+            raise AMQPError(spec.PRECONDITION_FAILED, "reply consumer already set")
+        tag = method.consumer_tag or server_generated_name("amq.ctag-")
+        if tag in self.consumers:
+            raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        self.reply_consumer = tag
+        self.reply_key, self.reply_address = replyto.new_address()
+        self.broker.reply_channels[self.reply_key] = self
+        self._reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
+
+    def _stop_replies(self) -> None:
+        if self.reply_consumer is not None:
+            self.broker.reply_channels.pop(self.reply_key, None)
+            self.reply_consumer = None
+
     def _basic_cancel(self, method: m.BasicCancel) -> None:
+        if method.consumer_tag == self.reply_consumer and self.reply_consumer is not None:
+            self._stop_replies()
+            return self._reply(m.BasicCancelOk(consumer_tag=method.consumer_tag), method.nowait)
         consumer = self.consumers.get(method.consumer_tag)
         if consumer is None:
             # Not an error: the broker may have cancelled it already (queue deleted).
@@ -640,42 +695,98 @@ class Channel:
         if exchange is None:
             raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
                             method.CLASS_ID, method.METHOD_ID)
+        if exchange.internal:
+            raise AMQPError(spec.ACCESS_REFUSED,
+                            f"cannot publish to internal {exchange_name(vhost.name, exchange.name)}",
+                            method.CLASS_ID, method.METHOD_ID)
+        expiration, priority = -1, 0
+        if len(properties) >= 2 and (properties[0] << 8 | properties[1]) & _EXTRAS:
+            try:
+                expiration, priority, properties = self._read_extras(properties)
+            except AMQPError as error:
+                error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
+                raise
         if not self.conn.has_published or self.broker.alarms:
             self.conn.note_publish()
         if self.tx is not None:
-            self.tx.append((self._route, method, properties, body))
+            self.tx.append((self._route, method, properties, body, expiration, priority))
         else:
-            self._route(method, properties, body)
+            self._route(method, properties, body, expiration, priority)
 
-    def _route(self, method: hotpath.Publish, properties: bytes, body: bytes) -> None:
+    def _read_extras(self, properties: bytes) -> tuple[int, int, bytes]:
+        """The properties the broker acts on: expiration (ms, -1 if none), priority,
+        and a reply_to of amq.rabbitmq.reply-to, replaced by this channel's address."""
+        flags = properties[0] << 8 | properties[1]
+        try:
+            expiration = -1
+            if flags & _EXPIRATION:
+                expiration = _parse_expiration(peek_expiration(properties))
+            priority = peek_priority(properties) or 0 if flags & _PRIORITY else 0
+            if flags & _REPLY_TO and peek_reply_to(properties) == replyto.REPLY_QUEUE:
+                if self.reply_consumer is None:
+                    raise AMQPError(spec.PRECONDITION_FAILED, "fast reply consumer does not exist")
+                props = decode_properties(properties)
+                props.reply_to = self.reply_address
+                properties = encode_properties(props)
+        except PropertiesError as error:
+            raise AMQPError(spec.SYNTAX_ERROR, f"malformed content properties: {error}") from None
+        return expiration, priority, properties
+
+    def _route(self, method: hotpath.Publish, properties: bytes, body: bytes,
+               expiration: int = -1, priority: int = 0) -> None:
         """Send a message to the shards of every queue it routes to, in one record each."""
         vhost = self.vhost
         exchange = vhost.exchanges.get(method.exchange)
-        targets = self.broker.route(vhost, exchange, method.routing_key) if exchange else []
-        by_shard: dict[int, list[int]] = {}
-        for meta in targets:
-            by_shard.setdefault(meta.shard, []).append(meta.qid)
+        routing_key = method.routing_key
         tracker = self.confirms if self.confirms is not None else self.tx_confirms
-        seq = tracker.publish(by_shard) if tracker is not None else 0
+        if exchange is not None and exchange.name == "" and replyto.is_reply_queue(routing_key):
+            return self._route_reply(method, properties, body, tracker)
+        targets = (self.broker.route(vhost, exchange, routing_key, _headers_of(properties))
+                   if exchange else [])
+        shards = {meta.shard for meta in targets}
+        seq = tracker.publish(shards) if tracker is not None else 0
         if not targets and method.mandatory:
-            self.conn.send(frames.content_frames(
-                self.number,
-                m.encode_method(m.BasicReturn(reply_code=spec.NO_ROUTE, reply_text="NO_ROUTE",
-                                              exchange=method.exchange,
-                                              routing_key=method.routing_key)),
-                BASIC_CLASS, properties, body, self.conn.frame_max))
-        persistent = peek_delivery_mode(properties) == 2
-        confirm_channel = self.id if seq else 0
-        for shard, qids in by_shard.items():
-            link = self.broker.links[shard]
-            if not link.alive:  # between a shard's death and its restart
-                if seq:
-                    tracker.reject(seq, shard)
-                continue
-            link.send(r.Publish(qids, method.exchange, method.routing_key, properties, body,
-                                persistent, confirm_channel, seq), self.conn)
+            self._return_unroutable(method, properties, body)
+        if targets:
+            self.broker.publish(targets, method.exchange, routing_key, properties, body,
+                                peek_delivery_mode(properties) == 2, expiration, priority,
+                                self.id if seq else 0, seq, tracker if seq else None, self.conn)
         if seq:
             self._confirms_changed()
+
+    def _route_reply(self, method: hotpath.Publish, properties: bytes, body: bytes,
+                     tracker) -> None:
+        """A reply to a direct reply-to address: straight to that channel."""
+        channel = self.broker.reply_channel(method.routing_key)
+        if tracker is not None:
+            tracker.publish(())
+            self._confirms_changed()
+        if channel is None:
+            if method.mandatory:
+                self._return_unroutable(method, properties, body)
+            return
+        channel.deliver_reply(method.exchange, method.routing_key, properties, body)
+
+    def _return_unroutable(self, method: hotpath.Publish, properties: bytes, body: bytes) -> None:
+        self.conn.send(frames.content_frames(
+            self.number,
+            m.encode_method(m.BasicReturn(reply_code=spec.NO_ROUTE, reply_text="NO_ROUTE",
+                                          exchange=method.exchange,
+                                          routing_key=method.routing_key)),
+            BASIC_CLASS, properties, body, self.conn.frame_max))
+
+    def deliver_reply(self, exchange: str, routing_key: str, properties: bytes,
+                      body: bytes) -> None:
+        if self.reply_consumer is None or self.closing or self.closed:
+            return
+        tag = self.next_tag
+        self.next_tag += 1
+        self.conn.send(frames.content_frames(
+            self.number,
+            hotpath.deliver_payload(hotpath.shortstr(self.reply_consumer), tag, False, exchange,
+                                    routing_key),
+            BASIC_CLASS, properties, body, self.conn.frame_max))
+        self.conn.schedule_flush()
 
     def _confirm_select(self, method: m.ConfirmSelect) -> None:
         if self.tx is not None:
@@ -764,6 +875,7 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        self._stop_replies()
         holders = list(self.holder_ids)
         for link in self.broker.links:
             link.send(r.ReleaseHolders(holders))
@@ -793,6 +905,8 @@ class Channel:
         m.AccessRequest: _access_request,
         m.ExchangeDeclare: _exchange_declare,
         m.ExchangeDelete: _exchange_delete,
+        m.ExchangeBind: _exchange_bind,
+        m.ExchangeUnbind: _exchange_unbind,
         m.QueueDeclare: _queue_declare,
         m.QueueBind: _queue_bind,
         m.QueueUnbind: _queue_unbind,
@@ -812,6 +926,36 @@ class Channel:
         m.TxCommit: _tx_commit,
         m.TxRollback: _tx_rollback,
     }
+
+
+def _headers_of(properties: bytes):
+    """The message headers, decoded only if a headers exchange asks for them."""
+    def headers() -> dict:
+        if len(properties) < 2 or not (properties[0] << 8 | properties[1]) & _HEADERS:
+            return {}
+        try:
+            return decode_properties(properties).headers or {}
+        except PropertiesError:
+            return {}
+    return headers
+
+
+def _parse_expiration(text: str) -> int:
+    """The expiration property as milliseconds, with RabbitMQ's complaints."""
+    digits = text.lstrip("+-")
+    sign_length = len(text) - len(digits)
+    number = digits[:len(digits) - len(digits.lstrip("0123456789"))]
+    if not number or sign_length > 1:
+        raise AMQPError(spec.PRECONDITION_FAILED, f"invalid expiration '{text}': no_integer")
+    if len(text) > sign_length + len(number):
+        rest = text[sign_length + len(number):]
+        raise AMQPError(spec.PRECONDITION_FAILED,
+                        f"invalid expiration '{text}': {{leftover_string,\"{rest}\"}}")
+    value = int(text[:sign_length + len(number)])
+    if value < 0:
+        raise AMQPError(spec.PRECONDITION_FAILED,
+                        f"invalid expiration '{text}': {{value_negative,{value}}}")
+    return value
 
 
 def _equivalent(arg: str, what: str, received, current) -> None:

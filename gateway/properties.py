@@ -32,6 +32,8 @@ __all__ = [
     "peek_delivery_mode",
     "peek_priority",
     "peek_expiration",
+    "peek_reply_to",
+    "flag_mask",
     "EMPTY_PROPERTIES",
 ]
 
@@ -301,3 +303,12 @@ def _peeker(name: str) -> Callable[[Any], Any]:
 peek_delivery_mode: Callable[[bytes | bytearray | memoryview], int | None] = _peeker("delivery_mode")
 peek_priority: Callable[[bytes | bytearray | memoryview], int | None] = _peeker("priority")
 peek_expiration: Callable[[bytes | bytearray | memoryview], str | None] = _peeker("expiration")
+peek_reply_to: Callable[[bytes | bytearray | memoryview], str | None] = _peeker("reply_to")
+
+
+def flag_mask(name: str) -> int:
+    """The bit of property `name` in the first flag word."""
+    plan = _PLAN_BY_NAME[name]
+    if plan.word != 0:
+        raise ValueError(f"{name} is not in the first flag word")
+    return plan.mask

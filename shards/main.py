@@ -23,7 +23,7 @@ from storage.shardstore import ShardStore
 
 from . import records as r
 from .persister import Persister
-from .queue import Delivered, Destroyed, Persist, Queue, Remove
+from .queue import Delivered, Destroyed, Persist, Queue, Refused, Remove
 from .ring import Ring, RingSpec
 from .stats import StatsLog
 
@@ -51,7 +51,7 @@ class Shard:
         self.stats = stats
         started = time.monotonic()
         stats.event("shard_started")
-        self.queues: dict[int, Queue] = {q.qid: q for q in persister.recover()}
+        self.queues: dict[int, Queue] = {q.qid: q for q in persister.recover(time.monotonic())}
         stats.event("shard_recovered", recovery_seconds=round(time.monotonic() - started, 6),
                     queues=len(self.queues),
                     messages=sum(q.ready_count for q in self.queues.values()))
@@ -59,6 +59,12 @@ class Shard:
         self.outbox: list = []
         self.confirm_channels: list[int] = []
         self.confirm_seqs: list[int] = []
+        self.refused_channels: list[int] = []  # publishes a queue turned away (nacks)
+        self.refused_seqs: list[int] = []
+        self._refused = False
+        # Queues with timed work (message TTL, x-expires) and the earliest deadline.
+        self.timed: set[int] = {q.qid for q in self.queues.values() if _has_timers(q)}
+        self.next_timer: float | None = None
         self.running = True
         self.alarms: set[str] = set()
         self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # bodies in RAM
@@ -86,6 +92,36 @@ class Shard:
         before = queue.ram_bytes
         self._effects(queue.apply(cmd, now))
         self.ram_bytes += queue.ram_bytes - before
+        if _has_timers(queue) and not queue.deleted:
+            self.timed.add(queue.qid)
+
+    # -- timers ------------------------------------------------------------------
+
+    def run_timers(self, now: float) -> None:
+        """Give due queues their tick, then find the next deadline."""
+        if self.next_timer is not None and self.next_timer <= now:
+            for qid in list(self.timed):
+                queue = self.queues.get(qid)
+                if queue is None:
+                    continue
+                deadline = queue.next_deadline()
+                if deadline is not None and deadline <= now:
+                    before = queue.ram_bytes
+                    self._effects(queue.tick(now))
+                    self.ram_bytes += queue.ram_bytes - before
+        self.plan_timers()
+
+    def plan_timers(self) -> None:
+        deadlines = []
+        for qid in list(self.timed):
+            queue = self.queues.get(qid)
+            if queue is None:
+                self.timed.discard(qid)
+                continue
+            deadline = queue.next_deadline()
+            if deadline is not None:
+                deadlines.append(deadline)
+        self.next_timer = min(deadlines) if deadlines else None
 
     def check_resources(self, memory_limit: int, stored: bool) -> None:
         """Raise or clear this shard's alarms (publishers are blocked while any is on)."""
@@ -100,23 +136,31 @@ class Shard:
 
     def take_confirms(self, stored: bool) -> list:
         """This turn's confirms, to send once its writes are durable (or nacks)."""
-        if not self.confirm_seqs:
-            return []
-        kind = r.Confirmed if stored else r.Rejected
-        confirms = [kind(self.confirm_channels, self.confirm_seqs)]
-        self.confirm_channels, self.confirm_seqs = [], []
+        confirms = []
+        if self.confirm_seqs:
+            kind = r.Confirmed if stored else r.Rejected
+            confirms.append(kind(self.confirm_channels, self.confirm_seqs))
+            self.confirm_channels, self.confirm_seqs = [], []
+        if self.refused_seqs:
+            confirms.append(r.Rejected(self.refused_channels, self.refused_seqs))
+            self.refused_channels, self.refused_seqs = [], []
         return confirms
 
     def handle(self, cmd, now: float) -> None:
         kind = type(cmd)
         if kind is r.Publish:
+            self._refused = False
             for qid in cmd.qids:
                 queue = self.queues.get(qid)
                 if queue is not None:
                     self._apply(queue, cmd, now)
             if cmd.confirm_channel:
-                self.confirm_channels.append(cmd.confirm_channel)
-                self.confirm_seqs.append(cmd.confirm_seq)
+                if self._refused:  # a queue at its limit with x-overflow reject-publish
+                    self.refused_channels.append(cmd.confirm_channel)
+                    self.refused_seqs.append(cmd.confirm_seq)
+                else:
+                    self.confirm_channels.append(cmd.confirm_channel)
+                    self.confirm_seqs.append(cmd.confirm_seq)
         elif kind is r.CreateQueue:
             if cmd.qid not in self.queues:
                 queue = self.queues[cmd.qid] = Queue(cmd)
@@ -164,11 +208,13 @@ class Shard:
         for effect in effects:
             kind = type(effect)
             if kind is Persist:
-                persister.persist(effect.qid, effect.messages)
+                persister.persist(effect.qid, effect.messages, effect.rich)
             elif kind is Remove:
                 persister.remove(effect.qid, effect.seqs)
             elif kind is Delivered:
-                persister.mark_delivered(effect.qid, effect.seq)
+                persister.mark_delivered(effect.qid, effect.seq, effect.rich)
+            elif kind is Refused:
+                self._refused = True
             elif kind is Destroyed:
                 queue = self.queues.pop(effect.qid, None)
                 persister.delete_queue(effect.qid)
@@ -176,6 +222,10 @@ class Shard:
                     self.stats.event("queue_deleted", vhost=queue.vhost, queue=queue.name)
             else:
                 self.outbox.append(effect)
+
+
+def _has_timers(queue: Queue) -> bool:
+    return queue.may_expire or queue.expires_after is not None
 
 
 def _event_records(events: list) -> list[bytes]:
@@ -206,17 +256,23 @@ def serve(spec: ShardSpec) -> None:
                     events.clear_space_doorbell()
                 continue
         batches = commands.read_many()
-        if not batches:
+        now = time.monotonic()
+        timers_due = shard.next_timer is not None and shard.next_timer <= now
+        if not batches and not timers_due:
             stats.tick(time.time(), shard.queues.values())
             if commands.sleep():
-                # Wake at least once an interval, so an idle shard still logs.
-                _wait(poller, None, spec.lifeline_fd, spec.stats_interval)
+                # Wake at least once an interval, so an idle shard still logs, and
+                # in time for the next queue timer.
+                timeout = spec.stats_interval
+                if shard.next_timer is not None:
+                    timeout = max(0.0, min(timeout, shard.next_timer - now))
+                _wait(poller, None, spec.lifeline_fd, timeout)
                 commands.clear_data_doorbell()
             continue
-        now = time.monotonic()
         for batch in batches:
             for cmd in r.decode_commands(batch):
                 shard.handle(cmd, now)
+        shard.run_timers(now)
         # Deliveries and replies go out at once; confirms only after the fsync.
         _send(events, pending, shard.take_events())
         stored = shard.commit()

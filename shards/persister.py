@@ -36,8 +36,10 @@ class Persister:
 
     # -- recovery --------------------------------------------------------------
 
-    def recover(self) -> list[Queue]:
-        """Rebuild every stored queue's index from its store, in sequence order."""
+    def recover(self, now: float) -> list[Queue]:
+        """Rebuild every stored queue's index from its store, in sequence order.
+        Only tracked queues (TTL, length in bytes, priorities) and messages with an
+        expiration of their own need their properties read back."""
         queues = []
         for store in self.stores.values():
             for stored in store.queues():
@@ -45,8 +47,14 @@ class Persister:
                                             stored.durable, stored.exclusive,
                                             stored.auto_delete, stored.arguments))
                 self._store_of[stored.qid] = store
-                for seq, delivered, _delivery_count, _acquired in store.recover(stored.qid):
-                    queue.enqueue_recovered(Message(seq, None, True, delivered))
+                for seq, delivered, _delivery_count, _acquired, rich in store.recover(stored.qid):
+                    if queue.tracked or rich:
+                        content = store.read(stored.qid, seq)
+                        msg = queue.recovered_message(seq, delivered, content.properties,
+                                                      len(content.body), now)
+                    else:
+                        msg = Message(seq, None, True, delivered)
+                    queue.enqueue_recovered(msg)
                 queues.append(queue)
         return queues
 
@@ -70,10 +78,12 @@ class Persister:
             self._batch(qid).delete_queue(qid)
             del self._store_of[qid]
 
-    def persist(self, qid: int, messages: list[Message]) -> None:
+    def persist(self, qid: int, messages: list[Message], rich: bool = False) -> None:
         batch = self._batch(qid)
         for msg in messages:
             batch.put_message(qid, msg.seq, StoredMessage(*msg.content))
+            if rich:
+                batch.mark_rich(qid, msg.seq)
         self._written.extend((qid, msg) for msg in messages)
 
     def remove(self, qid: int, seqs: list[int]) -> None:
@@ -81,8 +91,8 @@ class Persister:
         for seq in seqs:
             batch.delete_message(qid, seq)
 
-    def mark_delivered(self, qid: int, seq: int) -> None:
-        self._batch(qid).mark_delivered(qid, seq)
+    def mark_delivered(self, qid: int, seq: int, rich: bool = False) -> None:
+        self._batch(qid).mark_delivered(qid, seq, rich)
 
     def commit(self, evict) -> bool:
         """Make this turn's writes durable: one transaction and one fsync per store,
@@ -114,7 +124,8 @@ class Persister:
     def fill(self, events: list) -> None:
         """Read back the content of stored messages that go out in these events."""
         wanted = [e for e in events
-                  if (type(e) is r.Deliver or type(e) is r.GetReply) and e.body is None]
+                  if (type(e) is r.Deliver or type(e) is r.GetReply or type(e) is r.DeadLettered)
+                  and e.body is None]
         by_store: dict[ShardStore, list] = {}
         for event in wanted:
             by_store.setdefault(self._store_of.get(event.qid, self.home), []).append(event)

@@ -11,12 +11,20 @@ after basic.get) -> settled. A returned (requeued) message goes back to its
 original position: messages leave the ready deque in sequence order, so every
 checked-out message is older than every message still in the deque, and a
 small heap of returned messages, served first, restores the original order.
+
+A message leaves without being delivered when it expires (x-message-ttl or its
+own expiration, noticed at the head of the queue), when x-max-length or
+x-max-length-bytes drops it from the head, or when a consumer rejects it without
+requeueing; with x-dead-letter-exchange it is then handed back to the gateway
+(DeadLettered) to be republished there.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
+
+from gateway.properties import PropertiesError, peek_expiration, peek_priority
 
 from . import records as r
 
@@ -45,6 +53,73 @@ class Message:
         return self.seq < other.seq
 
 
+class RichMessage(Message):
+    """A message of a queue that needs more than the four slots: an expiry time
+    (monotonic seconds, or None), the body size (for x-max-length-bytes, once the
+    body left RAM) and a priority (x-max-priority). Plain queues never pay for
+    these slots."""
+
+    __slots__ = ("expires", "size", "priority")
+
+    def __init__(self, seq: int, content: tuple | None, stored: bool, redelivered: bool,
+                 expires: float | None, size: int, priority: int):
+        super().__init__(seq, content, stored, redelivered)
+        self.expires = expires
+        self.size = size
+        self.priority = priority
+
+    def __lt__(self, other: "Message") -> bool:  # heap order: higher priority, then older
+        return (-self.priority, self.seq) < (-getattr(other, "priority", 0), other.seq)
+
+
+class PriorityReady:
+    """The ready messages of a priority queue: one deque per priority, served
+    highest first; the same interface as the deque of a plain queue."""
+
+    __slots__ = ("levels", "order", "count")
+
+    def __init__(self):
+        self.levels: dict[int, deque] = {}
+        self.order: list[int] = []  # priorities present, highest first
+        self.count = 0
+
+    def append(self, msg: RichMessage) -> None:
+        level = self.levels.get(msg.priority)
+        if level is None:
+            level = self.levels[msg.priority] = deque()
+            self.order = sorted(self.levels, reverse=True)
+        level.append(msg)
+        self.count += 1
+
+    def __getitem__(self, index: int) -> RichMessage:
+        if index != 0 or not self.count:
+            raise IndexError(index)
+        for priority in self.order:
+            if self.levels[priority]:
+                return self.levels[priority][0]
+        raise IndexError(index)
+
+    def popleft(self) -> RichMessage:
+        for priority in self.order:
+            level = self.levels[priority]
+            if level:
+                self.count -= 1
+                return level.popleft()
+        raise IndexError("pop from an empty queue")
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        for priority in self.order:
+            yield from self.levels[priority]
+
+    def clear(self) -> None:
+        self.levels.clear()
+        self.order = []
+        self.count = 0
+
+
 NO_CONTENT = (None, None, None, None)  # to be read back from storage by the shard
 
 
@@ -64,13 +139,16 @@ class Consumer:
 
 
 class Persist:
-    """Storage effect: write these messages of a durable queue."""
+    """Storage effect: write these messages of a durable queue. `rich`: they
+    expire by themselves in a queue that does not track every message, so
+    recovery must read their properties."""
 
-    __slots__ = ("qid", "messages")
+    __slots__ = ("qid", "messages", "rich")
 
-    def __init__(self, qid: int, messages: list[Message]):
+    def __init__(self, qid: int, messages: list[Message], rich: bool = False):
         self.qid = qid
         self.messages = messages
+        self.rich = rich
 
 
 class Remove:
@@ -87,11 +165,22 @@ class Delivered:
     """Storage effect: a stored message went out for the first time, so after a
     crash it must come back marked redelivered."""
 
-    __slots__ = ("qid", "seq")
+    __slots__ = ("qid", "seq", "rich")
 
-    def __init__(self, qid: int, seq: int):
+    def __init__(self, qid: int, seq: int, rich: bool = False):
         self.qid = qid
         self.seq = seq
+        self.rich = rich
+
+
+class Refused:
+    """A publish this queue turned away (x-overflow reject-publish): the
+    publisher's confirm becomes a nack."""
+
+    __slots__ = ("qid",)
+
+    def __init__(self, qid: int):
+        self.qid = qid
 
 
 class Destroyed:
@@ -107,11 +196,12 @@ class QueueCounters:
     """Running totals for the shard's statistics log."""
 
     __slots__ = ("published", "published_bytes", "delivered", "redelivered", "acked",
-                 "rejected", "requeued")
+                 "rejected", "requeued", "expired", "dead_lettered", "dropped")
 
     def __init__(self):
         self.published = self.published_bytes = self.delivered = self.redelivered = 0
         self.acked = self.rejected = self.requeued = 0
+        self.expired = self.dead_lettered = self.dropped = 0
 
 
 def describe(vhost: str, name: str) -> str:
@@ -127,12 +217,10 @@ class Queue:
         self.durable = c.durable
         self.exclusive = c.exclusive
         self.auto_delete = c.auto_delete
-        self.arguments = c.arguments
         # Exclusive queues die with their connection, so they are never stored.
         self.stored = c.durable and not c.exclusive
         self.next_seq = 1
-        self.ready: deque[Message] = deque()
-        self.returned: list[Message] = []  # heap of requeued messages, by seq
+        self.returned: list[Message] = []  # heap of requeued messages
         self.holdings: dict[int, dict[int, Message]] = {}  # holder -> seq -> message
         self.consumers: dict[int, Consumer] = {}
         # Round-robin order per consumer priority; `priorities` lists the keys,
@@ -143,6 +231,28 @@ class Queue:
         self.deleted = False
         self.counters = QueueCounters()
         self.ram_bytes = 0  # bodies held in RAM (transient, or stored but not yet committed)
+        self.ready_bytes = 0  # bodies of ready messages (tracked queues only)
+        self.now = 0.0  # the time of the command being applied
+        self.last_used: float | None = None  # for x-expires
+        self.configure(c.arguments)
+        self.ready = PriorityReady() if self.max_priority is not None else deque()
+
+    def configure(self, arguments: dict) -> None:
+        """Take the queue's arguments (validated by the gateway)."""
+        self.arguments = arguments
+        ttl = arguments.get("x-message-ttl")
+        expires = arguments.get("x-expires")
+        self.message_ttl = ttl / 1000 if ttl is not None else None
+        self.expires_after = expires / 1000 if expires is not None else None
+        self.max_length = arguments.get("x-max-length")
+        self.max_bytes = arguments.get("x-max-length-bytes")
+        self.overflow = arguments.get("x-overflow", "drop-head")
+        self.max_priority = arguments.get("x-max-priority")
+        self.dead_letters = bool(arguments.get("x-dead-letter-exchange") is not None)
+        # Tracked queues keep every message as a RichMessage.
+        self.tracked = (self.message_ttl is not None or self.max_bytes is not None
+                        or self.max_priority is not None)
+        self.may_expire = self.message_ttl is not None
 
     # -- queries ---------------------------------------------------------------
 
@@ -154,9 +264,20 @@ class Queue:
     def unacked_count(self) -> int:
         return sum(len(h) for h in self.holdings.values())
 
-
     def _describe(self) -> str:
         return describe(self.vhost, self.name)
+
+    def next_deadline(self) -> float | None:
+        """When `tick` has work: the head message's expiry, or the moment an unused
+        queue expires. None when there is nothing to wait for."""
+        deadline = None
+        if self.may_expire:
+            msg = self._peek_next()
+            deadline = getattr(msg, "expires", None)
+        if self.expires_after is not None and not self.consumers and self.last_used is not None:
+            unused = self.last_used + self.expires_after
+            deadline = unused if deadline is None else min(deadline, unused)
+        return deadline
 
     # -- commands --------------------------------------------------------------
 
@@ -165,26 +286,92 @@ class Queue:
         handler = self._handlers.get(type(cmd))
         if handler is None or self.deleted:
             return []
+        self.now = now
+        if self.last_used is None or type(cmd) in _USES:
+            self.last_used = now
         effects: list = []
         handler(self, cmd, effects)
+        if self.may_expire and not self.deleted:
+            self._expire(effects)
+        return effects
+
+    def tick(self, now: float) -> list:
+        """Time passed: expire messages at the head, delete the queue if unused."""
+        if self.deleted:
+            return []
+        self.now = now
+        if self.last_used is None:
+            self.last_used = now
+        effects: list = []
+        if self.may_expire:
+            self._expire(effects)
+        if (self.expires_after is not None and not self.consumers
+                and now >= self.last_used + self.expires_after):
+            self._destroy(effects)
+            effects.append(r.QueueDeleted(self.qid))
         return effects
 
     def _publish(self, cmd: r.Publish, effects: list) -> None:
-        msg = Message(self.next_seq, (cmd.exchange, cmd.routing_key, cmd.properties, cmd.body),
-                      self.stored and cmd.persistent)
-        self.next_seq += 1
+        size = len(cmd.body)
+        content = (cmd.exchange, cmd.routing_key, cmd.properties, cmd.body)
+        if self.overflow != "drop-head" and self._at_limit():
+            effects.append(Refused(self.qid))
+            self.counters.dropped += 1
+            if self.overflow == "reject-publish-dlx":
+                self._dead_letter(Message(0, content), "maxlen", effects)
+            return
+        msg = self._new_message(content, cmd.persistent, cmd.expiration, cmd.priority, size)
         self.ready.append(msg)
+        if self.tracked:
+            self.ready_bytes += size
         self.counters.published += 1
-        self.counters.published_bytes += len(cmd.body)
-        self.ram_bytes += len(cmd.body)
+        self.counters.published_bytes += size
+        self.ram_bytes += size
         if msg.stored:
-            effects.append(Persist(self.qid, [msg]))
+            effects.append(Persist(self.qid, [msg], self._rich(msg)))
         self._dispatch(effects)
+        if self.max_length is not None or self.max_bytes is not None:
+            self._drop_over_limit(effects)
+
+    def _new_message(self, content: tuple, persistent: bool, expiration: int, priority: int,
+                     size: int) -> Message:
+        seq = self.next_seq
+        self.next_seq += 1
+        stored = self.stored and persistent
+        if not self.tracked and expiration < 0:
+            return Message(seq, content, stored)
+        ttl = self.message_ttl
+        if expiration >= 0:
+            ttl = expiration / 1000 if ttl is None else min(ttl, expiration / 1000)
+            self.may_expire = True
+        return RichMessage(seq, content, stored, False,
+                           None if ttl is None else self.now + ttl, size,
+                           min(priority, self.max_priority) if self.max_priority else 0)
 
     def enqueue_recovered(self, msg: Message) -> None:
         """Recovery from storage: append a stored message in sequence order."""
         self.ready.append(msg)
         self.next_seq = max(self.next_seq, msg.seq + 1)
+
+    def recovered_message(self, seq: int, delivered: bool, properties: bytes | None,
+                          size: int, now: float) -> Message:
+        """A stored message read back at recovery. Tracked queues need its
+        properties and size; its time to live starts again at recovery."""
+        if properties is None:
+            return Message(seq, None, True, delivered)
+        try:
+            expiration = peek_expiration(properties)
+            priority = peek_priority(properties) or 0
+        except PropertiesError:
+            expiration, priority = None, 0
+        ttl = self.message_ttl
+        if expiration is not None and expiration.isdigit():
+            ttl = int(expiration) / 1000 if ttl is None else min(ttl, int(expiration) / 1000)
+            self.may_expire = True
+        if self.tracked:
+            self.ready_bytes += size
+        return RichMessage(seq, None, True, delivered, None if ttl is None else now + ttl, size,
+                           min(priority, self.max_priority) if self.max_priority else 0)
 
     def _status(self, cmd: r.QueueStatus, effects: list) -> None:
         effects.append(r.Reply(cmd.req, message_count=self.ready_count,
@@ -211,7 +398,7 @@ class Queue:
         self._maybe_auto_delete(effects)
 
     def _get(self, cmd: r.Get, effects: list) -> None:
-        msg = self._take_next()
+        msg = self._take_next(effects)
         if msg is None:
             effects.append(r.GetReply(cmd.req, self.qid))
             return
@@ -230,11 +417,12 @@ class Queue:
                 continue
             if cmd.outcome == r.SETTLE_REQUEUE:
                 self._return(msg)
+            elif cmd.outcome == r.SETTLE_ACK:
+                self.counters.acked += 1
+                self._settled(msg, effects)
             else:
-                if cmd.outcome == r.SETTLE_ACK:
-                    self.counters.acked += 1
-                else:
-                    self.counters.rejected += 1
+                self.counters.rejected += 1
+                self._dead_letter(msg, "rejected", effects)
                 self._settled(msg, effects)
         if not held:
             del self.holdings[cmd.holder]
@@ -285,12 +473,74 @@ class Queue:
 
     # -- internals -------------------------------------------------------------
 
-    def _take_next(self) -> Message | None:
-        if self.returned:
-            return heapq.heappop(self.returned)
-        if self.ready:
-            return self.ready.popleft()
-        return None
+    def _peek_next(self) -> Message | None:
+        returned, ready = self.returned, self.ready
+        if returned and (not ready or self.max_priority is None
+                         or returned[0].priority >= ready[0].priority):
+            return returned[0]
+        return ready[0] if ready else None
+
+    def _pop_next(self) -> Message | None:
+        """The next ready message: requeued ones first (they are older), or in a
+        priority queue the oldest of the highest priority."""
+        returned, ready = self.returned, self.ready
+        if returned and (not ready or self.max_priority is None
+                         or returned[0].priority >= ready[0].priority):
+            msg = heapq.heappop(returned)
+        elif ready:
+            msg = ready.popleft()
+        else:
+            return None
+        if self.tracked:
+            self.ready_bytes -= msg.size
+        return msg
+
+    def _take_next(self, effects: list) -> Message | None:
+        """The next message to hand out; expired ones met on the way are dropped.
+        One published this very instant is still deliverable (x-message-ttl 0
+        reaches a waiting consumer, as in RabbitMQ)."""
+        while True:
+            msg = self._pop_next()
+            if msg is None or not self.may_expire:
+                return msg
+            expires = getattr(msg, "expires", None)
+            if expires is None or expires >= self.now:
+                return msg
+            self._expired(msg, effects)
+
+    def _expire(self, effects: list) -> None:
+        """Drop the expired messages at the head."""
+        now = self.now
+        while True:
+            msg = self._peek_next()
+            expires = getattr(msg, "expires", None)
+            if expires is None or expires > now:
+                return
+            self._expired(self._pop_next(), effects)
+
+    def _expired(self, msg: Message, effects: list) -> None:
+        self.counters.expired += 1
+        self._dead_letter(msg, "expired", effects)
+        self._settled(msg, effects)
+
+    def _at_limit(self) -> bool:
+        return ((self.max_length is not None and self.ready_count >= self.max_length)
+                or (self.max_bytes is not None and self.ready_bytes >= self.max_bytes))
+
+    def _drop_over_limit(self, effects: list) -> None:
+        """x-overflow drop-head: drop (or dead-letter) from the head until within limits."""
+        while ((self.max_length is not None and self.ready_count > self.max_length)
+               or (self.max_bytes is not None and self.ready_bytes > self.max_bytes)):
+            msg = self._pop_next()
+            self.counters.dropped += 1
+            self._dead_letter(msg, "maxlen", effects)
+            self._settled(msg, effects)
+
+    def _dead_letter(self, msg: Message, reason: str, effects: list) -> None:
+        if self.dead_letters:
+            self.counters.dead_lettered += 1
+            effects.append(r.DeadLettered(self.qid, msg.seq, reason,
+                                          *(msg.content or NO_CONTENT)))
 
     def _hand_out(self, msg: Message, holder: int | None, effects: list) -> None:
         """A message goes out: to `holder` until settled, or settled now (no-ack)."""
@@ -302,11 +552,16 @@ class Queue:
             return
         self.holdings.setdefault(holder, {})[msg.seq] = msg
         if msg.stored and not msg.redelivered:
-            effects.append(Delivered(self.qid, msg.seq))
+            effects.append(Delivered(self.qid, msg.seq, self._rich(msg)))
+
+    def _rich(self, msg: Message) -> bool:
+        return not self.tracked and type(msg) is RichMessage
 
     def _return(self, msg: Message) -> None:
         self.counters.requeued += 1
         msg.redelivered = True
+        if self.tracked:
+            self.ready_bytes += msg.size
         heapq.heappush(self.returned, msg)
 
     def _settled(self, msg: Message, effects: list) -> None:
@@ -325,6 +580,7 @@ class Queue:
         dropped = list(self.returned) + list(self.ready)
         self.returned.clear()
         self.ready.clear()
+        self.ready_bytes = 0
         self.ram_bytes -= sum(len(m.content[3]) for m in dropped if m.content is not None)
         stored = [m.seq for m in dropped if m.stored]
         if stored:
@@ -356,6 +612,7 @@ class Queue:
         self.ready.clear()
         self.returned.clear()
         self.ram_bytes = 0
+        self.ready_bytes = 0
         self.deleted = True
         effects.append(Destroyed(self.qid))
 
@@ -383,8 +640,14 @@ class Queue:
             consumer = self._next_consumer()
             if consumer is None:
                 return
-            msg = self._take_next()
+            msg = self._take_next(effects)
+            if msg is None:
+                return
             consumer.credit -= 1
             effects.append(r.Deliver(consumer.holder, self.qid, msg.seq, msg.redelivered,
                                      *(msg.content or NO_CONTENT)))
             self._hand_out(msg, None if consumer.no_ack else consumer.holder, effects)
+
+
+# Commands that count as using a queue (x-expires counts from the last of them).
+_USES = frozenset({r.QueueStatus, r.Consume, r.Cancel, r.Get, r.ReleaseHolders})

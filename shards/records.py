@@ -66,6 +66,8 @@ class Publish(_Record, tag=5):
     persistent: bool
     confirm_channel: int = 0  # the publishing channel's id when it is in confirm mode
     confirm_seq: int = 0  # its publish sequence number
+    expiration: int = -1  # the message's own time to live in ms (-1: none)
+    priority: int = 0  # the priority property, for priority queues
 
 
 class Consume(_Record, tag=6):
@@ -197,6 +199,20 @@ class Alarm(_Record, tag=57):
     active: bool
 
 
+class DeadLettered(_Record, tag=58):
+    """A message left a queue that has a dead-letter exchange: rejected without
+    requeue, expired, or dropped by its length limit ('rejected', 'expired',
+    'maxlen'). The gateway republishes it there with its x-death history."""
+
+    qid: int
+    seq: int
+    reason: str
+    exchange: str | None
+    routing_key: str | None
+    properties: bytes | None
+    body: bytes | None
+
+
 class QueueDeleted(_Record, tag=55):
     """The shard deleted a queue by itself (auto-delete after the last consumer)."""
 
@@ -207,7 +223,8 @@ Command = (
     CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
     | Get | Settle | Grant | ReleaseHolders | Stop
 )
-Event = Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted | Alarm
+Event = (Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted
+         | Alarm | DeadLettered)
 
 _command_encoder = msgspec.msgpack.Encoder()
 _command_batch_decoder = msgspec.msgpack.Decoder(list[Command])

@@ -5,10 +5,11 @@ cursor walks a queue in order. Three databases:
 
     queues     qid            -> StoredQueue
     messages   qid + seq      -> StoredMessage (content; read back on delivery)
-    marks      qid + seq      -> (delivered, delivery_count, acquired_count)
+    marks      qid + seq      -> (delivered, delivery_count, acquired_count, rich)
 
-`marks` exists only for messages that went out at least once; recovery reads
-the keys of `messages` and the small `marks` values, never the bodies.
+`marks` exists only for messages that went out at least once, or that carry
+their own expiration (`rich`: recovery reads their properties); recovery reads
+the keys of `messages` and the small `marks` values, and no other bodies.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class _Mark(msgspec.Struct, array_like=True):
     delivered: bool = True
     delivery_count: int = 0
     acquired_count: int = 0
+    rich: bool = False  # recovery must read its properties (it expires by itself)
 
 
 class StoreFull(Exception):
@@ -87,9 +89,16 @@ class WriteBatch:
         if self.puts.pop(key, None) is None:  # written and deleted in one turn: nothing to do
             self.deletes.add(key)
 
-    def mark_delivered(self, qid: int, seq: int) -> None:
+    def mark_delivered(self, qid: int, seq: int, rich: bool = False) -> None:
         key = _key.pack(qid, seq)
-        self.marks.setdefault(key, _Mark())
+        mark = self.marks.get(key)
+        if mark is None:
+            self.marks[key] = _Mark(rich=rich)
+        else:
+            mark.delivered = True
+
+    def mark_rich(self, qid: int, seq: int) -> None:
+        self.marks[_key.pack(qid, seq)] = _Mark(delivered=False, rich=True)
 
     def update_counts(self, qid: int, seq: int, delivery_count: int, acquired_count: int) -> None:
         self.marks[_key.pack(qid, seq)] = _Mark(True, delivery_count, acquired_count)
@@ -159,9 +168,9 @@ class ShardStore:
         with self.env.begin() as txn:
             return [self._queue_decoder.decode(v) for _, v in txn.cursor(db=self._queues)]
 
-    def recover(self, qid: int) -> Iterator[tuple[int, bool, int, int]]:
-        """(seq, delivered, delivery_count, acquired_count) of a queue, in order,
-        without decoding bodies."""
+    def recover(self, qid: int) -> Iterator[tuple[int, bool, int, int, bool]]:
+        """(seq, delivered, delivery_count, acquired_count, rich) of a queue, in
+        order, without decoding bodies."""
         prefix = _qid.pack(qid)
         with self.env.begin() as txn:
             marks = {}
@@ -180,9 +189,10 @@ class ShardStore:
                 mark = marks.get(key)
                 seq = _key.unpack(key)[1]
                 if mark is None:
-                    yield seq, False, 0, 0
+                    yield seq, False, 0, 0, False
                 else:
-                    yield seq, mark.delivered, mark.delivery_count, mark.acquired_count
+                    yield (seq, mark.delivered, mark.delivery_count, mark.acquired_count,
+                           mark.rich)
 
     def read(self, qid: int, seq: int) -> StoredMessage | None:
         return self.read_many([(qid, seq)])[0]

@@ -1,0 +1,121 @@
+"""Queue and exchange declaration arguments: validation and equivalence, with
+RabbitMQ's texts (`invalid arg ...`, `inequivalent arg ...`)."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+
+from . import spec
+from .errors import AMQPError
+
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+QUEUE_TYPES = ("classic",)  # quorum and stream come with the queue-types work
+MAX_PRIORITY = 255
+
+
+def type_name(value) -> str:
+    """The field-table type RabbitMQ names in its texts."""
+    if value is None:
+        return "void"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "signedint" if -(1 << 31) <= value < (1 << 31) else "long"
+    if isinstance(value, (str, bytes)):
+        return "longstr"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, decimal.Decimal):
+        return "decimal"
+    if isinstance(value, datetime.datetime):
+        return "timestamp"
+    if isinstance(value, dict):
+        return "table"
+    return "array"
+
+
+def _integer(minimum: int, maximum: int | None = None):
+    def check(value) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{{unacceptable_type,{type_name(value)}}}"
+        if value < minimum:
+            return "{value_zero,0}" if value == 0 else f"{{value_negative,{value}}}"
+        if maximum is not None and value > maximum:
+            return f"{{value_too_large,{value},{maximum}}}"
+        return None
+    return check
+
+
+def _string(value) -> str | None:
+    if not isinstance(value, (str, bytes)):
+        return f"{{unacceptable_type,{type_name(value)}}}"
+    return None
+
+
+def _one_of(choices: tuple[str, ...], error: str):
+    def check(value) -> str | None:
+        if not isinstance(value, str):
+            return f"{{unacceptable_type,{type_name(value)}}}"
+        if value not in choices:
+            return f"{{{error},<<\"{value}\">>}}"
+        return None
+    return check
+
+
+def _boolean(value) -> str | None:
+    return None if isinstance(value, bool) else f"{{unacceptable_type,{type_name(value)}}}"
+
+
+# Arguments RabbitMQ validates, and requires to be equal on redeclaration.
+QUEUE_ARGUMENTS = {
+    "x-expires": _integer(1),
+    "x-message-ttl": _integer(0),
+    "x-dead-letter-exchange": _string,
+    "x-dead-letter-routing-key": _string,
+    "x-max-length": _integer(0),
+    "x-max-length-bytes": _integer(0),
+    "x-max-priority": _integer(0, MAX_PRIORITY),
+    "x-overflow": _one_of(OVERFLOW_MODES, "unknown_overflow"),
+    "x-queue-type": _one_of(QUEUE_TYPES, "unsupported_queue_type"),
+    "x-queue-mode": _one_of(("default", "lazy"), "unknown_queue_mode"),
+    "x-single-active-consumer": _boolean,
+}
+EXCHANGE_ARGUMENTS = {
+    "alternate-exchange": _string,
+}
+
+
+def validate(arguments: dict, known: dict, what: str) -> None:
+    for name, check in known.items():
+        if name in arguments:
+            error = check(arguments[name])
+            if error:
+                raise AMQPError(spec.PRECONDITION_FAILED, f"invalid arg '{name}' for {what}: {error}")
+    if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+        raise AMQPError(spec.PRECONDITION_FAILED,
+                        f"invalid arg 'x-dead-letter-routing-key' for {what}: "
+                        "{dead_letter_routing_key_requires_exchange}")
+
+
+def assert_equivalent(received: dict, current: dict, known: dict, what: str) -> None:
+    """406 when a redeclaration changes an argument RabbitMQ compares."""
+    for name in known:
+        new, old = received.get(name, _ABSENT), current.get(name, _ABSENT)
+        if new is _ABSENT and old is _ABSENT:
+            continue
+        if new is _ABSENT or old is _ABSENT or new != old or type_name(new) != type_name(old):
+            raise AMQPError(spec.PRECONDITION_FAILED,
+                            f"inequivalent arg '{name}' for {what}: received {_describe(new)} "
+                            f"but current is {_describe(old)}")
+
+
+_ABSENT = object()
+
+
+def _describe(value) -> str:
+    if value is _ABSENT:
+        return "none"
+    shown = str(value).lower() if isinstance(value, bool) else (
+        value.decode() if isinstance(value, bytes) else value)
+    return f"the value '{shown}' of type '{type_name(value)}'"

@@ -1,0 +1,29 @@
+"""Direct reply-to (RabbitMQ's amq.rabbitmq.reply-to): RPC replies go straight
+to the requesting channel's consumer, with no reply queue.
+
+A channel consuming from the pseudo-queue `amq.rabbitmq.reply-to` (no-ack) gets
+a random key; its requests carry `amq.rabbitmq.reply-to.<key>` as reply_to, and
+a reply published to the default exchange with that routing key is delivered
+to the channel at once, or dropped if the channel is gone.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+REPLY_QUEUE = "amq.rabbitmq.reply-to"
+_PREFIX = REPLY_QUEUE + "."
+
+
+def is_reply_queue(name: str) -> bool:
+    return name == REPLY_QUEUE or name.startswith(_PREFIX)
+
+
+def new_address() -> tuple[str, str]:
+    """(key, reply-to address) for a channel's reply consumer."""
+    key = secrets.token_urlsafe(18)
+    return key, _PREFIX + key
+
+
+def key_of(address: str) -> str | None:
+    return address[len(_PREFIX):] if address.startswith(_PREFIX) else None
