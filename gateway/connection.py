@@ -36,6 +36,8 @@ CAPABILITIES = {
     "consumer_priorities": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
+    "exchange_exchange_bindings": True,
+    "direct_reply_to": True,
 }
 
 # Handshake states

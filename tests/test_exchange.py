@@ -1,0 +1,135 @@
+"""Exchanges as pure data: bindings, headers matching, routing through exchange
+bindings and alternates, and the one-record-per-shard fan-out."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.broker import Broker, QueueMeta, VHost
+from gateway.exchange import EXCHANGE, QUEUE, Exchange, headers_match
+from shards import records as r
+
+HEADER_CASES = [
+    ({"x-match": "all", "a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, True),
+    ({"x-match": "all", "a": 1, "b": 2}, {"a": 1}, False),
+    ({"x-match": "any", "a": 1, "b": 2}, {"b": 2}, True),
+    ({"x-match": "any", "a": 1}, {"a": 2}, False),
+    ({"a": 1}, {"a": 1}, True),  # all is the default
+    ({"x-match": "all"}, {}, True),
+    ({"x-match": "any"}, {"a": 1}, False),
+    ({"x-match": "all", "a": None}, {"a": "anything"}, True),  # void: presence only
+    ({"x-match": "all", "a": None}, {}, False),
+    ({"x-match": "all", "x-k": 1}, {}, True),  # x- arguments ignored by all/any
+    ({"x-match": "all-with-x", "x-k": 1}, {}, False),
+    ({"x-match": "all-with-x", "x-k": 1}, {"x-k": 1}, True),
+    ({"x-match": "any", "k": 1}, {"x-k": 1}, False),
+    ({"x-match": "any-with-x", "x-k": 1, "k": 2}, {"x-k": 1}, True),
+    ({"x-match": "all", "flag": True}, {"flag": 1}, False),  # booleans are not numbers
+    ({"x-match": "all", "s": "v"}, {"s": "v"}, True),
+]
+
+
+@pytest.mark.parametrize("binding,headers,expected", HEADER_CASES)
+def test_headers_match(binding, headers, expected):
+    assert headers_match(binding, headers) is expected
+
+
+def test_bindings_differ_by_arguments_and_unbind_exactly():
+    x = Exchange("/", "h", "headers")
+    q = (QUEUE, "q")
+    assert x.bind(q, "", {"k": 1})
+    assert x.bind(q, "", {"k": 2})
+    assert not x.bind(q, "", {"k": 1})  # the same binding again
+    assert x.route("", lambda: {"k": 2}) == {q}
+    assert x.unbind(q, "", {"k": 2})
+    assert not x.unbind(q, "", {"k": 2})
+    assert x.route("", lambda: {"k": 2}) == set()
+    assert x.route("", lambda: {"k": 1}) == {q}
+
+
+def test_topic_binding_stays_while_another_with_other_arguments_remains():
+    x = Exchange("/", "t", "topic")
+    q = (QUEUE, "q")
+    x.bind(q, "a.*", {})
+    x.bind(q, "a.*", {"note": "second"})
+    x.unbind(q, "a.*", {})
+    assert x.route("a.b", dict) == {q}
+    x.unbind(q, "a.*", {"note": "second"})
+    assert x.route("a.b", dict) == set()
+
+
+def test_headers_are_decoded_only_for_headers_exchanges():
+    def explode() -> dict:
+        raise AssertionError("headers decoded for a direct exchange")
+
+    x = Exchange("/", "d", "direct")
+    x.bind((QUEUE, "q"), "k", {})
+    assert x.route("k", explode) == {(QUEUE, "q")}
+
+
+class RecordingLink:
+    """Stands in for a shard link: remembers the records sent to it."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.alive = True
+        self.records = []
+
+    def send(self, record, feeder=None) -> None:
+        self.records.append(record)
+
+
+def make_broker(shards: int) -> tuple[Broker, VHost]:
+    broker = Broker("/nonexistent", shards)
+    broker.links = [RecordingLink(i) for i in range(shards)]
+    return broker, broker.vhosts["/"]
+
+
+def add_queue(broker: Broker, vhost: VHost, name: str, shard: int) -> QueueMeta:
+    meta = QueueMeta(len(broker.queues_by_qid) + 1, "/", name, shard, False, None, False, {})
+    vhost.queues[name] = broker.queues_by_qid[meta.qid] = meta
+    return meta
+
+
+def test_fanout_to_a_hundred_queues_is_one_record_per_shard():
+    broker, vhost = make_broker(4)
+    fan = Exchange("/", "fan", "fanout", durable=False)
+    vhost.exchanges["fan"] = fan
+    for i in range(100):
+        meta = add_queue(broker, vhost, f"q{i}", i % 4)
+        broker.bind(fan, (QUEUE, meta.name), "", {})
+    targets = broker.route(vhost, fan, "", dict)
+    assert len(targets) == 100
+    broker.publish(targets, "fan", "", b"\x00\x00", b"body", False, -1, 0)
+    for link in broker.links:
+        [record] = link.records
+        assert isinstance(record, r.Publish)
+        assert len(record.qids) == 25
+
+
+def test_routing_through_exchange_bindings_and_alternates():
+    broker, vhost = make_broker(1)
+    for name, kind, args in [("front", "topic", {"alternate-exchange": "ae"}),
+                             ("back", "direct", {}), ("ae", "fanout", {})]:
+        vhost.exchanges[name] = Exchange("/", name, kind, durable=False, arguments=args)
+    add_queue(broker, vhost, "orders", 0)
+    add_queue(broker, vhost, "lost", 0)
+    broker.bind(vhost.exchanges["front"], (EXCHANGE, "back"), "orders.#", {})
+    broker.bind(vhost.exchanges["back"], (QUEUE, "orders"), "orders.new", {})
+    broker.bind(vhost.exchanges["ae"], (QUEUE, "lost"), "", {})
+    route = lambda key: sorted(m.name for m in broker.route(  # noqa: E731
+        vhost, vhost.exchanges["front"], key, dict))
+    assert route("orders.new") == ["orders"]
+    assert route("stock.new") == ["lost"]  # front routes nowhere: its alternate takes it
+    assert route("orders.old") == []  # front routed it (to back), so no alternate
+
+
+def test_deleting_a_queue_removes_its_bindings_and_auto_deletes_the_exchange():
+    broker, vhost = make_broker(1)
+    x = Exchange("/", "ad", "direct", durable=False, auto_delete=True)
+    vhost.exchanges["ad"] = x
+    meta = add_queue(broker, vhost, "q", 0)
+    broker.bind(x, (QUEUE, "q"), "k", {})
+    broker.forget_queue(meta)
+    assert "ad" not in vhost.exchanges
+    assert not vhost.inbound
