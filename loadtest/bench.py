@@ -1,0 +1,1054 @@
+"""Throughput and latency benchmark for AMQP 0-9-1 brokers: `warren bench` or
+`python -m loadtest.bench`.
+
+    python -m loadtest.bench --warren [--duration 10] [--scenarios a,b,...]
+    python -m loadtest.bench --url amqp://guest:guest@127.0.0.1:5672/%2F
+    python -m loadtest.bench --compare      # RabbitMQ (started for the occasion) vs Warren
+    python -m loadtest.bench --warren --quick   # ~1 s per scenario, for CI
+
+Every client (publisher or consumer) is its own process (multiprocessing, fork)
+running the fast client of loadtest.fastclient on the project's codec: messages
+are pre-encoded and sent in batches, deliveries parsed from the receive buffer,
+so one client process moves well over 100k small messages/s. Each body starts
+with the publish time (time.time_ns(), comparable across processes), from which
+consumers measure end-to-end latency; publishers measure confirm latency.
+
+To measure a sustainable rate rather than how fast a queue can grow, a
+publisher pauses while more than --max-lag of its messages are not yet consumed
+(shared counters; not in backlog-200k, which has no consumer while publishing).
+
+Output: one JSON line per scenario on stdout as each finishes (progress goes to
+stderr), then a table. With --compare also a comparison table and one JSON line
+per scenario with Warren/RabbitMQ ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue as queue_module
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from array import array
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from .fastclient import (DEFAULT_URL, AMQPError, ChannelClosed, ConnectionClosed, FastClient,
+                         Publisher, cpu_seconds)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCENARIOS: dict[str, str] = {
+    "transient-autoack": "1 pub -> 1 con, 100 B, non-durable queue, no-ack consumer",
+    "transient-ack": "1 -> 1, 100 B, non-durable, manual ack (prefetch, multiple every N)",
+    "persistent-confirm": "1 -> 1, 100 B persistent, durable queue, confirm window 1000, ack",
+    "confirm-each": "1 -> 1, 100 B persistent, durable queue, wait for each confirm, ack",
+    "fanout-4x4": "4 pubs -> 4 queues -> 4 cons (one queue per pair), 100 B, no-ack",
+    "large-64k": "1 -> 1, 64 KiB bodies, non-durable, no-ack",
+    "backlog-200k": "200k persistent 100 B confirmed into a durable queue, RSS, then drain",
+}
+
+# The figures of a row, in table order: (key, column title, format)
+FIGURES = [
+    ("published_per_s", "pub/s", "{:,.0f}"),
+    ("confirmed_per_s", "conf/s", "{:,.0f}"),
+    ("delivered_per_s", "deliv/s", "{:,.0f}"),
+    ("e2e_p50_ms", "e2e p50", "{:.2f}"),
+    ("e2e_p99_ms", "e2e p99", "{:.2f}"),
+    ("confirm_p50_ms", "conf p50", "{:.2f}"),
+    ("confirm_p99_ms", "conf p99", "{:.2f}"),
+    ("broker_rss_mb", "RSS MB", "{:,.0f}"),
+    ("broker_cpu_s", "brk CPU", "{:.1f}"),
+    ("client_cpu_s", "cli CPU", "{:.1f}"),
+]
+# Larger is better for these; smaller for the rest (latencies, memory, CPU).
+HIGHER_IS_BETTER = {"published_per_s", "confirmed_per_s", "delivered_per_s", "drain_per_s"}
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --- /proc: the broker's process tree --------------------------------------------------
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()  # fields from 3 (state) on
+
+
+def process_tree(root: int) -> list[int]:
+    """root and all its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _proc_stat(int(entry))
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+def _status_kb(pid: int, path: str, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/{path}") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def tree_memory(pids: list[int]) -> tuple[float, float]:
+    """(sum of VmRSS, sum of Pss) in MB over pids."""
+    rss = sum(_status_kb(pid, "status", "VmRSS:") for pid in pids)
+    pss = sum(_status_kb(pid, "smaps_rollup", "Pss:") for pid in pids)
+    return rss / 1024, pss / 1024
+
+
+def tree_cpu(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        fields = _proc_stat(pid)
+        if fields is not None:
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / CLOCK_TICKS
+
+
+def listener_pid(port: int) -> int | None:
+    """The local process listening on TCP `port`, if /proc lets us see it."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(fields[9])
+        except (OSError, StopIteration):
+            continue
+    if not inodes:
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                if os.readlink(f"/proc/{entry}/fd/{fd}") in wanted:
+                    return int(entry)
+        except OSError:
+            continue
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float, alive=lambda: True) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive():
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.25)
+    return False
+
+
+# --- brokers -----------------------------------------------------------------------------
+
+
+class Target:
+    """A broker to benchmark: its URL and, when local, the root of its process tree."""
+
+    label = "url"
+
+    def __init__(self, url: str):
+        self.url = url
+        self._root: int | None = None
+
+    def root_pid(self) -> int | None:
+        if self._root is None or not os.path.exists(f"/proc/{self._root}"):
+            from .fastclient import parse_url
+            host, port = parse_url(self.url)[:2]
+            if host in ("127.0.0.1", "localhost", "::1"):
+                self._root = listener_pid(port)
+        return self._root
+
+    def stop(self) -> None:
+        pass
+
+
+class WarrenTarget(Target):
+    label = "warren"
+
+    def __init__(self, shards: int | None = None, extra_args: list[str] | None = None):
+        self.tmp = tempfile.mkdtemp(prefix="warren-bench-")
+        self.shards = shards or os.cpu_count() or 1
+        self.log_path = Path(self.tmp) / "broker.log"
+        self.log_file = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data",
+             str(Path(self.tmp) / "data"), "--shards", str(self.shards), *(extra_args or [])],
+            stdout=subprocess.PIPE, stderr=self.log_file, cwd=ROOT)
+        line = _read_line(self.process.stdout, 60.0)
+        if "listening on amqp://" not in line:
+            self.stop()
+            raise RuntimeError(f"warren did not start: {line!r}\n"
+                               f"{self.log_path.read_text(errors='replace')[-3000:]}")
+        port = int(line.split("amqp://", 1)[1].split()[0].rsplit(":", 1)[1])
+        super().__init__(f"amqp://guest:guest@127.0.0.1:{port}/%2F")
+        self._root = self.process.pid
+        log(f"# started {line.strip()} (pid {self.process.pid})")
+
+    def root_pid(self) -> int | None:
+        return self.process.pid if self.process.poll() is None else None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+        self.log_file.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _read_line(stream, timeout: float) -> str:
+    import select
+
+    deadline = time.monotonic() + timeout
+    data = b""
+    fd = stream.fileno()
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            break
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
+
+
+RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+def ensure_rabbitmq_installed() -> None:
+    if Path("/usr/sbin/rabbitmq-server").exists() and (RABBIT_BIN / "rabbitmq-server").exists():
+        return
+    log("# rabbitmq-server is not installed: apt-get update && apt-get install -y rabbitmq-server")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update"], check=True, env=env, timeout=900,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "rabbitmq-server"], check=True, env=env,
+                   timeout=1800, stdout=subprocess.DEVNULL)
+
+
+class RabbitTarget(Target):
+    """A private RabbitMQ node: free ports, temp dirs, our own process group."""
+
+    label = "rabbitmq"
+
+    def __init__(self, start_timeout: float = 120.0):
+        ensure_rabbitmq_installed()
+        self.tmp = tempfile.mkdtemp(prefix="warren-bench-rabbit-")
+        self.port = free_port()
+        self.nodename = f"warrenbench-{os.getpid()}@localhost"
+        tmp = Path(self.tmp)
+        (tmp / "rabbitmq.conf").write_text(
+            "loopback_users = none\n"
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            # As Warren's default: 40% of RAM, and publishers blocked under 50 MB free disk.
+            "vm_memory_high_watermark.relative = 0.4\n"
+            "disk_free_limit.absolute = 50MB\n")
+        (tmp / "enabled_plugins").write_text("[].\n")
+        (tmp / "home").mkdir()
+        self.env = dict(
+            os.environ,
+            HOME=str(tmp / "home"),
+            RABBITMQ_NODENAME=self.nodename,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.port),
+            RABBITMQ_DIST_PORT=str(free_port()),
+            ERL_EPMD_PORT=str(free_port()),
+            RABBITMQ_CONFIG_FILE=str(tmp / "rabbitmq.conf"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(tmp / "enabled_plugins"),
+            RABBITMQ_MNESIA_BASE=str(tmp / "mnesia"),
+            RABBITMQ_MNESIA_DIR=str(tmp / "mnesia" / self.nodename),
+            RABBITMQ_LOG_BASE=str(tmp / "log"),
+            RABBITMQ_LOGS=str(tmp / "log" / "rabbit.log"),
+            RABBITMQ_PID_FILE=str(tmp / "rabbit.pid"),
+        )
+        self.env.pop("RABBITMQ_ALLOW_INPUT", None)  # any value, even "false", means a shell
+        self.log_file = open(tmp / "stdout.log", "ab")
+        self.process = subprocess.Popen([str(RABBIT_BIN / "rabbitmq-server")], env=self.env,
+                                        cwd=self.tmp, stdout=self.log_file,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+        super().__init__(f"amqp://guest:guest@127.0.0.1:{self.port}/%2F")
+        if not wait_for_port(self.port, start_timeout, lambda: self.process.poll() is None):
+            text = (tmp / "stdout.log").read_text(errors="replace")[-3000:]
+            self.stop()
+            raise RuntimeError(f"rabbitmq did not start within {start_timeout}s:\n{text}")
+        # The AMQP listener opens last, but give the node a moment to finish booting.
+        self._wait_amqp(30.0)
+        version = self._version()
+        log(f"# started RabbitMQ {version} node {self.nodename} on port {self.port} "
+            f"(pid {self.process.pid}, beam {self.root_pid()})")
+        self.version = version
+
+    def _wait_amqp(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                FastClient(self.url, timeout=5).close()
+                return
+            except (OSError, AMQPError, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _version(self) -> str:
+        try:
+            client = FastClient(self.url, timeout=5)
+            version = client.server_properties.get("version", b"?")
+            client.close()
+            return version.decode() if isinstance(version, bytes) else str(version)
+        except (OSError, AMQPError, TimeoutError):
+            return "?"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                subprocess.run([str(RABBIT_BIN / "rabbitmqctl"), "-n", self.nodename, "stop"],
+                               env=self.env, timeout=60, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+            except (subprocess.TimeoutExpired, OSError):
+                pass
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(15)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.process.wait()
+        # The node's private epmd (on its own port) outlives the node: stop it too.
+        epmd = shutil.which("epmd") or "/usr/lib/erlang/bin/epmd"
+        try:
+            subprocess.run([epmd, "-kill"], env=self.env, timeout=10,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.log_file.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# --- client processes ----------------------------------------------------------------------
+
+
+def _publisher_child(spec: dict, shared: SimpleNamespace, results) -> None:
+    pair = spec["pair"]
+    client = None
+    try:
+        client = FastClient(spec["url"], timeout=spec["io_timeout"], name=f"bench-pub-{pair}")
+        channel = client.open_channel()
+        if spec["confirm_window"]:
+            client.confirm_select(channel)
+        publisher = Publisher(channel, "", spec["queue"], spec["body"], spec["persistent"],
+                              client.frame_max)
+        results.put(("ready", "pub", pair, None))
+        if not shared.go.wait(spec["setup_timeout"]) or shared.abort.is_set():
+            raise TimeoutError("never told to go")
+        delivered = shared.delivered
+        published = shared.published
+
+        def on_published(count: int) -> None:
+            published[pair] = count
+
+        stats = client.publish_loop(
+            publisher, duration=spec["duration"], limit=spec["limit"],
+            confirm_window=spec["confirm_window"], batch=spec["batch"],
+            lag=(lambda sent: sent - delivered[pair]) if spec["max_lag"] else None,
+            max_lag=spec["max_lag"], should_stop=shared.abort.is_set,
+            confirm_timeout=spec["drain_timeout"], on_published=on_published,
+            rate=spec.get("rate") or 0.0)
+        published[pair] = stats["published"]
+        shared.pub_done[pair] = 1
+        stats["confirm_latency_us"] = stats["confirm_latency_us"].tobytes()
+        client.close()
+        client = None
+        stats["cpu_s"] = cpu_seconds()
+        results.put(("result", "pub", pair, stats))
+    except BaseException as error:  # noqa: BLE001 - reported to the parent
+        shared.pub_done[pair] = 1
+        results.put(("error", "pub", pair, _describe(error)))
+    finally:
+        if client is not None:
+            client.abort()
+
+
+def _consumer_child(spec: dict, shared: SimpleNamespace, results) -> None:
+    pair = spec["pair"]
+    client = None
+    try:
+        client = FastClient(spec["url"], timeout=spec["io_timeout"], name=f"bench-con-{pair}")
+        channel = client.open_channel()
+        if spec["prefetch"]:
+            client.qos(channel, spec["prefetch"])
+        client.consume(channel, spec["queue"], no_ack=spec["no_ack"])
+        results.put(("ready", "con", pair, None))
+        if not shared.go.wait(spec["setup_timeout"]) or shared.abort.is_set():
+            raise TimeoutError("never told to go")
+        published, delivered, pub_done = shared.published, shared.delivered, shared.pub_done
+        abort = shared.abort
+
+        def should_stop(count: int) -> bool:
+            return (pub_done[pair] and count >= published[pair]) or abort.is_set()
+
+        def on_delivered(count: int) -> None:
+            delivered[pair] = count
+
+        stats = client.consume_loop(channel, no_ack=spec["no_ack"], ack_every=spec["ack_every"],
+                                    should_stop=should_stop,
+                                    deadline=time.monotonic() + spec["consume_timeout"],
+                                    on_delivered=on_delivered)
+        stats["e2e_latency_us"] = stats["e2e_latency_us"].tobytes()
+        client.close()
+        client = None
+        stats["cpu_s"] = cpu_seconds()
+        results.put(("result", "con", pair, stats))
+    except BaseException as error:  # noqa: BLE001
+        results.put(("error", "con", pair, _describe(error)))
+    finally:
+        if client is not None:
+            client.abort()
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, AMQPError):
+        return f"{type(error).__name__}: {error}"
+    return f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}"
+
+
+def run_phase(target: Target, pairs: list[dict], *, duration: float | None, limit: int | None,
+              drain_timeout: float, hard_timeout: float, options) -> dict[str, Any]:
+    """Run publishers and consumers of `pairs` (each: queue, pub spec or None, con spec or
+    None, expected = messages already there for a consumer-only pair) and collect stats."""
+    ctx = mp.get_context("fork")
+    n = len(pairs)
+    shared = SimpleNamespace(published=ctx.RawArray("q", n), delivered=ctx.RawArray("q", n),
+                             pub_done=ctx.RawArray("b", n), go=ctx.Event(), abort=ctx.Event())
+    results = ctx.Queue()
+    common = {"url": target.url, "io_timeout": 30.0, "setup_timeout": 60.0,
+              "drain_timeout": drain_timeout, "duration": duration, "limit": limit}
+    processes = []
+    for index, pair in enumerate(pairs):
+        if pair.get("pub") is None:
+            shared.published[index] = pair.get("expected", 0)
+            shared.pub_done[index] = 1
+        if pair.get("con") is not None:
+            spec = dict(common, **pair["con"], pair=index, queue=pair["queue"],
+                        consume_timeout=(duration or 0) + drain_timeout + (
+                            hard_timeout if duration is None else 0))
+            processes.append(ctx.Process(target=_consumer_child, args=(spec, shared, results),
+                                         name=f"bench-con-{index}", daemon=True))
+    for index, pair in enumerate(pairs):
+        if pair.get("pub") is not None:
+            spec = dict(common, **pair["pub"], pair=index, queue=pair["queue"])
+            processes.append(ctx.Process(target=_publisher_child, args=(spec, shared, results),
+                                         name=f"bench-pub-{index}", daemon=True))
+    for process in processes:
+        process.start()
+
+    stats: dict[tuple[str, int], dict] = {}
+    errors: list[str] = []
+    ready = 0
+    setup_deadline = time.monotonic() + 60
+    root = target.root_pid()
+    tree = process_tree(root) if root else []
+    rss_peak = pss_peak = 0.0
+    cpu_before = tree_cpu(tree) if tree else None
+    t0 = None
+    hard_deadline = None
+    last_sample = 0.0
+    finished = 0
+    try:
+        while finished < len(processes):
+            now = time.monotonic()
+            if t0 is None and (ready == len(processes) or errors):
+                if errors:
+                    shared.abort.set()
+                t0 = time.time()
+                hard_deadline = now + hard_timeout
+                shared.go.set()
+            if t0 is None and now > setup_deadline:
+                errors.append("clients did not get ready within 60 s")
+                shared.abort.set()
+                shared.go.set()
+                t0 = time.time()
+                hard_deadline = now + 10
+            if hard_deadline is not None and now > hard_deadline:
+                if not shared.abort.is_set():
+                    errors.append(f"hard timeout ({hard_timeout:.0f} s) reached")
+                    shared.abort.set()
+                    hard_deadline = now + 10
+                else:
+                    break
+            if tree and now - last_sample >= 0.5:
+                last_sample = now
+                rss, pss = tree_memory(tree)
+                rss_peak, pss_peak = max(rss_peak, rss), max(pss_peak, pss)
+            try:
+                kind, role, pair, payload = results.get(timeout=0.2)
+            except queue_module.Empty:
+                if not any(p.is_alive() for p in processes):
+                    # Give the queue's feeder a last chance, then stop waiting.
+                    try:
+                        kind, role, pair, payload = results.get(timeout=1.0)
+                    except queue_module.Empty:
+                        errors.append("client processes exited without reporting")
+                        break
+                else:
+                    continue
+            if kind == "ready":
+                ready += 1
+            elif kind == "result":
+                stats[(role, pair)] = payload
+                finished += 1
+            else:
+                errors.append(f"{role} {pair}: {payload}")
+                finished += 1
+                shared.abort.set()
+                shared.go.set()
+    finally:
+        shared.abort.set()
+        shared.go.set()
+        for process in processes:
+            process.join(5)
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+        results.close()
+    cpu_after = tree_cpu(tree) if tree else None
+    if tree:
+        rss, pss = tree_memory(process_tree(root))
+        rss_peak, pss_peak = max(rss_peak, rss), max(pss_peak, pss)
+    return {"stats": stats, "errors": errors, "t0": t0 or time.time(),
+            "broker_rss_mb": rss_peak or None, "broker_pss_mb": pss_peak or None,
+            "broker_cpu_s": (cpu_after - cpu_before) if cpu_before is not None else None}
+
+
+def _percentiles(chunks: list[bytes]) -> tuple[float | None, float | None]:
+    samples = array("q")
+    for chunk in chunks:
+        samples.frombytes(chunk)
+    if not samples:
+        return None, None
+    ordered = sorted(samples)
+    last = len(ordered) - 1
+    return ordered[int(0.50 * last)] / 1000, ordered[int(0.99 * last)] / 1000
+
+
+def summarize(phase: dict) -> dict[str, Any]:
+    """Figures of a phase: totals, rates over the phase's window, percentiles."""
+    t0 = phase["t0"]
+    pubs = [s for (role, _), s in phase["stats"].items() if role == "pub"]
+    cons = [s for (role, _), s in phase["stats"].items() if role == "con"]
+    published = sum(s["published"] for s in pubs)
+    confirmed = sum(s["confirmed"] for s in pubs)
+    delivered = sum(s["delivered"] for s in cons)
+    row: dict[str, Any] = {
+        "published": published, "confirmed": confirmed,
+        "nacked": sum(s["nacked"] for s in pubs), "delivered": delivered,
+        "published_per_s": None, "confirmed_per_s": None, "delivered_per_s": None,
+    }
+    if pubs and published:
+        window = max(s["t_end_publish"] for s in pubs) - t0
+        row["published_per_s"] = published / window if window > 0 else None
+        row["publish_seconds"] = round(window, 3)
+    if pubs and confirmed:
+        window = max(s["t_last_confirm"] for s in pubs) - t0
+        row["confirmed_per_s"] = confirmed / window if window > 0 else None
+    if cons and delivered:
+        window = max(s["t_last"] for s in cons if s["delivered"]) - t0
+        row["delivered_per_s"] = delivered / window if window > 0 else None
+        row["deliver_seconds"] = round(window, 3)
+    row["e2e_p50_ms"], row["e2e_p99_ms"] = _percentiles([s["e2e_latency_us"] for s in cons])
+    row["confirm_p50_ms"], row["confirm_p99_ms"] = _percentiles(
+        [s["confirm_latency_us"] for s in pubs])
+    row["broker_rss_mb"] = phase["broker_rss_mb"]
+    row["broker_pss_mb"] = phase["broker_pss_mb"]
+    row["broker_cpu_s"] = phase["broker_cpu_s"]
+    row["client_cpu_s"] = sum(s["cpu_s"] for s in pubs + cons)
+    row["publisher_blocked_s"] = round(sum(s.get("blocked_s", 0.0) for s in pubs), 3)
+    return row
+
+
+# --- scenarios ---------------------------------------------------------------------------------
+
+
+class Control:
+    """The benchmark's own connection for declaring and deleting queues."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.client: FastClient | None = None
+        self.channel = 0
+
+    def _ensure(self) -> FastClient:
+        if self.client is None:
+            self.client = FastClient(self.url, timeout=30, name="bench-control")
+            self.channel = self.client.open_channel()
+        return self.client
+
+    def declare(self, queue: str, durable: bool, queue_type: str | None) -> None:
+        client = self._ensure()
+        arguments = {"x-queue-type": queue_type} if queue_type else {}
+        try:
+            client.queue_declare(self.channel, queue, durable=durable, arguments=arguments)
+        except ChannelClosed:
+            self.channel = client.open_channel()
+            raise
+
+    def message_count(self, queue: str) -> int | None:
+        client = self._ensure()
+        try:
+            return client.queue_declare(self.channel, queue, passive=True).message_count
+        except ChannelClosed:
+            self.channel = client.open_channel()
+            return None
+
+    def delete(self, queue: str) -> None:
+        try:
+            client = self._ensure()
+            client.queue_delete(self.channel, queue)
+        except ChannelClosed:
+            self.channel = self.client.open_channel()
+        except (OSError, ConnectionClosed, TimeoutError):
+            self.close()
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
+def scenario_config(name: str, options) -> dict[str, Any]:
+    ack = {"no_ack": False, "prefetch": options.prefetch,
+           "ack_every": max(1, options.prefetch // 2)}
+    noack = {"no_ack": True, "prefetch": 0, "ack_every": 0}
+    transient = {"durable": False, "persistent": False, "confirm_window": 0, "queue_type": None}
+    durable = {"durable": True, "persistent": True, "queue_type": options.queue_type}
+    configs = {
+        "transient-autoack": dict(transient, **noack, pairs=1, body=100),
+        "transient-ack": dict(transient, **ack, pairs=1, body=100),
+        "persistent-confirm": dict(durable, **ack, pairs=1, body=100,
+                                   confirm_window=options.confirm_window),
+        "confirm-each": dict(durable, **ack, pairs=1, body=100, confirm_window=1),
+        "fanout-4x4": dict(transient, **noack, pairs=4, body=100),
+        "large-64k": dict(transient, **noack, pairs=1, body=65536),
+        "backlog-200k": dict(durable, **ack, pairs=1, body=100,
+                             confirm_window=options.confirm_window),
+    }
+    config = configs[name]
+    config["max_lag"] = max(1, min(options.max_lag, options.max_lag_bytes // config["body"]))
+    return config
+
+
+def run_scenario(target: Target, name: str, options, run_id: str,
+                 queue_type: str | None = "default") -> dict[str, Any]:
+    config = scenario_config(name, options)
+    if queue_type != "default":
+        config["queue_type"] = queue_type
+    row: dict[str, Any] = {"type": "scenario", "scenario": name, "broker": target.label,
+                           "status": "ok", "queue_type": config["queue_type"] or "classic",
+                           "body_bytes": config["body"], "pairs": config["pairs"]}
+    queues = [f"bench-{run_id}-{name}-{config['queue_type'] or 'classic'}-{i}"
+              for i in range(config["pairs"])]
+    control = Control(target.url)
+    started = time.monotonic()
+    try:
+        try:
+            for queue in queues:
+                control.declare(queue, config["durable"], config["queue_type"])
+        except (ChannelClosed, ConnectionClosed) as error:
+            row.update(status="skipped", error=f"queue.declare refused: {error}")
+            return row
+        if name == "backlog-200k":
+            row.update(_run_backlog(target, queues[0], config, options, control))
+        else:
+            pub = {"body": config["body"], "persistent": config["persistent"],
+                   "confirm_window": config["confirm_window"], "batch": options.batch,
+                   "max_lag": config["max_lag"], "rate": options.rate}
+            con = {"no_ack": config["no_ack"], "prefetch": config["prefetch"],
+                   "ack_every": config["ack_every"]}
+            phase = run_phase(target, [{"queue": q, "pub": pub, "con": con} for q in queues],
+                              duration=options.duration, limit=None,
+                              drain_timeout=options.drain_timeout,
+                              hard_timeout=options.duration + 2 * options.drain_timeout + 30,
+                              options=options)
+            row.update(summarize(phase))
+            row["confirm_window"] = config["confirm_window"]
+            row["max_lag"] = config["max_lag"]
+            if phase["errors"]:
+                row.update(status="error", error="; ".join(phase["errors"])[:2000])
+            elif row["delivered"] < row["published"]:
+                row["note"] = f"{row['published'] - row['delivered']} not delivered in time"
+    except (OSError, AMQPError, TimeoutError, RuntimeError) as error:
+        row.update(status="error", error=f"{type(error).__name__}: {error}")
+    finally:
+        for queue in queues:
+            control.delete(queue)
+        control.close()
+        row["seconds"] = round(time.monotonic() - started, 2)
+    return row
+
+
+def _run_backlog(target: Target, queue: str, config: dict, options,
+                 control: Control) -> dict[str, Any]:
+    count = options.backlog
+    pub = {"body": config["body"], "persistent": True, "confirm_window": config["confirm_window"],
+           "batch": options.batch, "max_lag": 0}
+    fill = run_phase(target, [{"queue": queue, "pub": pub, "con": None}], duration=None,
+                     limit=count, drain_timeout=options.drain_timeout,
+                     hard_timeout=options.backlog_timeout, options=options)
+    row = summarize(fill)
+    row["confirm_window"] = config["confirm_window"]
+    if fill["errors"]:
+        row.update(status="error", error="; ".join(fill["errors"])[:2000])
+        return row
+    time.sleep(1.0)  # let the broker settle before measuring its memory
+    root = target.root_pid()
+    if root:
+        rss, pss = tree_memory(process_tree(root))
+        row["backlog_rss_mb"], row["backlog_pss_mb"] = round(rss, 1), round(pss, 1)
+    in_queue = control.message_count(queue)
+    row["backlog_messages"] = in_queue
+    expected = in_queue if in_queue is not None else row["confirmed"]
+    con = {"no_ack": False, "prefetch": config["prefetch"], "ack_every": config["ack_every"]}
+    drain = run_phase(target, [{"queue": queue, "pub": None, "con": con, "expected": expected}],
+                      duration=None, limit=None, drain_timeout=options.backlog_timeout,
+                      hard_timeout=options.backlog_timeout + 30, options=options)
+    drained = summarize(drain)
+    row["delivered"] = drained["delivered"]
+    row["delivered_per_s"] = row["drain_per_s"] = drained["delivered_per_s"]
+    # Latencies of a drained backlog are mostly the time messages sat in it.
+    row["drain_e2e_p50_ms"], row["drain_e2e_p99_ms"] = drained["e2e_p50_ms"], drained["e2e_p99_ms"]
+    row["client_cpu_s"] += drained["client_cpu_s"]
+    if drained["broker_cpu_s"] is not None and row["broker_cpu_s"] is not None:
+        row["broker_cpu_s"] += drained["broker_cpu_s"]
+    for key in ("broker_rss_mb", "broker_pss_mb"):
+        if drained[key] is not None:
+            row[key] = max(row[key] or 0, drained[key])
+    if drain["errors"]:
+        row.update(status="error", error="; ".join(drain["errors"])[:2000])
+    elif row["delivered"] < expected:
+        row["note"] = f"drained {row['delivered']} of {expected}"
+    return row
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {key: _round(item) for key, item in value.items()}
+    return value
+
+
+def print_json(row: dict[str, Any]) -> None:
+    print(json.dumps(_round(row), sort_keys=False), flush=True)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["scenario", "broker", "queue"] + [title for _, title, _ in FIGURES] + [
+        "backlog RSS/PSS MB", "drain/s", "status"]
+    lines = []
+    for row in rows:
+        cells = [row["scenario"], row["broker"], row.get("queue_type", "")]
+        cells += [_fmt(row.get(key), fmt) for key, _, fmt in FIGURES]
+        if row.get("backlog_rss_mb") is not None:
+            cells.append(f"{row['backlog_rss_mb']:,.0f}/{row.get('backlog_pss_mb') or 0:,.0f}")
+        else:
+            cells.append("-")
+        cells.append(_fmt(row.get("drain_per_s"), "{:,.0f}"))
+        status = row["status"]
+        if row.get("error"):
+            status += ": " + row["error"].splitlines()[0][:80]
+        elif row.get("note"):
+            status += f" ({row['note']})"
+        cells.append(status)
+        lines.append(cells)
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *lines)]
+    right = set(range(3, len(headers) - 1))
+
+    def render(cells: list[str]) -> str:
+        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    out = [render(headers), render(["-" * w for w in widths])]
+    out += [render(cells) for cells in lines]
+    return "\n".join(out)
+
+
+COMPARED = [("published_per_s", "pub/s"), ("confirmed_per_s", "conf/s"),
+            ("delivered_per_s", "deliv/s"), ("e2e_p50_ms", "e2e p50 ms"),
+            ("e2e_p99_ms", "e2e p99 ms"), ("confirm_p50_ms", "conf p50 ms"),
+            ("confirm_p99_ms", "conf p99 ms"), ("broker_rss_mb", "RSS MB"),
+            ("backlog_rss_mb", "backlog RSS MB"), ("backlog_pss_mb", "backlog PSS MB"),
+            ("drain_per_s", "drain/s"), ("broker_cpu_s", "broker CPU s"),
+            ("client_cpu_s", "client CPU s")]
+
+
+def best_rabbit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The better RabbitMQ row of a scenario (classic vs quorum): by confirmed/s, then
+    delivered/s."""
+    good = [r for r in rows if r["status"] == "ok"]
+    if not good:
+        return rows[0] if rows else None
+    return max(good, key=lambda r: (r.get("confirmed_per_s") or 0, r.get("delivered_per_s") or 0))
+
+
+def comparison(warren: dict[str, Any], rabbit: dict[str, Any]) -> dict[str, Any]:
+    ratios = {}
+    for key, _ in COMPARED:
+        w, r = warren.get(key), rabbit.get(key)
+        if isinstance(w, (int, float)) and isinstance(r, (int, float)) and r:
+            ratios[key] = round(w / r, 3)
+    return {"type": "comparison", "scenario": warren["scenario"],
+            "rabbitmq_queue_type": rabbit.get("queue_type"),
+            "warren": {k: warren.get(k) for k, _ in COMPARED},
+            "rabbitmq": {k: rabbit.get(k) for k, _ in COMPARED},
+            "warren_over_rabbitmq": ratios}
+
+
+def format_comparison(pairs: list[tuple[dict, dict]]) -> str:
+    lines = []
+    header = ["scenario", "figure", "Warren", "RabbitMQ", "W/R"]
+    for warren, rabbit in pairs:
+        name = warren["scenario"]
+        if warren["status"] != "ok" or rabbit["status"] != "ok":
+            lines.append([name, "status", warren["status"], rabbit["status"], "-"])
+        for key, title in COMPARED:
+            w, r = warren.get(key), rabbit.get(key)
+            if w is None and r is None:
+                continue
+            fmt = "{:,.0f}" if key.endswith("per_s") or "rss" in key or "pss" in key else "{:.2f}"
+            ratio = f"{w / r:.2f}" if isinstance(w, (int, float)) and isinstance(
+                r, (int, float)) and r else "-"
+            title_ = title + (f" [{rabbit.get('queue_type')}]" if name == "persistent-confirm"
+                              and key == "published_per_s" else "")
+            lines.append([name, title_, _fmt(w, fmt), _fmt(r, fmt), ratio])
+            name = ""
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *lines)]
+
+    def render(cells):
+        return "  ".join(str(c).rjust(w) if i >= 2 else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([render(header), render(["-" * w for w in widths])]
+                     + [render(c) for c in lines])
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="warren bench", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="scenarios:\n" + "\n".join(f"  {k:20} {v}" for k, v in SCENARIOS.items()))
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--url", help="AMQP URL of a running broker (default "
+                       f"{DEFAULT_URL.replace('%', '%%')})")
+    where.add_argument("--warren", action="store_true",
+                       help="start a `warren serve` on a free port with a temp data dir")
+    where.add_argument("--compare", action="store_true",
+                       help="run against a private RabbitMQ node and a private Warren, "
+                            "alternating, and print Warren/RabbitMQ ratios")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help="comma-separated scenarios (default: all)")
+    parser.add_argument("--duration", type=float, default=10.0,
+                        help="seconds of publishing per scenario (default 10)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke mode: 1 s per scenario, a 2,000-message backlog")
+    parser.add_argument("--queue-type", choices=["classic", "quorum"], default=None,
+                        help="x-queue-type of the durable queues (default: not set = classic)")
+    parser.add_argument("--shards", type=int, default=None,
+                        help="shards of the Warren started by --warren/--compare (default: CPUs)")
+    parser.add_argument("--backlog", type=int, default=None,
+                        help="messages of backlog-200k (default 200,000; --quick 2,000)")
+    parser.add_argument("--confirm-window", type=int, default=1000,
+                        help="outstanding confirms of persistent-confirm and backlog "
+                             "(default 1000)")
+    parser.add_argument("--prefetch", type=int, default=100,
+                        help="prefetch of manual-ack consumers; they ack multiple every "
+                             "prefetch/2 (default 100)")
+    parser.add_argument("--batch", type=int, default=100,
+                        help="messages per send of a publisher (default 100)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="messages/s of each publisher (default 0: as fast as it can; "
+                             "not for backlog-200k). Latencies at a rate below saturation "
+                             "show the broker's own latency rather than queueing")
+    parser.add_argument("--max-lag", type=int, default=1000,
+                        help="a publisher pauses while this many of its messages are not yet "
+                             "consumed (default 1000; at saturation the end-to-end latency is "
+                             "about max-lag / rate)")
+    parser.add_argument("--max-lag-bytes", type=int, default=16 << 20,
+                        help="...and while their bodies add up to more (default 16 MiB)")
+    parser.add_argument("--drain-timeout", type=float, default=None,
+                        help="seconds consumers may take after publishing stops "
+                             "(default max(10, duration))")
+    parser.add_argument("--backlog-timeout", type=float, default=None,
+                        help="limit of each backlog phase (default 300 s; --quick 60 s)")
+    parser.add_argument("--json-only", action="store_true", help="no table, only JSON lines")
+    options = parser.parse_args(argv)
+    if options.quick:
+        options.duration = min(options.duration, 1.0)
+    options.backlog = options.backlog or (2_000 if options.quick else 200_000)
+    options.drain_timeout = options.drain_timeout or max(10.0, options.duration)
+    options.backlog_timeout = options.backlog_timeout or (60.0 if options.quick else 300.0)
+    names = [s.strip() for s in options.scenarios.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenarios: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+    options.scenario_list = names
+    return options
+
+
+def run_target(target: Target, options, run_id: str) -> list[dict[str, Any]]:
+    rows = []
+    for name in options.scenario_list:
+        log(f"# {target.label}: {name} ...")
+        row = run_scenario(target, name, options, run_id)
+        print_json(row)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_args(sys.argv[1:] if argv is None else argv)
+    run_id = f"{os.getpid():x}{int(time.time()) % 1_000_000:06d}"
+    log(f"# warren bench: scenarios {','.join(options.scenario_list)}, duration "
+        f"{options.duration:g} s, backlog {options.backlog:,}, {os.cpu_count()} CPUs, "
+        f"Python {sys.version.split()[0]}")
+    targets: list[Target] = []
+    rows: list[dict[str, Any]] = []
+    pairs: list[tuple[dict, dict]] = []
+    failed = False
+    try:
+        if options.compare:
+            rabbit = RabbitTarget()
+            targets.append(rabbit)
+            warren = WarrenTarget(options.shards)
+            targets.append(warren)
+            rabbit_rows: list[dict[str, Any]] = []
+            warren_rows: list[dict[str, Any]] = []
+            for index, name in enumerate(options.scenario_list):
+                order = [rabbit, warren] if index % 2 == 0 else [warren, rabbit]
+                for target in order:
+                    if target is rabbit and name == "persistent-confirm" and \
+                            options.queue_type is None:
+                        candidates = []
+                        for queue_type in ("classic", "quorum"):
+                            log(f"# rabbitmq: {name} ({queue_type}) ...")
+                            row = run_scenario(rabbit, name, options, run_id, queue_type)
+                            print_json(row)
+                            candidates.append(row)
+                        rabbit_rows += candidates
+                        best = best_rabbit(candidates)
+                    else:
+                        log(f"# {target.label}: {name} ...")
+                        row = run_scenario(target, name, options, run_id)
+                        print_json(row)
+                        (rabbit_rows if target is rabbit else warren_rows).append(row)
+                        if target is rabbit:
+                            best = row
+                    if target is rabbit:
+                        rabbit_best = best
+                pairs.append((warren_rows[-1], rabbit_best))
+                print_json(comparison(warren_rows[-1], rabbit_best))
+            rows = warren_rows + rabbit_rows
+        else:
+            target = WarrenTarget(options.shards) if options.warren else Target(
+                options.url or DEFAULT_URL)
+            targets.append(target)
+            rows = run_target(target, options, run_id)
+    except KeyboardInterrupt:
+        log("# interrupted")
+        failed = True
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+        log(f"# error: {error}")
+        failed = True
+    finally:
+        for target in reversed(targets):
+            try:
+                target.stop()
+            except Exception as error:  # noqa: BLE001
+                log(f"# stopping {target.label}: {error}")
+    if rows and not options.json_only:
+        print()
+        print(format_table(rows))
+        if pairs:
+            print()
+            print(format_comparison(pairs))
+        sys.stdout.flush()
+    if any(row["status"] == "error" for row in rows):
+        failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
