@@ -20,6 +20,9 @@ import xxhash
 from shards import records as r
 from storage.metastore import BindingDef, ExchangeDef, MetaStore, QueueDef, VHostDef
 
+from .access import AccessControl
+from .config import Config
+
 from . import deadletter, replyto
 from .exchange import EXCHANGE, QUEUE, Exchange, arguments_key
 from .properties import PropertiesError, decode_properties, encode_properties
@@ -78,13 +81,15 @@ def server_generated_name(prefix: str) -> str:
 
 
 class Broker:
-    def __init__(self, data_dir: str, shard_count: int, users: dict[str, str] | None = None,
-                 memory_limit: int = 0, disk_free_limit: int = 50_000_000,
-                 stats_interval: float = 5.0, store_map_size: int = 32 << 30):
+    def __init__(self, data_dir: str, shard_count: int, memory_limit: int = 0,
+                 disk_free_limit: int = 50_000_000, stats_interval: float = 5.0,
+                 store_map_size: int = 32 << 30, config: Config | None = None):
         self.data_dir = data_dir
         self.shard_count = shard_count
-        self.users = users if users is not None else {"guest": "guest"}
-        self.vhosts: dict[str, VHost] = {"/": VHost("/")}
+        self.config = config or Config()
+        self.access = AccessControl(None, self.config.loopback_users)
+        self.vhosts: dict[str, VHost] = {}
+        self.vhost_defs: dict[str, VHostDef] = {}
         self.links: list[ShardLink] = []
         self.connections: set = set()
         self.holders: dict[int, "Channel"] = {}  # consumer id -> its channel
@@ -103,6 +108,7 @@ class Broker:
     async def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         self.meta = MetaStore(os.path.join(self.data_dir, "meta"))
+        self.access.meta = self.meta
         self._load_definitions()
         for index in range(self.shard_count):
             self.links.append(self._start_shard(index))
@@ -136,10 +142,15 @@ class Broker:
     def _load_definitions(self) -> None:
         """Durable vhosts, exchanges, queues (with their placement) and bindings."""
         defs = self.meta.load()
-        if not any(v.name == "/" for v in defs.vhosts):
-            self.meta.put_vhost(VHostDef("/"))
+        fresh = not defs.vhosts and not defs.users
         for v in defs.vhosts:
             self.vhosts.setdefault(v.name, VHost(v.name))
+            self.vhost_defs[v.name] = v
+        self.access.load(defs.users, defs.permissions)
+        if fresh:  # a new data directory: RabbitMQ's default vhost and user
+            self.add_vhost(self.config.default_vhost)
+            self.access.ensure_default(self.config.default_user, self.config.default_pass,
+                                       self.config.default_vhost)
         for e in defs.exchanges:
             vhost = self.vhosts.setdefault(e.vhost, VHost(e.vhost))
             vhost.exchanges[e.name] = Exchange(e.vhost, e.name, e.type, e.durable,
@@ -189,6 +200,35 @@ class Broker:
         for link in self.links:
             await link.stop()
         self.meta.close()
+
+    # -- vhosts ------------------------------------------------------------------
+
+    def add_vhost(self, name: str, description: str = "", limits: dict | None = None) -> VHost:
+        definition = VHostDef(name, description, limits or {})
+        self.vhost_defs[name] = definition
+        self.meta.put_vhost(definition)
+        return self.vhosts.setdefault(name, VHost(name))
+
+    def delete_vhost(self, name: str) -> bool:
+        """Delete a vhost with its queues, exchanges, bindings, permissions and
+        policies; its connections are closed (320 CONNECTION_FORCED)."""
+        vhost = self.vhosts.pop(name, None)
+        if vhost is None:
+            return False
+        for conn in [c for c in self.connections if c.vhost is vhost]:
+            conn.close_forced(f"vhost '{name}' is deleted")
+        for meta in list(vhost.queues.values()):
+            self.links[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
+            self.queues_by_qid.pop(meta.qid, None)
+        self.vhost_defs.pop(name, None)
+        self.access.forget_vhost(name)
+        self.meta.delete_vhost(name)
+        return True
+
+    def vhost_limit(self, vhost: str, limit: str) -> int:
+        definition = self.vhost_defs.get(vhost)
+        value = definition.limits.get(limit, -1) if definition else -1
+        return value if isinstance(value, int) else -1
 
     def reply_channel(self, address: str):
         """The channel behind a direct reply-to address, if it still consumes."""

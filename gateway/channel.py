@@ -154,6 +154,12 @@ class Channel:
             raise AMQPError(spec.UNEXPECTED_FRAME,
                             f"content header for class {class_id}, expected {BASIC_CLASS}")
         self._awaiting_header = False
+        max_size = self.broker.config.max_message_size
+        if size > max_size:
+            self._content_method = None
+            raise AMQPError(spec.PRECONDITION_FAILED, f"message size {size} is larger than "
+                            f"configured max size {max_size}", BASIC_CLASS,
+                            m.BasicPublish.METHOD_ID)
         self._content_props = props
         self._content_size = size
         self._content_parts = []
@@ -247,6 +253,10 @@ class Channel:
             raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(self.vhost.name, name)}")
         return exchange
 
+    def _allow(self, access: str, kind: str, name: str) -> None:
+        """403 unless this connection's user has `access` to the resource."""
+        self.broker.access.check(self.conn.user, self.vhost.name, access, kind, name)
+
     def _link(self, meta: QueueMeta):
         return self.broker.links[meta.shard]
 
@@ -287,6 +297,7 @@ class Channel:
         if method.type not in EXCHANGE_TYPES:
             raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{method.type}'")
         what = exchange_name(vhost.name, name)
+        self._allow("configure", "exchange", name)
         if existing is None:
             if name.startswith("amq."):
                 raise AMQPError(spec.ACCESS_REFUSED,
@@ -309,6 +320,7 @@ class Channel:
         if name == "":
             raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
         exchange = self.vhost.exchanges.get(name)
+        self._allow("configure", "exchange", name)
         if exchange is not None:
             if name.startswith("amq."):
                 raise AMQPError(spec.ACCESS_REFUSED,
@@ -323,6 +335,8 @@ class Channel:
     def _exchange_bind(self, method: m.ExchangeBind) -> None:
         source = self._bindable_exchange(method.source)
         destination = self._bindable_exchange(method.destination)
+        self._allow("write", "exchange", destination.name)
+        self._allow("read", "exchange", source.name)
         self.broker.bind(source, (EXCHANGE, destination.name), method.routing_key,
                          method.arguments)
         self._reply(m.ExchangeBindOk(), method.nowait)
@@ -330,6 +344,8 @@ class Channel:
     def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
         source = self._bindable_exchange(method.source)
         destination = self._bindable_exchange(method.destination)
+        self._allow("write", "exchange", destination.name)
+        self._allow("read", "exchange", source.name)
         self.broker.unbind(source, (EXCHANGE, destination.name), method.routing_key,
                            method.arguments)
         self._reply(m.ExchangeUnbindOk(), method.nowait)
@@ -351,6 +367,7 @@ class Channel:
             raise AMQPError(spec.ACCESS_REFUSED,
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
         what = queue_name(vhost.name, name)
+        self._allow("configure", "queue", name)
         meta = vhost.queues.get(name)
         if meta is not None:
             self._check_exclusive(meta, wants_exclusive=method.exclusive)
@@ -360,6 +377,11 @@ class Channel:
                                         arguments.QUEUE_ARGUMENTS, what)
             return self._queue_declare_existing(method, meta)
         arguments.validate(method.arguments, arguments.QUEUE_ARGUMENTS, what)
+        limit = self.broker.vhost_limit(vhost.name, "max-queues")
+        if 0 <= limit <= len(vhost.queues):
+            raise AMQPError(spec.PRECONDITION_FAILED,
+                            f"cannot declare queue '{name}' in vhost '{vhost.name}': vhost queue "
+                            f"limit ({limit}) is reached")
         owner = self.conn if method.exclusive else None
         meta = self.broker.create_queue(vhost, name, method.durable, owner, method.auto_delete,
                                         method.arguments)
@@ -383,12 +405,16 @@ class Channel:
     def _queue_bind(self, method: m.QueueBind) -> None:
         meta = self._queue_named(method.queue)
         exchange = self._bindable_exchange(method.exchange)
+        self._allow("write", "queue", meta.name)
+        self._allow("read", "exchange", exchange.name)
         self.broker.bind(exchange, (QUEUE, meta.name), method.routing_key, method.arguments)
         self._reply(m.QueueBindOk(), method.nowait)
 
     def _queue_unbind(self, method: m.QueueUnbind) -> None:
         meta = self._queue_named(method.queue)
         exchange = self._bindable_exchange(method.exchange)
+        self._allow("write", "queue", meta.name)
+        self._allow("read", "exchange", exchange.name)
         self.broker.unbind(exchange, (QUEUE, meta.name), method.routing_key, method.arguments)
         self.send(m.QueueUnbindOk())
 
@@ -399,6 +425,7 @@ class Channel:
 
     def _queue_purge(self, method: m.QueuePurge) -> None:
         meta = self._queue_named(method.queue)
+        self._allow("read", "queue", meta.name)
 
         def answered(reply: r.Reply) -> None:
             if reply.code:
@@ -414,6 +441,7 @@ class Channel:
             # Deleting a queue that does not exist succeeds, as in RabbitMQ.
             return self._reply(m.QueueDeleteOk(message_count=0), method.nowait)
         self._check_exclusive(meta)
+        self._allow("configure", "queue", meta.name)
 
         def answered(reply: r.Reply) -> None:
             if reply.code:
@@ -490,6 +518,7 @@ class Channel:
         if method.queue == replyto.REPLY_QUEUE:
             return self._consume_replies(method)
         meta = self._queue_named(method.queue)
+        self._allow("read", "queue", meta.name)
         tag = method.consumer_tag or server_generated_name("amq.ctag-")
         if tag in self.consumers or tag == self.reply_consumer:
             raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
@@ -602,6 +631,7 @@ class Channel:
 
     def _basic_get(self, method: m.BasicGet) -> None:
         meta = self._queue_named(method.queue)
+        self._allow("read", "queue", meta.name)
         link = self._link(meta)
 
         def answered(reply: r.GetReply) -> None:
@@ -695,6 +725,7 @@ class Channel:
         if exchange is None:
             raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
                             method.CLASS_ID, method.METHOD_ID)
+        self.broker.access.check(self.conn.user, vhost.name, "write", "exchange", exchange.name)
         if exchange.internal:
             raise AMQPError(spec.ACCESS_REFUSED,
                             f"cannot publish to internal {exchange_name(vhost.name, exchange.name)}",

@@ -277,6 +277,13 @@ class Connection(asyncio.Protocol):
         if number > self.channel_max:
             raise AMQPError(spec.CHANNEL_ERROR, f"channel {number} is over channel_max "
                             f"{self.channel_max}", method.CLASS_ID, method.METHOD_ID)
+        limit = self.broker.access.user_limit(self.user, "max-channels")
+        if 0 <= limit <= sum(len(c.channels) for c in self.broker.connections
+                             if c.user == self.user):
+            raise AMQPError(spec.NOT_ALLOWED,
+                            f"number of channels opened for user '{self.user}' has reached the "
+                            f"maximum allowed user limit of ({limit})",
+                            method.CLASS_ID, method.METHOD_ID)
         self.channels[number] = Channel(self, number)
         self.method(number, m.ChannelOpenOk())
 
@@ -332,7 +339,8 @@ class Connection(asyncio.Protocol):
         capabilities = method.client_properties.get("capabilities")
         self.capabilities = capabilities if isinstance(capabilities, dict) else {}
         user, password = self._credentials(method.mechanism, method.response)
-        if user is None or self.broker.users.get(user) != password:
+        peer_host = self.peer[0] if isinstance(self.peer, tuple) else ""
+        if self.broker.access.authenticate(user, password, peer_host) is None:
             self._refuse_login(method.mechanism)
             return
         self.user = user
@@ -387,10 +395,26 @@ class Connection(asyncio.Protocol):
         self.state = AWAIT_OPEN
 
     def _open(self, method: m.ConnectionOpen) -> None:
-        vhost = self.broker.vhosts.get(method.virtual_host)
+        name = method.virtual_host
+        vhost = self.broker.vhosts.get(name)
+        refuse = None
         if vhost is None:
-            raise AMQPError(spec.NOT_ALLOWED, f"vhost {method.virtual_host} not found",
-                            method.CLASS_ID, method.METHOD_ID)
+            refuse = f"vhost {name} not found"
+        elif not self.broker.access.may_use_vhost(self.user, name):
+            refuse = f"access to vhost '{name}' refused for user '{self.user}'"
+        else:
+            limit = self.broker.vhost_limit(name, "max-connections")
+            if 0 <= limit <= sum(1 for c in self.broker.connections
+                                 if c.vhost is vhost and c.state == OPEN):
+                refuse = (f"access to vhost '{name}' refused for user '{self.user}': "
+                          f"connection limit ({limit}) is reached")
+            limit = self.broker.access.user_limit(self.user, "max-connections")
+            if 0 <= limit <= sum(1 for c in self.broker.connections
+                                 if c.user == self.user and c.state == OPEN):
+                refuse = (f"Connection refused for user '{self.user}': user connection limit "
+                          f"({limit}) is reached")
+        if refuse is not None:
+            raise AMQPError(spec.NOT_ALLOWED, refuse, method.CLASS_ID, method.METHOD_ID)
         self.vhost = vhost
         self.state = OPEN
         if self._timer is not None:
@@ -435,6 +459,10 @@ class Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
+
+    def close_forced(self, reason: str) -> None:
+        self.close_with_error(AMQPError(
+            spec.CONNECTION_FORCED, f"broker forced connection closure with reason '{reason}'"))
 
     def close_for_shutdown(self) -> None:
         self.close_with_error(AMQPError(

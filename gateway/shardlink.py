@@ -198,7 +198,7 @@ class ShardLink:
         plain = []
         for event in events:
             kind = type(event)
-            if kind is r.Reply or kind is r.GetReply:
+            if kind is r.Reply or kind is r.GetReply or kind is r.QueueInfoReply:
                 if plain:
                     self._on_events(self, plain)
                     plain = []

@@ -46,10 +46,13 @@ class UserDef(msgspec.Struct):
     name: str
     password_hash: str
     tags: list[str] = []
+    limits: dict = {}  # max-connections, max-channels
 
 
 class VHostDef(msgspec.Struct):
     name: str
+    description: str = ""
+    limits: dict = {}  # max-connections, max-queues
 
 
 class PermissionDef(msgspec.Struct):

@@ -81,6 +81,7 @@ class RecordingLink:
 
 def make_broker(shards: int) -> tuple[Broker, VHost]:
     broker = Broker("/nonexistent", shards)
+    broker.vhosts["/"] = VHost("/")
     broker.links = [RecordingLink(i) for i in range(shards)]
     return broker, broker.vhosts["/"]
 

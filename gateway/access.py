@@ -1,0 +1,122 @@
+"""Access control: users, their vhost permissions and limits, kept durably in the
+metadata store and checked on connection.open and on every resource a channel
+touches, with RabbitMQ's refusals."""
+
+from __future__ import annotations
+
+from storage.metastore import MetaStore, PermissionDef, UserDef
+
+from . import auth, spec
+from .errors import AMQPError
+
+FULL_ACCESS = ".*"
+
+
+class AccessControl:
+    def __init__(self, meta: MetaStore | None, loopback_users: list[str] | None = None):
+        self.meta = meta
+        self.loopback_users = set(loopback_users if loopback_users is not None else ["guest"])
+        self.users: dict[str, UserDef] = {}
+        self.permissions: dict[tuple[str, str], PermissionDef] = {}  # (user, vhost) ->
+        # (user, vhost, access, kind, name) -> allowed; publishes check every message,
+        # so decisions are remembered until a permission changes
+        self._decisions: dict[tuple, bool] = {}
+
+    def load(self, users: list[UserDef], permissions: list[PermissionDef]) -> None:
+        self.users = {u.name: u for u in users}
+        self.permissions = {(p.user, p.vhost): p for p in permissions}
+        self._decisions.clear()
+
+    def ensure_default(self, user: str, password: str, vhost: str) -> None:
+        """A fresh data directory gets the default user, an administrator with full
+        permissions on the default vhost (RabbitMQ's default_user/default_pass)."""
+        if not self.users:
+            self.put_user(user, password, ["administrator"])
+            self.set_permissions(user, vhost, FULL_ACCESS, FULL_ACCESS, FULL_ACCESS)
+
+    # -- changes ---------------------------------------------------------------
+
+    def put_user(self, name: str, password: str | None, tags: list[str],
+                 password_hash: str | None = None, limits: dict | None = None) -> UserDef:
+        existing = self.users.get(name)
+        if password is not None:
+            password_hash = auth.hash_password(password)
+        elif password_hash is None:
+            password_hash = existing.password_hash if existing else ""
+        user = UserDef(name, password_hash, list(tags),
+                       limits if limits is not None else (existing.limits if existing else {}))
+        self.users[name] = user
+        if self.meta is not None:
+            self.meta.put_user(user)
+        return user
+
+    def delete_user(self, name: str) -> bool:
+        if self.users.pop(name, None) is None:
+            return False
+        for key in [k for k in self.permissions if k[0] == name]:
+            self.clear_permissions(*key)
+        if self.meta is not None:
+            self.meta.delete_user(name)
+        return True
+
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str,
+                        read: str) -> None:
+        permission = PermissionDef(user, vhost, configure, write, read)
+        self.permissions[(user, vhost)] = permission
+        self._decisions.clear()
+        if self.meta is not None:
+            self.meta.put_permission(permission)
+
+    def clear_permissions(self, user: str, vhost: str) -> bool:
+        if self.permissions.pop((user, vhost), None) is None:
+            return False
+        self._decisions.clear()
+        if self.meta is not None:
+            self.meta.delete_permission(user, vhost)
+        return True
+
+    def forget_vhost(self, vhost: str) -> None:
+        for key in [k for k in self.permissions if k[1] == vhost]:
+            del self.permissions[key]  # the metastore drops them with the vhost
+        self._decisions.clear()
+
+    # -- decisions -------------------------------------------------------------
+
+    def authenticate(self, name: str | None, password: str | None,
+                     peer_host: str | None) -> UserDef | None:
+        """The user, if the password is right and the user may log in from there
+        (users in loopback_users, guest by default, only from loopback)."""
+        user = self.users.get(name) if name is not None else None
+        if user is None or password is None or not auth.check_password(user.password_hash,
+                                                                         password):
+            return None
+        if name in self.loopback_users and not auth.is_loopback(peer_host or ""):
+            return None
+        return user
+
+    def may_use_vhost(self, user: str, vhost: str) -> bool:
+        return (user, vhost) in self.permissions
+
+    def check(self, user: str, vhost: str, access: str, kind: str, name: str) -> None:
+        """403 ACCESS_REFUSED unless `user` has `access` ('configure', 'write' or
+        'read') to the queue or exchange `name`."""
+        key = (user, vhost, access, kind, name)
+        allowed = self._decisions.get(key)
+        if allowed is None:
+            permission = self.permissions.get((user, vhost))
+            allowed = permission is not None and auth.permits(
+                getattr(permission, access), auth.permission_resource_name(kind, name))
+            if len(self._decisions) > 100_000:
+                self._decisions.clear()
+            self._decisions[key] = allowed
+        if not allowed:
+            resource = auth.permission_resource_name(kind, name)
+            raise AMQPError(spec.ACCESS_REFUSED,
+                            f"access to {kind} '{resource}' in vhost '{vhost}' refused for "
+                            f"user '{user}'")
+
+    def user_limit(self, user: str, limit: str) -> int:
+        """A user's max-connections or max-channels (-1: no limit)."""
+        found = self.users.get(user)
+        value = found.limits.get(limit, -1) if found else -1
+        return value if isinstance(value, int) else -1

@@ -1,0 +1,201 @@
+"""Warren's configuration: `warren.toml`, validated with msgspec, and the command
+line, which can set every option too (command line > file > defaults).
+
+Every option is a top-level key of the file; its command-line form is
+`--key-with-dashes`. A wrong key, type or value is a ConfigError naming it, and
+the broker does not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+
+import msgspec
+
+MAX_MESSAGE_SIZE_LIMIT = 536_870_912  # RabbitMQ's ceiling for max_message_size
+
+
+class ConfigError(Exception):
+    pass
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The options, their defaults (RabbitMQ's where it has one) and their help."""
+
+    bind: str = "127.0.0.1"
+    port: int = 5672
+    data_dir: str = "./warren-data"
+    shards: int = 0
+    frame_max: int = 131072
+    heartbeat: int = 60
+    channel_max: int = 2047
+    max_message_size: int = 134_217_728
+    memory_limit: int = -1
+    disk_free_limit: int = 50_000_000
+    consumer_timeout: int = 1_800_000
+    log_dir: str = ""
+    stats_interval: float = 5.0
+    store_map_size: int = 32 << 30
+    tls_port: int = 5671
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    tls_cafile: str = ""
+    tls_verify_peer: bool = False
+    management_bind: str = "127.0.0.1"
+    management_port: int = 15672
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    default_vhost: str = "/"
+    loopback_users: list[str] = msgspec.field(default_factory=lambda: ["guest"])
+
+    @property
+    def tls_enabled(self) -> bool:
+        return bool(self.tls_certfile)
+
+    def shard_count(self) -> int:
+        return self.shards or os.cpu_count() or 1
+
+    def memory_limit_bytes(self) -> int:
+        """As RabbitMQ's vm_memory_high_watermark: 40% of the machine's memory."""
+        if self.memory_limit >= 0:
+            return self.memory_limit
+        return int(0.4 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+    def logs_dir(self) -> str:
+        return self.log_dir or os.path.join(self.data_dir, "logs")
+
+
+HELP = {
+    "bind": "address of the AMQP listener",
+    "port": "AMQP port (0: any free port)",
+    "data_dir": "data directory",
+    "shards": "shard processes (0: one per CPU)",
+    "frame_max": "largest frame offered to clients, bytes",
+    "heartbeat": "heartbeat interval offered to clients, seconds (0: off)",
+    "channel_max": "most channels per connection",
+    "max_message_size": "largest message body accepted, bytes (RabbitMQ's default 128 MiB)",
+    "memory_limit": "message bodies in RAM before publishers are blocked, bytes "
+                    "(-1: 40%% of the machine's memory)",
+    "disk_free_limit": "free disk below which publishers are blocked, bytes",
+    "consumer_timeout": "default delivery acknowledgement timeout of quorum queues, ms",
+    "log_dir": "directory of the shards' statistics logs (default DATA/logs)",
+    "stats_interval": "seconds between statistics records",
+    "store_map_size": "LMDB map size of each shard store, bytes (sparse)",
+    "tls_port": "AMQPS port, used when tls_certfile is set (0: any free port)",
+    "tls_certfile": "PEM certificate (chain) of the AMQPS listener",
+    "tls_keyfile": "PEM private key of the AMQPS listener",
+    "tls_cafile": "PEM CA bundle to verify client certificates with",
+    "tls_verify_peer": "require a client certificate signed by tls_cafile",
+    "management_bind": "address of the management HTTP API",
+    "management_port": "management HTTP port (0: no management listener)",
+    "default_user": "user created in a new data directory",
+    "default_pass": "password of that user",
+    "default_vhost": "vhost created in a new data directory",
+    "loopback_users": "users that may only connect from loopback (comma-separated)",
+}
+# The command line's older short forms.
+ALIASES = {"data_dir": ["--data"]}
+
+
+def load_file(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+
+
+def build(file_values: dict, overrides: dict, source: str = "warren.toml") -> Config:
+    """The configuration from a file's values and command-line overrides."""
+    try:
+        config = msgspec.convert(file_values, Config)
+    except msgspec.ValidationError as error:
+        raise ConfigError(f"{source}: {_explain(error)}") from None
+    for key, text in overrides.items():
+        field_type = Config.__annotations__[key]
+        try:
+            if field_type == "list[str]":
+                value = [part for part in text.split(",") if part]
+            elif field_type == "bool":
+                value = _boolean(text)
+            else:
+                value = msgspec.convert(text, {"int": int, "float": float, "str": str}[field_type],
+                                        strict=False)
+        except (msgspec.ValidationError, ValueError):
+            raise ConfigError(f"--{key.replace('_', '-')}: expected {field_type}, "
+                              f"got {text!r}") from None
+        setattr(config, key, value)
+    check(config)
+    return config
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _explain(error: msgspec.ValidationError) -> str:
+    """msgspec's message with the key named plainly ('$.port' -> 'port')."""
+    text = str(error)
+    if " - at `$." in text:
+        message, where = text.rsplit(" - at `$.", 1)
+        return f"{where.rstrip('`')}: {message}"
+    if text.startswith("Object contains unknown field"):
+        return "unknown key " + text.split("unknown field ", 1)[1]
+    return text
+
+
+def check(config: Config) -> None:
+    """Values msgspec's types cannot express."""
+    def fail(key: str, why: str) -> None:
+        raise ConfigError(f"{key}: {why} (got {getattr(config, key)!r})")
+
+    for key in ("port", "tls_port", "management_port"):
+        if not 0 <= getattr(config, key) <= 65535:
+            fail(key, "must be a port number, 0-65535")
+    if config.shards < 0:
+        fail("shards", "must be 0 (one per CPU) or more")
+    if config.frame_max < 4096:
+        fail("frame_max", "must be at least 4096")
+    if not 0 <= config.heartbeat <= 65535:
+        fail("heartbeat", "must be 0-65535 seconds")
+    if not 1 <= config.channel_max <= 65535:
+        fail("channel_max", "must be 1-65535")
+    if not 1 <= config.max_message_size <= MAX_MESSAGE_SIZE_LIMIT:
+        fail("max_message_size", f"must be 1-{MAX_MESSAGE_SIZE_LIMIT}")
+    if config.consumer_timeout < 1:
+        fail("consumer_timeout", "must be a positive number of milliseconds")
+    if config.stats_interval <= 0:
+        fail("stats_interval", "must be positive")
+    if config.tls_certfile and not config.tls_keyfile:
+        fail("tls_keyfile", "is required with tls_certfile")
+    if config.tls_verify_peer and not config.tls_cafile:
+        fail("tls_cafile", "is required with tls_verify_peer")
+    for key in ("tls_certfile", "tls_keyfile", "tls_cafile"):
+        path = getattr(config, key)
+        if path and not os.path.isfile(path):
+            fail(key, "no such file")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One command-line option per configuration key, defaulting to 'not given'."""
+    parser.add_argument("--config", metavar="FILE",
+                        help="configuration file (warren.toml); command-line options win")
+    for name in Config.__struct_fields__:
+        parser.add_argument(f"--{name.replace('_', '-')}", *ALIASES.get(name, []), dest=name,
+                            default=None, metavar=name.upper(), help=HELP[name])
+
+
+def from_arguments(args: argparse.Namespace) -> Config:
+    file_values = load_file(args.config) if args.config else {}
+    overrides = {name: getattr(args, name) for name in Config.__struct_fields__
+                 if getattr(args, name) is not None}
+    return build(file_values, overrides, args.config or "warren.toml")
