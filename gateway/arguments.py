@@ -80,6 +80,8 @@ QUEUE_ARGUMENTS = {
     "x-queue-type": _one_of(QUEUE_TYPES, "unsupported_queue_type"),
     "x-queue-mode": _one_of(("default", "lazy"), "unknown_queue_mode"),
     "x-single-active-consumer": _boolean,
+    "x-consumer-timeout": _integer(1),
+    "x-delivery-limit": _integer(0),
 }
 EXCHANGE_ARGUMENTS = {
     "alternate-exchange": _string,

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from shards import records as r
-from storage.metastore import BindingDef, ExchangeDef, MetaStore, QueueDef, VHostDef
+from storage.metastore import BindingDef, ExchangeDef, MetaStore, PolicyDef, QueueDef, VHostDef
 
 from .access import AccessControl
 from .config import Config
 
-from . import deadletter, replyto
+from . import deadletter, policies, replyto
 from .exchange import EXCHANGE, QUEUE, Exchange, arguments_key
 from .properties import PropertiesError, decode_properties, encode_properties
 from .shardlink import ShardLink
@@ -38,7 +38,7 @@ TRANSIENT_QIDS = 1 << 62  # transient queue ids start here; durable ones come fr
 
 class QueueMeta:
     __slots__ = ("qid", "vhost", "name", "shard", "durable", "exclusive", "owner",
-                 "auto_delete", "arguments")
+                 "auto_delete", "arguments", "policy", "effective")
 
     def __init__(self, qid: int, vhost: str, name: str, shard: int, durable: bool,
                  owner, auto_delete: bool, arguments: dict):
@@ -50,7 +50,13 @@ class QueueMeta:
         self.exclusive = owner is not None
         self.owner = owner  # the owning connection of an exclusive queue
         self.auto_delete = auto_delete
-        self.arguments = arguments
+        self.arguments = arguments  # as declared
+        self.policy = None  # the policy that applies to it
+        self.effective = arguments  # declared arguments combined with the policy's
+
+    @property
+    def queue_type(self) -> str:
+        return self.arguments.get("x-queue-type", "classic")
 
 
 # The exchanges every vhost has (RabbitMQ's predeclared set).
@@ -90,6 +96,7 @@ class Broker:
         self.access = AccessControl(None, self.config.loopback_users)
         self.vhosts: dict[str, VHost] = {}
         self.vhost_defs: dict[str, VHostDef] = {}
+        self.policies: dict[str, dict[str, PolicyDef]] = {}  # vhost -> name -> policy
         self.links: list[ShardLink] = []
         self.connections: set = set()
         self.holders: dict[int, "Channel"] = {}  # consumer id -> its channel
@@ -162,6 +169,10 @@ class Broker:
             meta = QueueMeta(q.qid, q.vhost, q.name, q.shard % self.shard_count, True, None,
                              q.auto_delete, q.arguments)
             vhost.queues[q.name] = self.queues_by_qid[q.qid] = meta
+        for p in defs.policies:
+            self.policies.setdefault(p.vhost, {})[p.name] = p
+        for vhost in self.vhosts.values():
+            self._apply_policies(vhost, send=False)
         for b in defs.bindings:
             vhost = self.vhosts.get(b.vhost)
             exchange = vhost.exchanges.get(b.source) if vhost else None
@@ -192,7 +203,8 @@ class Broker:
         for meta in self.queues_by_qid.values():
             if meta.shard == index and self._stored(meta):
                 link.send(r.CreateQueue(0, meta.qid, meta.vhost, meta.name, True, False,
-                                        meta.auto_delete, meta.arguments))
+                                        meta.auto_delete, meta.effective))
+                link.send(r.ConfigureQueue(meta.qid, meta.effective))
         return link
 
     async def stop(self) -> None:
@@ -221,9 +233,55 @@ class Broker:
             self.links[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
             self.queues_by_qid.pop(meta.qid, None)
         self.vhost_defs.pop(name, None)
+        self.policies.pop(name, None)
         self.access.forget_vhost(name)
         self.meta.delete_vhost(name)
         return True
+
+    # -- policies ----------------------------------------------------------------
+
+    def put_policy(self, policy: PolicyDef) -> None:
+        """Set (or replace) a policy and apply it to existing queues and exchanges.
+        Raises ValueError when the policy is not valid."""
+        problem = policies.problems(policy)
+        if problem:
+            raise ValueError(problem)
+        if policy.vhost not in self.vhosts:
+            raise ValueError(f"no vhost '{policy.vhost}'")
+        self.policies.setdefault(policy.vhost, {})[policy.name] = policy
+        self.meta.put_policy(policy)
+        self._apply_policies(self.vhosts[policy.vhost])
+
+    def delete_policy(self, vhost: str, name: str) -> bool:
+        if self.policies.get(vhost, {}).pop(name, None) is None:
+            return False
+        self.meta.delete_policy(vhost, name)
+        if vhost in self.vhosts:
+            self._apply_policies(self.vhosts[vhost])
+        return True
+
+    def effective_policy(self, meta: QueueMeta) -> PolicyDef | None:
+        return meta.policy
+
+    def _apply_policies(self, vhost: VHost, send: bool = True) -> None:
+        for meta in vhost.queues.values():
+            before = meta.effective
+            self._set_queue_policy(meta)
+            if send and meta.effective != before:
+                self.links[meta.shard].send(r.ConfigureQueue(meta.qid, meta.effective))
+        for exchange in vhost.exchanges.values():
+            self._set_exchange_policy(exchange)
+
+    def _set_queue_policy(self, meta: QueueMeta) -> None:
+        meta.policy = (None if meta.name.startswith("amq.") else policies.select(
+            self.policies.get(meta.vhost, {}).values(), meta.name, "queue", meta.queue_type))
+        meta.effective = policies.queue_arguments(meta.arguments, meta.policy)
+
+    def _set_exchange_policy(self, exchange: Exchange) -> None:
+        exchange.policy = (None if exchange.name == "" or exchange.name.startswith("amq.")
+                           else policies.select(self.policies.get(exchange.vhost, {}).values(),
+                                                exchange.name, "exchange"))
+        exchange.alternate = policies.exchange_alternate(exchange.arguments, exchange.policy)
 
     def vhost_limit(self, vhost: str, limit: str) -> int:
         definition = self.vhost_defs.get(vhost)
@@ -253,6 +311,7 @@ class Broker:
             qid = TRANSIENT_QIDS + self._next_qid
         meta = QueueMeta(qid, vhost.name, name, placement(vhost.name, name, self.shard_count),
                          durable, owner, auto_delete, arguments)
+        self._set_queue_policy(meta)
         if stored:
             self.meta.put_queue(QueueDef(vhost.name, name, qid, meta.shard, durable,
                                          auto_delete, arguments))
@@ -260,7 +319,7 @@ class Broker:
         if owner is not None:
             owner.exclusive_queues.add(meta)
         self.links[meta.shard].send(r.CreateQueue(0, meta.qid, vhost.name, name, durable,
-                                                  owner is not None, auto_delete, arguments))
+                                                  owner is not None, auto_delete, meta.effective))
         return meta
 
     def forget_queue(self, meta: QueueMeta) -> None:
@@ -283,6 +342,7 @@ class Broker:
 
     def add_exchange(self, exchange: Exchange) -> None:
         self.vhosts[exchange.vhost].exchanges[exchange.name] = exchange
+        self._set_exchange_policy(exchange)
         if exchange.durable:
             self.meta.put_exchange(ExchangeDef(exchange.vhost, exchange.name, exchange.type,
                                                exchange.durable, exchange.auto_delete,
@@ -430,14 +490,14 @@ class Broker:
         if meta is None:
             return
         vhost = self.vhosts[meta.vhost]
-        exchange = vhost.exchanges.get(meta.arguments.get("x-dead-letter-exchange"))
+        exchange = vhost.exchanges.get(meta.effective.get("x-dead-letter-exchange"))
         if exchange is None:
             return  # RabbitMQ drops it too when the exchange is missing
         try:
             props = decode_properties(event.properties)
         except PropertiesError:
             return
-        routing_key = meta.arguments.get("x-dead-letter-routing-key", event.routing_key)
+        routing_key = meta.effective.get("x-dead-letter-routing-key", event.routing_key)
         deaths = deadletter.record_death(props, meta.name, event.reason, event.exchange,
                                          event.routing_key,
                                          datetime.datetime.now(datetime.timezone.utc))

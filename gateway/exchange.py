@@ -26,7 +26,7 @@ def arguments_key(arguments: dict) -> str:
 
 class Exchange:
     __slots__ = ("vhost", "name", "type", "durable", "auto_delete", "internal", "arguments",
-                 "bindings", "_direct", "_trie", "_fanout", "_headers")
+                 "alternate", "policy", "bindings", "_direct", "_trie", "_fanout", "_headers")
 
     def __init__(self, vhost: str, name: str, type: str, durable: bool = True,
                  auto_delete: bool = False, internal: bool = False, arguments: dict | None = None):
@@ -37,17 +37,15 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = arguments or {}
+        self.policy = None  # the policy that applies to it (gateway/policies.py)
+        value = self.arguments.get("alternate-exchange")
+        self.alternate: str | None = value if isinstance(value, str) and value else None
         # (destination, routing key, arguments key) -> arguments
         self.bindings: dict[tuple, dict] = {}
         self._direct: dict[str, Counter] = {}  # routing key -> destination -> bindings
         self._trie = TopicTrie() if type == "topic" else None
         self._fanout: Counter = Counter()  # fanout and topic: destination -> bindings
         self._headers: list[tuple[dict, tuple]] = []
-
-    @property
-    def alternate(self) -> str | None:
-        value = self.arguments.get("alternate-exchange")
-        return value if isinstance(value, str) and value else None
 
     def bind(self, destination: tuple, routing_key: str, arguments: dict) -> bool:
         """Add a binding; False if it existed already."""

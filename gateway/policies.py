@@ -1,0 +1,99 @@
+"""Policies: queue and exchange settings applied by name pattern, as RabbitMQ
+applies them. For each queue or exchange the matching policy of the highest
+priority wins (one policy, never a merge of several); its keys then combine
+with the declared arguments: for limits the lower value wins, for the rest the
+declared argument wins."""
+
+from __future__ import annotations
+
+import re
+
+from storage.metastore import PolicyDef
+
+from . import arguments
+
+# policy key -> the queue argument it stands for
+QUEUE_KEYS = {
+    "message-ttl": "x-message-ttl",
+    "expires": "x-expires",
+    "max-length": "x-max-length",
+    "max-length-bytes": "x-max-length-bytes",
+    "overflow": "x-overflow",
+    "dead-letter-exchange": "x-dead-letter-exchange",
+    "dead-letter-routing-key": "x-dead-letter-routing-key",
+    "consumer-timeout": "x-consumer-timeout",
+    "delivery-limit": "x-delivery-limit",
+}
+LOWER_WINS = {"message-ttl", "expires", "max-length", "max-length-bytes", "consumer-timeout",
+              "delivery-limit"}
+EXCHANGE_KEYS = {"alternate-exchange": "alternate-exchange"}
+APPLY_TO = ("all", "queues", "classic_queues", "quorum_queues", "exchanges")
+_CHECKS = {**arguments.QUEUE_ARGUMENTS, **arguments.EXCHANGE_ARGUMENTS}
+
+
+def problems(policy: PolicyDef) -> str | None:
+    """Why a policy cannot be set, or None."""
+    if policy.apply_to not in APPLY_TO:
+        return f"apply-to must be one of {', '.join(APPLY_TO)}"
+    try:
+        re.compile(policy.pattern)
+    except re.error as error:
+        return f"invalid pattern '{policy.pattern}': {error}"
+    if not isinstance(policy.definition, dict) or not policy.definition:
+        return "definition must be a non-empty object"
+    for key, value in policy.definition.items():
+        argument = QUEUE_KEYS.get(key) or EXCHANGE_KEYS.get(key)
+        if argument is None:
+            return f"unrecognised policy key '{key}'"
+        error = _CHECKS[argument](value)
+        if error:
+            return f"invalid value for '{key}': {error}"
+    return None
+
+
+def _applies(apply_to: str, kind: str, queue_type: str) -> bool:
+    if kind == "exchange":
+        return apply_to in ("all", "exchanges")
+    return apply_to in ("all", "queues") or apply_to == f"{queue_type}_queues"
+
+
+def select(policies, name: str, kind: str, queue_type: str = "classic") -> PolicyDef | None:
+    """The policy for a queue or exchange: the highest priority of those whose
+    pattern matches the name (ties go to the policy name sorting first)."""
+    best = None
+    for policy in policies:
+        if not _applies(policy.apply_to, kind, queue_type):
+            continue
+        if re.search(policy.pattern, name) is None:
+            continue
+        if best is None or (policy.priority, _reverse(policy.name)) > (best.priority,
+                                                                        _reverse(best.name)):
+            best = policy
+    return best
+
+
+def _reverse(name: str) -> tuple:
+    return tuple(-ord(c) for c in name)
+
+
+def queue_arguments(declared: dict, policy: PolicyDef | None) -> dict:
+    """The arguments a queue runs with: its own, combined with its policy's."""
+    if policy is None:
+        return declared
+    effective = dict(declared)
+    for key, value in policy.definition.items():
+        argument = QUEUE_KEYS.get(key)
+        if argument is None:
+            continue
+        if argument not in declared:
+            effective[argument] = value
+        elif key in LOWER_WINS:
+            effective[argument] = min(declared[argument], value)
+    return effective
+
+
+def exchange_alternate(declared: dict, policy: PolicyDef | None) -> str | None:
+    value = declared.get("alternate-exchange")
+    if value is None and policy is not None:
+        value = policy.definition.get("alternate-exchange")
+    return value if isinstance(value, str) and value else None
