@@ -10,7 +10,7 @@ from . import spec
 from .errors import AMQPError
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
-QUEUE_TYPES = ("classic",)  # quorum and stream come with the queue-types work
+QUEUE_TYPES = ("classic", "quorum")
 MAX_PRIORITY = 255
 
 
@@ -81,11 +81,28 @@ QUEUE_ARGUMENTS = {
     "x-queue-mode": _one_of(("default", "lazy"), "unknown_queue_mode"),
     "x-single-active-consumer": _boolean,
     "x-consumer-timeout": _integer(1),
-    "x-delivery-limit": _integer(0),
+    "x-delivery-limit": _integer(-1),
 }
 EXCHANGE_ARGUMENTS = {
     "alternate-exchange": _string,
 }
+
+
+def check_queue_type(arguments: dict, durable: bool, exclusive: bool, auto_delete: bool,
+                     what: str) -> None:
+    """Quorum queues are durable, neither exclusive nor auto-delete (RabbitMQ's
+    refusals); streams are not supported yet."""
+    kind = arguments.get("x-queue-type", "classic")
+    if kind == "stream":
+        raise AMQPError(spec.PRECONDITION_FAILED,
+                        f"invalid arg 'x-queue-type' for {what}: stream queues are not "
+                        "supported by Warren yet")
+    if kind != "quorum":
+        return
+    for flag, value, name in ((durable, False, "non-durable"), (exclusive, True, "exclusive-owner"),
+                              (auto_delete, True, "auto-delete")):
+        if flag == value:
+            raise AMQPError(spec.PRECONDITION_FAILED, f"invalid property '{name}' for {what}")
 
 
 def validate(arguments: dict, known: dict, what: str) -> None:

@@ -24,7 +24,7 @@ from .access import AccessControl
 from .config import Config
 
 from . import deadletter, policies, replyto
-from .exchange import EXCHANGE, QUEUE, Exchange, arguments_key
+from .exchange import EXCHANGE, QUEUE, RENEW_EXCHANGE, Exchange, arguments_key
 from .properties import PropertiesError, decode_properties, encode_properties
 from .shardlink import ShardLink
 
@@ -72,6 +72,7 @@ class VHost:
             x: Exchange(name, x, kind) for x, kind in PREDECLARED}
         self.exchanges["amq.rabbitmq.trace"] = Exchange(name, "amq.rabbitmq.trace", "topic",
                                                         internal=True)
+        self.exchanges[RENEW_EXCHANGE] = Exchange(name, RENEW_EXCHANGE, "direct")
         # destination -> {(source exchange, routing key, arguments key)}: what to
         # unbind when a queue or exchange goes away, without scanning every exchange
         self.inbound: dict[tuple, set[tuple]] = {}
@@ -481,6 +482,10 @@ class Broker:
                 self._queue_deleted_by_shard(link.index, event.qid)
             elif kind is r.DeadLettered:
                 self._dead_letter(event)
+            elif kind is r.ConsumerTimedOut:
+                channel = self.holders.get(event.holder)
+                if channel is not None:
+                    channel.consumer_timed_out(event)
 
     def _dead_letter(self, event: r.DeadLettered) -> None:
         """Republish a dead-lettered message to its queue's dead-letter exchange,

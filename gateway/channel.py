@@ -18,7 +18,7 @@ from . import methods as m
 from .broker import QueueMeta, server_generated_name
 from .confirms import ConfirmTracker
 from .errors import AMQPError, exchange_name, queue_name
-from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, RENEW_EXCHANGE, Exchange
 from .properties import (PropertiesError, decode_properties, encode_properties, flag_mask,
                          peek_delivery_mode, peek_expiration, peek_priority, peek_reply_to)
 
@@ -48,10 +48,10 @@ class ConsumerState:
     """
 
     __slots__ = ("tag", "tag_shortstr", "holder", "meta", "link", "no_ack", "prefetch", "credit",
-                 "owed_credit", "unacked")
+                 "owed_credit", "unacked", "timeout_ms", "timed_out", "arguments")
 
     def __init__(self, tag: str, holder: int, meta: QueueMeta, link, no_ack: bool,
-                 prefetch: int):
+                 prefetch: int, timeout_ms: int = 0, arguments: dict | None = None):
         self.tag = tag
         self.tag_shortstr = hotpath.shortstr(tag)
         self.holder = holder
@@ -62,6 +62,9 @@ class ConsumerState:
         self.credit = 0  # granted to the shard minus deliveries seen
         self.owed_credit = 0  # window mode: written out, credit not yet returned
         self.unacked = 0
+        self.timeout_ms = timeout_ms  # consumer timeout (quorum queues), 0: none
+        self.timed_out = False  # a timeout hit it (it stays listed until cancelled)
+        self.arguments = arguments or {}
 
     def useful_credit(self) -> int | None:
         """Credit it could use under its own limit; None when it has none."""
@@ -376,6 +379,8 @@ class Channel:
             arguments.assert_equivalent(method.arguments, meta.arguments,
                                         arguments.QUEUE_ARGUMENTS, what)
             return self._queue_declare_existing(method, meta)
+        arguments.check_queue_type(method.arguments, method.durable, method.exclusive,
+                                   method.auto_delete, what)
         arguments.validate(method.arguments, arguments.QUEUE_ARGUMENTS, what)
         limit = self.broker.vhost_limit(vhost.name, "max-queues")
         if 0 <= limit <= len(vhost.queues):
@@ -526,9 +531,11 @@ class Channel:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise AMQPError(spec.PRECONDITION_FAILED,
                             f"invalid arg 'x-priority' for {queue_name(meta.vhost, meta.name)}")
+        timeout_ms = self._consumer_timeout(method, meta)
         holder = self.broker.new_id()
         link = self._link(meta)
-        consumer = ConsumerState(tag, holder, meta, link, method.no_ack, self.consumer_prefetch)
+        consumer = ConsumerState(tag, holder, meta, link, method.no_ack, self.consumer_prefetch,
+                                 timeout_ms, method.arguments)
         consumer.credit = 0 if self._limited(consumer) else FLOW_WINDOW
         self.consumers[tag] = consumer
         self.by_holder[holder] = consumer
@@ -543,8 +550,42 @@ class Channel:
 
         self._request(link, lambda req: r.Consume(
             req, meta.qid, holder, self.id, tag, method.no_ack, method.exclusive,
-            self.consumer_prefetch, consumer.credit, priority), answered)
+            self.consumer_prefetch, consumer.credit, priority, timeout_ms), answered)
         self._deal_credit()
+
+    def _consumer_timeout(self, method: m.BasicConsume, meta: QueueMeta) -> int:
+        """The consumer timeout in ms (quorum queues only; classic ones have none):
+        the consumer's x-consumer-timeout, else min(queue argument, policy), else
+        the broker's consumer_timeout (RabbitMQ 4.3's precedence)."""
+        own = method.arguments.get("x-consumer-timeout")
+        if own is not None and (isinstance(own, bool) or not isinstance(own, int) or own <= 0):
+            raise AMQPError(spec.PRECONDITION_FAILED,
+                            f"invalid arg 'x-consumer-timeout' for "
+                            f"{queue_name(meta.vhost, meta.name)}")
+        if meta.queue_type != "quorum" or method.no_ack:
+            return 0
+        if own is not None:
+            return own
+        return meta.effective.get("x-consumer-timeout") or self.broker.config.consumer_timeout
+
+    def consumer_timed_out(self, event: r.ConsumerTimedOut) -> None:
+        """RabbitMQ 4.3: cancel just that consumer for clients that understand
+        basic.cancel; close the channel for the others."""
+        consumer = self.by_holder.get(event.holder)
+        if consumer is None or self.closing or self.closed:
+            return
+        consumer.timed_out = True
+        if self.conn.capabilities.get("consumer_cancel_notify"):
+            # Its deliveries stay unacked here: acking them later is no error.
+            self._forget_consumer(consumer)
+            consumer.link.send(r.Cancel(0, consumer.meta.qid, consumer.holder))
+            self.send(m.BasicCancel(consumer_tag=consumer.tag, nowait=True))
+        else:
+            self.conn.close_channel_with_error(self, AMQPError(
+                spec.PRECONDITION_FAILED,
+                f"delivery acknowledgement on channel {self.number} timed out. Timeout value "
+                f"used: {event.timeout_ms} ms. This timeout value can be configured, see "
+                "consumers doc guide to learn more"))
 
     def _consume_replies(self, method: m.BasicConsume) -> None:
         if not method.no_ack:
@@ -606,11 +647,14 @@ class Channel:
             self.unacked[tag] = (link, event.qid, event.holder, event.seq)
             self.consumer_unacked += 1
             consumer.unacked += 1
+        properties = event.properties
+        if event.delivery_count:
+            properties = _with_delivery_count(properties, event.delivery_count)
         data = frames.content_frames(
             self.number,
             hotpath.deliver_payload(consumer.tag_shortstr, tag, event.redelivered,
                                     event.exchange, event.routing_key),
-            BASIC_CLASS, event.properties, event.body, self.conn.frame_max)
+            BASIC_CLASS, properties, event.body, self.conn.frame_max)
         if self.flow_active:
             self.conn.send(data)
         else:
@@ -649,7 +693,8 @@ class Channel:
                                              exchange=reply.exchange,
                                              routing_key=reply.routing_key,
                                              message_count=reply.message_count)),
-                BASIC_CLASS, reply.properties, reply.body, self.conn.frame_max))
+                BASIC_CLASS, _with_delivery_count(reply.properties, reply.delivery_count)
+                if reply.delivery_count else reply.properties, reply.body, self.conn.frame_max))
 
         self._request(link, lambda req: r.Get(req, meta.qid, self.id, method.no_ack), answered)
 
@@ -698,7 +743,8 @@ class Channel:
         self._settle(self._take_unacked(method.delivery_tag, method.multiple), r.SETTLE_ACK)
 
     def _basic_nack(self, method: m.BasicNack) -> None:
-        outcome = r.SETTLE_REQUEUE if method.requeue else r.SETTLE_DISCARD
+        # A nack with requeue is not a failed delivery (RabbitMQ 4.3 counting).
+        outcome = r.SETTLE_RETURN if method.requeue else r.SETTLE_DISCARD
         self._settle(self._take_unacked(method.delivery_tag, method.multiple), outcome)
 
     def _basic_reject(self, method: m.BasicReject) -> None:
@@ -730,6 +776,8 @@ class Channel:
             raise AMQPError(spec.ACCESS_REFUSED,
                             f"cannot publish to internal {exchange_name(vhost.name, exchange.name)}",
                             method.CLASS_ID, method.METHOD_ID)
+        if exchange.name == RENEW_EXCHANGE:
+            return self._renew(method.routing_key, properties)
         expiration, priority = -1, 0
         if len(properties) >= 2 and (properties[0] << 8 | properties[1]) & _EXTRAS:
             try:
@@ -743,6 +791,30 @@ class Channel:
             self.tx.append((self._route, method, properties, body, expiration, priority))
         else:
             self._route(method, properties, body, expiration, priority)
+
+    def _renew(self, consumer_tag: str, properties: bytes) -> None:
+        """Warren's lock renewal: a publish to amq.warren.renew with the consumer tag
+        as routing key and header x-delivery-tag (or x-renew-all = true) extends the
+        lock of those deliveries by the consumer's timeout."""
+        consumer = self.consumers.get(consumer_tag)
+        if consumer is None:
+            raise AMQPError(spec.PRECONDITION_FAILED, f"unknown consumer tag '{consumer_tag}'",
+                            BASIC_CLASS, m.BasicPublish.METHOD_ID)
+        headers = _headers_of(properties)()
+        if headers.get("x-renew-all") is True:
+            seqs = []
+        else:
+            tag = headers.get("x-delivery-tag")
+            entry = self.unacked.get(tag) if isinstance(tag, int) else None
+            if entry is None or entry[2] != consumer.holder:
+                raise AMQPError(spec.PRECONDITION_FAILED, f"unknown delivery tag {tag}",
+                                BASIC_CLASS, m.BasicPublish.METHOD_ID)
+            seqs = [entry[3]]
+        consumer.link.send(r.Renew(consumer.meta.qid, consumer.holder, seqs))
+        tracker = self.confirms if self.confirms is not None else self.tx_confirms
+        if tracker is not None:
+            tracker.publish(())
+            self._confirms_changed()
 
     def _read_extras(self, properties: bytes) -> tuple[int, int, bytes]:
         """The properties the broker acts on: expiration (ms, -1 if none), priority,
@@ -957,6 +1029,16 @@ class Channel:
         m.TxCommit: _tx_commit,
         m.TxRollback: _tx_rollback,
     }
+
+
+def _with_delivery_count(properties: bytes, count: int) -> bytes:
+    """The properties with the x-delivery-count header quorum queues add."""
+    try:
+        props = decode_properties(properties)
+    except PropertiesError:
+        return properties
+    props.headers = {**(props.headers or {}), "x-delivery-count": count}
+    return encode_properties(props)
 
 
 def _headers_of(properties: bytes):

@@ -268,7 +268,7 @@ class Connection(asyncio.Protocol):
             if error.hard:
                 self.close_with_error(error)
             else:
-                self._close_channel_with_error(ch, error)
+                self.close_channel_with_error(ch, error)
 
     def _channel_open(self, number: int, frame_type: int, payload: bytes) -> None:
         method = self.decode(payload) if frame_type == frames.FRAME_METHOD else None
@@ -287,7 +287,7 @@ class Connection(asyncio.Protocol):
         self.channels[number] = Channel(self, number)
         self.method(number, m.ChannelOpenOk())
 
-    def _close_channel_with_error(self, ch: Channel, error: AMQPError) -> None:
+    def close_channel_with_error(self, ch: Channel, error: AMQPError) -> None:
         ch.release()
         ch.closing = True
         ch.send(m.ChannelClose(reply_code=error.code, reply_text=error.text[:255],

@@ -16,6 +16,7 @@ from .topic import TopicTrie
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 QUEUE = "queue"
+RENEW_EXCHANGE = "amq.warren.renew"  # lock renewal (see Channel._renew), routes nothing
 EXCHANGE = "exchange"
 
 

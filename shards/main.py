@@ -23,7 +23,7 @@ from storage.shardstore import ShardStore
 
 from . import records as r
 from .persister import Persister
-from .queue import Delivered, Destroyed, Persist, Queue, Refused, Remove
+from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
 from .ring import Ring, RingSpec
 from .stats import StatsLog
 
@@ -177,6 +177,10 @@ class Shard:
                 queue = self.queues.get(qid)
                 if queue is not None:
                     self._apply(queue, cmd, now)
+        elif kind is r.QueueInfo:
+            wanted = cmd.qids or list(self.queues)
+            self.outbox.append(r.QueueInfoReply(cmd.req, [
+                _queue_figures(self.queues[qid]) for qid in wanted if qid in self.queues]))
         elif kind is r.Stop:
             self.running = False
         else:
@@ -188,7 +192,7 @@ class Shard:
                 self.holder_queues.setdefault(cmd.holder, set()).add(cmd.qid)
             if kind is r.Consume:
                 self.stats.event("consumer_added", vhost=queue.vhost, queue=queue.name,
-                                 consumer_tag=cmd.tag)
+                                 consumer_tag=cmd.tag, timeout_ms=cmd.timeout_ms)
             elif kind is r.Cancel:
                 self.stats.event("consumer_cancelled", vhost=queue.vhost, queue=queue.name)
             self._apply(queue, cmd, now)
@@ -215,17 +219,33 @@ class Shard:
                 persister.mark_delivered(effect.qid, effect.seq, effect.rich)
             elif kind is Refused:
                 self._refused = True
+            elif kind is CountsChanged:
+                persister.update_counts(effect.qid, effect.seq, effect.delivery_count,
+                                        effect.acquired)
             elif kind is Destroyed:
                 queue = self.queues.pop(effect.qid, None)
                 persister.delete_queue(effect.qid)
                 if queue is not None:
                     self.stats.event("queue_deleted", vhost=queue.vhost, queue=queue.name)
             else:
+                if kind is r.ConsumerTimedOut:
+                    queue = self.queues.get(effect.qid)
+                    if queue is not None:
+                        self.stats.event("consumer_timed_out", vhost=queue.vhost,
+                                         queue=queue.name, messages=len(effect.seqs),
+                                         timeout_ms=effect.timeout_ms)
                 self.outbox.append(effect)
 
 
+def _queue_figures(queue: Queue) -> list[int]:
+    c = queue.counters
+    return [queue.qid, queue.ready_count, queue.unacked_count, len(queue.consumers),
+            queue.ram_bytes, c.published, c.delivered, c.redelivered, c.acked, c.rejected,
+            c.expired, c.dead_lettered]
+
+
 def _has_timers(queue: Queue) -> bool:
-    return queue.may_expire or queue.expires_after is not None
+    return queue.may_expire or queue.expires_after is not None or bool(queue.lock_heap)
 
 
 def _event_records(events: list) -> list[bytes]:

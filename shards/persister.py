@@ -47,11 +47,12 @@ class Persister:
                                             stored.durable, stored.exclusive,
                                             stored.auto_delete, stored.arguments))
                 self._store_of[stored.qid] = store
-                for seq, delivered, _delivery_count, _acquired, rich in store.recover(stored.qid):
+                for seq, delivered, delivery_count, acquired, rich in store.recover(stored.qid):
                     if queue.tracked or rich:
                         content = store.read(stored.qid, seq)
                         msg = queue.recovered_message(seq, delivered, content.properties,
-                                                      len(content.body), now)
+                                                      len(content.body), now, delivery_count,
+                                                      acquired)
                     else:
                         msg = Message(seq, None, True, delivered)
                     queue.enqueue_recovered(msg)
@@ -90,6 +91,9 @@ class Persister:
         batch = self._batch(qid)
         for seq in seqs:
             batch.delete_message(qid, seq)
+
+    def update_counts(self, qid: int, seq: int, delivery_count: int, acquired: int) -> None:
+        self._batch(qid).update_counts(qid, seq, delivery_count, acquired)
 
     def mark_delivered(self, qid: int, seq: int, rich: bool = False) -> None:
         self._batch(qid).mark_delivered(qid, seq, rich)

@@ -59,14 +59,18 @@ class RichMessage(Message):
     body left RAM) and a priority (x-max-priority). Plain queues never pay for
     these slots."""
 
-    __slots__ = ("expires", "size", "priority")
+    __slots__ = ("expires", "size", "priority", "delivery_count", "acquired")
 
     def __init__(self, seq: int, content: tuple | None, stored: bool, redelivered: bool,
-                 expires: float | None, size: int, priority: int):
+                 expires: float | None, size: int, priority: int, delivery_count: int = 0,
+                 acquired: int = 0):
         super().__init__(seq, content, stored, redelivered)
         self.expires = expires
         self.size = size
         self.priority = priority
+        # Quorum queues count returns: failed ones (x-delivery-count) and all of them.
+        self.delivery_count = delivery_count
+        self.acquired = acquired
 
     def __lt__(self, other: "Message") -> bool:  # heap order: higher priority, then older
         return (-self.priority, self.seq) < (-getattr(other, "priority", 0), other.seq)
@@ -120,12 +124,13 @@ class PriorityReady:
         self.count = 0
 
 
+DEFAULT_DELIVERY_LIMIT = 20
 NO_CONTENT = (None, None, None, None)  # to be read back from storage by the shard
 
 
 class Consumer:
     __slots__ = ("holder", "channel", "tag", "no_ack", "exclusive", "prefetch", "credit",
-                 "priority")
+                 "priority", "timeout", "timed_out")
 
     def __init__(self, c: r.Consume):
         self.holder = c.holder
@@ -136,6 +141,8 @@ class Consumer:
         self.prefetch = c.prefetch
         self.credit = c.credit
         self.priority = c.priority
+        self.timeout = c.timeout_ms / 1000 if c.timeout_ms else None  # lock length, seconds
+        self.timed_out: set[int] = set()  # its timed-out messages not yet settled by it
 
 
 class Persist:
@@ -183,6 +190,18 @@ class Refused:
         self.qid = qid
 
 
+class CountsChanged:
+    """Storage effect: a stored message's return counts changed (quorum queues)."""
+
+    __slots__ = ("qid", "seq", "delivery_count", "acquired")
+
+    def __init__(self, qid: int, seq: int, delivery_count: int, acquired: int):
+        self.qid = qid
+        self.seq = seq
+        self.delivery_count = delivery_count
+        self.acquired = acquired
+
+
 class Destroyed:
     """The queue no longer exists; the shell forgets it (and its stored messages)."""
 
@@ -196,12 +215,12 @@ class QueueCounters:
     """Running totals for the shard's statistics log."""
 
     __slots__ = ("published", "published_bytes", "delivered", "redelivered", "acked",
-                 "rejected", "requeued", "expired", "dead_lettered", "dropped")
+                 "rejected", "requeued", "expired", "dead_lettered", "dropped", "timeouts")
 
     def __init__(self):
         self.published = self.published_bytes = self.delivered = self.redelivered = 0
         self.acked = self.rejected = self.requeued = 0
-        self.expired = self.dead_lettered = self.dropped = 0
+        self.expired = self.dead_lettered = self.dropped = self.timeouts = 0
 
 
 def describe(vhost: str, name: str) -> str:
@@ -234,6 +253,11 @@ class Queue:
         self.ready_bytes = 0  # bodies of ready messages (tracked queues only)
         self.now = 0.0  # the time of the command being applied
         self.last_used: float | None = None  # for x-expires
+        # Consumer timeouts (quorum queues): when each checked-out message's lock
+        # ends, and a heap of (deadline, holder, seq) whose stale entries (settled,
+        # renewed) are skipped when they come up.
+        self.locks: dict[tuple[int, int], float] = {}
+        self.lock_heap: list[tuple[float, int, int]] = []
         self.configure(c.arguments)
         self.ready = PriorityReady() if self.max_priority is not None else deque()
 
@@ -249,9 +273,13 @@ class Queue:
         self.overflow = arguments.get("x-overflow", "drop-head")
         self.max_priority = arguments.get("x-max-priority")
         self.dead_letters = bool(arguments.get("x-dead-letter-exchange") is not None)
+        self.quorum = arguments.get("x-queue-type") == "quorum"
+        # RabbitMQ 4 gives quorum queues a delivery limit of 20 by default; -1: none.
+        limit = arguments.get("x-delivery-limit", DEFAULT_DELIVERY_LIMIT if self.quorum else -1)
+        self.delivery_limit = limit if limit >= 0 else None
         # Tracked queues keep every message as a RichMessage.
         self.tracked = (self.message_ttl is not None or self.max_bytes is not None
-                        or self.max_priority is not None)
+                        or self.max_priority is not None or self.quorum)
         self.may_expire = self.message_ttl is not None
 
     # -- queries ---------------------------------------------------------------
@@ -277,7 +305,19 @@ class Queue:
         if self.expires_after is not None and not self.consumers and self.last_used is not None:
             unused = self.last_used + self.expires_after
             deadline = unused if deadline is None else min(deadline, unused)
+        lock = self._next_lock()
+        if lock is not None:
+            deadline = lock if deadline is None else min(deadline, lock)
         return deadline
+
+    def _next_lock(self) -> float | None:
+        heap = self.lock_heap
+        while heap:
+            deadline, holder, seq = heap[0]
+            if self.locks.get((holder, seq)) == deadline:
+                return deadline
+            heapq.heappop(heap)  # settled or renewed since
+        return None
 
     # -- commands --------------------------------------------------------------
 
@@ -305,11 +345,48 @@ class Queue:
         effects: list = []
         if self.may_expire:
             self._expire(effects)
+        if self.lock_heap:
+            self._time_out_locks(now, effects)
         if (self.expires_after is not None and not self.consumers
                 and now >= self.last_used + self.expires_after):
             self._destroy(effects)
             effects.append(r.QueueDeleted(self.qid))
         return effects
+
+    def _time_out_locks(self, now: float, effects: list) -> None:
+        """Return the messages whose lock ended to the queue; their consumers enter
+        timeout status until they settle them (or are cancelled)."""
+        expired: dict[int, list[int]] = {}
+        while (deadline := self._next_lock()) is not None and deadline <= now:
+            _, holder, seq = heapq.heappop(self.lock_heap)
+            del self.locks[(holder, seq)]
+            expired.setdefault(holder, []).append(seq)
+        for holder, seqs in expired.items():
+            held = self.holdings.get(holder, {})
+            for seq in seqs:
+                msg = held.pop(seq, None)
+                if msg is not None:
+                    self._return(msg, failed=False, effects=effects)
+            if not held:
+                self.holdings.pop(holder, None)
+            consumer = self.consumers.get(holder)
+            if consumer is not None:
+                consumer.timed_out.update(seqs)
+                self.counters.timeouts += 1
+                effects.append(r.ConsumerTimedOut(holder, self.qid, seqs,
+                                                  int(consumer.timeout * 1000)))
+        self._dispatch(effects)
+
+    def _renew(self, cmd: r.Renew, effects: list) -> None:
+        consumer = self.consumers.get(cmd.holder)
+        held = self.holdings.get(cmd.holder)
+        if consumer is None or consumer.timeout is None or not held:
+            return
+        deadline = self.now + consumer.timeout
+        for seq in cmd.seqs or list(held):
+            if (cmd.holder, seq) in self.locks:
+                self.locks[(cmd.holder, seq)] = deadline
+                heapq.heappush(self.lock_heap, (deadline, cmd.holder, seq))
 
     def _publish(self, cmd: r.Publish, effects: list) -> None:
         size = len(cmd.body)
@@ -354,7 +431,8 @@ class Queue:
         self.next_seq = max(self.next_seq, msg.seq + 1)
 
     def recovered_message(self, seq: int, delivered: bool, properties: bytes | None,
-                          size: int, now: float) -> Message:
+                          size: int, now: float, delivery_count: int = 0,
+                          acquired: int = 0) -> Message:
         """A stored message read back at recovery. Tracked queues need its
         properties and size; its time to live starts again at recovery."""
         if properties is None:
@@ -371,7 +449,8 @@ class Queue:
         if self.tracked:
             self.ready_bytes += size
         return RichMessage(seq, None, True, delivered, None if ttl is None else now + ttl, size,
-                           min(priority, self.max_priority) if self.max_priority else 0)
+                           min(priority, self.max_priority) if self.max_priority else 0,
+                           delivery_count, acquired)
 
     def _status(self, cmd: r.QueueStatus, effects: list) -> None:
         effects.append(r.Reply(cmd.req, message_count=self.ready_count,
@@ -405,18 +484,26 @@ class Queue:
         redelivered = msg.redelivered
         self._hand_out(msg, None if cmd.no_ack else cmd.holder, effects)
         effects.append(r.GetReply(cmd.req, self.qid, msg.seq, redelivered,
-                                  *(msg.content or NO_CONTENT), self.ready_count))
+                                  *(msg.content or NO_CONTENT), self.ready_count,
+                                  delivery_count=getattr(msg, "delivery_count", 0)))
 
     def _settle(self, cmd: r.Settle, effects: list) -> None:
+        consumer = self.consumers.get(cmd.holder)
+        if consumer is not None and consumer.timed_out:
+            # settling its timed-out messages (already back in the queue) ends the
+            # consumer's timeout status
+            consumer.timed_out.difference_update(cmd.seqs)
         held = self.holdings.get(cmd.holder)
         if not held:
+            self._dispatch(effects)
             return
         for seq in cmd.seqs:
             msg = held.pop(seq, None)
             if msg is None:
                 continue
-            if cmd.outcome == r.SETTLE_REQUEUE:
-                self._return(msg)
+            self.locks.pop((cmd.holder, seq), None)
+            if cmd.outcome == r.SETTLE_REQUEUE or cmd.outcome == r.SETTLE_RETURN:
+                self._return(msg, cmd.outcome == r.SETTLE_REQUEUE, effects)
             elif cmd.outcome == r.SETTLE_ACK:
                 self.counters.acked += 1
                 self._settled(msg, effects)
@@ -437,8 +524,9 @@ class Queue:
     def _release(self, cmd: r.ReleaseHolders, effects: list) -> None:
         for holder in cmd.holders:
             self._remove_consumer(holder)
-            for msg in self.holdings.pop(holder, {}).values():
-                self._return(msg)
+            for seq, msg in self.holdings.pop(holder, {}).items():
+                self.locks.pop((holder, seq), None)
+                self._return(msg, True, effects)  # the consumer was lost: a failed delivery
         self._maybe_auto_delete(effects)
         self._dispatch(effects)
 
@@ -458,7 +546,14 @@ class Queue:
         self._destroy(effects)
         effects.append(r.Reply(cmd.req, message_count=count))
 
+    def _configure(self, cmd: r.ConfigureQueue, effects: list) -> None:
+        self.configure(cmd.arguments)
+        if self.max_length is not None or self.max_bytes is not None:
+            self._drop_over_limit(effects)
+
     _handlers = {
+        r.ConfigureQueue: _configure,
+        r.Renew: _renew,
         r.Publish: _publish,
         r.QueueStatus: _status,
         r.Consume: _consume,
@@ -492,7 +587,7 @@ class Queue:
         else:
             return None
         if self.tracked:
-            self.ready_bytes -= msg.size
+            self.ready_bytes -= getattr(msg, "size", 0)  # plain ones predate a policy
         return msg
 
     def _take_next(self, effects: list) -> Message | None:
@@ -551,17 +646,36 @@ class Queue:
             self._settled(msg, effects)
             return
         self.holdings.setdefault(holder, {})[msg.seq] = msg
+        consumer = self.consumers.get(holder)
+        if consumer is not None and consumer.timeout is not None and self.quorum:
+            deadline = self.now + consumer.timeout
+            self.locks[(holder, msg.seq)] = deadline
+            heapq.heappush(self.lock_heap, (deadline, holder, msg.seq))
         if msg.stored and not msg.redelivered:
             effects.append(Delivered(self.qid, msg.seq, self._rich(msg)))
 
     def _rich(self, msg: Message) -> bool:
         return not self.tracked and type(msg) is RichMessage
 
-    def _return(self, msg: Message) -> None:
+    def _return(self, msg: Message, failed: bool = True, effects: list | None = None) -> None:
+        """Back to the queue. Quorum queues count it: every return in `acquired`, a
+        failed one (reject, consumer lost) in `delivery_count`; past the delivery
+        limit the message is dead-lettered or dropped instead."""
         self.counters.requeued += 1
         msg.redelivered = True
+        if self.quorum and type(msg) is RichMessage:
+            msg.acquired += 1
+            if failed:
+                msg.delivery_count += 1
+            if self.delivery_limit is not None and msg.delivery_count > self.delivery_limit:
+                self._dead_letter(msg, "delivery_limit", effects)
+                self._settled(msg, effects)
+                return
+            if msg.stored and effects is not None:
+                effects.append(CountsChanged(self.qid, msg.seq, msg.delivery_count,
+                                             msg.acquired))
         if self.tracked:
-            self.ready_bytes += msg.size
+            self.ready_bytes += getattr(msg, "size", 0)
         heapq.heappush(self.returned, msg)
 
     def _settled(self, msg: Message, effects: list) -> None:
@@ -609,6 +723,8 @@ class Queue:
         self.rotations.clear()
         self.priorities = []
         self.holdings.clear()
+        self.locks.clear()
+        self.lock_heap.clear()
         self.ready.clear()
         self.returned.clear()
         self.ram_bytes = 0
@@ -617,7 +733,7 @@ class Queue:
         effects.append(Destroyed(self.qid))
 
     def _can_take(self, c: Consumer) -> bool:
-        if c.credit <= 0:
+        if c.credit <= 0 or c.timed_out:
             return False
         if c.no_ack or c.prefetch == 0:
             return True
@@ -645,7 +761,8 @@ class Queue:
                 return
             consumer.credit -= 1
             effects.append(r.Deliver(consumer.holder, self.qid, msg.seq, msg.redelivered,
-                                     *(msg.content or NO_CONTENT)))
+                                     *(msg.content or NO_CONTENT),
+                                     getattr(msg, "delivery_count", 0)))
             self._hand_out(msg, None if consumer.no_ack else consumer.holder, effects)
 
 

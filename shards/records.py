@@ -81,6 +81,7 @@ class Consume(_Record, tag=6):
     prefetch: int  # per-consumer unacked limit, 0 = unlimited
     credit: int  # initial link credit granted by the gateway
     priority: int = 0
+    timeout_ms: int = 0  # consumer timeout (quorum queues; 0: none)
 
 
 class Cancel(_Record, tag=7):
@@ -106,8 +107,17 @@ class Settle(_Record, tag=9):
 
 
 SETTLE_ACK = 0
-SETTLE_REQUEUE = 1
+SETTLE_REQUEUE = 1  # a failed delivery (reject/recover): counts in x-delivery-count
 SETTLE_DISCARD = 2
+SETTLE_RETURN = 3  # nack with requeue: back to the queue, not counted as failed
+
+
+class Renew(_Record, tag=16):
+    """Extend the locks (consumer timeout) of these checked-out messages."""
+
+    qid: int
+    holder: int
+    seqs: list[int]  # empty: every message the holder has
 
 
 class Grant(_Record, tag=10):
@@ -124,6 +134,21 @@ class ReleaseHolders(_Record, tag=11):
     """A channel closed: cancel its consumers and requeue everything they hold."""
 
     holders: list[int]
+
+
+class ConfigureQueue(_Record, tag=14):
+    """A queue's effective arguments changed (a policy applies to it now)."""
+
+    qid: int
+    arguments: dict
+
+
+class QueueInfo(_Record, tag=15):
+    """Ask for the figures of these queues (all of the shard's when empty):
+    answered with QueueInfoReply."""
+
+    req: int
+    qids: list[int]
 
 
 class Stop(_Record, tag=13):
@@ -152,6 +177,7 @@ class Deliver(_Record, tag=51):
     routing_key: str
     properties: bytes
     body: bytes
+    delivery_count: int = 0  # failed deliveries so far (quorum queues): x-delivery-count
 
 
 class GetReply(_Record, tag=52):
@@ -168,6 +194,19 @@ class GetReply(_Record, tag=52):
     message_count: int = 0
     code: int = 0
     text: str = ""
+    delivery_count: int = 0
+
+
+class QueueInfoReply(_Record, tag=59):
+    """Per queue: [qid, ready, unacked, consumers, ready_bytes, published,
+    delivered, redelivered, acked, rejected, expired, dead_lettered]."""
+
+    req: int
+    queues: list[list[int]]
+
+
+QUEUE_INFO_FIELDS = ("qid", "ready", "unacked", "consumers", "ram_bytes", "published",
+                     "delivered", "redelivered", "acked", "rejected", "expired", "dead_lettered")
 
 
 class ConsumerCancelled(_Record, tag=53):
@@ -213,6 +252,16 @@ class DeadLettered(_Record, tag=58):
     body: bytes | None
 
 
+class ConsumerTimedOut(_Record, tag=60):
+    """A consumer kept these messages past its timeout: they are back in the queue
+    and the consumer gets nothing new until they are settled or it is cancelled."""
+
+    holder: int
+    qid: int
+    seqs: list[int]
+    timeout_ms: int
+
+
 class QueueDeleted(_Record, tag=55):
     """The shard deleted a queue by itself (auto-delete after the last consumer)."""
 
@@ -221,10 +270,10 @@ class QueueDeleted(_Record, tag=55):
 
 Command = (
     CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
-    | Get | Settle | Grant | ReleaseHolders | Stop
+    | Get | Settle | Grant | ReleaseHolders | Stop | ConfigureQueue | QueueInfo | Renew
 )
 Event = (Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted
-         | Alarm | DeadLettered)
+         | Alarm | DeadLettered | QueueInfoReply | ConsumerTimedOut)
 
 _command_encoder = msgspec.msgpack.Encoder()
 _command_batch_decoder = msgspec.msgpack.Decoder(list[Command])
