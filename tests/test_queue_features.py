@@ -124,3 +124,76 @@ def test_priority_order_matches_a_stable_sort(messages):
         out.append(int(body))
     expected = sorted(range(len(messages)), key=lambda i: (-min(messages[i][0], 9), i))
     assert out == expected
+
+
+# -- quorum queues: counting and consumer timeouts ------------------------------------
+
+
+def quorum_queue(**arguments) -> Queue:
+    return Queue(r.CreateQueue(0, 1, "/", "q", True, False, False,
+                               {"x-queue-type": "quorum", **arguments}))
+
+
+def consume_with_timeout(q: Queue, holder: int, timeout_ms: int, now: float = 0.0) -> list:
+    return q.apply(r.Consume(holder, 1, holder, 100, f"c{holder}", False, False, 0, 100, 0,
+                             timeout_ms), now)
+
+
+def test_no_timer_while_nothing_is_held():
+    q = quorum_queue()
+    consume_with_timeout(q, 7, 1000)
+    assert q.next_deadline() is None and not q.lock_heap
+
+
+def test_partial_timeout_then_recovery_after_settling():
+    q = quorum_queue()
+    consume_with_timeout(q, 7, 1000)
+    first = publish(q, b"a", now=0.0)
+    second = publish(q, b"b", now=0.5)
+    [a] = [e for e in first if isinstance(e, r.Deliver)]
+    [b] = [e for e in second if isinstance(e, r.Deliver)]
+    assert q.next_deadline() == 1.0
+    effects = q.tick(1.0)
+    [timed_out] = [e for e in effects if isinstance(e, r.ConsumerTimedOut)]
+    assert timed_out.seqs == [a.seq] and timed_out.timeout_ms == 1000
+    assert q.ready_count == 1 and q.unacked_count == 1  # only the expired one went back
+    # in timeout status: nothing new for it
+    assert not [e for e in publish(q, b"c", now=1.1) if isinstance(e, r.Deliver)]
+    q.apply(r.Settle(1, 7, [b.seq], r.SETTLE_ACK), 1.2)  # settling another: still timed out
+    assert q.consumers[7].timed_out == {a.seq}
+    effects = q.apply(r.Settle(1, 7, [a.seq], r.SETTLE_ACK), 1.3)
+    delivered = [(e.body, e.redelivered, e.delivery_count) for e in effects
+                 if isinstance(e, r.Deliver)]
+    assert delivered == [(b"a", True, 0), (b"c", False, 0)]  # a timeout is no failed delivery
+
+
+def test_renewal_moves_the_deadline():
+    q = quorum_queue()
+    consume_with_timeout(q, 7, 1000)
+    [d] = [e for e in publish(q, b"a", now=0.0) if isinstance(e, r.Deliver)]
+    q.apply(r.Renew(1, 7, [d.seq]), 0.8)
+    assert q.next_deadline() == 1.8
+    assert q.tick(1.5) == []
+    q.apply(r.Renew(1, 7, []), 1.6)  # every message of the holder
+    assert q.next_deadline() == 2.6
+
+
+def test_classic_queue_ignores_consumer_timeouts():
+    q = make_queue()
+    consume_with_timeout(q, 7, 1000)
+    publish(q, b"a")
+    assert q.next_deadline() is None
+
+
+def test_delivery_limit_and_counts():
+    q = quorum_queue(**{"x-delivery-limit": 1, "x-dead-letter-exchange": "dlx"})
+    publish(q, b"a")
+    counts = []
+    for _ in range(2):
+        [reply] = [e for e in q.apply(r.Get(1, 1, 500, False), 0.0)
+                   if isinstance(e, r.GetReply)]
+        counts.append(reply.delivery_count)
+        effects = q.apply(r.Settle(1, 500, [reply.seq], r.SETTLE_REQUEUE), 0.0)
+    assert counts == [0, 1]
+    assert dead_letters(effects) == [("delivery_limit", b"a")]
+    assert q.ready_count == 0
