@@ -35,7 +35,25 @@ class RunningBroker:
             self.stop()
             raise RuntimeError(f"broker did not start: {line!r}; log:\n{self.log_text()}")
         self.port = int(line.split("amqp://", 1)[1].split()[0].rsplit(":", 1)[1])
+        self._lines = [line]
         return self
+
+    def listener_port(self, scheme: str, timeout: float = 10.0) -> int:
+        """The port of another listener (amqps, http) from the lines the broker
+        printed after the first, read as needed."""
+        marker = f"{scheme}://"
+        while True:
+            for line in self._lines:
+                if marker in line:
+                    return int(line.split(marker, 1)[1].split()[0].rsplit(":", 1)[1])
+            line = read_line(self.process.stdout, timeout)
+            if not line:
+                raise RuntimeError(f"the broker printed no {scheme} listener")
+            self._lines.append(line)
+
+    @property
+    def tls_port(self) -> int:
+        return self.listener_port("amqps")
 
     @property
     def url(self) -> str:

@@ -1,0 +1,301 @@
+"""Configuration, users, permissions, limits and TLS against a real `warren serve`."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import socket
+import ssl
+import subprocess
+import sys
+
+import pika
+import pika.exceptions
+import pytest
+
+from gateway import auth
+from gateway.access import AccessControl
+from gateway.config import Config, ConfigError, build
+from storage.metastore import MetaStore, VHostDef
+
+from .conftest import ROOT, RunningBroker
+
+
+def serve(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "serve", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+# -- configuration ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content,message", [
+    ("colour = 'blue'\n", "warren.toml: unknown key `colour`"),
+    ("heartbeat = 'often'\n", "warren.toml: heartbeat: Expected `int`, got `str`"),
+    ("port = 70000\n", "port: must be a port number, 0-65535 (got 70000)"),
+    ("max_message_size = 0\n", "max_message_size: must be 1-536870912 (got 0)"),
+    ("tls_certfile = 'x.pem'\n", "tls_keyfile: is required with tls_certfile"),
+    ("port = [\n", "not valid TOML"),
+])
+def test_bad_configuration_is_named_and_the_broker_does_not_start(tmp_path, content, message):
+    config = tmp_path / "warren.toml"
+    config.write_text(content)
+    result = serve("--config", str(config), "--data-dir", str(tmp_path / "data"))
+    assert result.returncode == 2
+    assert "warren: configuration error:" in result.stderr
+    assert message in result.stderr.replace(str(config), "warren.toml")
+    assert "listening" not in result.stdout
+
+
+def test_bad_command_line_value_is_named(tmp_path):
+    result = serve("--heartbeat", "soon", "--data-dir", str(tmp_path / "data"))
+    assert result.returncode == 2
+    assert "--heartbeat: expected int, got 'soon'" in result.stderr
+
+
+def test_command_line_wins_over_the_file():
+    config = build({"heartbeat": 30, "channel_max": 10}, {"heartbeat": "5"})
+    assert (config.heartbeat, config.channel_max, config.frame_max) == (5, 10, 131072)
+    with pytest.raises(ConfigError):
+        build({"loopback_users": "guest"}, {})
+
+
+def test_configured_tuning_reaches_clients(tmp_path):
+    config = tmp_path / "warren.toml"
+    config.write_text("heartbeat = 7\nchannel_max = 12\nframe_max = 8192\n")
+    broker = RunningBroker(tmp_path / "data", extra_args=["--config", str(config)]).start()
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        params = conn._impl.params
+        assert (params.heartbeat, params.channel_max, params.frame_max) == (7, 12, 8192)
+        conn.close()
+    finally:
+        broker.stop()
+
+
+def test_message_larger_than_max_size_closes_the_channel(tmp_path):
+    broker = RunningBroker(tmp_path / "data", extra_args=["--max-message-size", "100"]).start()
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        ch = conn.channel()
+        ch.queue_declare("small")
+        ch.basic_publish("", "small", b"x" * 100)  # exactly the limit is fine
+        ch.basic_publish("", "small", b"x" * 101)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+            ch.queue_declare("small", passive=True)
+        assert raised.value.reply_code == 406
+        assert raised.value.reply_text == (
+            "PRECONDITION_FAILED - message size 101 is larger than configured max size 100")
+        ch = conn.channel()
+        assert ch.queue_declare("small", passive=True).method.message_count == 1
+        conn.close()
+    finally:
+        broker.stop()
+
+
+# -- users and permissions ---------------------------------------------------------------
+
+
+def prepare_users(data_dir) -> None:
+    """Write users, vhosts and permissions into a new data directory's metadata
+    store, as the management API would."""
+    meta = MetaStore(str(data_dir / "meta"))
+    try:
+        for vhost, limits in (("/", {}), ("team", {"max-connections": 1}),
+                              ("tiny", {"max-queues": 1})):
+            meta.put_vhost(VHostDef(vhost, "", limits))
+        access = AccessControl(meta)
+        access.put_user("guest", "guest", ["administrator"])
+        access.set_permissions("guest", "/", ".*", ".*", ".*")
+        access.set_permissions("guest", "tiny", ".*", ".*", ".*")
+        access.put_user("reader", "secret", [])
+        access.set_permissions("reader", "/", "^reader-", "^amq\\.default$", "^(shared|reader-.*)$")
+        access.put_user("teamster", "pw", [], limits={"max-channels": 2})
+        access.set_permissions("teamster", "team", ".*", ".*", ".*")
+    finally:
+        meta.close()
+
+
+@pytest.fixture(scope="module")
+def users_broker(tmp_path_factory):
+    data = tmp_path_factory.mktemp("users") / "data"
+    data.mkdir()
+    prepare_users(data)
+    broker = RunningBroker(data, shards=2, extra_args=["--bind", "0.0.0.0"]).start()
+    yield broker
+    broker.stop()
+
+
+def connect_as(broker, user, password, vhost="/", host="127.0.0.1"):
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        host, broker.port, vhost, pika.PlainCredentials(user, password),
+        connection_attempts=1))
+
+
+def test_wrong_password_is_refused(users_broker):
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError) as raised:
+        connect_as(users_broker, "reader", "wrong")
+    assert "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN" in str(
+        raised.value)
+
+
+def test_permissions_are_checked_per_resource(users_broker):
+    admin = connect_as(users_broker, "guest", "guest")
+    admin.channel().queue_declare("shared")
+    conn = connect_as(users_broker, "reader", "secret")
+    try:
+        ch = conn.channel()
+        ch.queue_declare("reader-own")  # configure ^reader-
+        ch.basic_publish("", "reader-own", b"mine")  # write on the default exchange
+        assert ch.basic_get("reader-own", auto_ack=True)[2] == b"mine"  # read
+        ch.basic_get("shared", auto_ack=True)  # read ^shared
+        for action, text in [
+            (lambda c: c.queue_declare("other"),
+             "ACCESS_REFUSED - access to queue 'other' in vhost '/' refused for user 'reader'"),
+            (lambda c: c.queue_delete("shared"),
+             "ACCESS_REFUSED - access to queue 'shared' in vhost '/' refused for user 'reader'"),
+            (lambda c: (c.basic_publish("amq.fanout", "", b"x"), c.queue_declare("reader-own")),
+             "ACCESS_REFUSED - access to exchange 'amq.fanout' in vhost '/' refused for user "
+             "'reader'"),
+            (lambda c: c.exchange_declare("other-x", "direct"),
+             "ACCESS_REFUSED - access to exchange 'other-x' in vhost '/' refused for user "
+             "'reader'"),
+        ]:
+            ch = conn.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+                action(ch)
+            assert (raised.value.reply_code, raised.value.reply_text) == (403, text)
+        assert conn.is_open  # only channels were closed
+    finally:
+        conn.close()
+        admin.close()
+
+
+def test_vhost_without_permission_and_missing_vhost(users_broker):
+    for vhost, text in [("team", "NOT_ALLOWED - access to vhost 'team' refused for user 'reader'"),
+                        ("nowhere", "NOT_ALLOWED - vhost nowhere not found")]:
+        with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as raised:
+            connect_as(users_broker, "reader", "secret", vhost)
+        assert "(530)" in str(raised.value) and text in str(raised.value)
+
+
+def test_connection_channel_and_queue_limits(users_broker):
+    first = connect_as(users_broker, "teamster", "pw", "team")
+    try:
+        with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as raised:
+            connect_as(users_broker, "teamster", "pw", "team")
+        assert ('(530) "NOT_ALLOWED - access to vhost \'team\' refused for user \'teamster\': '
+                'connection limit (1) is reached"') in str(raised.value)
+        first.channel()
+        first.channel()
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
+            first.channel()
+        assert raised.value.reply_text == (
+            "NOT_ALLOWED - number of channels opened for user 'teamster' has reached the "
+            "maximum allowed user limit of (2)")
+    finally:
+        if first.is_open:
+            first.close()
+    conn = connect_as(users_broker, "guest", "guest", "tiny")
+    ch = conn.channel()
+    ch.queue_declare("one")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+        ch.queue_declare("two")
+    assert raised.value.reply_text == ("PRECONDITION_FAILED - cannot declare queue 'two' in vhost "
+                                       "'tiny': vhost queue limit (1) is reached")
+    conn.close()
+
+
+def test_guest_only_from_loopback_decision():
+    access = AccessControl(None)
+    access.put_user("guest", "guest", [])
+    access.put_user("alice", "pw", [])
+    assert access.authenticate("guest", "guest", "127.0.0.1") is not None
+    assert access.authenticate("guest", "guest", "::1") is not None
+    assert access.authenticate("guest", "guest", "::ffff:127.0.0.1") is not None
+    assert access.authenticate("guest", "guest", "192.0.2.7") is None
+    assert access.authenticate("alice", "pw", "192.0.2.7") is not None
+    assert access.authenticate("alice", "nope", "127.0.0.1") is None
+
+
+def _non_loopback_address() -> str | None:
+    """An IPv4 address of this machine other than loopback: connecting to it from
+    here makes the broker see a non-loopback peer."""
+    candidates = []
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("203.0.113.1", 9))  # no packet is sent: this only picks a route
+        candidates.append(probe.getsockname()[0])
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    try:
+        candidates += subprocess.run(["hostname", "-I"], capture_output=True, text=True,
+                                     timeout=5).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for address in candidates:
+        if "." in address and not address.startswith("127."):
+            return address
+    return None
+
+
+def test_guest_refused_from_a_non_loopback_peer(users_broker):
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        connect_as(users_broker, "guest", "guest", host=address)
+    conn = connect_as(users_broker, "reader", "secret", host=address)  # others may
+    conn.close()
+
+
+def test_password_hashes_are_salted_rabbitmq_sha256():
+    first, second = auth.hash_password("s3cret"), auth.hash_password("s3cret")
+    assert first != second
+    assert auth.check_password(first, "s3cret") and not auth.check_password(first, "S3cret")
+    # RabbitMQ's layout: base64(4-byte salt + sha256(salt + password))
+    raw = base64.b64decode(first)
+    assert len(raw) == 36 and raw[4:] == hashlib.sha256(raw[:4] + b"s3cret").digest()
+
+
+# -- TLS ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "server.pem", folder / "server.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+def test_tls_listener_with_pika(tmp_path, certificate):
+    cert, key = certificate
+    broker = RunningBroker(tmp_path / "data", extra_args=[
+        "--tls-port", "0", "--tls-certfile", str(cert), "--tls-keyfile", str(key)])
+    broker.start()
+    try:
+        log = broker.log_text()
+        tls_port = broker.tls_port
+        context = ssl.create_default_context(cafile=str(cert))
+        conn = pika.BlockingConnection(pika.ConnectionParameters(
+            "localhost", tls_port, ssl_options=pika.SSLOptions(context, "localhost")))
+        ch = conn.channel()
+        ch.queue_declare("over-tls")
+        ch.basic_publish("", "over-tls", b"encrypted")
+        assert ch.basic_get("over-tls", auto_ack=True)[2] == b"encrypted"
+        conn.close()
+        # the plain listener still works beside it, and a plain client on the TLS port fails
+        plain = pika.BlockingConnection(pika.URLParameters(broker.url))
+        plain.close()
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tls_port,
+                                                              connection_attempts=1,
+                                                              socket_timeout=3))
+        assert "Traceback" not in log
+    finally:
+        broker.stop()
