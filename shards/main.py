@@ -22,6 +22,7 @@ import msgspec
 from storage.shardstore import ShardStore
 
 from . import records as r
+from .committer import Committer
 from .persister import Persister
 from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
 from .ring import Ring, RingSpec
@@ -66,6 +67,10 @@ class Shard:
         self.timed: set[int] = {q.qid for q in self.queues.values() if _has_timers(q)}
         self.next_timer: float | None = None
         self.running = True
+        # The commit the committer thread is running: (PendingCommit, its confirm
+        # lists, when it started); at most one at a time.
+        self.inflight: tuple | None = None
+        self.stored_ok = True  # did the last commit succeed (else: the disk alarm)
         self.alarms: set[str] = set()
         self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # bodies in RAM
 
@@ -75,11 +80,58 @@ class Shard:
         self.persister.fill(events)
         return events
 
-    def commit(self) -> bool:
-        stored = self.persister.commit(self._evict)
+    # -- commits and confirms ------------------------------------------------------
+
+    def has_commit_work(self) -> bool:
+        return bool(self.persister.has_writes() or self.confirm_seqs or self.refused_seqs)
+
+    def _take_confirm_lists(self) -> tuple:
+        lists = (self.confirm_channels, self.confirm_seqs, self.refused_channels,
+                 self.refused_seqs)
+        self.confirm_channels, self.confirm_seqs = [], []
+        self.refused_channels, self.refused_seqs = [], []
+        return lists
+
+    @staticmethod
+    def _confirm_records(lists: tuple, stored: bool) -> list:
+        channels, seqs, refused_channels, refused_seqs = lists
+        records = []
+        if seqs:
+            records.append((r.Confirmed if stored else r.Rejected)(channels, seqs))
+        if refused_seqs:  # a queue at its limit with x-overflow reject-publish
+            records.append(r.Rejected(refused_channels, refused_seqs))
+        return records
+
+    def start_commit(self, committer, now: float) -> list:
+        """With no commit in flight: hand the writes gathered so far to the
+        committer, with the confirms that must wait for them. Confirms of a turn
+        that wrote nothing are returned to be sent at once."""
+        if not self.has_commit_work():
+            return []
+        lists = self._take_confirm_lists()
+        if not self.persister.has_writes():
+            return self._confirm_records(lists, True)
+        pending = self.persister.begin_commit()
+        self.inflight = (pending, lists, now)
+        committer.submit(pending)
+        return []
+
+    def finish_commit(self) -> list:
+        """The commit in flight is durable (or failed): its confirms, to send."""
+        pending, lists, started = self.inflight
+        self.inflight = None
+        self.stored_ok = self.persister.finish_commit(pending, self._evict)
         for messages in self.persister.last_commits:
             self.stats.note_commit(messages)
-        return stored
+        if lists[1]:
+            self.stats.note_confirm_latency(time.monotonic() - started, len(lists[1]))
+        return self._confirm_records(lists, self.stored_ok)
+
+    def commit_now(self) -> list:
+        """Commit what is left in this thread (at shutdown) and return its confirms."""
+        lists = self._take_confirm_lists()
+        stored = self.persister.commit(self._evict)
+        return self._confirm_records(lists, stored)
 
     def _evict(self, qid: int, msg) -> None:
         queue = self.queues.get(qid)
@@ -133,18 +185,6 @@ class Shard:
         if active != (resource in self.alarms):
             (self.alarms.add if active else self.alarms.discard)(resource)
             self.outbox.append(r.Alarm(resource, active))
-
-    def take_confirms(self, stored: bool) -> list:
-        """This turn's confirms, to send once its writes are durable (or nacks)."""
-        confirms = []
-        if self.confirm_seqs:
-            kind = r.Confirmed if stored else r.Rejected
-            confirms.append(kind(self.confirm_channels, self.confirm_seqs))
-            self.confirm_channels, self.confirm_seqs = [], []
-        if self.refused_seqs:
-            confirms.append(r.Rejected(self.refused_channels, self.refused_seqs))
-            self.refused_channels, self.refused_seqs = [], []
-        return confirms
 
     def handle(self, cmd, now: float) -> None:
         kind = type(cmd)
@@ -260,9 +300,11 @@ def serve(spec: ShardSpec) -> None:
               for k in spec.stores}
     stats = StatsLog(os.path.join(spec.data_dir, "logs"), spec.index, spec.stats_interval)
     shard = Shard(spec.index, Persister(stores, spec.index), stats)
+    committer = Committer(Persister.run_commit)
     poller = select.poll()
     poller.register(spec.commands.data_fd, select.POLLIN)
     poller.register(spec.lifeline_fd, select.POLLIN)
+    poller.register(committer.done_fd, select.POLLIN)
     pending: list[bytes] = []  # encoded event records waiting for ring space
 
     while shard.running:
@@ -275,14 +317,22 @@ def serve(spec: ShardSpec) -> None:
                     _wait(poller, events.spec().space_fd, spec.lifeline_fd)
                     events.clear_space_doorbell()
                 continue
+        if shard.inflight is not None and committer.finished():
+            _send(events, pending, shard.finish_commit())
+            shard.check_resources(spec.memory_limit, shard.stored_ok)
+            _send(events, pending, shard.take_events())
         batches = commands.read_many()
         now = time.monotonic()
         timers_due = shard.next_timer is not None and shard.next_timer <= now
         if not batches and not timers_due:
+            if shard.inflight is None and shard.has_commit_work():
+                # what gathered while the last commit ran goes now
+                _send(events, pending, shard.start_commit(committer, now))
+                continue
             stats.tick(time.time(), shard.queues.values())
             if commands.sleep():
-                # Wake at least once an interval, so an idle shard still logs, and
-                # in time for the next queue timer.
+                # Wake for commands, the end of a commit, at least once an interval
+                # (an idle shard still logs), and in time for the next queue timer.
                 timeout = spec.stats_interval
                 if shard.next_timer is not None:
                     timeout = max(0.0, min(timeout, shard.next_timer - now))
@@ -293,16 +343,22 @@ def serve(spec: ShardSpec) -> None:
             for cmd in r.decode_commands(batch):
                 shard.handle(cmd, now)
         shard.run_timers(now)
-        # Deliveries and replies go out at once; confirms only after the fsync.
+        # Deliveries and replies go out at once; confirms only once their commit is
+        # durable. A commit runs in the committer thread while this loop goes on:
+        # what arrives meanwhile gathers into the next one (group commit).
         _send(events, pending, shard.take_events())
-        stored = shard.commit()
-        shard.check_resources(spec.memory_limit, stored)
-        confirms = shard.take_confirms(stored)
-        if confirms:
-            stats.note_confirm_latency(time.monotonic() - now, len(confirms[0].seqs))
-        _send(events, pending, confirms + shard.take_events())
+        if shard.inflight is None:
+            _send(events, pending, shard.start_commit(committer, now))
+        shard.check_resources(spec.memory_limit, shard.stored_ok)
+        _send(events, pending, shard.take_events())
         stats.tick(time.time(), shard.queues.values())
 
+    if shard.inflight is not None:  # finish the commit in flight, then what is left
+        committer.wait()
+        committer.finished()
+        _send(events, pending, shard.finish_commit())
+    _send(events, pending, shard.commit_now() + shard.take_events())
+    committer.close()
     while pending or events.backlogged():  # hand over the last events before exiting
         del pending[:events.write_many(pending)]
         events.flush()

@@ -23,6 +23,18 @@ from .queue import Message, Queue
 log = logging.getLogger("warren.shard")
 
 
+class PendingCommit:
+    """The writes of one commit, on their way to the stores."""
+
+    __slots__ = ("batches", "written", "ok", "sizes")
+
+    def __init__(self, batches: dict, written: list):
+        self.batches = batches
+        self.written = written  # (qid, message) whose content leaves RAM once committed
+        self.ok = True
+        self.sizes: list[int] = []  # records per store transaction
+
+
 class Persister:
     def __init__(self, stores: dict[int, ShardStore], home: int):
         self.stores = stores
@@ -98,30 +110,48 @@ class Persister:
     def mark_delivered(self, qid: int, seq: int, rich: bool = False) -> None:
         self._batch(qid).mark_delivered(qid, seq, rich)
 
-    def commit(self, evict) -> bool:
-        """Make this turn's writes durable: one transaction and one fsync per store,
-        then `evict(qid, message)` each written message's content from RAM.
-        False if a store refused (full): the turn's confirms must then be nacks."""
-        ok = True
-        self.last_commits = []
-        for store, batch in self._batches.items():
-            if batch.is_empty():
-                continue
+    def has_writes(self) -> bool:
+        return any(not batch.is_empty() for batch in self._batches.values())
+
+    def begin_commit(self) -> "PendingCommit":
+        """Take this turn's writes out of the persister, to be committed (possibly in
+        another thread) while the next turn's writes gather."""
+        pending = PendingCommit({store: batch for store, batch in self._batches.items()
+                                 if not batch.is_empty()}, self._written)
+        self._batches = {}
+        self._written = []
+        return pending
+
+    @staticmethod
+    def run_commit(pending: "PendingCommit") -> None:
+        """One transaction and one fsync per store. Touches only `pending` and the
+        stores' write transactions, so it may run in the committer thread."""
+        for store, batch in pending.batches.items():
             try:
                 store.commit(batch)
             except StoreFull:
-                log.error("store %s is full: nacking this turn's publishes", store)
-                ok = False
+                log.error("store %s is full: nacking this commit's publishes", store)
+                pending.ok = False
                 continue
-            self.fsyncs += 1
-            self.messages += len(batch)
-            self.last_commits.append(len(batch))
-        self._batches.clear()
-        if ok:
-            for qid, msg in self._written:
+            pending.sizes.append(len(batch))
+
+    def finish_commit(self, pending: "PendingCommit", evict) -> bool:
+        """After run_commit, in the shard's thread: evict each written message's
+        content from RAM. False if a store refused (full): the commit's confirms
+        must then be nacks."""
+        self.fsyncs += len(pending.sizes)
+        self.messages += sum(pending.sizes)
+        self.last_commits = pending.sizes
+        if pending.ok:
+            for qid, msg in pending.written:
                 evict(qid, msg)
-        self._written.clear()
-        return ok
+        return pending.ok
+
+    def commit(self, evict) -> bool:
+        """Commit this turn's writes now, in this thread."""
+        pending = self.begin_commit()
+        self.run_commit(pending)
+        return self.finish_commit(pending, evict)
 
     # -- reading content back --------------------------------------------------
 
