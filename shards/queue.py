@@ -274,6 +274,7 @@ class Queue:
         self.max_priority = arguments.get("x-max-priority")
         self.dead_letters = bool(arguments.get("x-dead-letter-exchange") is not None)
         self.quorum = arguments.get("x-queue-type") == "quorum"
+        self.single_active = arguments.get("x-single-active-consumer") is True
         # RabbitMQ 4 gives quorum queues a delivery limit of 20 by default; -1: none.
         limit = arguments.get("x-delivery-limit", DEFAULT_DELIVERY_LIMIT if self.quorum else -1)
         self.delivery_limit = limit if limit >= 0 else None
@@ -741,7 +742,12 @@ class Queue:
         return held is None or len(held) < c.prefetch
 
     def _next_consumer(self) -> Consumer | None:
-        """Highest priority first; round-robin among consumers of equal priority."""
+        """Highest priority first; round-robin among consumers of equal priority.
+        With x-single-active-consumer only the oldest consumer receives; the next
+        one takes over when it goes."""
+        if self.single_active:
+            active = next(iter(self.consumers.values()), None)
+            return active if active is not None and self._can_take(active) else None
         for priority in self.priorities:
             rotation = self.rotations[priority]
             for _ in range(len(rotation)):

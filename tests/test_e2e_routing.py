@@ -658,3 +658,24 @@ def test_aio_pika_headers_dead_letter_and_direct_reply_to(broker):
         raise AssertionError(f"nothing arrived in {queue.name}")
 
     asyncio.run(scenario())
+
+
+def test_single_active_consumer(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    queue = ch.queue_declare(unique("sac"), arguments={"x-single-active-consumer": True}
+                             ).method.queue
+    got = []
+    ch.basic_consume(queue, lambda c, m, p, body: got.append(("first", body)), auto_ack=True,
+                     consumer_tag="first")
+    ch.basic_consume(queue, lambda c, m, p, body: got.append(("second", body)), auto_ack=True,
+                     consumer_tag="second")
+    for i in range(4):
+        ch.basic_publish("", queue, b"%d" % i)
+    wait_until(lambda: (conn.process_data_events(0.02), len(got) == 4)[1])
+    assert {who for who, _ in got} == {"first"}
+    ch.basic_cancel("first")
+    ch.basic_publish("", queue, b"after")
+    wait_until(lambda: (conn.process_data_events(0.02), len(got) == 5)[1])
+    assert got[-1] == ("second", b"after")
+    conn.close()

@@ -197,3 +197,14 @@ def test_delivery_limit_and_counts():
     assert counts == [0, 1]
     assert dead_letters(effects) == [("delivery_limit", b"a")]
     assert q.ready_count == 0
+
+
+def test_single_active_consumer_hands_over_when_it_goes():
+    q = make_queue(**{"x-single-active-consumer": True})
+    consume_with_timeout(q, 7, 0)
+    consume_with_timeout(q, 8, 0)
+    effects = publish(q, b"a") + publish(q, b"b")
+    assert {e.holder for e in effects if isinstance(e, r.Deliver)} == {7}
+    effects = q.apply(r.ReleaseHolders([7]), 0.0)  # its channel closed: 8 takes over
+    assert [(e.holder, e.body) for e in effects if isinstance(e, r.Deliver)] == [(8, b"a"),
+                                                                               (8, b"b")]
