@@ -192,11 +192,16 @@ class Broker:
                     adopted.append(k)
         return [index, *sorted(adopted)]
 
+    def _log_dir(self) -> str:
+        """Where shards write their statistics logs (config log_dir, else DATA/logs)."""
+        return os.path.abspath(self.config.log_dir) if self.config.log_dir else os.path.join(
+            self.data_dir, "logs")
+
     def _start_shard(self, index: int) -> ShardLink:
         link = ShardLink(index, self.data_dir, self._stores_of(index),
                          self.memory_limit // self.shard_count, self.stats_interval,
                          self.store_map_size, self._on_events,
-                         self._on_shard_exit)
+                         self._on_shard_exit, self._log_dir())
         link.start()
         # Declare its durable queues again: one whose declaration the shard had not
         # committed when it died (or the broker stopped) would otherwise be missing

@@ -31,8 +31,9 @@ EVENT_RING_BYTES = 16 * 1024 * 1024
 class ShardLink:
     def __init__(self, index: int, data_dir: str, stores: list[int], memory_limit: int,
                  stats_interval: float, store_map_size: int, on_events: Callable,
-                 on_exit: Callable):
+                 on_exit: Callable, log_dir: str = ""):
         self.index = index
+        self.log_dir = log_dir
         self.data_dir = data_dir
         self.stores = stores
         self.memory_limit = memory_limit
@@ -59,7 +60,7 @@ class ShardLink:
         lifeline_read, self._lifeline_write = os.pipe()
         spec = ShardSpec(self.index, self.data_dir, self.commands.spec(), self.events.spec(),
                          lifeline_read, self.stores, self.memory_limit, self.stats_interval,
-                         self.store_map_size)
+                         self.store_map_size, self.log_dir)
         fds = [self.commands.spec().data_fd, self.commands.spec().space_fd,
                self.events.spec().data_fd, self.events.spec().space_fd, lifeline_read]
         self.process = subprocess.Popen(

@@ -41,6 +41,7 @@ class ShardSpec(msgspec.Struct):
     memory_limit: int = 0  # bytes of message bodies in RAM before publishers are blocked
     stats_interval: float = 5.0  # seconds between statistics records in DATA/logs
     store_map_size: int = 32 << 30  # LMDB map size of each shard store
+    log_dir: str = ""  # statistics logs (default DATA/logs)
 
 
 class Shard:
@@ -185,6 +186,8 @@ class Shard:
         if active != (resource in self.alarms):
             (self.alarms.add if active else self.alarms.discard)(resource)
             self.outbox.append(r.Alarm(resource, active))
+            self.stats.event("alarm", resource=resource, state="on" if active else "off",
+                             ram_bytes=self.ram_bytes)
 
     def handle(self, cmd, now: float) -> None:
         kind = type(cmd)
@@ -298,7 +301,8 @@ def serve(spec: ShardSpec) -> None:
     events = Ring.attach(spec.events)
     stores = {k: ShardStore(os.path.join(spec.data_dir, f"shard-{k}"), spec.store_map_size)
               for k in spec.stores}
-    stats = StatsLog(os.path.join(spec.data_dir, "logs"), spec.index, spec.stats_interval)
+    stats = StatsLog(spec.log_dir or os.path.join(spec.data_dir, "logs"), spec.index,
+                     spec.stats_interval)
     shard = Shard(spec.index, Persister(stores, spec.index), stats)
     committer = Committer(Persister.run_commit)
     poller = select.poll()

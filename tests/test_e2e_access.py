@@ -299,3 +299,21 @@ def test_tls_listener_with_pika(tmp_path, certificate):
         assert "Traceback" not in log
     finally:
         broker.stop()
+
+
+def test_log_dir_and_stats_interval_from_the_config_file(tmp_path):
+    logs = tmp_path / "elsewhere"
+    config = tmp_path / "warren.toml"
+    config.write_text(f'log_dir = "{logs}"\nstats_interval = 0.1\n')
+    broker = RunningBroker(tmp_path / "data", shards=1,
+                           extra_args=["--config", str(config)]).start()
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        conn.channel().queue_declare("logged")
+        conn.close()
+        from .conftest import wait_until
+        wait_until(lambda: (logs / "shard-0.jsonl").exists()
+                   and '"queue":"logged"' in (logs / "shard-0.jsonl").read_text(), timeout=10)
+    finally:
+        broker.stop()
+    assert not (tmp_path / "data" / "logs").exists()
