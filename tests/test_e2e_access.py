@@ -15,7 +15,7 @@ import pytest
 
 from gateway import auth
 from gateway.access import AccessControl
-from gateway.config import Config, ConfigError, build
+from gateway.config import ConfigError, build
 from storage.metastore import MetaStore, VHostDef
 
 from .conftest import ROOT, RunningBroker

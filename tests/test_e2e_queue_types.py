@@ -7,21 +7,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 import time
-import uuid
 
 import pika
 import pika.exceptions
 import pytest
 
 from gateway import methods as m
-from gateway import properties as props_codec
-from gateway import frames
 
 from .conftest import RunningBroker, wait_until
 from .rawclient import RawClient
 from .test_e2e_basic import connect, shard_pids
+from .test_e2e_routing import get_one, unique
 
 GLOBAL_TIMEOUT_MS = 300
 
@@ -34,10 +31,6 @@ def broker(tmp_path_factory):
     running.stop()
 
 
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
 def quorum(ch, name: str | None = None, **arguments) -> str:
     name = name or unique("qq")
     ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum", **arguments})
@@ -45,16 +38,7 @@ def quorum(ch, name: str | None = None, **arguments) -> str:
 
 
 def get_manual(ch, queue: str, timeout: float = 5.0):
-    found = []
-
-    def take() -> bool:
-        method, props, body = ch.basic_get(queue, auto_ack=False)
-        if method is not None:
-            found.append((method, props, body))
-        return bool(found)
-
-    wait_until(take, timeout=timeout)
-    return found[0]
+    return get_one(ch, queue, timeout, auto_ack=False)
 
 
 def pump(conn, seconds: float) -> None:

@@ -17,6 +17,7 @@ from .test_e2e_basic import connect
 
 
 def unique(prefix: str) -> str:
+    """A queue or exchange name no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
@@ -44,11 +45,12 @@ def get_bodies(ch, queue: str, expected: int | None = None, timeout: float = 5.0
     return bodies
 
 
-def get_one(ch, queue: str, timeout: float = 5.0):
+def get_one(ch, queue: str, timeout: float = 5.0, auto_ack: bool = True):
+    """The next message of `queue` (method, properties, body), waiting for it."""
     found = []
 
     def take() -> bool:
-        method, props, body = ch.basic_get(queue, auto_ack=True)
+        method, props, body = ch.basic_get(queue, auto_ack=auto_ack)
         if method is not None:
             found.append((method, props, body))
         return bool(found)
@@ -466,16 +468,7 @@ def test_delayed_retry_with_dlx_and_ttl(channel):
 
 
 def get_one_manual(ch, queue: str, timeout: float = 5.0):
-    found = []
-
-    def take() -> bool:
-        method, props, body = ch.basic_get(queue, auto_ack=False)
-        if method is not None:
-            found.append((method, props, body))
-        return bool(found)
-
-    wait_until(take, timeout=timeout)
-    return found[0]
+    return get_one(ch, queue, timeout, auto_ack=False)
 
 
 def _as_utc(value: datetime.datetime) -> datetime.datetime:
