@@ -11,7 +11,7 @@ import time
 import pika
 import pytest
 
-from gateway import frames, spec
+from gateway import frames
 from gateway import methods as m
 
 from .rawclient import RawClient
