@@ -30,7 +30,7 @@ _EXPIRATION = flag_mask("expiration")
 _PRIORITY = flag_mask("priority")
 _REPLY_TO = flag_mask("reply_to")
 _HEADERS = flag_mask("headers")
-_EXTRAS = _EXPIRATION | _PRIORITY | _REPLY_TO
+_EXTRAS = _EXPIRATION | _PRIORITY | _REPLY_TO | _HEADERS
 # Link credit of a consumer outside a channel-wide limit: how many deliveries may
 # be on their way between its shard and the socket. Credit comes back as
 # deliveries are written to the socket, so a slow reader stops its shard.
@@ -778,19 +778,19 @@ class Channel:
                             method.CLASS_ID, method.METHOD_ID)
         if exchange.name == RENEW_EXCHANGE:
             return self._renew(method.routing_key, properties)
-        expiration, priority = -1, 0
+        expiration, priority, also = -1, 0, ()
         if len(properties) >= 2 and (properties[0] << 8 | properties[1]) & _EXTRAS:
             try:
-                expiration, priority, properties = self._read_extras(properties)
+                expiration, priority, also, properties = self._read_extras(properties)
             except AMQPError as error:
                 error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
                 raise
         if not self.conn.has_published or self.broker.alarms:
             self.conn.note_publish()
         if self.tx is not None:
-            self.tx.append((self._route, method, properties, body, expiration, priority))
+            self.tx.append((self._route, method, properties, body, expiration, priority, also))
         else:
-            self._route(method, properties, body, expiration, priority)
+            self._route(method, properties, body, expiration, priority, also)
 
     def _renew(self, consumer_tag: str, properties: bytes) -> None:
         """Warren's lock renewal: a publish to amq.warren.renew with the consumer tag
@@ -816,27 +816,40 @@ class Channel:
             tracker.publish(())
             self._confirms_changed()
 
-    def _read_extras(self, properties: bytes) -> tuple[int, int, bytes]:
+    def _read_extras(self, properties: bytes) -> tuple[int, int, tuple, bytes]:
         """The properties the broker acts on: expiration (ms, -1 if none), priority,
-        and a reply_to of amq.rabbitmq.reply-to, replaced by this channel's address."""
+        the CC and BCC headers (more routing keys, RabbitMQ's sender-selected
+        distribution; BCC is removed before delivery) and a reply_to of
+        amq.rabbitmq.reply-to, replaced by this channel's address."""
         flags = properties[0] << 8 | properties[1]
+        also: tuple = ()
         try:
             expiration = -1
             if flags & _EXPIRATION:
                 expiration = _parse_expiration(peek_expiration(properties))
             priority = peek_priority(properties) or 0 if flags & _PRIORITY else 0
+            props, changed = None, False
+            if flags & _HEADERS:
+                props = decode_properties(properties)
+                headers = props.headers or {}
+                also = tuple(_routing_keys(headers.get("CC")) + _routing_keys(headers.get("BCC")))
+                if "BCC" in headers:
+                    props.headers = {k: v for k, v in headers.items() if k != "BCC"}
+                    changed = True
             if flags & _REPLY_TO and peek_reply_to(properties) == replyto.REPLY_QUEUE:
                 if self.reply_consumer is None:
                     raise AMQPError(spec.PRECONDITION_FAILED, "fast reply consumer does not exist")
-                props = decode_properties(properties)
+                props = props or decode_properties(properties)
                 props.reply_to = self.reply_address
+                changed = True
+            if changed:
                 properties = encode_properties(props)
         except PropertiesError as error:
             raise AMQPError(spec.SYNTAX_ERROR, f"malformed content properties: {error}") from None
-        return expiration, priority, properties
+        return expiration, priority, also, properties
 
     def _route(self, method: hotpath.Publish, properties: bytes, body: bytes,
-               expiration: int = -1, priority: int = 0) -> None:
+               expiration: int = -1, priority: int = 0, also: tuple = ()) -> None:
         """Send a message to the shards of every queue it routes to, in one record each."""
         vhost = self.vhost
         exchange = vhost.exchanges.get(method.exchange)
@@ -844,8 +857,10 @@ class Channel:
         tracker = self.confirms if self.confirms is not None else self.tx_confirms
         if exchange is not None and exchange.name == "" and replyto.is_reply_queue(routing_key):
             return self._route_reply(method, properties, body, tracker)
-        targets = (self.broker.route(vhost, exchange, routing_key, _headers_of(properties))
-                   if exchange else [])
+        headers = _headers_of(properties)
+        targets = self.broker.route(vhost, exchange, routing_key, headers) if exchange else []
+        for key in also:  # CC / BCC routing keys
+            targets = _union(targets, self.broker.route(vhost, exchange, key, headers))
         shards = {meta.shard for meta in targets}
         seq = tracker.publish(shards) if tracker is not None else 0
         if not targets and method.mandatory:
@@ -1039,6 +1054,18 @@ def _with_delivery_count(properties: bytes, count: int) -> bytes:
         return properties
     props.headers = {**(props.headers or {}), "x-delivery-count": count}
     return encode_properties(props)
+
+
+def _routing_keys(value) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        return [v.decode() if isinstance(v, bytes) else v for v in value
+                if isinstance(v, (str, bytes))]
+    return []
+
+
+def _union(queues: list[QueueMeta], more: list[QueueMeta]) -> list[QueueMeta]:
+    seen = {meta.qid for meta in queues}
+    return queues + [meta for meta in more if meta.qid not in seen]
 
 
 def _headers_of(properties: bytes):

@@ -672,3 +672,17 @@ def test_single_active_consumer(broker):
     wait_until(lambda: (conn.process_data_events(0.02), len(got) == 5)[1])
     assert got[-1] == ("second", b"after")
     conn.close()
+
+
+def test_cc_and_bcc_headers_add_routing_keys(channel):
+    ch = channel
+    x = unique("sel")
+    ch.exchange_declare(x, "direct")
+    main, cc, bcc = (declare_bound(ch, x, key) for key in ("main", "copy", "blind"))
+    ch.basic_publish(x, "main", b"m", pika.BasicProperties(
+        headers={"CC": ["copy"], "BCC": ["blind"], "app": 1}))
+    for queue in (main, cc, bcc):
+        _method, props, body = get_one(ch, queue)
+        assert body == b"m"
+        assert props.headers["CC"] == ["copy"] and props.headers["app"] == 1
+        assert "BCC" not in props.headers  # removed before delivery, as in RabbitMQ
