@@ -19,12 +19,17 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("inspect", help="list queues and messages of a data directory",
                         add_help=False)
     commands.add_parser("bench", help="throughput and latency benchmark", add_help=False)
+    commands.add_parser("ctl", help="manage a broker over its HTTP API", add_help=False)
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "inspect":
         from storage.inspect import main as inspect_main
 
         return inspect_main(argv[1:])
+    if argv and argv[0] == "ctl":
+        from .ctl import main as ctl_main
+
+        return ctl_main(argv[1:])
     if argv and argv[0] == "bench":
         from loadtest.bench import main as bench_main
 

@@ -9,6 +9,7 @@ import signal
 import ssl
 import sys
 
+from . import management
 from .broker import Broker
 from .config import Config
 from .connection import Connection
@@ -37,6 +38,14 @@ async def serve(settings: Config) -> None:
             ssl=tls_context(settings), reuse_address=True))
         tls_host, tls_port = servers[-1].sockets[0].getsockname()[:2]
         print(f"Warren listening on amqps://{tls_host}:{tls_port}", flush=True)
+    if settings.management_port:  # 0: no management listener
+        listeners = [{"node": management.NODE, "protocol": "amqp", "ip_address": host,
+                      "port": port}]
+        server, http_port = await management.start(broker, settings.management_bind,
+                                                   settings.management_port, listeners)
+        servers.append(server)
+        print(f"Warren management on http://{settings.management_bind}:{http_port}",
+              flush=True)
 
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

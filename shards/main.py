@@ -223,7 +223,8 @@ class Shard:
         elif kind is r.QueueInfo:
             wanted = cmd.qids or list(self.queues)
             self.outbox.append(r.QueueInfoReply(cmd.req, [
-                _queue_figures(self.queues[qid]) for qid in wanted if qid in self.queues]))
+                _queue_figures(self.queues[qid]) for qid in wanted if qid in self.queues],
+                self.persister.fsyncs, self.persister.messages))
         elif kind is r.Stop:
             self.running = False
         else:

@@ -203,6 +203,8 @@ class QueueInfoReply(_Record, tag=59):
 
     req: int
     queues: list[list[int]]
+    fsyncs: int = 0  # the shard's commits so far
+    messages: int = 0  # records written by them
 
 
 QUEUE_INFO_FIELDS = ("qid", "ready", "unacked", "consumers", "ram_bytes", "published",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,8 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class RunningBroker:
-    def __init__(self, data_dir: Path, shards: int = 2, extra_args: list[str] | None = None):
+    def __init__(self, data_dir: Path, shards: int = 2, extra_args: list[str] | None = None,
+                 management: bool = False):
         self.data_dir = data_dir
+        # The management listener is off unless a test asks for it (on a free port),
+        # so that brokers of parallel tests never compete for 15672.
+        self.management_port = free_port() if management else 0
         self.shards = shards
         self.extra_args = extra_args or []
         self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
@@ -28,7 +33,8 @@ class RunningBroker:
         self.log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data",
-             str(self.data_dir), "--shards", str(self.shards), *self.extra_args],
+             str(self.data_dir), "--shards", str(self.shards), "--management-port",
+             str(self.management_port), *self.extra_args],
             stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT)
         line = read_line(self.process.stdout, timeout)
         if "listening on amqp://" not in line:
@@ -56,6 +62,11 @@ class RunningBroker:
         return self.listener_port("amqps")
 
     @property
+    def http_url(self) -> str:
+        """The management API's base URL (once the broker printed it)."""
+        return f"http://127.0.0.1:{self.listener_port('http')}"
+
+    @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
 
@@ -79,6 +90,13 @@ class RunningBroker:
         if self.process is not None and self.process.stdout:
             self.process.stdout.close()
         self.log.close()
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def read_line(stream, timeout: float) -> str:

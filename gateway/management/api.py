@@ -1,0 +1,602 @@
+"""The management HTTP API: RabbitMQ's management-plugin JSON for what Warren
+has, on the gateway's event loop. Queue figures come from the shards
+(QueueInfo); rates are the change between two samples."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import socket
+import time
+from importlib import resources
+
+from shards import records as r
+from storage.metastore import PolicyDef
+
+from .. import __version__, arguments
+from ..errors import AMQPError
+from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from .http import HTTPError, Request, Response
+from . import definitions, metrics
+
+COMPATIBLE_RABBITMQ = "3.13.7"  # the management API version Warren's JSON follows
+NODE = f"warren@{socket.gethostname()}"
+READ_TAGS = {"administrator", "monitoring"}
+
+
+def not_found() -> HTTPError:
+    return HTTPError(404, "Object Not Found", "Not Found")
+
+
+def bad_request(reason: str) -> HTTPError:
+    return HTTPError(400, "bad_request", reason)
+
+
+class Management:
+    def __init__(self, broker, listeners: list[dict] | None = None):
+        self.broker = broker
+        self.started = time.time()
+        self.listeners = listeners or []
+        self._previous: dict[int, tuple[float, list[int]]] = {}  # qid -> (time, figures)
+        self._rates: dict[int, dict[str, float]] = {}
+        self.shard_fsyncs: dict[int, tuple[int, int]] = {}  # shard -> (fsyncs, messages)
+
+    # -- figures from the shards -----------------------------------------------------
+
+    async def queue_figures(self) -> dict[int, dict]:
+        """Per qid: ready, unacked, consumers, bytes, counters, and their rates."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for link in self.broker.links:
+            future = loop.create_future()
+            futures.append((link.index, future))
+            link.request(lambda req: r.QueueInfo(req, []),
+                         lambda reply, f=future: f.done() or f.set_result(reply))
+        figures: dict[int, dict] = {}
+        now = time.monotonic()
+        for index, future in futures:
+            try:
+                reply = await asyncio.wait_for(future, 2.0)
+            except asyncio.TimeoutError:
+                continue
+            if type(reply) is not r.QueueInfoReply:
+                continue  # the shard is down
+            self.shard_fsyncs[index] = (reply.fsyncs, reply.messages)
+            for entry in reply.queues:
+                values = dict(zip(r.QUEUE_INFO_FIELDS, entry))
+                qid = values["qid"]
+                previous = self._previous.get(qid)
+                if previous is not None and now - previous[0] >= 0.5:
+                    elapsed = now - previous[0]
+                    self._rates[qid] = {name: max(0.0, (values[name] - old) / elapsed)
+                                        for name, old in previous[1].items()}
+                if previous is None or now - previous[0] >= 0.5:
+                    self._previous[qid] = (now, {name: values[name] for name in _COUNTED})
+                values["rates"] = self._rates.get(qid, dict.fromkeys(_COUNTED, 0.0))
+                figures[qid] = values
+        return figures
+
+    # -- authentication ----------------------------------------------------------------
+
+    def authenticate(self, request: Request) -> None:
+        credentials = request.credentials()
+        challenge = {"WWW-Authenticate": 'Basic realm="Warren management"'}
+        if credentials is None:
+            raise HTTPError(401, "not_authorised", "Not_Authorized", challenge)
+        user = self.broker.access.authenticate(*credentials, request.peer)
+        if user is None:
+            raise HTTPError(401, "not_authorised", "Login failed", challenge)
+        tags = set(user.tags)
+        if not tags & READ_TAGS:
+            raise HTTPError(401, "not_authorised", "Not management user")
+        if request.method != "GET" and "administrator" not in tags:
+            raise HTTPError(401, "not_authorised", "Not administrator user")
+        request.user = user
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    async def handle(self, request: Request) -> Response:
+        parts = request.parts
+        if not parts:
+            return Response(200, _dashboard(), "text/html; charset=utf-8")
+        if parts == ["metrics"]:
+            return Response(200, (await metrics.render(self)).encode(),
+                            "text/plain; version=0.0.4; charset=utf-8")
+        if parts[0] != "api":
+            raise not_found()
+        self.authenticate(request)
+        name = parts[1] if len(parts) > 1 else ""
+        handler = getattr(self, f"api_{name.replace('-', '_')}", None)
+        if handler is None:
+            raise not_found()
+        return await handler(request, parts[2:])
+
+    # -- overview and nodes ----------------------------------------------------------------
+
+    async def api_overview(self, request: Request, rest: list[str]) -> Response:
+        figures = await self.queue_figures()
+        broker = self.broker
+        ready = sum(f["ready"] for f in figures.values())
+        unacked = sum(f["unacked"] for f in figures.values())
+        return Response.json({
+            "management_version": COMPATIBLE_RABBITMQ,
+            "rabbitmq_version": COMPATIBLE_RABBITMQ,
+            "product_name": "Warren", "product_version": __version__,
+            "erlang_version": "none (Python)", "cluster_name": NODE, "node": NODE,
+            "object_totals": {
+                "connections": len(self._connections()),
+                "channels": sum(len(c.channels) for c in self._connections()),
+                "exchanges": sum(len(v.exchanges) for v in broker.vhosts.values()),
+                "queues": sum(len(v.queues) for v in broker.vhosts.values()),
+                "consumers": sum(len(ch.consumers) for c in self._connections()
+                                 for ch in c.channels.values()),
+            },
+            "queue_totals": {"messages": ready + unacked, "messages_ready": ready,
+                             "messages_unacknowledged": unacked},
+            "message_stats": _message_stats(figures.values()),
+            "listeners": self.listeners,
+        })
+
+    async def api_nodes(self, request: Request, rest: list[str]) -> Response:
+        node = self._node()
+        if rest:
+            if rest[0] != NODE:
+                raise not_found()
+            return Response.json(node)
+        return Response.json([node])
+
+    def _node(self) -> dict:
+        broker = self.broker
+        disk = shutil.disk_usage(broker.data_dir)
+        pids = [os.getpid(), *self.shard_pids().values()]
+        return {
+            "name": NODE, "type": "disc", "running": True,
+            "mem_used": sum(metrics.rss(pid) for pid in pids),
+            "mem_limit": broker.memory_limit,
+            "mem_alarm": any(resource == "memory" for _, resource in broker.alarms),
+            "disk_free": disk.free, "disk_free_limit": broker.disk_free_limit,
+            "disk_free_alarm": any(resource == "disk" for _, resource in broker.alarms),
+            "fd_used": len(os.listdir("/proc/self/fd")),
+            "proc_used": len(pids), "processors": os.cpu_count(),
+            "uptime": int((time.time() - self.started) * 1000),
+            "partitions": [], "run_queue": 0,
+            "shards": broker.shard_count,
+        }
+
+    def shard_pids(self) -> dict[int, int]:
+        return {link.index: link.process.pid for link in self.broker.links
+                if link.process is not None and link.process.poll() is None}
+
+    # -- vhosts, users, permissions ---------------------------------------------------------
+
+    async def api_vhosts(self, request: Request, rest: list[str]) -> Response:
+        broker = self.broker
+        if not rest:
+            return Response.json([self._vhost(name) for name in sorted(broker.vhosts)])
+        name = rest[0]
+        if request.method == "GET":
+            if name not in broker.vhosts:
+                raise not_found()
+            return Response.json(self._vhost(name))
+        if request.method == "PUT":
+            body = request.json()
+            created = name not in broker.vhosts
+            broker.add_vhost(name, body.get("description", ""),
+                             (broker.vhost_defs.get(name).limits if not created else {}))
+            return Response(201 if created else 204)
+        if request.method == "DELETE":
+            if not broker.delete_vhost(name):
+                raise not_found()
+            return Response(204)
+        raise HTTPError(405, "method_not_allowed", request.method)
+
+    def _vhost(self, name: str) -> dict:
+        definition = self.broker.vhost_defs.get(name)
+        return {"name": name, "description": definition.description if definition else "",
+                "tags": [], "default_queue_type": "classic", "tracing": False,
+                "limits": definition.limits if definition else {},
+                "metadata": {"description": definition.description if definition else "",
+                             "tags": []}}
+
+    async def api_users(self, request: Request, rest: list[str]) -> Response:
+        access = self.broker.access
+        if not rest:
+            return Response.json([_user(u) for _, u in sorted(access.users.items())])
+        name = rest[0]
+        if request.method == "GET":
+            user = access.users.get(name)
+            if user is None:
+                raise not_found()
+            return Response.json(_user(user))
+        if request.method == "PUT":
+            body = request.json()
+            tags = body.get("tags", [])
+            if isinstance(tags, str):
+                tags = [t.strip() for t in tags.split(",") if t.strip()]
+            password = body.get("password")
+            password_hash = body.get("password_hash")
+            if password is None and password_hash is None and name not in access.users:
+                raise bad_request("password or password_hash is required")
+            created = name not in access.users
+            access.put_user(name, password, tags, password_hash)
+            return Response(201 if created else 204)
+        if request.method == "DELETE":
+            if not access.delete_user(name):
+                raise not_found()
+            for conn in [c for c in self._connections() if c.user == name]:
+                conn.close_forced(f"user '{name}' is deleted")
+            return Response(204)
+        raise HTTPError(405, "method_not_allowed", request.method)
+
+    async def api_whoami(self, request: Request, rest: list[str]) -> Response:
+        return Response.json({"name": request.user.name, "tags": request.user.tags})
+
+    async def api_permissions(self, request: Request, rest: list[str]) -> Response:
+        access = self.broker.access
+        if not rest:
+            return Response.json([_permission(p) for _, p in sorted(access.permissions.items())])
+        if len(rest) != 2:
+            raise not_found()
+        vhost, user = rest
+        if request.method == "GET":
+            permission = access.permissions.get((user, vhost))
+            if permission is None:
+                raise not_found()
+            return Response.json(_permission(permission))
+        if request.method == "PUT":
+            if vhost not in self.broker.vhosts or user not in access.users:
+                raise not_found()
+            body = request.json()
+            values = [body.get(k, "") for k in ("configure", "write", "read")]
+            if not all(isinstance(v, str) for v in values):
+                raise bad_request("configure, write and read must be strings")
+            access.set_permissions(user, vhost, *values)
+            return Response(201)
+        if request.method == "DELETE":
+            if not access.clear_permissions(user, vhost):
+                raise not_found()
+            return Response(204)
+        raise HTTPError(405, "method_not_allowed", request.method)
+
+    # -- queues -----------------------------------------------------------------------------
+
+    async def api_queues(self, request: Request, rest: list[str]) -> Response:
+        broker = self.broker
+        if len(rest) <= 1:
+            vhosts = [self._vhost_named(rest[0])] if rest else list(broker.vhosts.values())
+            figures = await self.queue_figures()
+            return Response.json([self._queue(meta, figures.get(meta.qid))
+                                  for vhost in vhosts for _, meta in sorted(vhost.queues.items())])
+        vhost = self._vhost_named(rest[0])
+        name = rest[1]
+        meta = vhost.queues.get(name)
+        if len(rest) == 3 and rest[2] == "contents" and request.method == "DELETE":
+            if meta is None:
+                raise not_found()
+            await self._shard_request(meta, lambda req: r.PurgeQueue(req, meta.qid))
+            return Response(204)
+        if len(rest) != 2:
+            raise not_found()
+        if request.method == "GET":
+            if meta is None:
+                raise not_found()
+            figures = await self.queue_figures()
+            return Response.json(self._queue(meta, figures.get(meta.qid)))
+        if request.method == "PUT":
+            body = request.json()
+            args = body.get("arguments") or {}
+            durable = bool(body.get("durable", True))
+            auto_delete = bool(body.get("auto_delete", False))
+            if meta is not None:
+                return Response(204)
+            what = f"queue '{name}' in vhost '{vhost.name}'"
+            try:
+                arguments.check_queue_type(args, durable, False, auto_delete, what)
+                arguments.validate(args, arguments.QUEUE_ARGUMENTS, what)
+            except AMQPError as error:
+                raise bad_request(error.text) from None
+            broker.create_queue(vhost, name, durable, None, auto_delete, args)
+            return Response(201)
+        if request.method == "DELETE":
+            if meta is None:
+                raise not_found()
+            await self._shard_request(meta, lambda req: r.DeleteQueue(
+                req, meta.qid, request.query.get("if-unused") == "true",
+                request.query.get("if-empty") == "true"))
+            broker.forget_queue(meta)
+            return Response(204)
+        raise HTTPError(405, "method_not_allowed", request.method)
+
+    async def _shard_request(self, meta, make) -> r.Reply:
+        future = asyncio.get_running_loop().create_future()
+        self.broker.links[meta.shard].request(make, lambda reply: future.done()
+                                              or future.set_result(reply))
+        reply = await asyncio.wait_for(future, 10.0)
+        if reply.code:
+            raise bad_request(reply.text)
+        return reply
+
+    def _queue(self, meta, figure: dict | None) -> dict:
+        figure = figure or {}
+        ready, unacked = figure.get("ready", 0), figure.get("unacked", 0)
+        policy = meta.policy
+        return {
+            "name": meta.name, "vhost": meta.vhost, "durable": meta.durable,
+            "auto_delete": meta.auto_delete, "exclusive": meta.owner is not None,
+            "arguments": meta.arguments, "type": meta.queue_type, "node": NODE,
+            "state": "running" if figure else "down", "shard": meta.shard,
+            "messages": ready + unacked, "messages_ready": ready,
+            "messages_unacknowledged": unacked, "consumers": figure.get("consumers", 0),
+            "message_bytes_ram": figure.get("ram_bytes", 0),
+            "policy": policy.name if policy else None,
+            "effective_policy_definition": policy.definition if policy else {},
+            "effective_arguments": meta.effective,
+            "exclusive_consumer_tag": None,
+            "message_stats": _message_stats([figure]) if figure else {},
+        }
+
+    def _vhost_named(self, name: str):
+        vhost = self.broker.vhosts.get(name)
+        if vhost is None:
+            raise not_found()
+        return vhost
+
+    # -- exchanges and bindings -----------------------------------------------------------------
+
+    async def api_exchanges(self, request: Request, rest: list[str]) -> Response:
+        broker = self.broker
+        if len(rest) <= 1:
+            vhosts = [self._vhost_named(rest[0])] if rest else list(broker.vhosts.values())
+            return Response.json([_exchange(x) for vhost in vhosts
+                                  for _, x in sorted(vhost.exchanges.items())])
+        vhost = self._vhost_named(rest[0])
+        name = rest[1]
+        exchange = vhost.exchanges.get(name)
+        if request.method == "GET":
+            if exchange is None:
+                raise not_found()
+            return Response.json(_exchange(exchange))
+        if request.method == "PUT":
+            body = request.json()
+            kind = body.get("type", "direct")
+            if kind not in EXCHANGE_TYPES:
+                raise bad_request(f"unknown exchange type '{kind}'")
+            if exchange is not None:
+                return Response(204)
+            if name.startswith("amq.") or name == "":
+                raise HTTPError(403, "access_refused", f"exchange name '{name}' is reserved")
+            broker.add_exchange(Exchange(vhost.name, name, kind, bool(body.get("durable", True)),
+                                         bool(body.get("auto_delete", False)),
+                                         bool(body.get("internal", False)),
+                                         body.get("arguments") or {}))
+            return Response(201)
+        if request.method == "DELETE":
+            if exchange is None:
+                raise not_found()
+            if name == "" or name.startswith("amq."):
+                raise HTTPError(403, "access_refused", f"cannot delete exchange '{name}'")
+            broker.delete_exchange(exchange)
+            return Response(204)
+        raise HTTPError(405, "method_not_allowed", request.method)
+
+    async def api_bindings(self, request: Request, rest: list[str]) -> Response:
+        broker = self.broker
+        if len(rest) <= 1:
+            vhosts = [self._vhost_named(rest[0])] if rest else list(broker.vhosts.values())
+            return Response.json([b for vhost in vhosts for b in bindings_of(vhost)])
+        # POST /api/bindings/{vhost}/e/{source}/q|e/{destination}
+        if len(rest) == 5 and request.method == "POST" and rest[1] == "e" and rest[3] in "qe":
+            vhost = self._vhost_named(rest[0])
+            source = vhost.exchanges.get(rest[2])
+            kind = QUEUE if rest[3] == "q" else EXCHANGE
+            target = (vhost.queues if kind == QUEUE else vhost.exchanges).get(rest[4])
+            if source is None or target is None or source.name == "":
+                raise not_found()
+            body = request.json()
+            broker.bind(source, (kind, rest[4]), body.get("routing_key", ""),
+                        body.get("arguments") or {})
+            return Response(201)
+        raise not_found()
+
+    # -- connections, channels, consumers -------------------------------------------------------
+
+    def _connections(self) -> list:
+        return [c for c in self.broker.connections if c.vhost is not None]
+
+    async def api_connections(self, request: Request, rest: list[str]) -> Response:
+        if not rest:
+            return Response.json([_connection(c) for c in self._connections()])
+        conn = next((c for c in self._connections() if connection_name(c) == rest[0]), None)
+        if conn is None:
+            raise not_found()
+        if request.method == "GET":
+            return Response.json(_connection(conn))
+        if request.method == "DELETE":
+            conn.close_forced(request.headers.get("x-reason", "Closed via management plugin"))
+            return Response(204)
+        raise HTTPError(405, "method_not_allowed", request.method)
+
+    async def api_channels(self, request: Request, rest: list[str]) -> Response:
+        return Response.json([_channel(c, ch) for c in self._connections()
+                              for _, ch in sorted(c.channels.items())])
+
+    async def api_consumers(self, request: Request, rest: list[str]) -> Response:
+        vhost = rest[0] if rest else None
+        return Response.json([
+            _consumer(c, ch, consumer) for c in self._connections()
+            if vhost is None or c.vhost.name == vhost
+            for _, ch in sorted(c.channels.items()) for consumer in ch.consumers.values()])
+
+    # -- policies and definitions -------------------------------------------------------------
+
+    async def api_policies(self, request: Request, rest: list[str]) -> Response:
+        broker = self.broker
+        if len(rest) <= 1:
+            vhosts = [rest[0]] if rest else sorted(broker.policies)
+            return Response.json([_policy(p) for v in vhosts
+                                  for _, p in sorted(broker.policies.get(v, {}).items())])
+        vhost, name = rest[0], rest[1]
+        if request.method == "GET":
+            policy = broker.policies.get(vhost, {}).get(name)
+            if policy is None:
+                raise not_found()
+            return Response.json(_policy(policy))
+        if request.method == "PUT":
+            body = request.json()
+            try:
+                broker.put_policy(PolicyDef(vhost, name, body.get("pattern", ""),
+                                            body.get("apply-to", "all"),
+                                            int(body.get("priority", 0)),
+                                            body.get("definition") or {}))
+            except (ValueError, TypeError) as error:
+                raise bad_request(str(error)) from None
+            return Response(201)
+        if request.method == "DELETE":
+            if not broker.delete_policy(vhost, name):
+                raise not_found()
+            return Response(204)
+        raise HTTPError(405, "method_not_allowed", request.method)
+
+    async def api_definitions(self, request: Request, rest: list[str]) -> Response:
+        if request.method == "GET":
+            return Response.json(definitions.export(self.broker))
+        if request.method == "POST":
+            try:
+                definitions.import_(self.broker, request.json())
+            except (ValueError, TypeError, KeyError) as error:
+                raise bad_request(f"cannot import definitions: {error}") from None
+            return Response(204)
+        raise HTTPError(405, "method_not_allowed", request.method)
+
+    async def api_healthchecks(self, request: Request, rest: list[str]) -> Response:
+        return Response.json({"status": "ok"})
+
+    async def api_aliveness_test(self, request: Request, rest: list[str]) -> Response:
+        return Response.json({"status": "ok"})
+
+
+_COUNTED = ("published", "delivered", "redelivered", "acked")
+
+
+def _message_stats(figures) -> dict:
+    stats = {}
+    for name, key in (("publish", "published"), ("deliver_get", "delivered"), ("ack", "acked"),
+                      ("redeliver", "redelivered")):
+        stats[name] = sum(f.get(key, 0) for f in figures)
+        stats[f"{name}_details"] = {"rate": round(sum(f.get("rates", {}).get(key, 0.0)
+                                                      for f in figures), 1)}
+    return stats
+
+
+def _user(user) -> dict:
+    return {"name": user.name, "password_hash": user.password_hash,
+            "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": user.tags,
+            "limits": user.limits}
+
+
+def _permission(p) -> dict:
+    return {"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write,
+            "read": p.read}
+
+
+def _policy(p) -> dict:
+    return {"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+            "definition": p.definition, "priority": p.priority}
+
+
+def _exchange(x) -> dict:
+    return {"name": x.name, "vhost": x.vhost, "type": x.type, "durable": x.durable,
+            "auto_delete": x.auto_delete, "internal": x.internal, "arguments": x.arguments,
+            "policy": x.policy.name if x.policy else None, "user_who_performed_action": ""}
+
+
+def properties_key(routing_key: str, args: dict) -> str:
+    if not args:
+        return routing_key or "~"
+    digest = hashlib.sha1(repr(sorted(args.items())).encode()).hexdigest()[:22]
+    return f"{routing_key}~{digest}"
+
+
+def bindings_of(vhost) -> list[dict]:
+    found = [{"source": "", "vhost": vhost.name, "destination": name,
+              "destination_type": "queue", "routing_key": name, "arguments": {},
+              "properties_key": name} for name in sorted(vhost.queues)]
+    for _, exchange in sorted(vhost.exchanges.items()):
+        for (destination, routing_key, _), args in exchange.bindings.items():
+            found.append({"source": exchange.name, "vhost": vhost.name,
+                          "destination": destination[1], "destination_type": destination[0],
+                          "routing_key": routing_key, "arguments": args,
+                          "properties_key": properties_key(routing_key, args)})
+    return found
+
+
+def connection_name(conn) -> str:
+    peer = conn.peer if isinstance(conn.peer, tuple) else ("?", 0)
+    local = conn.transport.get_extra_info("sockname") or ("?", 0)
+    return f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"
+
+
+def _connection(conn) -> dict:
+    peer = conn.peer if isinstance(conn.peer, tuple) else ("?", 0)
+    local = conn.transport.get_extra_info("sockname") or ("?", 0)
+    return {"name": connection_name(conn), "user": conn.user, "vhost": conn.vhost.name,
+            "peer_host": peer[0], "peer_port": peer[1], "host": local[0], "port": local[1],
+            "channels": len(conn.channels), "state": "running", "protocol": "AMQP 0-9-1",
+            "type": "network", "node": NODE, "auth_mechanism": "PLAIN",
+            "client_properties": _jsonable(conn.client_properties),
+            "connected_at": int(getattr(conn, "connected_at", time.time()) * 1000),
+            "frame_max": conn.frame_max, "timeout": conn.heartbeat,
+            "channel_max": conn.channel_max,
+            "ssl": conn.transport.get_extra_info("sslcontext") is not None}
+
+
+def _channel_details(conn, ch) -> dict:
+    peer = conn.peer if isinstance(conn.peer, tuple) else ("?", 0)
+    name = connection_name(conn)
+    return {"name": f"{name} ({ch.number})", "number": ch.number, "connection_name": name,
+            "peer_host": peer[0], "peer_port": peer[1], "user": conn.user}
+
+
+def _channel(conn, ch) -> dict:
+    return {"name": f"{connection_name(conn)} ({ch.number})", "number": ch.number,
+            "connection_details": {"name": connection_name(conn),
+                                   "peer_host": _channel_details(conn, ch)["peer_host"],
+                                   "peer_port": _channel_details(conn, ch)["peer_port"]},
+            "user": conn.user, "vhost": conn.vhost.name, "node": NODE,
+            "consumer_count": len(ch.consumers) + (1 if ch.reply_consumer else 0),
+            "messages_unacknowledged": len(ch.unacked),
+            "prefetch_count": ch.consumer_prefetch,
+            "global_prefetch_count": ch.channel_prefetch,
+            "confirm": ch.confirms is not None, "transactional": ch.tx is not None,
+            "state": "closing" if ch.closing else "running"}
+
+
+def _consumer(conn, ch, consumer) -> dict:
+    timed_out = getattr(consumer, "timed_out", False)
+    return {"consumer_tag": consumer.tag,
+            "queue": {"name": consumer.meta.name, "vhost": consumer.meta.vhost},
+            "channel_details": _channel_details(conn, ch),
+            "ack_required": not consumer.no_ack, "prefetch_count": consumer.prefetch,
+            "exclusive": bool(getattr(consumer, "arguments", {}).get("x-exclusive", False)),
+            "active": not timed_out, "activity_status": "timed_out" if timed_out else "up",
+            "status": "timed_out" if timed_out else "active",
+            "consumer_timeout": getattr(consumer, "timeout_ms", 0) or None,
+            "arguments": _jsonable(getattr(consumer, "arguments", {}))}
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _dashboard() -> bytes:
+    return resources.files("gateway.management").joinpath("dashboard.html").read_bytes()
