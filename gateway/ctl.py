@@ -93,15 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     listing.add_argument("what", choices=sorted(COLUMNS))
     add_user = commands.add_parser("add-user")
     add_user.add_argument("name")
-    add_user.add_argument("password")
+    add_user.add_argument("new_password", metavar="password")
     add_user.add_argument("--tags", default="")
     commands.add_parser("delete-user").add_argument("name")
     commands.add_parser("add-vhost").add_argument("name")
     commands.add_parser("delete-vhost").add_argument("name")
     perms = commands.add_parser("set-permissions")
-    for name in ("user", "configure", "write", "read"):
-        perms.add_argument(name)
-    commands.add_parser("clear-permissions").add_argument("user")
+    for name in ("perm_user", "configure", "write", "read"):
+        perms.add_argument(name, metavar=name.replace("perm_", ""))
+    commands.add_parser("clear-permissions").add_argument("perm_user", metavar="user")
     policy = commands.add_parser("set-policy")
     policy.add_argument("name")
     policy.add_argument("pattern")
@@ -136,7 +136,7 @@ def run(client: Client, args) -> int:
     if command == "add-user":
         tags = [t for t in args.tags.split(",") if t]
         client.call("PUT", f"users/{quote(args.name, safe='')}",
-                    {"password": args.password, "tags": tags})
+                    {"password": args.new_password, "tags": tags})
     elif command == "delete-user":
         client.call("DELETE", f"users/{quote(args.name, safe='')}")
     elif command == "add-vhost":
@@ -144,10 +144,10 @@ def run(client: Client, args) -> int:
     elif command == "delete-vhost":
         client.call("DELETE", f"vhosts/{_v(args.name)}")
     elif command == "set-permissions":
-        client.call("PUT", f"permissions/{vhost}/{quote(args.user, safe='')}",
+        client.call("PUT", f"permissions/{vhost}/{quote(args.perm_user, safe='')}",
                     {"configure": args.configure, "write": args.write, "read": args.read})
     elif command == "clear-permissions":
-        client.call("DELETE", f"permissions/{vhost}/{quote(args.user, safe='')}")
+        client.call("DELETE", f"permissions/{vhost}/{quote(args.perm_user, safe='')}")
     elif command == "set-policy":
         try:
             definition = json.loads(args.definition)

@@ -1,0 +1,362 @@
+"""The management HTTP API against a real broker: RabbitMQ's JSON field names,
+counts, authentication and tags, changes through PUT/DELETE, policies,
+definitions, connection closing and Prometheus metrics."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import quote
+
+import pika
+import pika.exceptions
+import pytest
+
+from .conftest import RunningBroker, wait_until
+
+
+@pytest.fixture(scope="module")
+def managed(tmp_path_factory):
+    broker = RunningBroker(tmp_path_factory.mktemp("mgmt") / "data", shards=2,
+                           management=True).start()
+    yield broker
+    broker.stop()
+
+
+def call(broker, method: str, path: str, body=None, user: str = "guest",
+         password: str = "guest"):
+    """(status, decoded JSON or None) of an API call."""
+    headers = {"Content-Type": "application/json"}
+    if user is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(
+            f"{user}:{password}".encode()).decode()
+    request = urllib.request.Request(broker.http_url + path, method=method, headers=headers,
+                                     data=json.dumps(body).encode() if body is not None else None)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            raw = response.read()
+            return response.status, (json.loads(raw) if raw else None)
+    except urllib.error.HTTPError as error:
+        raw = error.read()
+        return error.code, (json.loads(raw) if raw else None)
+
+
+def get(broker, path: str):
+    status, body = call(broker, "GET", path)
+    assert status == 200, (path, status, body)
+    return body
+
+
+def connect(broker, **kwargs):
+    return pika.BlockingConnection(pika.URLParameters(broker.url), **kwargs)
+
+
+# RabbitMQ's field names each endpoint must carry (a subset of what RabbitMQ sends).
+FIELDS = {
+    "/api/overview": {"management_version", "rabbitmq_version", "node", "object_totals",
+                      "queue_totals", "message_stats", "listeners", "cluster_name"},
+    "/api/nodes": {"name", "type", "running", "mem_used", "mem_limit", "mem_alarm",
+                   "disk_free", "disk_free_limit", "disk_free_alarm", "fd_used", "proc_used",
+                   "uptime", "partitions"},
+    "/api/vhosts": {"name", "description", "tags", "default_queue_type", "tracing"},
+    "/api/users": {"name", "password_hash", "hashing_algorithm", "tags", "limits"},
+    "/api/permissions": {"user", "vhost", "configure", "write", "read"},
+    "/api/queues": {"name", "vhost", "durable", "auto_delete", "exclusive", "arguments", "type",
+                    "node", "state", "messages", "messages_ready", "messages_unacknowledged",
+                    "consumers", "policy", "effective_policy_definition", "message_stats"},
+    "/api/exchanges": {"name", "vhost", "type", "durable", "auto_delete", "internal",
+                       "arguments", "policy"},
+    "/api/bindings": {"source", "vhost", "destination", "destination_type", "routing_key",
+                      "arguments", "properties_key"},
+    "/api/connections": {"name", "user", "vhost", "peer_host", "peer_port", "host", "port",
+                         "channels", "state", "protocol", "client_properties", "connected_at",
+                         "frame_max", "timeout", "ssl", "node"},
+    "/api/channels": {"name", "number", "connection_details", "user", "vhost",
+                      "consumer_count", "messages_unacknowledged", "prefetch_count",
+                      "global_prefetch_count", "confirm", "transactional", "state"},
+    "/api/consumers": {"consumer_tag", "queue", "channel_details", "ack_required",
+                       "prefetch_count", "exclusive", "active", "activity_status", "arguments"},
+    "/api/policies": {"vhost", "name", "pattern", "apply-to", "definition", "priority"},
+}
+
+
+def test_every_endpoint_has_rabbitmqs_fields(managed):
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=5)
+    ch.queue_declare("fields-q", arguments={"x-max-length": 10})
+    ch.queue_bind("fields-q", "amq.topic", "a.#")
+    ch.basic_consume("fields-q", lambda *a: None)
+    call(managed, "PUT", "/api/policies/%2F/fields-policy",
+         {"pattern": "^nothing$", "definition": {"max-length": 1}})
+    try:
+        for path, fields in FIELDS.items():
+            body = get(managed, path)
+            rows = body if isinstance(body, list) else [body]
+            assert rows, f"{path} listed nothing"
+            for row in rows:
+                assert fields <= set(row), (path, fields - set(row))
+        overview = get(managed, "/api/overview")
+        assert overview["object_totals"]["queues"] >= 1
+        assert {"messages", "messages_ready", "messages_unacknowledged"} <= set(
+            overview["queue_totals"])
+    finally:
+        call(managed, "DELETE", "/api/policies/%2F/fields-policy")
+        conn.close()
+
+
+def test_queue_counts_and_rates(managed):
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.queue_declare("counted")
+    ch.confirm_delivery()
+    for _ in range(7):
+        ch.basic_publish("", "counted", b"x")
+    tags = []
+    ch.basic_qos(prefetch_count=2)
+    ch.basic_consume("counted", lambda c, m, p, b: tags.append(m.delivery_tag))
+    wait_until(lambda: (conn.process_data_events(0.02), len(tags) == 2)[1])
+
+    def counted() -> dict:
+        return get(managed, "/api/queues/%2F/counted")
+
+    wait_until(lambda: counted()["messages_unacknowledged"] == 2)
+    queue = counted()
+    assert (queue["messages_ready"], queue["messages_unacknowledged"], queue["messages"],
+            queue["consumers"]) == (5, 2, 7, 1)
+    assert queue["message_stats"]["publish"] == 7
+    assert queue["message_stats"]["deliver_get"] == 2
+    consumers = [c for c in get(managed, "/api/consumers/%2F")
+                 if c["queue"]["name"] == "counted"]
+    assert len(consumers) == 1 and consumers[0]["prefetch_count"] == 2
+    assert consumers[0]["ack_required"] is True
+    conn.close()
+
+
+def test_authentication_and_tags(managed):
+    assert call(managed, "GET", "/api/overview", user=None)[0] == 401
+    assert call(managed, "GET", "/api/overview", password="wrong")[0] == 401
+    assert call(managed, "PUT", "/api/users/watcher",
+                {"password": "pw", "tags": "monitoring"})[0] == 201
+    assert call(managed, "PUT", "/api/users/plain", {"password": "pw", "tags": ""})[0] == 201
+    try:
+        assert call(managed, "GET", "/api/queues", user="watcher", password="pw")[0] == 200
+        status, body = call(managed, "PUT", "/api/vhosts/nope", {}, user="watcher",
+                            password="pw")
+        assert status == 401 and body["error"] == "not_authorised"
+        status, body = call(managed, "GET", "/api/overview", user="plain", password="pw")
+        assert status == 401 and body["reason"] == "Not management user"
+    finally:
+        call(managed, "DELETE", "/api/users/watcher")
+        call(managed, "DELETE", "/api/users/plain")
+
+
+def test_vhosts_users_permissions_round_trip(managed):
+    assert call(managed, "PUT", "/api/vhosts/team", {"description": "the team"})[0] == 201
+    assert call(managed, "PUT", "/api/users/alice", {"password": "s3cret",
+                                                     "tags": ["management"]})[0] == 201
+    assert call(managed, "PUT", "/api/permissions/team/alice",
+                {"configure": "^alice-", "write": ".*", "read": ".*"})[0] == 201
+    assert get(managed, "/api/vhosts/team")["description"] == "the team"
+    assert get(managed, "/api/permissions/team/alice")["configure"] == "^alice-"
+    # alice can now use the vhost, within her permissions
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", managed.port, "team", pika.PlainCredentials("alice", "s3cret")))
+    ch = conn.channel()
+    ch.queue_declare("alice-q")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+        ch.queue_declare("bob-q")
+    assert raised.value.reply_code == 403
+    # deleting the vhost closes her connection
+    assert call(managed, "DELETE", "/api/vhosts/team")[0] == 204
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            conn.process_data_events(0.05)
+    assert closed.value.reply_code == 320
+    assert call(managed, "GET", "/api/vhosts/team")[0] == 404
+    assert call(managed, "DELETE", "/api/users/alice")[0] == 204
+    assert call(managed, "GET", "/api/users/alice")[0] == 404
+
+
+def test_queues_exchanges_bindings_through_the_api(managed):
+    assert call(managed, "PUT", "/api/exchanges/%2F/api-x", {"type": "fanout"})[0] == 201
+    assert call(managed, "PUT", "/api/queues/%2F/api-q", {"durable": True,
+                                                         "arguments": {"x-max-length": 5}})[0] == 201
+    status, body = call(managed, "PUT", "/api/queues/%2F/api-bad",
+                        {"arguments": {"x-max-length": -1}})
+    assert status == 400 and "invalid arg 'x-max-length'" in body["reason"]
+    assert call(managed, "POST", "/api/bindings/%2F/e/api-x/q/api-q", {"routing_key": ""})[0] == 201
+    bindings = get(managed, "/api/bindings/%2F")
+    assert {"source": "api-x", "destination": "api-q", "destination_type": "queue"}.items() <= \
+        next(b for b in bindings if b["source"] == "api-x").items()
+    # the default exchange's implicit binding is listed, as in RabbitMQ
+    assert any(b["source"] == "" and b["destination"] == "api-q" for b in bindings)
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for _ in range(3):
+        ch.basic_publish("api-x", "", b"via api")
+    wait_until(lambda: get(managed, "/api/queues/%2F/api-q")["messages_ready"] == 3)
+    assert call(managed, "DELETE", "/api/queues/%2F/api-q/contents")[0] == 204
+    wait_until(lambda: get(managed, "/api/queues/%2F/api-q")["messages_ready"] == 0)
+    assert call(managed, "DELETE", "/api/queues/%2F/api-q")[0] == 204
+    assert call(managed, "DELETE", "/api/exchanges/%2F/api-x")[0] == 204
+    assert call(managed, "GET", "/api/queues/%2F/api-q")[0] == 404
+    assert call(managed, "DELETE", "/api/exchanges/%2F/amq.direct")[0] == 403
+    conn.close()
+
+
+def test_policy_precedence_and_effect(managed):
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.queue_declare("pol-orders")
+    ch.queue_declare("pol-other")
+    try:
+        assert call(managed, "PUT", "/api/policies/%2F/low",
+                    {"pattern": "^pol-", "definition": {"max-length": 5}, "priority": 1,
+                     "apply-to": "queues"})[0] == 201
+        assert call(managed, "PUT", "/api/policies/%2F/high",
+                    {"pattern": "^pol-orders$", "definition": {"max-length": 2}, "priority": 9,
+                     "apply-to": "queues"})[0] == 201
+        status, body = call(managed, "PUT", "/api/policies/%2F/bad",
+                            {"pattern": ".*", "definition": {"colour": "blue"}})
+        assert status == 400 and "colour" in body["reason"]
+        assert get(managed, "/api/queues/%2F/pol-orders")["policy"] == "high"
+        assert get(managed, "/api/queues/%2F/pol-other")["policy"] == "low"
+        ch.confirm_delivery()
+        for i in range(8):
+            ch.basic_publish("", "pol-orders", b"%d" % i)
+            ch.basic_publish("", "pol-other", b"%d" % i)
+        wait_until(lambda: get(managed, "/api/queues/%2F/pol-orders")["messages_ready"] == 2)
+        assert get(managed, "/api/queues/%2F/pol-other")["messages_ready"] == 5
+        # the highest priority policy wins, even over an existing queue's lower one
+        assert call(managed, "DELETE", "/api/policies/%2F/high")[0] == 204
+        assert get(managed, "/api/queues/%2F/pol-orders")["policy"] == "low"
+        # a queue argument lower than the policy's wins (limits: the lower one)
+        ch.queue_declare("pol-own", arguments={"x-max-length": 1})
+        for i in range(3):
+            ch.basic_publish("", "pol-own", b"%d" % i)
+        wait_until(lambda: get(managed, "/api/queues/%2F/pol-own")["messages_ready"] == 1)
+    finally:
+        call(managed, "DELETE", "/api/policies/%2F/low")
+        call(managed, "DELETE", "/api/policies/%2F/high")
+        conn.close()
+
+
+def test_policy_sets_dead_letter_exchange_and_alternate_exchange(managed):
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.queue_declare("dlp-dead")
+    ch.queue_declare("dlp-work")
+    ch.exchange_declare("dlp-x", "direct")
+    ch.queue_declare("dlp-unrouted")
+    ch.exchange_declare("dlp-ae", "fanout")
+    ch.queue_bind("dlp-unrouted", "dlp-ae")
+    try:
+        call(managed, "PUT", "/api/policies/%2F/dlx", {
+            "pattern": "^dlp-work$", "apply-to": "queues",
+            "definition": {"dead-letter-exchange": "", "dead-letter-routing-key": "dlp-dead",
+                           "message-ttl": 10}})
+        call(managed, "PUT", "/api/policies/%2F/ae", {
+            "pattern": "^dlp-x$", "apply-to": "exchanges",
+            "definition": {"alternate-exchange": "dlp-ae"}})
+        ch.basic_publish("", "dlp-work", b"expires")
+        ch.basic_publish("dlp-x", "nowhere", b"unroutable")
+        wait_until(lambda: ch.queue_declare("dlp-dead", passive=True).method.message_count == 1)
+        wait_until(lambda: ch.queue_declare("dlp-unrouted", passive=True
+                                            ).method.message_count == 1)
+    finally:
+        call(managed, "DELETE", "/api/policies/%2F/dlx")
+        call(managed, "DELETE", "/api/policies/%2F/ae")
+        conn.close()
+
+
+def test_definitions_round_trip_and_restart(tmp_path):
+    broker = RunningBroker(tmp_path / "data", management=True).start()
+    try:
+        call(broker, "PUT", "/api/vhosts/defs", {})
+        call(broker, "PUT", "/api/users/carol", {"password": "pw", "tags": ["monitoring"]})
+        call(broker, "PUT", "/api/permissions/defs/carol",
+             {"configure": ".*", "write": ".*", "read": ".*"})
+        call(broker, "PUT", "/api/exchanges/defs/orders", {"type": "topic", "durable": True})
+        call(broker, "PUT", "/api/queues/defs/eu", {"durable": True,
+                                                     "arguments": {"x-message-ttl": 60000}})
+        call(broker, "POST", "/api/bindings/defs/e/orders/q/eu", {"routing_key": "eu.#"})
+        call(broker, "PUT", "/api/policies/defs/cap",
+             {"pattern": "^eu$", "definition": {"max-length": 100}, "apply-to": "queues"})
+        exported = get(broker, "/api/definitions")
+        assert {"users", "vhosts", "permissions", "policies", "queues", "exchanges",
+                "bindings", "rabbit_version"} <= set(exported)
+        assert any(u["name"] == "carol" for u in exported["users"])
+        # delete everything, import, export again: the same definitions
+        call(broker, "DELETE", "/api/vhosts/defs")
+        call(broker, "DELETE", "/api/users/carol")
+        assert call(broker, "POST", "/api/definitions", exported)[0] == 204
+        again = get(broker, "/api/definitions")
+        for key in ("users", "vhosts", "permissions", "policies", "queues", "exchanges",
+                    "bindings"):
+            assert again[key] == exported[key], key
+    finally:
+        broker.stop()
+    broker.start()  # durable definitions survive a restart
+    try:
+        after = get(broker, "/api/definitions")
+        for key in ("users", "vhosts", "permissions", "policies", "queues", "exchanges",
+                    "bindings"):
+            assert after[key] == exported[key], key
+        conn = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", broker.port, "defs", pika.PlainCredentials("carol", "pw")))
+        conn.close()  # the imported password hash works
+    finally:
+        broker.stop()
+
+
+def test_deleting_a_connection_closes_it_with_320(managed):
+    conn = connect(managed)
+    conn.channel()
+    [row] = [c for c in get(managed, "/api/connections")
+             if c["peer_port"] == conn._impl._transport._sock.getsockname()[1]]
+    headers_reason = "maintenance window"
+    request = urllib.request.Request(
+        managed.http_url + "/api/connections/" + quote(row["name"], safe=""), method="DELETE",
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+                 "X-Reason": headers_reason})
+    assert urllib.request.urlopen(request, timeout=10).status == 204
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            conn.process_data_events(0.05)
+    assert raised.value.reply_code == 320
+    assert raised.value.reply_text == ("CONNECTION_FORCED - broker forced connection closure "
+                                       f"with reason '{headers_reason}'")
+
+
+def test_prometheus_metrics(managed):
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.queue_declare("metered")
+    ch.confirm_delivery()
+    for _ in range(4):
+        ch.basic_publish("", "metered", b"x")
+    text = urllib.request.urlopen(managed.http_url + "/metrics", timeout=10).read().decode()
+    assert 'warren_queue_messages_ready{vhost="/",queue="metered"} 4' in text
+    assert 'warren_queue_messages_published_total{vhost="/",queue="metered"} 4' in text
+    for family in ("warren_connections", "warren_channels", "warren_consumers",
+                   "warren_shard_fsyncs_total", "warren_shard_ring_used_bytes",
+                   'warren_process_resident_memory_bytes{process="gateway"}',
+                   'warren_process_resident_memory_bytes{process="shard-0"}'):
+        assert family in text
+    conn.close()
+
+
+def test_management_port_zero_turns_it_off(tmp_path):
+    broker = RunningBroker(tmp_path / "data").start()
+    try:
+        with pytest.raises(RuntimeError):
+            broker.listener_port("http", timeout=1.0)
+    finally:
+        broker.stop()
