@@ -53,6 +53,7 @@ def assert_outputs(out: Path) -> None:
     for chart in CHARTS:
         assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", chart
     assert (out / "summary.md").is_file()
+    assert not (out / "staging_records").exists()  # the parse stage is cleaned up
 
 
 # -- 1. end to end against a real broker ------------------------------------------------
