@@ -82,7 +82,10 @@ class Management:
 
     def authenticate(self, request: Request) -> None:
         credentials = request.credentials()
-        challenge = {"WWW-Authenticate": 'Basic realm="Warren management"'}
+        # Browsers answer a challenge with a password dialog: the dashboard signs in
+        # with its own form, so its requests (X-Requested-With) get none.
+        challenge = ({} if "x-requested-with" in request.headers
+                     else {"WWW-Authenticate": 'Basic realm="Warren management"'})
         if credentials is None:
             raise HTTPError(401, "not_authorised", "Not_Authorized", challenge)
         user = self.broker.access.authenticate(*credentials, request.peer)
