@@ -96,6 +96,9 @@ class Channel:
         self.held_deliveries: list[bytes] = []  # while the client has flow off
         self.last_queue = ""
         self.reply_consumer: str | None = None  # consumer tag on amq.rabbitmq.reply-to
+        # consumers cancelled by a timeout, listed (status timed_out) until the client
+        # settles the deliveries that timed out: tag -> (consumer, their delivery tags)
+        self.timed_out: dict[str, tuple[ConsumerState, set[int]]] = {}
         self.reply_key = ""
         self.reply_address = ""
         self.closing = False  # we sent channel.close and wait for close-ok
@@ -577,6 +580,11 @@ class Channel:
         consumer.timed_out = True
         if self.conn.capabilities.get("consumer_cancel_notify"):
             # Its deliveries stay unacked here: acking them later is no error.
+            seqs = set(event.seqs)
+            tags = {tag for tag, (_link, _qid, holder, seq) in self.unacked.items()
+                    if holder == consumer.holder and seq in seqs}
+            if tags:
+                self.timed_out[consumer.tag] = (consumer, tags)
             self._forget_consumer(consumer)
             consumer.link.send(r.Cancel(0, consumer.meta.qid, consumer.holder))
             self.send(m.BasicCancel(consumer_tag=consumer.tag, nowait=True))
@@ -586,6 +594,12 @@ class Channel:
                 f"delivery acknowledgement on channel {self.number} timed out. Timeout value "
                 f"used: {event.timeout_ms} ms. This timeout value can be configured, see "
                 "consumers doc guide to learn more"))
+
+    def _settled_timed_out(self, tags: set[int]) -> None:
+        for consumer_tag, (_consumer, pending) in list(self.timed_out.items()):
+            pending -= tags
+            if not pending:
+                del self.timed_out[consumer_tag]
 
     def _consume_replies(self, method: m.BasicConsume) -> None:
         if not method.no_ack:
@@ -728,6 +742,8 @@ class Channel:
 
     def _settle_now(self, taken: list[tuple[int, tuple]], outcome: int) -> None:
         groups: dict[tuple, list[int]] = {}
+        if self.timed_out:
+            self._settled_timed_out({tag for tag, _ in taken})
         for _tag, (link, qid, holder, seq) in taken:
             groups.setdefault((link, qid, holder), []).append(seq)
             if holder != self.id:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +17,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from .conftest import RunningBroker, wait_until
+from .conftest import ROOT, RunningBroker, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -360,3 +362,37 @@ def test_management_port_zero_turns_it_off(tmp_path):
             broker.listener_port("http", timeout=1.0)
     finally:
         broker.stop()
+
+
+def test_consumer_timeout_status_and_effective_timeout(managed):
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.queue_declare("timed-qq", durable=True, arguments={"x-queue-type": "quorum",
+                                                          "x-consumer-timeout": 400})
+    tags, cancelled = [], []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
+    ch.basic_consume("timed-qq", lambda c, m, p, b: tags.append(m.delivery_tag),
+                     consumer_tag="slow-worker")
+    ch.basic_consume("timed-qq", lambda *a: None, consumer_tag="quick-worker",
+                     arguments={"x-consumer-timeout": 60000})
+
+    def listed() -> dict:
+        return {c["consumer_tag"]: c for c in get(managed, "/api/consumers/%2F")
+                if c["queue"]["name"] == "timed-qq"}
+
+    assert listed()["slow-worker"]["consumer_timeout"] == 400
+    assert listed()["quick-worker"]["consumer_timeout"] == 60000
+    assert listed()["slow-worker"]["activity_status"] == "up"
+    ch.basic_publish("", "timed-qq", b"held")
+    wait_until(lambda: (conn.process_data_events(0.02), cancelled)[1], timeout=5)
+    # quick-worker may hold the redelivered copy now; slow-worker is listed as timed out
+    slow = listed()["slow-worker"]
+    assert (slow["activity_status"], slow["active"]) == ("timed_out", False)
+    listing = subprocess.run([sys.executable, "-m", "gateway.cli", "ctl", "--url",
+                              managed.http_url, "list", "consumers"], capture_output=True,
+                             text=True, timeout=30, cwd=ROOT).stdout
+    ctl_rows = [line for line in listing.splitlines() if "slow-worker" in line]
+    assert ctl_rows and "timed_out" in ctl_rows[0] and "400" in ctl_rows[0]
+    ch.basic_ack(tags[0])  # settling the timed-out delivery ends its listing
+    wait_until(lambda: "slow-worker" not in listed())
+    conn.close()

@@ -430,7 +430,8 @@ class Management:
         return Response.json([
             _consumer(c, ch, consumer) for c in self._connections()
             if vhost is None or c.vhost.name == vhost
-            for _, ch in sorted(c.channels.items()) for consumer in ch.consumers.values()])
+            for _, ch in sorted(c.channels.items())
+            for consumer in [*ch.consumers.values(), *(t[0] for t in ch.timed_out.values())]])
 
     # -- policies and definitions -------------------------------------------------------------
 
