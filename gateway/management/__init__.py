@@ -6,6 +6,8 @@ from __future__ import annotations
 from .api import NODE, Management
 from .http import start_server
 
+__all__ = ["NODE", "Management", "start"]
+
 
 async def start(broker, host: str, port: int, listeners: list[dict]):
     """Start the listener; returns (server, bound port)."""
