@@ -871,12 +871,18 @@ class Channel:
         exchange = vhost.exchanges.get(method.exchange)
         routing_key = method.routing_key
         tracker = self.confirms if self.confirms is not None else self.tx_confirms
-        if exchange is not None and exchange.name == "" and replyto.is_reply_queue(routing_key):
-            return self._route_reply(method, properties, body, tracker)
-        headers = _headers_of(properties)
-        targets = self.broker.route(vhost, exchange, routing_key, headers) if exchange else []
-        for key in also:  # CC / BCC routing keys
-            targets = _union(targets, self.broker.route(vhost, exchange, key, headers))
+        if exchange is None:
+            targets = []
+        elif exchange.name == "" and not also:  # the default exchange: the queue named
+            meta = vhost.queues.get(routing_key)
+            if meta is None and routing_key.startswith(replyto.REPLY_QUEUE):
+                return self._route_reply(method, properties, body, tracker)
+            targets = [meta] if meta is not None else []
+        else:
+            headers = _headers_of(properties)
+            targets = self.broker.route(vhost, exchange, routing_key, headers)
+            for key in also:  # CC / BCC routing keys
+                targets = _union(targets, self.broker.route(vhost, exchange, key, headers))
         shards = {meta.shard for meta in targets}
         seq = tracker.publish(shards) if tracker is not None else 0
         if not targets and method.mandatory:

@@ -258,7 +258,13 @@ class Connection(asyncio.Protocol):
                     ch.send(m.ChannelCloseOk())
                     self.forget_channel(ch)
             return
-        self.run_guarded(ch, lambda: ch.handle_frame(frame_type, payload))
+        try:  # run_guarded, inlined: this runs for every frame
+            ch.handle_frame(frame_type, payload)
+        except AMQPError as error:
+            if error.hard:
+                self.close_with_error(error)
+            else:
+                self.close_channel_with_error(ch, error)
 
     def run_guarded(self, ch: Channel, action) -> None:
         """Run channel work; a soft error closes that channel, a hard one the connection."""

@@ -54,9 +54,24 @@ def shortstr(text: str) -> bytes:
     return bytes((len(raw),)) + raw
 
 
+_route_cache: dict[tuple[str, str], bytes] = {}
+
+
+def _route_shortstrs(exchange: str, routing_key: str) -> bytes:
+    """exchange and routing key as two shortstrs; a queue's deliveries mostly share
+    them, so they are encoded once (a bounded cache)."""
+    key = (exchange, routing_key)
+    encoded = _route_cache.get(key)
+    if encoded is None:
+        if len(_route_cache) >= 4096:
+            _route_cache.clear()
+        encoded = _route_cache[key] = shortstr(exchange) + shortstr(routing_key)
+    return encoded
+
+
 def deliver_payload(consumer_tag: bytes, delivery_tag: int, redelivered: bool,
                     exchange: str, routing_key: str) -> bytes:
     """basic.deliver arguments; `consumer_tag` is already a shortstr (cached per consumer)."""
     return b"".join((DELIVER_IDS, consumer_tag, _u64.pack(delivery_tag),
-                     b"\x01" if redelivered else b"\x00", shortstr(exchange),
-                     shortstr(routing_key)))
+                     b"\x01" if redelivered else b"\x00",
+                     _route_shortstrs(exchange, routing_key)))
