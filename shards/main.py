@@ -128,11 +128,16 @@ class Shard:
             self.stats.note_confirm_latency(time.monotonic() - started, len(lists[1]))
         return self._confirm_records(lists, self.stored_ok)
 
-    def commit_now(self) -> list:
-        """Commit what is left in this thread (at shutdown) and return its confirms."""
+    def commit_now(self, started: float | None = None) -> list:
+        """Commit in this thread (no commit in flight) and return the confirms."""
         lists = self._take_confirm_lists()
-        stored = self.persister.commit(self._evict)
-        return self._confirm_records(lists, stored)
+        started = time.monotonic() if started is None else started
+        self.stored_ok = self.persister.commit(self._evict)
+        for messages in self.persister.last_commits:
+            self.stats.note_commit(messages)
+        if lists[1]:
+            self.stats.note_confirm_latency(time.monotonic() - started, len(lists[1]))
+        return self._confirm_records(lists, self.stored_ok)
 
     def _evict(self, qid: int, msg) -> None:
         queue = self.queues.get(qid)
@@ -353,7 +358,12 @@ def serve(spec: ShardSpec) -> None:
         # what arrives meanwhile gathers into the next one (group commit).
         _send(events, pending, shard.take_events())
         if shard.inflight is None:
-            _send(events, pending, shard.start_commit(committer, now))
+            if commands.is_empty():
+                # Nothing else to do meanwhile: commit here, sparing a lone
+                # publisher the two thread hand-offs.
+                _send(events, pending, shard.commit_now(now))
+            else:
+                _send(events, pending, shard.start_commit(committer, now))
         shard.check_resources(spec.memory_limit, shard.stored_ok)
         _send(events, pending, shard.take_events())
         stats.tick(time.time(), shard.queues.values())

@@ -396,3 +396,44 @@ def test_consumer_timeout_status_and_effective_timeout(managed):
     ch.basic_ack(tags[0])  # settling the timed-out delivery ends its listing
     wait_until(lambda: "slow-worker" not in listed())
     conn.close()
+
+
+def test_consumer_timeout_policy_level_of_the_precedence(managed):
+    """min(queue argument, consumer-timeout policy) decides when the consumer sets
+    none; the global value (30 min here) only when neither is set."""
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.queue_declare("prec-arg", durable=True, arguments={"x-queue-type": "quorum",
+                                                          "x-consumer-timeout": 900})
+    ch.queue_declare("prec-none", durable=True, arguments={"x-queue-type": "quorum"})
+    ch.queue_declare("prec-classic", durable=True)
+
+    def timeouts() -> dict:
+        return {c["consumer_tag"]: c["consumer_timeout"] for c in get(managed, "/api/consumers")
+                if c["queue"]["name"].startswith("prec-")}
+
+    try:
+        for tag in ("a1", "n1", "c1"):
+            queue = {"a": "prec-arg", "n": "prec-none", "c": "prec-classic"}[tag[0]]
+            ch.basic_consume(queue, lambda *a: None, consumer_tag=tag)
+        assert timeouts() == {"a1": 900, "n1": 1_800_000, "c1": None}  # classic: none
+        assert call(managed, "PUT", "/api/policies/%2F/ct", {
+            "pattern": "^prec-", "definition": {"consumer-timeout": 500},
+            "apply-to": "quorum_queues"})[0] == 201
+        for tag in ("a2", "n2"):
+            ch.basic_consume("prec-arg" if tag[0] == "a" else "prec-none", lambda *a: None,
+                             consumer_tag=tag)
+        ch.basic_consume("prec-none", lambda *a: None, consumer_tag="own",
+                         arguments={"x-consumer-timeout": 7000})
+        found = timeouts()
+        assert (found["a2"], found["n2"], found["own"]) == (500, 500, 7000)
+        call(managed, "PUT", "/api/policies/%2F/ct", {
+            "pattern": "^prec-", "definition": {"consumer-timeout": 2000},
+            "apply-to": "quorum_queues"})
+        ch.basic_consume("prec-arg", lambda *a: None, consumer_tag="a3")
+        ch.basic_consume("prec-none", lambda *a: None, consumer_tag="n3")
+        found = timeouts()
+        assert (found["a3"], found["n3"]) == (900, 2000)  # the lower of argument and policy
+    finally:
+        call(managed, "DELETE", "/api/policies/%2F/ct")
+        conn.close()
