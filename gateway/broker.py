@@ -266,9 +266,6 @@ class Broker:
             self._apply_policies(self.vhosts[vhost])
         return True
 
-    def effective_policy(self, meta: QueueMeta) -> PolicyDef | None:
-        return meta.policy
-
     def _apply_policies(self, vhost: VHost, send: bool = True) -> None:
         for meta in vhost.queues.values():
             before = meta.effective

@@ -217,7 +217,7 @@ class WarrenTarget(Target):
             [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data",
              str(Path(self.tmp) / "data"), "--shards", str(self.shards), *(extra_args or [])],
             stdout=subprocess.PIPE, stderr=self.log_file, cwd=ROOT)
-        line = _read_line(self.process.stdout, 60.0)
+        line = read_line(self.process.stdout, 60.0)
         if "listening on amqp://" not in line:
             self.stop()
             raise RuntimeError(f"warren did not start: {line!r}\n"
@@ -244,7 +244,8 @@ class WarrenTarget(Target):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _read_line(stream, timeout: float) -> str:
+def read_line(stream, timeout: float) -> str:
+    """One line from a pipe, or '' once the deadline passes."""
     import select
 
     deadline = time.monotonic() + timeout

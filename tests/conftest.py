@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import select
 import signal
 import socket
 import subprocess
@@ -12,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from loadtest.bench import read_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,25 +97,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def read_line(stream, timeout: float) -> str:
-    """One line from a pipe, or '' once the deadline passes."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    fd = stream.fileno()
-    while not data.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            break
-        chunk = os.read(fd, 1)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode(errors="replace")
 
 
 def wait_until(condition, timeout: float = 10.0, interval: float = 0.01, message: str = ""):

@@ -564,10 +564,11 @@ def _channel_details(conn, ch) -> dict:
 
 
 def _channel(conn, ch) -> dict:
-    return {"name": f"{connection_name(conn)} ({ch.number})", "number": ch.number,
-            "connection_details": {"name": connection_name(conn),
-                                   "peer_host": _channel_details(conn, ch)["peer_host"],
-                                   "peer_port": _channel_details(conn, ch)["peer_port"]},
+    details = _channel_details(conn, ch)
+    return {"name": details["name"], "number": ch.number,
+            "connection_details": {"name": details["connection_name"],
+                                   "peer_host": details["peer_host"],
+                                   "peer_port": details["peer_port"]},
             "user": conn.user, "vhost": conn.vhost.name, "node": NODE,
             "consumer_count": len(ch.consumers) + (1 if ch.reply_consumer else 0),
             "messages_unacknowledged": len(ch.unacked),
