@@ -121,23 +121,23 @@ class Shard:
         """The commit in flight is durable (or failed): its confirms, to send."""
         pending, lists, started = self.inflight
         self.inflight = None
-        self.stored_ok = self.persister.finish_commit(pending, self._evict)
-        for messages in self.persister.last_commits:
-            self.stats.note_commit(messages)
-        if lists[1]:
-            self.stats.note_confirm_latency(time.monotonic() - started, len(lists[1]))
-        return self._confirm_records(lists, self.stored_ok)
+        return self._committed(self.persister.finish_commit(pending, self._evict), lists,
+                               started)
 
     def commit_now(self, started: float | None = None) -> list:
         """Commit in this thread (no commit in flight) and return the confirms."""
         lists = self._take_confirm_lists()
         started = time.monotonic() if started is None else started
-        self.stored_ok = self.persister.commit(self._evict)
+        return self._committed(self.persister.commit(self._evict), lists, started)
+
+    def _committed(self, stored: bool, lists: tuple, started: float) -> list:
+        """After a commit: its statistics, and its confirms (nacks if it failed)."""
+        self.stored_ok = stored
         for messages in self.persister.last_commits:
             self.stats.note_commit(messages)
         if lists[1]:
             self.stats.note_confirm_latency(time.monotonic() - started, len(lists[1]))
-        return self._confirm_records(lists, self.stored_ok)
+        return self._confirm_records(lists, stored)
 
     def _evict(self, qid: int, msg) -> None:
         queue = self.queues.get(qid)
@@ -147,11 +147,16 @@ class Shard:
             self.ram_bytes += queue.ram_bytes - before
 
     def _apply(self, queue: Queue, cmd, now: float) -> None:
-        before = queue.ram_bytes
-        self._effects(queue.apply(cmd, now))
-        self.ram_bytes += queue.ram_bytes - before
+        self._step(queue, queue.apply, cmd, now)
         if _has_timers(queue) and not queue.deleted:
             self.timed.add(queue.qid)
+
+    def _step(self, queue: Queue, step, *args) -> None:
+        """Run one step of a queue's state machine, carry out its effects and follow
+        the change in the bodies it holds in RAM."""
+        before = queue.ram_bytes
+        self._effects(step(*args))
+        self.ram_bytes += queue.ram_bytes - before
 
     # -- timers ------------------------------------------------------------------
 
@@ -164,9 +169,7 @@ class Shard:
                     continue
                 deadline = queue.next_deadline()
                 if deadline is not None and deadline <= now:
-                    before = queue.ram_bytes
-                    self._effects(queue.tick(now))
-                    self.ram_bytes += queue.ram_bytes - before
+                    self._step(queue, queue.tick, now)
         self.plan_timers()
 
     def plan_timers(self) -> None:

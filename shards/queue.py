@@ -418,13 +418,22 @@ class Queue:
         stored = self.stored and persistent
         if not self.tracked and expiration < 0:
             return Message(seq, content, stored)
+        return self._rich_message(seq, content, stored, False, expiration, priority, size,
+                                  self.now)
+
+    def _rich_message(self, seq: int, content: tuple | None, stored: bool, redelivered: bool,
+                      expiration: int, priority: int, size: int, now: float,
+                      delivery_count: int = 0, acquired: int = 0) -> RichMessage:
+        """Its expiry from the queue's TTL and its own `expiration` (ms, -1: none),
+        whichever ends first, counted from `now`; its priority capped by the queue's."""
         ttl = self.message_ttl
         if expiration >= 0:
             ttl = expiration / 1000 if ttl is None else min(ttl, expiration / 1000)
             self.may_expire = True
-        return RichMessage(seq, content, stored, False,
-                           None if ttl is None else self.now + ttl, size,
-                           min(priority, self.max_priority) if self.max_priority else 0)
+        return RichMessage(seq, content, stored, redelivered,
+                           None if ttl is None else now + ttl, size,
+                           min(priority, self.max_priority) if self.max_priority else 0,
+                           delivery_count, acquired)
 
     def enqueue_recovered(self, msg: Message) -> None:
         """Recovery from storage: append a stored message in sequence order."""
@@ -443,15 +452,12 @@ class Queue:
             priority = peek_priority(properties) or 0
         except PropertiesError:
             expiration, priority = None, 0
-        ttl = self.message_ttl
-        if expiration is not None and expiration.isdigit():
-            ttl = int(expiration) / 1000 if ttl is None else min(ttl, int(expiration) / 1000)
-            self.may_expire = True
         if self.tracked:
             self.ready_bytes += size
-        return RichMessage(seq, None, True, delivered, None if ttl is None else now + ttl, size,
-                           min(priority, self.max_priority) if self.max_priority else 0,
-                           delivery_count, acquired)
+        return self._rich_message(
+            seq, None, True, delivered,
+            int(expiration) if expiration is not None and expiration.isdigit() else -1,
+            priority, size, now, delivery_count, acquired)
 
     def _status(self, cmd: r.QueueStatus, effects: list) -> None:
         effects.append(r.Reply(cmd.req, message_count=self.ready_count,
