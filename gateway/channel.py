@@ -787,7 +787,7 @@ class Channel:
         if exchange is None:
             raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
                             method.CLASS_ID, method.METHOD_ID)
-        self.broker.access.check(self.conn.user, vhost.name, "write", "exchange", exchange.name)
+        self._allow("write", "exchange", exchange.name)
         if exchange.internal:
             raise AMQPError(spec.ACCESS_REFUSED,
                             f"cannot publish to internal {exchange_name(vhost.name, exchange.name)}",
@@ -827,7 +827,11 @@ class Channel:
                                 BASIC_CLASS, m.BasicPublish.METHOD_ID)
             seqs = [entry[3]]
         consumer.link.send(r.Renew(consumer.meta.qid, consumer.holder, seqs))
-        tracker = self.confirms if self.confirms is not None else self.tx_confirms
+        self._confirm_at_once(self.confirms if self.confirms is not None else self.tx_confirms)
+
+    def _confirm_at_once(self, tracker) -> None:
+        """A publish no queue has to store (a renewal, a direct reply) is confirmed
+        right away in confirm mode (and counts in a transaction)."""
         if tracker is not None:
             tracker.publish(())
             self._confirms_changed()
@@ -898,9 +902,7 @@ class Channel:
                      tracker) -> None:
         """A reply to a direct reply-to address: straight to that channel."""
         channel = self.broker.reply_channel(method.routing_key)
-        if tracker is not None:
-            tracker.publish(())
-            self._confirms_changed()
+        self._confirm_at_once(tracker)
         if channel is None:
             if method.mandatory:
                 self._return_unroutable(method, properties, body)
