@@ -458,36 +458,53 @@ class Broker:
     # -- events from shards ----------------------------------------------------
 
     def _on_events(self, link: ShardLink, events: list) -> None:
+        """Hand a shard's events to their channels. A failure while handling one
+        closes the connection it concerns (or is logged, if it concerns none) and
+        the rest of the batch goes on: one client's trouble never stops a shard's
+        events for everyone."""
+        holders = self.holders
         for event in events:
             kind = type(event)
-            if kind is r.Deliver:
-                channel = self.holders.get(event.holder)
-                if channel is not None:
-                    channel.deliver(link, event)
-            elif kind is r.Confirmed:
-                for channel_id, seq in zip(event.channels, event.seqs):
-                    channel = self.holders.get(channel_id)
+            channel = None
+            try:
+                if kind is r.Deliver:
+                    channel = holders.get(event.holder)
                     if channel is not None:
-                        channel.confirmed(seq, link.index)
-            elif kind is r.Rejected:
-                for channel_id, seq in zip(event.channels, event.seqs):
-                    channel = self.holders.get(channel_id)
+                        channel.deliver(link, event)
+                elif kind is r.Confirmed or kind is r.Rejected:
+                    accepted = kind is r.Confirmed
+                    for channel_id, seq in zip(event.channels, event.seqs):
+                        channel = holders.get(channel_id)
+                        if channel is None:
+                            continue
+                        try:
+                            if accepted:
+                                channel.confirmed(seq, link.index)
+                            else:
+                                channel.rejected(seq, link.index)
+                        except Exception as error:
+                            channel.conn.fail(error)
+                    channel = None
+                elif kind is r.ConsumerCancelled:
+                    channel = holders.get(event.holder)
                     if channel is not None:
-                        channel.rejected(seq, link.index)
-            elif kind is r.ConsumerCancelled:
-                channel = self.holders.get(event.holder)
+                        channel.consumer_cancelled_by_broker(event.holder)
+                elif kind is r.Alarm:
+                    self.set_alarm((link.index, event.resource), event.active)
+                elif kind is r.QueueDeleted:
+                    self._queue_deleted_by_shard(link.index, event.qid)
+                elif kind is r.DeadLettered:
+                    self._dead_letter(event)
+                elif kind is r.ConsumerTimedOut:
+                    channel = holders.get(event.holder)
+                    if channel is not None:
+                        channel.consumer_timed_out(event)
+            except Exception as error:
                 if channel is not None:
-                    channel.consumer_cancelled_by_broker(event.holder)
-            elif kind is r.Alarm:
-                self.set_alarm((link.index, event.resource), event.active)
-            elif kind is r.QueueDeleted:
-                self._queue_deleted_by_shard(link.index, event.qid)
-            elif kind is r.DeadLettered:
-                self._dead_letter(event)
-            elif kind is r.ConsumerTimedOut:
-                channel = self.holders.get(event.holder)
-                if channel is not None:
-                    channel.consumer_timed_out(event)
+                    channel.conn.fail(error)
+                else:
+                    log.error("shard %d event %s failed", link.index, kind.__name__,
+                              exc_info=error)
 
     def _dead_letter(self, event: r.DeadLettered) -> None:
         """Republish a dead-lettered message to its queue's dead-letter exchange,

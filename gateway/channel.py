@@ -1,9 +1,11 @@
 """One AMQP channel: its methods, content assembly, delivery tags and confirms.
 
 A method that needs a shard's answer (say queue.delete) sends a request and
-parks the channel: frames that arrive meanwhile wait in a backlog and are
-replayed in order once the answer is in, so a channel's methods always take
-effect in the order the client sent them.
+parks the channel: commands that arrive meanwhile wait in a backlog and run in
+order once the answer is in, so a channel's methods always take effect in the
+order the client sent them. Frames are decoded and content assembled as they
+arrive, never on replay: a malformed frame is the sender's connection error at
+once, wherever its channel is.
 """
 
 from __future__ import annotations
@@ -119,9 +121,6 @@ class Channel:
     # -- frames in -------------------------------------------------------------
 
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
-        if self._waiting:
-            self._backlog.append((frame_type, payload))
-            return
         if frame_type == frames.FRAME_METHOD:
             if self._content_method is not None:
                 raise AMQPError(spec.UNEXPECTED_FRAME,
@@ -137,13 +136,29 @@ class Channel:
             if method.HAS_CONTENT:
                 self._start_content(method)
             else:
-                self.handle_method(method)
+                self._command(method)
         elif frame_type == frames.FRAME_HEADER:
             self._content_header(payload)
         elif frame_type == frames.FRAME_BODY:
             self._content_body(payload)
         else:
             raise AMQPError(spec.FRAME_ERROR, f"unexpected frame type {frame_type}")
+
+    def _command(self, method, properties: bytes | None = None, body: bytes = b"") -> None:
+        """A complete command (a method, or a publish with its content): run it now,
+        or keep it for its turn while the channel waits for a shard."""
+        if self._waiting:
+            self._backlog.append((method, properties, body))
+        else:
+            self._execute(method, properties, body)
+
+    def _execute(self, method, properties: bytes | None, body: bytes) -> None:
+        if type(method) is AMQPError:  # a publish refused on arrival, in its turn
+            raise method
+        if properties is None:
+            self.handle_method(method)
+        else:
+            self._publish(method, properties, body)
 
     def _start_content(self, method) -> None:
         if type(method) is not hotpath.Publish and type(method) is not m.BasicPublish:
@@ -162,10 +177,10 @@ class Channel:
         self._awaiting_header = False
         max_size = self.broker.config.max_message_size
         if size > max_size:
-            self._content_method = None
-            raise AMQPError(spec.PRECONDITION_FAILED, f"message size {size} is larger than "
-                            f"configured max size {max_size}", BASIC_CLASS,
-                            m.BasicPublish.METHOD_ID)
+            # Refused in the publish's turn; its body is counted, never kept.
+            self._content_method = AMQPError(
+                spec.PRECONDITION_FAILED, f"message size {size} is larger than configured "
+                f"max size {max_size}", BASIC_CLASS, m.BasicPublish.METHOD_ID)
         self._content_props = props
         self._content_size = size
         self._content_parts = []
@@ -179,7 +194,8 @@ class Channel:
         self._content_received += len(payload)
         if self._content_received > self._content_size:
             raise AMQPError(spec.FRAME_ERROR, "content body larger than its header announced")
-        self._content_parts.append(payload)
+        if type(self._content_method) is not AMQPError:
+            self._content_parts.append(payload)
         if self._content_received == self._content_size:
             self._content_complete()
 
@@ -189,7 +205,7 @@ class Channel:
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         self._content_method = None
         self._content_parts = []
-        self._publish(method, self._content_props, body)
+        self._command(method, self._content_props, body)
 
     def handle_method(self, method) -> None:
         handler = self._handlers.get(type(method))
@@ -219,8 +235,7 @@ class Channel:
 
     def _drain_backlog(self) -> None:
         while self._backlog and not self._waiting and not self.closing:
-            frame_type, payload = self._backlog.popleft()
-            self.handle_frame(frame_type, payload)
+            self._execute(*self._backlog.popleft())
 
     # -- output ----------------------------------------------------------------
 

@@ -107,6 +107,8 @@ class Connection(asyncio.Protocol):
             self.close_with_error(AMQPError(spec.FRAME_ERROR, error.text))
         except AMQPError as error:
             self.close_with_error(error)
+        except Exception as error:
+            self.fail(error)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -223,10 +225,10 @@ class Connection(asyncio.Protocol):
             raise AMQPError(spec.COMMAND_INVALID,
                             f"unknown method class {error.class_id} method {error.method_id}",
                             error.class_id, error.method_id)
-        except m.CodecError as error:
+        except m.CodecError:
             class_id, method_id = frames.method_ids(payload)
-            raise AMQPError(spec.SYNTAX_ERROR, f"cannot decode method arguments: {error}",
-                            class_id, method_id)
+            raise AMQPError(spec.FRAME_ERROR, f"cannot decode {frames.erlang_binary(payload[4:])}",
+                            class_id, method_id) from None
 
     def _handle_frame(self, frame_type: int, channel: int, payload: bytes) -> None:
         if frame_type == frames.FRAME_HEARTBEAT:
@@ -267,7 +269,8 @@ class Connection(asyncio.Protocol):
                 self.close_channel_with_error(ch, error)
 
     def run_guarded(self, ch: Channel, action) -> None:
-        """Run channel work; a soft error closes that channel, a hard one the connection."""
+        """Run channel work; a soft error closes that channel, a hard one the connection,
+        and anything else (a bug) this connection alone."""
         try:
             action()
         except AMQPError as error:
@@ -275,6 +278,18 @@ class Connection(asyncio.Protocol):
                 self.close_with_error(error)
             else:
                 self.close_channel_with_error(ch, error)
+        except Exception as error:
+            self.fail(error)
+
+    def fail(self, error: BaseException) -> None:
+        """A bug met while serving this connection: log it once and close this
+        connection with 541, leaving every other client and the loop running."""
+        log.error("closing connection %s after an internal error", self.peer, exc_info=error)
+        try:
+            self.close_with_error(AMQPError(spec.INTERNAL_ERROR, "internal error"))
+        except Exception:
+            self.state = CLOSED
+            self.transport.abort()
 
     def _channel_open(self, number: int, frame_type: int, payload: bytes) -> None:
         method = self.decode(payload) if frame_type == frames.FRAME_METHOD else None

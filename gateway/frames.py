@@ -75,6 +75,9 @@ class FrameReader:
         if buf[end] != FRAME_END:
             raise FrameError(f"type {frame_type}, bad frame end octet {buf[end]}")
         payload = bytes(buf[offset + 7:end])
+        if frame_type == FRAME_METHOD and size < 4:  # not even class-id and method-id
+            raise FrameError(f"type {frame_type}, all octets = {erlang_binary(payload)}: "
+                             "unknown_frame")
         self._offset = end + 1
         return frame_type, channel, payload
 
@@ -107,6 +110,11 @@ def parse_content_header(payload: bytes) -> tuple[int, int, bytes]:
 
 
 def method_ids(payload: bytes) -> tuple[int, int]:
-    if len(payload) < 4:
-        raise FrameError("method frame too short")
+    """(class-id, method-id) of a method frame payload (the reader checked its length)."""
     return _method_ids.unpack_from(payload, 0)
+
+
+def erlang_binary(data: bytes, limit: int = 64) -> str:
+    """Bytes as RabbitMQ prints them in error texts: <<0,50,...>>."""
+    shown = ",".join(map(str, data[:limit]))
+    return f"<<{shown},...>>" if len(data) > limit else f"<<{shown}>>"

@@ -205,7 +205,10 @@ class ShardLink:
                     plain = []
                 callback = self._waiters.pop(event.req, None)
                 if callback is not None:
-                    callback(event)
+                    try:  # callbacks contain their own connection's errors; this is the last net
+                        callback(event)
+                    except Exception:
+                        log.exception("shard %d reply %d failed", self.index, event.req)
             else:
                 plain.append(event)
         if plain:

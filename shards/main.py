@@ -11,6 +11,7 @@ backpressure the gateway feels. Started by the gateway as
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -29,6 +30,8 @@ from .ring import Ring, RingSpec
 from .stats import StatsLog
 
 EVENTS_PER_RECORD = 512
+
+log = logging.getLogger("warren.shard")
 
 
 class ShardSpec(msgspec.Struct):
@@ -197,6 +200,22 @@ class Shard:
             self.stats.event("alarm", resource=resource, state="on" if active else "off",
                              ram_bytes=self.ram_bytes)
 
+    def run(self, cmd, now: float) -> None:
+        """Handle one command; a command that fails (a bug) is answered and logged,
+        and the shard goes on serving everyone else."""
+        try:
+            self.handle(cmd, now)
+        except Exception:
+            log.exception("shard %d: %s failed", self.index, type(cmd).__name__)
+            req = getattr(cmd, "req", 0)
+            if type(cmd) is r.Get:
+                self.outbox.append(r.GetReply(req, cmd.qid, code=541, text="INTERNAL_ERROR"))
+            elif req:
+                self.outbox.append(r.Reply(req, 541, "INTERNAL_ERROR"))
+            elif type(cmd) is r.Publish and cmd.confirm_channel:
+                self.refused_channels.append(cmd.confirm_channel)
+                self.refused_seqs.append(cmd.confirm_seq)
+
     def handle(self, cmd, now: float) -> None:
         kind = type(cmd)
         if kind is r.Publish:
@@ -354,7 +373,7 @@ def serve(spec: ShardSpec) -> None:
             continue
         for batch in batches:
             for cmd in r.decode_commands(batch):
-                shard.handle(cmd, now)
+                shard.run(cmd, now)
         shard.run_timers(now)
         # Deliveries and replies go out at once; confirms only once their commit is
         # durable. A commit runs in the committer thread while this loop goes on:

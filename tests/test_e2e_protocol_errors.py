@@ -131,13 +131,58 @@ def test_frame_over_frame_max_is_501(broker):
     expect_connection_close(client, 501, "FRAME_ERROR")
 
 
-def test_undecodable_arguments_are_502(broker):
+def test_undecodable_arguments_are_501_as_on_rabbitmq(broker):
     client = RawClient(broker.port)
     client.handshake()
     client.open_channel(1)
-    payload = m.encode_method(m.QueueDeclare(queue="x"))[:6]  # cut inside the arguments
+    payload = m.encode_method(m.QueueDeclare(queue="x"))[:5]  # cut inside the arguments
     client.send_frame(frames.FRAME_METHOD, 1, payload)
-    expect_connection_close(client, 502, "SYNTAX_ERROR")
+    close = expect_connection_close(client, 501, "FRAME_ERROR - cannot decode <<0>>")
+    assert (close.class_id, close.method_id) == (50, 10)
+
+
+def next_close(client: RawClient) -> m.ConnectionClose:
+    """The connection.close, past the declare-ok RabbitMQ may still send before it."""
+    while True:
+        channel, method = client.next_method()
+        if not isinstance(method, m.QueueDeclareOk):
+            assert channel == 0 and isinstance(method, m.ConnectionClose), method
+            return method
+
+
+@pytest.mark.parametrize("bad_payload, text", [
+    (b"\x00\x32", "FRAME_ERROR - type 1, all octets = <<0,50>>: unknown_frame"),
+    (b"", "FRAME_ERROR - type 1, all octets = <<>>: unknown_frame"),
+    (b"\x00\x32\x00\x0a\x00", "FRAME_ERROR - cannot decode <<0>>"),
+])
+def test_malformed_frame_behind_a_waiting_declare_closes_only_its_sender(broker, bad_payload,
+                                                                         text):
+    """Issue 17.1: a method frame too short to decode, sent while its channel waits for
+    a shard's answer, used to escape when replayed and stop that shard's events for
+    every client. Now it is the sender's 501 at once (RabbitMQ's text), and the shard
+    keeps serving everyone."""
+    healthy = connect(broker)
+    ch = healthy.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("wedge.q", durable=True)
+    ch.queue_purge("wedge.q")
+    for _ in range(3):
+        attacker = RawClient(broker.port)
+        attacker.handshake()
+        attacker.open_channel(1)
+        attacker.send(frames.method_frame(1, m.QueueDeclare(queue="wedge.q", durable=True))
+                      + struct.pack(">BHI", frames.FRAME_METHOD, 1, len(bad_payload))
+                      + bad_payload + b"\xce")
+        close = next_close(attacker)
+        assert (close.reply_code, close.reply_text) == (501, text)
+        attacker.send_method(0, m.ConnectionCloseOk())
+        assert attacker.next_frame() is None
+        # The same shard still answers: declare, a confirmed publish, a get.
+        assert ch.queue_declare("wedge.q", durable=True, passive=True).method.message_count == 0
+        ch.basic_publish("", "wedge.q", b"still here")
+        method, _, body = ch.basic_get("wedge.q", auto_ack=True)
+        assert body == b"still here"
+    healthy.close()
 
 
 def test_heartbeats_sent_and_missing_ones_detected(broker):
@@ -221,3 +266,4 @@ def test_channel_flow_pauses_and_resumes_deliveries(broker):
     _, deliver = client.next_method()
     assert isinstance(deliver, m.BasicDeliver) and deliver.delivery_tag == 1
     client.close()
+

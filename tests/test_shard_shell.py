@@ -1,0 +1,48 @@
+"""The shard's shell driven in-process: a command that fails is answered, and the
+shard goes on serving the other commands (issue 17.1's class of bug)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shards import records as r
+from shards.main import Shard
+from shards.persister import Persister
+from shards.queue import Queue
+from shards.stats import StatsLog
+from storage.shardstore import ShardStore
+
+
+@pytest.fixture
+def shard(tmp_path):
+    store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
+    shard = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0))
+    shard.run(r.CreateQueue(1, 7, "/", "q", False, False, False, {}), 0.0)
+    yield shard
+    store.close()
+
+
+def publish(seq: int) -> r.Publish:
+    return r.Publish([7], "", "q", b"\x00\x00", b"body", False, confirm_channel=3,
+                     confirm_seq=seq)
+
+
+def test_failing_commands_are_answered_and_the_next_ones_served(shard, monkeypatch):
+    shard.take_events()
+    real_apply = Queue.apply
+
+    def broken(self, cmd, now):
+        raise RuntimeError("a bug in the queue")
+
+    monkeypatch.setattr(Queue, "apply", broken)
+    shard.run(r.Get(2, 7, 9, True), 0.0)
+    shard.run(publish(1), 0.0)
+    assert shard.take_events() == [r.GetReply(2, 7, code=541, text="INTERNAL_ERROR")]
+    assert shard.start_commit(None, 0.0) == [r.Rejected([3], [1])]  # nacked, not forgotten
+
+    monkeypatch.setattr(Queue, "apply", real_apply)
+    shard.run(publish(2), 0.0)
+    shard.run(r.Get(4, 7, 9, True), 0.0)
+    (reply,) = shard.take_events()
+    assert type(reply) is r.GetReply and reply.req == 4 and reply.code == 0 and reply.seq
+    assert shard.commit_now(0.0) == [r.Confirmed([3], [2])]
