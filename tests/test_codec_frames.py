@@ -41,6 +41,16 @@ def test_frames_come_out_the_same_whole_or_in_pieces(sent, piece):
     assert read_all(whole) == got == [tuple(f) for f in sent]
 
 
+def test_a_payload_of_frame_max_is_accepted_one_more_byte_is_not():
+    reader = FrameReader(4096)
+    reader.receive_data(frame(frames.FRAME_BODY, 1, b"x" * 4096))
+    assert reader.next_frame() == (frames.FRAME_BODY, 1, b"x" * 4096)
+    reader.receive_data(frame(frames.FRAME_BODY, 1, b"x" * 4097))
+    with pytest.raises(FrameError) as error:
+        reader.next_frame()
+    assert error.value.text == "type 3, all octets = <<>>: {frame_too_large,4097,4088}"
+
+
 @pytest.mark.parametrize("payload, shown", [(b"", "<<>>"), (b"\x00", "<<0>>"),
                                             (b"\x00\x32\x00", "<<0,50,0>>")])
 def test_a_method_frame_without_its_ids_is_a_framing_error_on_arrival(payload, shown):

@@ -14,6 +14,7 @@ import pytest
 from gateway import frames
 from gateway import methods as m
 
+from .conftest import wait_until
 from .rawclient import RawClient
 
 
@@ -267,3 +268,18 @@ def test_channel_flow_pauses_and_resumes_deliveries(broker):
     assert isinstance(deliver, m.BasicDeliver) and deliver.delivery_tag == 1
     client.close()
 
+
+def test_amqpstorm_bodies_cut_at_frame_max_go_through(broker):
+    """Issue 16.3: RabbitMQ accepts a body frame whose payload is frame_max bytes,
+    and amqpstorm cuts large bodies exactly there."""
+    import amqpstorm
+
+    body = bytes(range(256)) * 1200  # 307,200 bytes: several frames of frame_max
+    with amqpstorm.Connection("127.0.0.1", "guest", "guest", port=broker.port) as conn:
+        with conn.channel() as ch:
+            ch.queue.declare("storm.big", auto_delete=False)
+            ch.queue.purge("storm.big")
+            amqpstorm.Message.create(ch, body).publish("storm.big")
+            message = wait_until(lambda: ch.basic.get("storm.big", no_ack=True))
+            assert message.body == body
+            ch.queue.delete("storm.big")
