@@ -457,6 +457,11 @@ class Broker:
 
     # -- events from shards ----------------------------------------------------
 
+    def poll_shards(self) -> None:
+        """Take in the shards' waiting events (deliveries, confirms, credit) now."""
+        for link in self.links:
+            link.poll()
+
     def _on_events(self, link: ShardLink, events: list) -> None:
         """Hand a shard's events to their channels. A failure while handling one
         closes the connection it concerns (or is logged, if it concerns none) and

@@ -36,7 +36,10 @@ _EXTRAS = _EXPIRATION | _PRIORITY | _REPLY_TO | _HEADERS
 # Link credit of a consumer outside a channel-wide limit: how many deliveries may
 # be on their way between its shard and the socket. Credit comes back as
 # deliveries are written to the socket, so a slow reader stops its shard.
-FLOW_WINDOW = 500
+FLOW_WINDOW = 2000
+# Commands a channel keeps while it waits for a shard before its connection stops
+# being read (a publisher pipelining behind a queue.declare cannot grow it without end).
+BACKLOG_LIMIT = 1000
 
 
 class ConsumerState:
@@ -149,6 +152,8 @@ class Channel:
         or keep it for its turn while the channel waits for a shard."""
         if self._waiting:
             self._backlog.append((method, properties, body))
+            if len(self._backlog) == BACKLOG_LIMIT:
+                self.conn.hold(self)
         else:
             self._execute(method, properties, body)
 
@@ -236,6 +241,8 @@ class Channel:
     def _drain_backlog(self) -> None:
         while self._backlog and not self._waiting and not self.closing:
             self._execute(*self._backlog.popleft())
+        if len(self._backlog) < BACKLOG_LIMIT:
+            self.conn.release(self)
 
     # -- output ----------------------------------------------------------------
 
@@ -1044,6 +1051,7 @@ class Channel:
         self.by_holder.clear()
         self.unacked.clear()
         self._backlog.clear()
+        self.conn.release(self)
         self.held_deliveries.clear()
 
     def shard_lost(self, link) -> None:

@@ -4,6 +4,12 @@ Handshake (protocol header, start/start-ok, tune/tune-ok, open), heartbeats,
 channel multiplexing, connection-level errors and flow control. Output for a
 loop turn is gathered and written with one call; confirms and credit grants
 are flushed at the same moment.
+
+Fairness: before handling input, the shards' waiting events (deliveries,
+confirms, credit) are taken in; a connection handles at most FRAMES_PER_TURN
+frames per loop turn and then yields to everyone else. Reading stops while the
+connection is held: out of credit towards a shard or a shard's ring full
+(state `flow`), or a resource alarm (state `blocked`, with connection.blocked).
 """
 
 from __future__ import annotations
@@ -27,6 +33,12 @@ FRAME_MAX = 131072
 HEARTBEAT = 60
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 3.0
+# Frames one connection may handle per loop turn before yielding (a publish is
+# three): small enough that deliveries and credit are not kept waiting behind a
+# flood, large enough that a turn's work still goes out in big batches.
+FRAMES_PER_TURN = 1500
+ALARM = "alarm"  # why reading is held, beside the shard links that hold it
+YIELD = "yield"
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -64,7 +76,9 @@ class Connection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._writing_paused = False
-        self._paused_by: set = set()  # why reading is paused: shard links with full rings, "alarm"
+        # Why reading is held: shard links (credit spent, ring full), ALARM, or YIELD
+        # (this turn's share of input is used up; the rest waits in the reader).
+        self._paused_by: set = set()
         self.has_published = False
         self.exclusive_queues: set = set()  # QueueMeta of the exclusive queues it owns
         self._last_received = self._last_sent = time.monotonic()
@@ -88,21 +102,31 @@ class Connection(asyncio.Protocol):
         self.channels.clear()
         self.broker.delete_exclusive_queues(self)
         self.broker.connections.discard(self)
-        for cause in list(self._paused_by):
-            if cause != "alarm":
-                cause.paused.discard(self)
+        for link in self.broker.links:
+            link.forget(self)
 
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
         self.reader.receive_data(data)
+        self._handle_input()
+
+    def _handle_input(self) -> None:
+        """Handle this turn's share of the buffered frames, after the shards' events."""
+        self.broker.poll_shards()
         try:
             if self.state == AWAIT_HEADER and not self._read_protocol_header():
                 return
-            while self.state != CLOSED:
+            budget = FRAMES_PER_TURN
+            while self.state != CLOSED and not self._paused_by:
                 frame = self.reader.next_frame()
                 if frame is None:
-                    break
+                    return
                 self._handle_frame(*frame)
+                budget -= 1
+                if not budget:
+                    self._pause(YIELD)
+                    self.loop.call_soon(self._next_turn)
+                    return
         except FrameError as error:
             self.close_with_error(AMQPError(spec.FRAME_ERROR, error.text))
         except AMQPError as error:
@@ -155,32 +179,49 @@ class Connection(asyncio.Protocol):
     def method(self, channel: int, method) -> None:
         self.send(frames.method_frame(channel, method))
 
-    # -- flow control: full shard rings and resource alarms ----------------------
+    # -- flow control: credit, full shard rings, resource alarms -------------------
 
-    def pause_for_shard(self, link) -> None:
-        self._pause(link, "shard queue full")
+    @property
+    def flow_state(self) -> str:
+        """RabbitMQ's connection state: running, flow (held by credit), blocked
+        (held by an alarm), or closing."""
+        if self.state in (CLOSING, CLOSED):
+            return "closing"
+        if ALARM in self._paused_by:
+            return "blocked"
+        if any(cause is not YIELD for cause in self._paused_by):
+            return "flow"
+        return "running"
 
-    def resume_for_shard(self, link) -> None:
-        self._resume(link)
+    def hold(self, cause) -> None:
+        """Stop reading for `cause` (a shard link out of credit or ring space, a
+        channel with a full backlog) until release(cause)."""
+        self._pause(cause)
+
+    def release(self, cause) -> None:
+        self._resume(cause)
 
     def block_publishing(self, reason: str) -> None:
         """A resource alarm is on: stop reading from this connection if it publishes."""
-        if self.has_published:
-            self._pause("alarm", reason)
+        if self.has_published and ALARM not in self._paused_by:
+            self._pause(ALARM)
+            if self.capabilities.get("connection.blocked") and self.state != CLOSED:
+                self.method(0, m.ConnectionBlocked(reason=reason))
 
     def unblock_publishing(self) -> None:
-        self._resume("alarm")
+        if ALARM in self._paused_by:
+            self._resume(ALARM)
+            if self.capabilities.get("connection.blocked") and self.state != CLOSED:
+                self.method(0, m.ConnectionUnblocked())
 
     def note_publish(self) -> None:
         self.has_published = True
         if self.broker.alarms:
             self.block_publishing(self.broker.alarm_reason())
 
-    def _pause(self, cause, reason: str) -> None:
+    def _pause(self, cause) -> None:
         if not self._paused_by and self.state != CLOSED:
             self.transport.pause_reading()
-            if self.capabilities.get("connection.blocked"):
-                self.method(0, m.ConnectionBlocked(reason=reason))
         self._paused_by.add(cause)
 
     def _resume(self, cause) -> None:
@@ -189,8 +230,16 @@ class Connection(asyncio.Protocol):
         self._paused_by.discard(cause)
         if not self._paused_by and self.state != CLOSED:
             self.transport.resume_reading()
-            if self.capabilities.get("connection.blocked"):
-                self.method(0, m.ConnectionUnblocked())
+            # What was read before the hold comes first; not from here, which may
+            # be inside a shard's event dispatch.
+            self.loop.call_soon(self._handle_input)
+
+    def _next_turn(self) -> None:
+        """Handle the next share of input held back by YIELD."""
+        self._paused_by.discard(YIELD)
+        if not self._paused_by and self.state != CLOSED:
+            self.transport.resume_reading()
+            self._handle_input()
 
     # -- frames ----------------------------------------------------------------
 
@@ -456,6 +505,9 @@ class Connection(asyncio.Protocol):
         if self.state != OPEN:
             return
         now = time.monotonic()
+        if self._paused_by:
+            # We are not reading: the peer's heartbeats wait in the socket, unseen.
+            self._last_received = now
         if now - self._last_received > 2 * self.heartbeat:
             log.warning("missed heartbeats from client %s, timeout: %ss", self.peer,
                         self.heartbeat)

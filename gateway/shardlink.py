@@ -1,10 +1,18 @@
-"""The gateway's end of one shard: its process, its two rings, batching.
+"""The gateway's end of one shard: its process, its two rings, batching, credit.
 
 Records for the shard collect during a loop turn and go out as one msgpack
-array, one ring write and one doorbell. A full command ring is backpressure:
-the connections that fed this shard stop being read until the shard frees
-space (its space doorbell). Events from the shard arrive on the event ring's
-doorbell and are handed to the broker in batches.
+array, one ring write and one doorbell. Events from the shard arrive on the
+event ring's doorbell (or when a connection polls before reading more input)
+and are handed to the broker in batches.
+
+Credit flow (RabbitMQ's credit_flow, across processes): every publishing
+connection holds PUBLISH_CREDIT messages of credit towards this shard. Each
+publish record it sends spends one; the shard reports after each of its turns
+how many ring records it has worked through (`Progress`, sent behind that
+turn's deliveries), and the publishes in those records are credited back. A
+connection out of credit is not read (state `flow`) until credit returns, so a
+shard that is behind holds its publishers back instead of queueing without
+bound in the ring or here. A full ring (large bodies) holds the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections import deque
 from typing import Callable
 
 import msgspec
@@ -26,6 +35,10 @@ log = logging.getLogger("warren.shard")
 
 COMMAND_RING_BYTES = 16 * 1024 * 1024
 EVENT_RING_BYTES = 16 * 1024 * 1024
+# Publishes a connection may have on their way to one shard (chosen by measurement,
+# see docs/architecture.md): enough to keep a shard busy across a loop turn, few
+# enough that a credit or an ack behind them waits milliseconds, not seconds.
+PUBLISH_CREDIT = 2000
 
 
 class ShardLink:
@@ -45,8 +58,12 @@ class ShardLink:
         self._batch: list = []
         self._pending: list[bytes] = []  # encoded batches waiting for ring space
         self._flush_scheduled = False
-        self.feeders: set = set()  # connections that sent records since the last flush
-        self.paused: set = set()  # connections paused because this ring was full
+        self._feeds: dict = {}  # connection -> publishes in the batch being gathered
+        self.credit: dict = {}  # connection -> publish credit left towards this shard
+        self._unreturned: deque = deque()  # (record number, {connection: publishes})
+        self._records_sent = 0  # ring records handed to this shard process
+        self._dispatching = False
+        self.paused: set = set()  # connections held: out of credit, or the ring is full
         self.process: subprocess.Popen | None = None
         self.alive = False
         self._next_req = 0
@@ -106,6 +123,10 @@ class ShardLink:
             ring.unlink()
         self._batch.clear()
         self._pending.clear()
+        self._feeds.clear()
+        self.credit.clear()  # a restarted shard starts a new count
+        self._unreturned.clear()
+        self._records_sent = 0
         waiters, self._waiters = self._waiters, {}
         for callback in waiters.values():
             callback(r.Reply(0, 541, "INTERNAL_ERROR - shard process stopped"))
@@ -130,8 +151,8 @@ class ShardLink:
         if not self.alive:
             return
         self._batch.append(record)
-        if feeder is not None:
-            self.feeders.add(feeder)
+        if feeder is not None:  # a publish: it spends its connection's credit
+            self._feeds[feeder] = self._feeds.get(feeder, 0) + 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
@@ -143,23 +164,57 @@ class ShardLink:
         if self._batch:
             self._pending.append(r.encode_batch(self._batch))
             self._batch = []
+            self._records_sent += 1
+            if self._feeds:
+                self._spend(self._feeds)
+                self._feeds = {}
         if self._pending or self.commands.backlogged():
             written = self.commands.write_many(self._pending)
             self.commands.flush()
             del self._pending[:written]
         if self._pending or self.commands.backlogged():
-            self._apply_backpressure()
-        self.feeders.clear()
+            self._ring_full()
 
-    def _apply_backpressure(self) -> None:
-        for conn in self.feeders:
-            if conn not in self.paused:
-                self.paused.add(conn)
-                conn.pause_for_shard(self)
+    def _spend(self, feeds: dict) -> None:
+        """The publishes of the record just numbered spend their connections' credit."""
+        self._unreturned.append((self._records_sent, feeds))
+        credit = self.credit
+        for conn, count in feeds.items():
+            left = credit[conn] = credit.get(conn, PUBLISH_CREDIT) - count
+            if left <= 0:
+                self._hold(conn)
+
+    def _hold(self, conn) -> None:
+        if conn not in self.paused:
+            self.paused.add(conn)
+            conn.hold(self)
+
+    def forget(self, conn) -> None:
+        """A connection closed: drop its credit (publishes in flight return to nobody)."""
+        self.credit.pop(conn, None)
+        self._feeds.pop(conn, None)
+        self.paused.discard(conn)
+
+    def _credit_returned(self, records: int) -> None:
+        """The shard has worked through `records` ring records: credit their publishes back."""
+        unreturned, credit = self._unreturned, self.credit
+        while unreturned and unreturned[0][0] <= records:
+            for conn, count in unreturned.popleft()[1].items():
+                if conn in credit:
+                    credit[conn] += count
+        self._release_held()
+
+    def _ring_full(self) -> None:
+        for conn in self._feeds_in_flight():
+            self._hold(conn)
         if self.commands.want_space():
             self._loop.add_reader(self.commands.spec().space_fd, self._space_available)
         else:
             self._loop.call_soon(self._space_available)
+
+    def _feeds_in_flight(self) -> set:
+        """Connections with publishes not yet written to the ring."""
+        return {conn for _, feeds in self._unreturned for conn in feeds}
 
     def _space_available(self) -> None:
         self._loop.remove_reader(self.commands.spec().space_fd)
@@ -167,31 +222,49 @@ class ShardLink:
             return
         self.commands.clear_space_doorbell()
         self.flush()
-        if not self._pending and not self.commands.backlogged():
-            self._resume_paused()
+        self._release_held()
+
+    def _release_held(self) -> None:
+        """Let held connections read again once the ring has room and they have credit."""
+        if not self.paused or self._pending or self.commands.backlogged():
+            return
+        credit = self.credit
+        for conn in [c for c in self.paused if credit.get(c, PUBLISH_CREDIT) > 0]:
+            self.paused.discard(conn)
+            conn.release(self)
 
     def _resume_paused(self) -> None:
         paused, self.paused = self.paused, set()
         for conn in paused:
-            conn.resume_for_shard(self)
+            conn.release(self)
 
     # -- events in -------------------------------------------------------------
 
     def _read_events(self) -> None:
+        """The event doorbell rang: take everything, then sleep on the doorbell."""
         if not self.alive:
             return
         self.events.clear_data_doorbell()
-        while True:
-            batches = self.events.read_many()
-            if batches:
-                events = []
-                for batch in batches:
-                    events.extend(r.decode_events(batch))
-                self._dispatch(events)
-                if not self.alive:
-                    return
-            elif self.events.sleep():
-                return
+        while self.alive and (self.poll() or not self.events.sleep()):
+            pass
+
+    def poll(self) -> bool:
+        """Hand over the events waiting in the ring, if any; connections call this
+        before reading more input, so deliveries and confirms go first."""
+        if not self.alive or self._dispatching or self.events.is_empty():
+            return False
+        batches = self.events.read_many()
+        if not batches:  # only part of a large record so far
+            return False
+        events = []
+        for batch in batches:
+            events.extend(r.decode_events(batch))
+        self._dispatching = True  # events handed over in the shard's order, never nested
+        try:
+            self._dispatch(events)
+        finally:
+            self._dispatching = False
+        return True
 
     def _dispatch(self, events: list) -> None:
         """Hand events over in the shard's order: a reply (say cancel-ok) must not
@@ -199,7 +272,9 @@ class ShardLink:
         plain = []
         for event in events:
             kind = type(event)
-            if kind is r.Reply or kind is r.GetReply or kind is r.QueueInfoReply:
+            if kind is r.Progress:
+                self._credit_returned(event.records)
+            elif kind is r.Reply or kind is r.GetReply or kind is r.QueueInfoReply:
                 if plain:
                     self._on_events(self, plain)
                     plain = []

@@ -338,6 +338,7 @@ def serve(spec: ShardSpec) -> None:
     poller.register(spec.lifeline_fd, select.POLLIN)
     poller.register(committer.done_fd, select.POLLIN)
     pending: list[bytes] = []  # encoded event records waiting for ring space
+    records_done = 0  # command ring records worked through (credit flow)
 
     while shard.running:
         if pending or events.backlogged():
@@ -374,6 +375,11 @@ def serve(spec: ShardSpec) -> None:
         for batch in batches:
             for cmd in r.decode_commands(batch):
                 shard.run(cmd, now)
+        if batches:
+            # Credit back for the publishes in these records, behind this turn's
+            # deliveries: a shard that is behind returns credit later.
+            records_done += len(batches)
+            shard.outbox.append(r.Progress(records_done))
         shard.run_timers(now)
         # Deliveries and replies go out at once; confirms only once their commit is
         # durable. A commit runs in the committer thread while this loop goes on:

@@ -270,12 +270,19 @@ class QueueDeleted(_Record, tag=55):
     qid: int
 
 
+class Progress(_Record, tag=61):
+    """The shard has worked through this many command ring records since it started;
+    the gateway credits the publishes in them back to their connections."""
+
+    records: int
+
+
 Command = (
     CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
     | Get | Settle | Grant | ReleaseHolders | Stop | ConfigureQueue | QueueInfo | Renew
 )
 Event = (Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted
-         | Alarm | DeadLettered | QueueInfoReply | ConsumerTimedOut)
+         | Alarm | DeadLettered | QueueInfoReply | ConsumerTimedOut | Progress)
 
 _command_encoder = msgspec.msgpack.Encoder()
 _command_batch_decoder = msgspec.msgpack.Decoder(list[Command])

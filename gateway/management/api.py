@@ -547,7 +547,7 @@ def _connection(conn) -> dict:
     local = conn.transport.get_extra_info("sockname") or ("?", 0)
     return {"name": connection_name(conn), "user": conn.user, "vhost": conn.vhost.name,
             "peer_host": peer[0], "peer_port": peer[1], "host": local[0], "port": local[1],
-            "channels": len(conn.channels), "state": "running", "protocol": "AMQP 0-9-1",
+            "channels": len(conn.channels), "state": conn.flow_state, "protocol": "AMQP 0-9-1",
             "type": "network", "node": NODE, "auth_mechanism": "PLAIN",
             "client_properties": _jsonable(conn.client_properties),
             "connected_at": int(getattr(conn, "connected_at", time.time()) * 1000),
