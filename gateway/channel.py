@@ -308,15 +308,14 @@ class Channel:
     def _exchange_declare(self, method: m.ExchangeDeclare) -> None:
         vhost = self.vhost
         name = method.exchange
+        if not method.passive and method.type not in EXCHANGE_TYPES:
+            raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{method.type}'")
+        _not_default(name)
         existing = vhost.exchanges.get(name)
         if method.passive:
             if existing is None:
                 raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, name)}")
             return self._reply(m.ExchangeDeclareOk(), method.nowait)
-        if name == "":
-            raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
-        if method.type not in EXCHANGE_TYPES:
-            raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{method.type}'")
         what = exchange_name(vhost.name, name)
         self._allow("configure", "exchange", name)
         if existing is None:
@@ -338,15 +337,13 @@ class Channel:
 
     def _exchange_delete(self, method: m.ExchangeDelete) -> None:
         name = method.exchange
-        if name == "":
-            raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
-        exchange = self.vhost.exchanges.get(name)
+        _not_default(name)
+        if name.startswith("amq."):  # refused even when no such exchange exists
+            raise AMQPError(spec.ACCESS_REFUSED,
+                            f"deletion of system {exchange_name(self.vhost.name, name)} not allowed")
         self._allow("configure", "exchange", name)
+        exchange = self.vhost.exchanges.get(name)
         if exchange is not None:
-            if name.startswith("amq."):
-                raise AMQPError(spec.ACCESS_REFUSED,
-                                f"deletion of system {exchange_name(self.vhost.name, name)} "
-                                "not allowed")
             if method.if_unused and exchange.bindings:
                 raise AMQPError(spec.PRECONDITION_FAILED,
                                 f"{exchange_name(self.vhost.name, name)} in use")
@@ -442,8 +439,7 @@ class Channel:
         self.send(m.QueueUnbindOk())
 
     def _bindable_exchange(self, name: str) -> Exchange:
-        if name == "":
-            raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
+        _not_default(name)
         return self._exchange_named(name)
 
     def _queue_purge(self, method: m.QueuePurge) -> None:
@@ -1135,6 +1131,13 @@ def _parse_expiration(text: str) -> int:
         raise AMQPError(spec.PRECONDITION_FAILED,
                         f"invalid expiration '{text}': {{value_negative,{value}}}")
     return value
+
+
+def _not_default(name: str) -> None:
+    """RabbitMQ refuses every declaration, deletion and binding of the default
+    exchange, a passive declaration included."""
+    if name == "":
+        raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
 
 
 def _equivalent(arg: str, what: str, received, current) -> None:

@@ -199,29 +199,53 @@ def test_auto_delete_exchange_goes_with_its_last_binding(channel):
 
 
 def test_default_and_system_exchanges_are_protected(broker):
+    """Every operation on the default exchange, a passive declaration included, and
+    the creation or deletion of amq.* names answer as RabbitMQ 3.10 does."""
+    default = "ACCESS_REFUSED - operation not permitted on the default exchange"
+    missing = unique("amq.missing")
     conn = connect(broker)
+    queue = conn.channel().queue_declare("", exclusive=True).method.queue
     cases = [
-        (lambda ch: ch.queue_bind(ch.queue_declare("", exclusive=True).method.queue, ""),
-         "ACCESS_REFUSED - operation not permitted on the default exchange"),
-        (lambda ch: ch.exchange_delete(""),
-         "ACCESS_REFUSED - operation not permitted on the default exchange"),
-        (lambda ch: ch.exchange_delete("amq.headers"),
+        (lambda ch: ch.exchange_declare("", passive=True), 403, default),
+        (lambda ch: ch.exchange_declare("", "direct"), 403, default),
+        (lambda ch: ch.exchange_delete(""), 403, default),
+        (lambda ch: ch.queue_bind(queue, ""), 403, default),
+        (lambda ch: ch.queue_unbind(queue, ""), 403, default),
+        (lambda ch: ch.exchange_bind("amq.fanout", ""), 403, default),
+        (lambda ch: ch.exchange_bind("", "amq.fanout"), 403, default),
+        (lambda ch: ch.exchange_unbind("amq.fanout", ""), 403, default),
+        (lambda ch: ch.exchange_unbind("", "amq.fanout"), 403, default),
+        (lambda ch: ch.exchange_delete("amq.headers"), 403,
          "ACCESS_REFUSED - deletion of system exchange 'amq.headers' in vhost '/' not allowed"),
-        (lambda ch: ch.exchange_declare("amq.mine", "direct"),
+        (lambda ch: ch.exchange_delete(missing), 403,
+         f"ACCESS_REFUSED - deletion of system exchange '{missing}' in vhost '/' not allowed"),
+        (lambda ch: ch.exchange_declare("amq.mine", "direct"), 403,
          "ACCESS_REFUSED - exchange name 'amq.mine' contains reserved prefix 'amq.*'"),
-        (lambda ch: ch.exchange_declare("nope-" + uuid.uuid4().hex, passive=True), None),
+        (lambda ch: ch.exchange_declare("amq.mine", passive=True), 404,
+         "NOT_FOUND - no exchange 'amq.mine' in vhost '/'"),
+        (lambda ch: ch.queue_declare("amq.mine"), 403,
+         "ACCESS_REFUSED - queue name 'amq.mine' contains reserved prefix 'amq.*'"),
+        (lambda ch: ch.exchange_declare("amq.direct", "fanout", durable=True), 406,
+         "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'amq.direct' in vhost '/': "
+         "received 'fanout' but current is 'direct'"),
     ]
     try:
-        for action, text in cases:
+        for action, code, text in cases:
             ch = conn.channel()
             with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
                 action(ch)
-            if text is None:
-                assert raised.value.reply_code == 404
-            else:
-                assert raised.value.reply_text == text
+            assert (raised.value.reply_code, raised.value.reply_text) == (code, text)
+        ch = conn.channel()
+        ch.exchange_declare("amq.direct", passive=True)
+        ch.exchange_declare("amq.direct", "direct", durable=True)  # as it is: fine
+        # The exchange type is checked first: an unknown one closes the connection.
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
+            ch.exchange_declare("", "no-such-type")
+        assert (raised.value.reply_code, raised.value.reply_text) == (
+            503, "COMMAND_INVALID - unknown exchange type 'no-such-type'")
     finally:
-        conn.close()
+        if conn.is_open:
+            conn.close()
 
 
 def test_inequivalent_and_invalid_queue_arguments(broker):
