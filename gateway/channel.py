@@ -259,9 +259,15 @@ class Channel:
         self._check_exclusive(meta)
         return meta
 
-    def _check_exclusive(self, meta: QueueMeta, wants_exclusive: bool = False) -> None:
-        if ((meta.owner is not None and meta.owner is not self.conn)
-                or (wants_exclusive and meta.owner is None)):
+    def _check_exclusive(self, meta: QueueMeta, redeclared_exclusive: bool | None = None) -> None:
+        """405 unless this connection may use the queue: an exclusive queue is its
+        owner's alone, and a redeclaration must repeat the queue's exclusivity, even
+        on the owning connection (RabbitMQ's strict check)."""
+        if redeclared_exclusive is None:
+            allowed = meta.owner is None or meta.owner is self.conn
+        else:
+            allowed = meta.owner is (self.conn if redeclared_exclusive else None)
+        if not allowed:
             raise AMQPError(
                 spec.RESOURCE_LOCKED,
                 f"cannot obtain exclusive access to locked {queue_name(meta.vhost, meta.name)}. "
@@ -388,7 +394,7 @@ class Channel:
         self._allow("configure", "queue", name)
         meta = vhost.queues.get(name)
         if meta is not None:
-            self._check_exclusive(meta, wants_exclusive=method.exclusive)
+            self._check_exclusive(meta, redeclared_exclusive=method.exclusive)
             _equivalent("durable", what, method.durable, meta.durable)
             _equivalent("auto_delete", what, method.auto_delete, meta.auto_delete)
             arguments.assert_equivalent(method.arguments, meta.arguments,

@@ -248,6 +248,45 @@ def test_default_and_system_exchanges_are_protected(broker):
             conn.close()
 
 
+def test_exclusive_queue_redeclared_or_used_elsewhere_is_locked(broker):
+    """RabbitMQ's strict check on redeclaration: the exclusive flag must match even on
+    the owning connection; other connections cannot use the queue at all."""
+    owner, other = connect(broker), connect(broker)
+    exclusive, shared = unique("excl"), unique("shared")
+
+    def locked(name: str) -> str:
+        return (f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in "
+                "vhost '/'. It could be originally declared on another connection or the "
+                "exclusive property value does not match that of the original declaration.")
+
+    try:
+        ch = owner.channel()
+        ch.queue_declare(exclusive, exclusive=True)
+        ch.queue_declare(shared, auto_delete=True)
+        ch.queue_declare(exclusive, exclusive=True)  # the owner, flags as they are: fine
+        ch.queue_declare(exclusive, passive=True)
+        cases = [
+            (owner, lambda ch: ch.queue_declare(exclusive), exclusive),
+            (owner, lambda ch: ch.queue_declare(shared, exclusive=True, auto_delete=True), shared),
+            (other, lambda ch: ch.queue_declare(exclusive, exclusive=True), exclusive),
+            (other, lambda ch: ch.queue_declare(exclusive), exclusive),
+            (other, lambda ch: ch.queue_declare(exclusive, passive=True), exclusive),
+            (other, lambda ch: ch.queue_bind(exclusive, "amq.direct", "k"), exclusive),
+            (other, lambda ch: ch.queue_purge(exclusive), exclusive),
+            (other, lambda ch: ch.queue_delete(exclusive), exclusive),
+            (other, lambda ch: ch.basic_consume(exclusive, lambda *a: None), exclusive),
+        ]
+        for conn, action, name in cases:
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+                action(conn.channel())
+            assert (raised.value.reply_code, raised.value.reply_text) == (405, locked(name))
+        ch = owner.channel()
+        assert ch.queue_declare(exclusive, passive=True).method.queue == exclusive  # still there
+    finally:
+        owner.close()
+        other.close()
+
+
 def test_inequivalent_and_invalid_queue_arguments(broker):
     conn = connect(broker)
     name = unique("args")
