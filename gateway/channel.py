@@ -345,8 +345,8 @@ class Channel:
         name = method.exchange
         _not_default(name)
         if name.startswith("amq."):  # refused even when no such exchange exists
-            raise AMQPError(spec.ACCESS_REFUSED,
-                            f"deletion of system {exchange_name(self.vhost.name, name)} not allowed")
+            raise AMQPError(spec.ACCESS_REFUSED, f"deletion of system "
+                            f"{exchange_name(self.vhost.name, name)} not allowed")
         self._allow("configure", "exchange", name)
         exchange = self.vhost.exchanges.get(name)
         if exchange is not None:
@@ -391,16 +391,18 @@ class Channel:
             raise AMQPError(spec.ACCESS_REFUSED,
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
         what = queue_name(vhost.name, name)
+        # An exclusive queue dies with its connection: RabbitMQ ignores durable for it.
+        durable = method.durable and not method.exclusive
         self._allow("configure", "queue", name)
         meta = vhost.queues.get(name)
         if meta is not None:
             self._check_exclusive(meta, redeclared_exclusive=method.exclusive)
-            _equivalent("durable", what, method.durable, meta.durable)
+            _equivalent("durable", what, durable, meta.durable)
             _equivalent("auto_delete", what, method.auto_delete, meta.auto_delete)
             arguments.assert_equivalent(method.arguments, meta.arguments,
                                         arguments.QUEUE_ARGUMENTS, what)
             return self._queue_declare_existing(method, meta)
-        arguments.check_queue_type(method.arguments, method.durable, method.exclusive,
+        arguments.check_queue_type(method.arguments, durable, method.exclusive,
                                    method.auto_delete, what)
         arguments.validate(method.arguments, arguments.QUEUE_ARGUMENTS, what)
         limit = self.broker.vhost_limit(vhost.name, "max-queues")
@@ -409,7 +411,7 @@ class Channel:
                             f"cannot declare queue '{name}' in vhost '{vhost.name}': vhost queue "
                             f"limit ({limit}) is reached")
         owner = self.conn if method.exclusive else None
-        meta = self.broker.create_queue(vhost, name, method.durable, owner, method.auto_delete,
+        meta = self.broker.create_queue(vhost, name, durable, owner, method.auto_delete,
                                         method.arguments)
         self.last_queue = name
         self._reply(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),

@@ -264,6 +264,7 @@ def test_exclusive_queue_redeclared_or_used_elsewhere_is_locked(broker):
         ch.queue_declare(exclusive, exclusive=True)
         ch.queue_declare(shared, auto_delete=True)
         ch.queue_declare(exclusive, exclusive=True)  # the owner, flags as they are: fine
+        ch.queue_declare(exclusive, exclusive=True, durable=True)  # durable is ignored
         ch.queue_declare(exclusive, passive=True)
         cases = [
             (owner, lambda ch: ch.queue_declare(exclusive), exclusive),
