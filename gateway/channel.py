@@ -248,11 +248,16 @@ class Channel:
 
     # -- lookups ---------------------------------------------------------------
 
+    def _expand_queue_name(self, name: str) -> str:
+        """A queue name as a method gives it: "" is the channel's last declared queue."""
+        if name:
+            return name
+        if not self.last_queue:
+            raise AMQPError(spec.NOT_FOUND, "no previously declared queue")
+        return self.last_queue
+
     def _queue_named(self, name: str) -> QueueMeta:
-        if name == "":
-            if not self.last_queue:
-                raise AMQPError(spec.NOT_FOUND, "no previously declared queue")
-            name = self.last_queue
+        name = self._expand_queue_name(name)
         meta = self.vhost.queues.get(name)
         if meta is None:
             raise AMQPError(spec.NOT_FOUND, f"no {queue_name(self.vhost.name, name)}")
@@ -273,12 +278,6 @@ class Channel:
                 f"cannot obtain exclusive access to locked {queue_name(meta.vhost, meta.name)}. "
                 "It could be originally declared on another connection or the exclusive "
                 "property value does not match that of the original declaration.")
-
-    def _exchange_named(self, name: str) -> Exchange:
-        exchange = self.vhost.exchanges.get(name)
-        if exchange is None:
-            raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(self.vhost.name, name)}")
-        return exchange
 
     def _allow(self, access: str, kind: str, name: str) -> None:
         """403 unless this connection's user has `access` to the resource."""
@@ -357,22 +356,56 @@ class Channel:
         self._reply(m.ExchangeDeleteOk(), method.nowait)
 
     def _exchange_bind(self, method: m.ExchangeBind) -> None:
-        source = self._bindable_exchange(method.source)
-        destination = self._bindable_exchange(method.destination)
-        self._allow("write", "exchange", destination.name)
-        self._allow("read", "exchange", source.name)
-        self.broker.bind(source, (EXCHANGE, destination.name), method.routing_key,
-                         method.arguments)
+        self._bind(method.source, (EXCHANGE, method.destination), method.routing_key,
+                   method.arguments)
         self._reply(m.ExchangeBindOk(), method.nowait)
 
     def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
-        source = self._bindable_exchange(method.source)
-        destination = self._bindable_exchange(method.destination)
-        self._allow("write", "exchange", destination.name)
-        self._allow("read", "exchange", source.name)
-        self.broker.unbind(source, (EXCHANGE, destination.name), method.routing_key,
-                           method.arguments)
+        self._unbind(method.source, (EXCHANGE, method.destination), method.routing_key,
+                     method.arguments)
         self._reply(m.ExchangeUnbindOk(), method.nowait)
+
+    # -- bindings --------------------------------------------------------------
+
+    def _binding_ends(self, source: str, destination: tuple) -> tuple:
+        """The source exchange and the destination (queue or exchange) of a bind or
+        unbind, None where missing, after RabbitMQ's checks that come first:
+        permissions and the default exchange."""
+        kind, name = destination
+        self._allow("write", kind, name)
+        _not_default(source)
+        if kind == EXCHANGE:
+            _not_default(name)
+        self._allow("read", "exchange", source)
+        found = self.vhost.queues if kind == QUEUE else self.vhost.exchanges
+        return self.vhost.exchanges.get(source), found.get(name)
+
+    def _bind(self, source_name: str, destination: tuple, routing_key: str,
+              arguments: dict) -> None:
+        """Both ends must exist: 404 for the missing one, the source first (RabbitMQ's
+        order), before an exclusive queue's 405."""
+        source, target = self._binding_ends(source_name, destination)
+        kind, name = destination
+        if source is None:
+            raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(self.vhost.name, source_name)}")
+        if target is None:
+            describe = queue_name if kind == QUEUE else exchange_name
+            raise AMQPError(spec.NOT_FOUND, f"no {describe(self.vhost.name, name)}")
+        if kind == QUEUE:
+            self._check_exclusive(target)
+        self.broker.bind(source, destination, routing_key, arguments)
+
+    def _unbind(self, source_name: str, destination: tuple, routing_key: str,
+                arguments: dict) -> None:
+        """As in RabbitMQ 3.10, removing a binding that does not exist, or whose queue
+        or exchange does not, succeeds; only an existing binding checks exclusivity."""
+        source, target = self._binding_ends(source_name, destination)
+        if (source is None or target is None
+                or not source.has_binding(destination, routing_key, arguments)):
+            return
+        if destination[0] == QUEUE:
+            self._check_exclusive(target)
+        self.broker.unbind(source, destination, routing_key, arguments)
 
     # -- queues ----------------------------------------------------------------
 
@@ -431,24 +464,14 @@ class Channel:
         self._request(self._link(meta), lambda req: r.QueueStatus(req, meta.qid), answered)
 
     def _queue_bind(self, method: m.QueueBind) -> None:
-        meta = self._queue_named(method.queue)
-        exchange = self._bindable_exchange(method.exchange)
-        self._allow("write", "queue", meta.name)
-        self._allow("read", "exchange", exchange.name)
-        self.broker.bind(exchange, (QUEUE, meta.name), method.routing_key, method.arguments)
+        queue = (QUEUE, self._expand_queue_name(method.queue))
+        self._bind(method.exchange, queue, method.routing_key, method.arguments)
         self._reply(m.QueueBindOk(), method.nowait)
 
     def _queue_unbind(self, method: m.QueueUnbind) -> None:
-        meta = self._queue_named(method.queue)
-        exchange = self._bindable_exchange(method.exchange)
-        self._allow("write", "queue", meta.name)
-        self._allow("read", "exchange", exchange.name)
-        self.broker.unbind(exchange, (QUEUE, meta.name), method.routing_key, method.arguments)
+        queue = (QUEUE, self._expand_queue_name(method.queue))
+        self._unbind(method.exchange, queue, method.routing_key, method.arguments)
         self.send(m.QueueUnbindOk())
-
-    def _bindable_exchange(self, name: str) -> Exchange:
-        _not_default(name)
-        return self._exchange_named(name)
 
     def _queue_purge(self, method: m.QueuePurge) -> None:
         meta = self._queue_named(method.queue)
