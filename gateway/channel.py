@@ -464,14 +464,22 @@ class Channel:
         self._request(self._link(meta), lambda req: r.QueueStatus(req, meta.qid), answered)
 
     def _queue_bind(self, method: m.QueueBind) -> None:
-        queue = (QUEUE, self._expand_queue_name(method.queue))
-        self._bind(method.exchange, queue, method.routing_key, method.arguments)
+        queue, routing_key = self._queue_binding(method)
+        self._bind(method.exchange, (QUEUE, queue), routing_key, method.arguments)
         self._reply(m.QueueBindOk(), method.nowait)
 
     def _queue_unbind(self, method: m.QueueUnbind) -> None:
-        queue = (QUEUE, self._expand_queue_name(method.queue))
-        self._unbind(method.exchange, queue, method.routing_key, method.arguments)
+        queue, routing_key = self._queue_binding(method)
+        self._unbind(method.exchange, (QUEUE, queue), routing_key, method.arguments)
         self.send(m.QueueUnbindOk())
+
+    def _queue_binding(self, method: m.QueueBind | m.QueueUnbind) -> tuple[str, str]:
+        """The queue and routing key of a queue.bind or unbind. With neither given,
+        both are the channel's last declared queue (RabbitMQ's shortcut)."""
+        queue = self._expand_queue_name(method.queue)
+        if not method.queue and not method.routing_key:
+            return queue, queue
+        return queue, method.routing_key
 
     def _queue_purge(self, method: m.QueuePurge) -> None:
         meta = self._queue_named(method.queue)

@@ -338,6 +338,20 @@ def test_unbinding_what_does_not_exist_succeeds(broker):
         other.close()
 
 
+def test_queue_bind_without_queue_or_key_means_the_last_declared_queue(channel):
+    ch = channel
+    x = unique("x")
+    ch.exchange_declare(x, "direct")
+    queue = ch.queue_declare(unique("last")).method.queue
+    ch.queue_bind("", x, routing_key="")  # queue and routing key: the last declared queue
+    ch.basic_publish(x, queue, b"by name")
+    assert get_bodies(ch, queue, 1) == [b"by name"]
+    ch.queue_unbind("", x, routing_key="")
+    ch.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish(x, queue, b"unbound", mandatory=True)
+
+
 def test_inequivalent_and_invalid_queue_arguments(broker):
     conn = connect(broker)
     name = unique("args")
