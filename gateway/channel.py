@@ -493,7 +493,7 @@ class Channel:
         self._request(self._link(meta), lambda req: r.PurgeQueue(req, meta.qid), answered)
 
     def _queue_delete(self, method: m.QueueDelete) -> None:
-        name = method.queue or self.last_queue
+        name = self._expand_queue_name(method.queue)
         meta = self.vhost.queues.get(name)
         if meta is None:
             # Deleting a queue that does not exist succeeds, as in RabbitMQ.

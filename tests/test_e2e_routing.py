@@ -338,7 +338,19 @@ def test_unbinding_what_does_not_exist_succeeds(broker):
         other.close()
 
 
-def test_queue_bind_without_queue_or_key_means_the_last_declared_queue(channel):
+def test_empty_queue_name_means_the_last_declared_queue(broker, channel):
+    conn = connect(broker)
+    try:
+        for action in (lambda ch: ch.queue_bind("", "amq.direct"),
+                       lambda ch: ch.queue_unbind("", "amq.direct"),
+                       lambda ch: ch.queue_purge(""),
+                       lambda ch: ch.queue_delete("")):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+                action(conn.channel())  # a new channel has declared no queue
+            assert (raised.value.reply_code, raised.value.reply_text) == (
+                404, "NOT_FOUND - no previously declared queue")
+    finally:
+        conn.close()
     ch = channel
     x = unique("x")
     ch.exchange_declare(x, "direct")
