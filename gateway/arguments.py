@@ -91,7 +91,7 @@ EXCHANGE_ARGUMENTS = {
 def check_queue_type(arguments: dict, durable: bool, exclusive: bool, auto_delete: bool,
                      what: str) -> None:
     """Quorum queues are durable, neither exclusive nor auto-delete (RabbitMQ's
-    refusals); streams are not supported yet."""
+    refusals, checked in its order); streams are not supported yet."""
     kind = arguments.get("x-queue-type", "classic")
     if kind == "stream":
         raise AMQPError(spec.PRECONDITION_FAILED,
@@ -99,8 +99,9 @@ def check_queue_type(arguments: dict, durable: bool, exclusive: bool, auto_delet
                         "supported by Warren yet")
     if kind != "quorum":
         return
-    for flag, value, name in ((durable, False, "non-durable"), (exclusive, True, "exclusive-owner"),
-                              (auto_delete, True, "auto-delete")):
+    refusals = ((auto_delete, True, "auto-delete"), (exclusive, True, "exclusive-owner"),
+                (durable, False, "non-durable"))
+    for flag, value, name in refusals:
         if flag == value:
             raise AMQPError(spec.PRECONDITION_FAILED, f"invalid property '{name}' for {what}")
 

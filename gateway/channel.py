@@ -255,31 +255,36 @@ class Channel:
 
     # -- lookups ---------------------------------------------------------------
 
+    def _expand_queue_name(self, name: str) -> str:
+        """A queue name as a method gives it: "" is the channel's last declared queue."""
+        if name:
+            return name
+        if not self.last_queue:
+            raise AMQPError(spec.NOT_FOUND, "no previously declared queue")
+        return self.last_queue
+
     def _queue_named(self, name: str) -> QueueMeta:
-        if name == "":
-            if not self.last_queue:
-                raise AMQPError(spec.NOT_FOUND, "no previously declared queue")
-            name = self.last_queue
+        name = self._expand_queue_name(name)
         meta = self.vhost.queues.get(name)
         if meta is None:
             raise AMQPError(spec.NOT_FOUND, f"no {queue_name(self.vhost.name, name)}")
         self._check_exclusive(meta)
         return meta
 
-    def _check_exclusive(self, meta: QueueMeta, wants_exclusive: bool = False) -> None:
-        if ((meta.owner is not None and meta.owner is not self.conn)
-                or (wants_exclusive and meta.owner is None)):
+    def _check_exclusive(self, meta: QueueMeta, redeclared_exclusive: bool | None = None) -> None:
+        """405 unless this connection may use the queue: an exclusive queue is its
+        owner's alone, and a redeclaration must repeat the queue's exclusivity, even
+        on the owning connection (RabbitMQ's strict check)."""
+        if redeclared_exclusive is None:
+            allowed = meta.owner is None or meta.owner is self.conn
+        else:
+            allowed = meta.owner is (self.conn if redeclared_exclusive else None)
+        if not allowed:
             raise AMQPError(
                 spec.RESOURCE_LOCKED,
                 f"cannot obtain exclusive access to locked {queue_name(meta.vhost, meta.name)}. "
                 "It could be originally declared on another connection or the exclusive "
                 "property value does not match that of the original declaration.")
-
-    def _exchange_named(self, name: str) -> Exchange:
-        exchange = self.vhost.exchanges.get(name)
-        if exchange is None:
-            raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(self.vhost.name, name)}")
-        return exchange
 
     def _allow(self, access: str, kind: str, name: str) -> None:
         """403 unless this connection's user has `access` to the resource."""
@@ -315,15 +320,14 @@ class Channel:
     def _exchange_declare(self, method: m.ExchangeDeclare) -> None:
         vhost = self.vhost
         name = method.exchange
+        if not method.passive and method.type not in EXCHANGE_TYPES:
+            raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{method.type}'")
+        _not_default(name)
         existing = vhost.exchanges.get(name)
         if method.passive:
             if existing is None:
                 raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, name)}")
             return self._reply(m.ExchangeDeclareOk(), method.nowait)
-        if name == "":
-            raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
-        if method.type not in EXCHANGE_TYPES:
-            raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{method.type}'")
         what = exchange_name(vhost.name, name)
         self._allow("configure", "exchange", name)
         if existing is None:
@@ -345,15 +349,13 @@ class Channel:
 
     def _exchange_delete(self, method: m.ExchangeDelete) -> None:
         name = method.exchange
-        if name == "":
-            raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
-        exchange = self.vhost.exchanges.get(name)
+        _not_default(name)
+        if name.startswith("amq."):  # refused even when no such exchange exists
+            raise AMQPError(spec.ACCESS_REFUSED, f"deletion of system "
+                            f"{exchange_name(self.vhost.name, name)} not allowed")
         self._allow("configure", "exchange", name)
+        exchange = self.vhost.exchanges.get(name)
         if exchange is not None:
-            if name.startswith("amq."):
-                raise AMQPError(spec.ACCESS_REFUSED,
-                                f"deletion of system {exchange_name(self.vhost.name, name)} "
-                                "not allowed")
             if method.if_unused and exchange.bindings:
                 raise AMQPError(spec.PRECONDITION_FAILED,
                                 f"{exchange_name(self.vhost.name, name)} in use")
@@ -361,22 +363,56 @@ class Channel:
         self._reply(m.ExchangeDeleteOk(), method.nowait)
 
     def _exchange_bind(self, method: m.ExchangeBind) -> None:
-        source = self._bindable_exchange(method.source)
-        destination = self._bindable_exchange(method.destination)
-        self._allow("write", "exchange", destination.name)
-        self._allow("read", "exchange", source.name)
-        self.broker.bind(source, (EXCHANGE, destination.name), method.routing_key,
-                         method.arguments)
+        self._bind(method.source, (EXCHANGE, method.destination), method.routing_key,
+                   method.arguments)
         self._reply(m.ExchangeBindOk(), method.nowait)
 
     def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
-        source = self._bindable_exchange(method.source)
-        destination = self._bindable_exchange(method.destination)
-        self._allow("write", "exchange", destination.name)
-        self._allow("read", "exchange", source.name)
-        self.broker.unbind(source, (EXCHANGE, destination.name), method.routing_key,
-                           method.arguments)
+        self._unbind(method.source, (EXCHANGE, method.destination), method.routing_key,
+                     method.arguments)
         self._reply(m.ExchangeUnbindOk(), method.nowait)
+
+    # -- bindings --------------------------------------------------------------
+
+    def _binding_ends(self, source: str, destination: tuple) -> tuple:
+        """The source exchange and the destination (queue or exchange) of a bind or
+        unbind, None where missing, after RabbitMQ's checks that come first:
+        permissions and the default exchange."""
+        kind, name = destination
+        self._allow("write", kind, name)
+        _not_default(source)
+        if kind == EXCHANGE:
+            _not_default(name)
+        self._allow("read", "exchange", source)
+        found = self.vhost.queues if kind == QUEUE else self.vhost.exchanges
+        return self.vhost.exchanges.get(source), found.get(name)
+
+    def _bind(self, source_name: str, destination: tuple, routing_key: str,
+              arguments: dict) -> None:
+        """Both ends must exist: 404 for the missing one, the source first (RabbitMQ's
+        order), before an exclusive queue's 405."""
+        source, target = self._binding_ends(source_name, destination)
+        kind, name = destination
+        if source is None:
+            raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(self.vhost.name, source_name)}")
+        if target is None:
+            describe = queue_name if kind == QUEUE else exchange_name
+            raise AMQPError(spec.NOT_FOUND, f"no {describe(self.vhost.name, name)}")
+        if kind == QUEUE:
+            self._check_exclusive(target)
+        self.broker.bind(source, destination, routing_key, arguments)
+
+    def _unbind(self, source_name: str, destination: tuple, routing_key: str,
+                arguments: dict) -> None:
+        """As in RabbitMQ 3.10, removing a binding that does not exist, or whose queue
+        or exchange does not, succeeds; only an existing binding checks exclusivity."""
+        source, target = self._binding_ends(source_name, destination)
+        if (source is None or target is None
+                or not source.has_binding(destination, routing_key, arguments)):
+            return
+        if destination[0] == QUEUE:
+            self._check_exclusive(target)
+        self.broker.unbind(source, destination, routing_key, arguments)
 
     # -- queues ----------------------------------------------------------------
 
@@ -395,16 +431,18 @@ class Channel:
             raise AMQPError(spec.ACCESS_REFUSED,
                             f"queue name '{name}' contains reserved prefix 'amq.*'")
         what = queue_name(vhost.name, name)
+        # An exclusive queue dies with its connection: RabbitMQ ignores durable for it.
+        durable = method.durable and not method.exclusive
         self._allow("configure", "queue", name)
         meta = vhost.queues.get(name)
         if meta is not None:
-            self._check_exclusive(meta, wants_exclusive=method.exclusive)
-            _equivalent("durable", what, method.durable, meta.durable)
+            self._check_exclusive(meta, redeclared_exclusive=method.exclusive)
+            _equivalent("durable", what, durable, meta.durable)
             _equivalent("auto_delete", what, method.auto_delete, meta.auto_delete)
             arguments.assert_equivalent(method.arguments, meta.arguments,
                                         arguments.QUEUE_ARGUMENTS, what)
             return self._queue_declare_existing(method, meta)
-        arguments.check_queue_type(method.arguments, method.durable, method.exclusive,
+        arguments.check_queue_type(method.arguments, durable, method.exclusive,
                                    method.auto_delete, what)
         arguments.validate(method.arguments, arguments.QUEUE_ARGUMENTS, what)
         limit = self.broker.vhost_limit(vhost.name, "max-queues")
@@ -413,7 +451,7 @@ class Channel:
                             f"cannot declare queue '{name}' in vhost '{vhost.name}': vhost queue "
                             f"limit ({limit}) is reached")
         owner = self.conn if method.exclusive else None
-        meta = self.broker.create_queue(vhost, name, method.durable, owner, method.auto_delete,
+        meta = self.broker.create_queue(vhost, name, durable, owner, method.auto_delete,
                                         method.arguments)
         self.last_queue = name
         self._reply(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
@@ -433,25 +471,22 @@ class Channel:
         self._request(self._link(meta), lambda req: r.QueueStatus(req, meta.qid), answered)
 
     def _queue_bind(self, method: m.QueueBind) -> None:
-        meta = self._queue_named(method.queue)
-        exchange = self._bindable_exchange(method.exchange)
-        self._allow("write", "queue", meta.name)
-        self._allow("read", "exchange", exchange.name)
-        self.broker.bind(exchange, (QUEUE, meta.name), method.routing_key, method.arguments)
+        queue, routing_key = self._queue_binding(method)
+        self._bind(method.exchange, (QUEUE, queue), routing_key, method.arguments)
         self._reply(m.QueueBindOk(), method.nowait)
 
     def _queue_unbind(self, method: m.QueueUnbind) -> None:
-        meta = self._queue_named(method.queue)
-        exchange = self._bindable_exchange(method.exchange)
-        self._allow("write", "queue", meta.name)
-        self._allow("read", "exchange", exchange.name)
-        self.broker.unbind(exchange, (QUEUE, meta.name), method.routing_key, method.arguments)
+        queue, routing_key = self._queue_binding(method)
+        self._unbind(method.exchange, (QUEUE, queue), routing_key, method.arguments)
         self.send(m.QueueUnbindOk())
 
-    def _bindable_exchange(self, name: str) -> Exchange:
-        if name == "":
-            raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
-        return self._exchange_named(name)
+    def _queue_binding(self, method: m.QueueBind | m.QueueUnbind) -> tuple[str, str]:
+        """The queue and routing key of a queue.bind or unbind. With neither given,
+        both are the channel's last declared queue (RabbitMQ's shortcut)."""
+        queue = self._expand_queue_name(method.queue)
+        if not method.queue and not method.routing_key:
+            return queue, queue
+        return queue, method.routing_key
 
     def _queue_purge(self, method: m.QueuePurge) -> None:
         meta = self._queue_named(method.queue)
@@ -465,7 +500,7 @@ class Channel:
         self._request(self._link(meta), lambda req: r.PurgeQueue(req, meta.qid), answered)
 
     def _queue_delete(self, method: m.QueueDelete) -> None:
-        name = method.queue or self.last_queue
+        name = self._expand_queue_name(method.queue)
         meta = self.vhost.queues.get(name)
         if meta is None:
             # Deleting a queue that does not exist succeeds, as in RabbitMQ.
@@ -1143,6 +1178,13 @@ def _parse_expiration(text: str) -> int:
         raise AMQPError(spec.PRECONDITION_FAILED,
                         f"invalid expiration '{text}': {{value_negative,{value}}}")
     return value
+
+
+def _not_default(name: str) -> None:
+    """RabbitMQ refuses every declaration, deletion and binding of the default
+    exchange, a passive declaration included."""
+    if name == "":
+        raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
 
 
 def _equivalent(arg: str, what: str, received, current) -> None:

@@ -85,6 +85,9 @@ class Exchange:
                     del self._direct[routing_key]
         return True
 
+    def has_binding(self, destination: tuple, routing_key: str, arguments: dict) -> bool:
+        return (destination, routing_key, arguments_key(arguments)) in self.bindings
+
     def bindings_to(self, destination: tuple) -> list[tuple[str, dict]]:
         return [(rk, args) for (dest, rk, _), args in self.bindings.items() if dest == destination]
 

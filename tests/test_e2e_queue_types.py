@@ -60,6 +60,11 @@ def test_quorum_queue_declaration_rules(broker):
              "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
             (dict(durable=True, auto_delete=True),
              "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
+            # RabbitMQ's order: auto-delete, then exclusive, then non-durable
+            (dict(durable=False, exclusive=True, auto_delete=True),
+             "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
+            (dict(durable=False, exclusive=True),
+             "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
         ]:
             name = unique("bad")
             ch = conn.channel()

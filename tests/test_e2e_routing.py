@@ -198,30 +198,170 @@ def test_auto_delete_exchange_goes_with_its_last_binding(channel):
 # -- declaration rules ----------------------------------------------------------
 
 
+def locked(queue: str) -> str:
+    """RabbitMQ's text for an exclusive queue one may not use or redeclare so."""
+    return (f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{queue}' in "
+            "vhost '/'. It could be originally declared on another connection or the "
+            "exclusive property value does not match that of the original declaration.")
+
+
 def test_default_and_system_exchanges_are_protected(broker):
+    """Every operation on the default exchange, a passive declaration included, and
+    the creation or deletion of amq.* names answer as RabbitMQ 3.10 does."""
+    default = "ACCESS_REFUSED - operation not permitted on the default exchange"
+    missing = unique("amq.missing")
     conn = connect(broker)
+    queue = conn.channel().queue_declare("", exclusive=True).method.queue
     cases = [
-        (lambda ch: ch.queue_bind(ch.queue_declare("", exclusive=True).method.queue, ""),
-         "ACCESS_REFUSED - operation not permitted on the default exchange"),
-        (lambda ch: ch.exchange_delete(""),
-         "ACCESS_REFUSED - operation not permitted on the default exchange"),
-        (lambda ch: ch.exchange_delete("amq.headers"),
+        (lambda ch: ch.exchange_declare("", passive=True), 403, default),
+        (lambda ch: ch.exchange_declare("", "direct"), 403, default),
+        (lambda ch: ch.exchange_delete(""), 403, default),
+        (lambda ch: ch.queue_bind(queue, ""), 403, default),
+        (lambda ch: ch.queue_unbind(queue, ""), 403, default),
+        (lambda ch: ch.exchange_bind("amq.fanout", ""), 403, default),
+        (lambda ch: ch.exchange_bind("", "amq.fanout"), 403, default),
+        (lambda ch: ch.exchange_unbind("amq.fanout", ""), 403, default),
+        (lambda ch: ch.exchange_unbind("", "amq.fanout"), 403, default),
+        (lambda ch: ch.exchange_delete("amq.headers"), 403,
          "ACCESS_REFUSED - deletion of system exchange 'amq.headers' in vhost '/' not allowed"),
-        (lambda ch: ch.exchange_declare("amq.mine", "direct"),
+        (lambda ch: ch.exchange_delete(missing), 403,
+         f"ACCESS_REFUSED - deletion of system exchange '{missing}' in vhost '/' not allowed"),
+        (lambda ch: ch.exchange_declare("amq.mine", "direct"), 403,
          "ACCESS_REFUSED - exchange name 'amq.mine' contains reserved prefix 'amq.*'"),
-        (lambda ch: ch.exchange_declare("nope-" + uuid.uuid4().hex, passive=True), None),
+        (lambda ch: ch.exchange_declare("amq.mine", passive=True), 404,
+         "NOT_FOUND - no exchange 'amq.mine' in vhost '/'"),
+        (lambda ch: ch.queue_declare("amq.mine"), 403,
+         "ACCESS_REFUSED - queue name 'amq.mine' contains reserved prefix 'amq.*'"),
+        (lambda ch: ch.exchange_declare("amq.direct", "fanout", durable=True), 406,
+         "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'amq.direct' in vhost '/': "
+         "received 'fanout' but current is 'direct'"),
     ]
     try:
-        for action, text in cases:
+        for action, code, text in cases:
             ch = conn.channel()
             with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
                 action(ch)
-            if text is None:
-                assert raised.value.reply_code == 404
-            else:
-                assert raised.value.reply_text == text
+            assert (raised.value.reply_code, raised.value.reply_text) == (code, text)
+        ch = conn.channel()
+        ch.exchange_declare("amq.direct", passive=True)
+        ch.exchange_declare("amq.direct", "direct", durable=True)  # as it is: fine
+        # The exchange type is checked first: an unknown one closes the connection.
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
+            ch.exchange_declare("", "no-such-type")
+        assert (raised.value.reply_code, raised.value.reply_text) == (
+            503, "COMMAND_INVALID - unknown exchange type 'no-such-type'")
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_exclusive_queue_redeclared_or_used_elsewhere_is_locked(broker):
+    """RabbitMQ's strict check on redeclaration: the exclusive flag must match even on
+    the owning connection; other connections cannot use the queue at all."""
+    owner, other = connect(broker), connect(broker)
+    exclusive, shared = unique("excl"), unique("shared")
+    try:
+        ch = owner.channel()
+        ch.queue_declare(exclusive, exclusive=True)
+        ch.queue_declare(shared, auto_delete=True)
+        ch.queue_declare(exclusive, exclusive=True)  # the owner, flags as they are: fine
+        ch.queue_declare(exclusive, exclusive=True, durable=True)  # durable is ignored
+        ch.queue_declare(exclusive, passive=True)
+        cases = [
+            (owner, lambda ch: ch.queue_declare(exclusive), exclusive),
+            (owner, lambda ch: ch.queue_declare(shared, exclusive=True, auto_delete=True), shared),
+            (other, lambda ch: ch.queue_declare(exclusive, exclusive=True), exclusive),
+            (other, lambda ch: ch.queue_declare(exclusive), exclusive),
+            (other, lambda ch: ch.queue_declare(exclusive, passive=True), exclusive),
+            (other, lambda ch: ch.queue_bind(exclusive, "amq.direct", "k"), exclusive),
+            (other, lambda ch: ch.queue_purge(exclusive), exclusive),
+            (other, lambda ch: ch.queue_delete(exclusive), exclusive),
+            (other, lambda ch: ch.basic_consume(exclusive, lambda *a: None), exclusive),
+        ]
+        for conn, action, name in cases:
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+                action(conn.channel())
+            assert (raised.value.reply_code, raised.value.reply_text) == (405, locked(name))
+        ch = owner.channel()
+        assert ch.queue_declare(exclusive, passive=True).method.queue == exclusive  # still there
+    finally:
+        owner.close()
+        other.close()
+
+
+def test_unbinding_what_does_not_exist_succeeds(broker):
+    """RabbitMQ 3.10 answers unbind-ok when the binding, its queue or its exchange does
+    not exist; binding to something missing and purging a missing queue stay 404."""
+    owner, other = connect(broker), connect(broker)
+    try:
+        ch = owner.channel()
+        x, gone_q, gone_x = unique("x"), unique("gone-q"), unique("gone-x")
+        ch.exchange_declare(x, "direct")
+        queue = declare_bound(ch, x, "k")
+        ch.queue_unbind(queue, x, "other-key")
+        ch.queue_unbind(gone_q, x, "k")
+        ch.queue_unbind(queue, gone_x, "k")
+        ch.exchange_unbind(x, "amq.direct", "k")
+        ch.exchange_unbind(gone_x, "amq.direct", "k")
+        ch.exchange_unbind(x, gone_x, "k")
+        ch.basic_publish(x, "k", b"still bound")
+        assert get_bodies(ch, queue, 1) == [b"still bound"]
+        ch.queue_unbind(queue, x, "k")
+        ch.queue_unbind(queue, x, "k")  # a second time: nothing left, still fine
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish(x, "k", b"unbound", mandatory=True)
+
+        # Another connection's exclusive queue: unbinding nothing takes no lock.
+        mine = ch.queue_declare(unique("mine"), exclusive=True).method.queue
+        ch.queue_bind(mine, x, "m")
+        theirs = other.channel()
+        theirs.queue_unbind(mine, x, "not-bound")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+            theirs.queue_unbind(mine, x, "m")
+        assert (raised.value.reply_code, raised.value.reply_text) == (405, locked(mine))
+
+        cases = [
+            (lambda ch: ch.queue_bind(gone_q, x, "k"), f"no queue '{gone_q}'"),
+            (lambda ch: ch.queue_bind(gone_q, gone_x, "k"), f"no exchange '{gone_x}'"),
+            (lambda ch: ch.queue_bind(mine, gone_x, "k"), f"no exchange '{gone_x}'"),
+            (lambda ch: ch.exchange_bind(gone_x, x, "k"), f"no exchange '{gone_x}'"),
+            (lambda ch: ch.queue_purge(gone_q), f"no queue '{gone_q}'"),
+        ]
+        for action, text in cases:
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+                action(other.channel())
+            assert (raised.value.reply_code, raised.value.reply_text) == (
+                404, f"NOT_FOUND - {text} in vhost '/'")
+    finally:
+        owner.close()
+        other.close()
+
+
+def test_empty_queue_name_means_the_last_declared_queue(broker, channel):
+    conn = connect(broker)
+    try:
+        for action in (lambda ch: ch.queue_bind("", "amq.direct"),
+                       lambda ch: ch.queue_unbind("", "amq.direct"),
+                       lambda ch: ch.queue_purge(""),
+                       lambda ch: ch.queue_delete("")):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+                action(conn.channel())  # a new channel has declared no queue
+            assert (raised.value.reply_code, raised.value.reply_text) == (
+                404, "NOT_FOUND - no previously declared queue")
     finally:
         conn.close()
+    ch = channel
+    x = unique("x")
+    ch.exchange_declare(x, "direct")
+    queue = ch.queue_declare(unique("last")).method.queue
+    ch.queue_bind("", x, routing_key="")  # queue and routing key: the last declared queue
+    ch.basic_publish(x, queue, b"by name")
+    assert get_bodies(ch, queue, 1) == [b"by name"]
+    ch.queue_unbind("", x, routing_key="")
+    ch.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish(x, queue, b"unbound", mandatory=True)
 
 
 def test_inequivalent_and_invalid_queue_arguments(broker):
@@ -574,6 +714,85 @@ def test_direct_reply_to_errors(broker):
         assert raised.value.reply_text == "PRECONDITION_FAILED - fast reply consumer does not exist"
     finally:
         conn.close()
+
+
+# -- RPC as the client libraries teach it ---------------------------------------------
+
+
+def test_pika_tutorial_fibonacci_rpc(broker):
+    """RabbitMQ's RPC tutorial: a server on its own queue and thread, a client with an
+    exclusive callback queue matching replies by correlation id."""
+    import threading
+
+    def fib(n: int) -> int:
+        return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+    service = unique("rpc_queue")
+    server_conn = connect(broker)
+    server = server_conn.channel()
+    server.queue_declare(service)
+
+    def on_request(ch, method, props, body) -> None:
+        ch.basic_publish("", props.reply_to, str(fib(int(body))).encode(),
+                         pika.BasicProperties(correlation_id=props.correlation_id))
+        ch.basic_ack(method.delivery_tag)
+
+    server.basic_qos(prefetch_count=1)
+    server.basic_consume(service, on_request)
+    serving = threading.Thread(target=server.start_consuming)
+    serving.start()
+    client_conn = connect(broker)
+    try:
+        client = client_conn.channel()
+        callback_queue = client.queue_declare("", exclusive=True).method.queue
+        responses = {}
+
+        def on_response(ch, method, props, body) -> None:
+            responses[props.correlation_id] = int(body)
+
+        client.basic_consume(callback_queue, on_response, auto_ack=True)
+        for n in (0, 1, 10, 20):
+            corr_id = str(uuid.uuid4())
+            client.basic_publish("", service, str(n).encode(), pika.BasicProperties(
+                reply_to=callback_queue, correlation_id=corr_id))
+            wait_until(lambda: client_conn.process_data_events(0.02) or corr_id in responses)
+            assert responses[corr_id] == fib(n)
+    finally:
+        server_conn.add_callback_threadsafe(server.stop_consuming)
+        serving.join(10)
+        server_conn.close()
+        client_conn.close()
+
+
+def test_aio_pika_rpc_pattern(broker):
+    """aio_pika.patterns.RPC end to end. Its close cancels the reply consumer, which
+    deletes the auto-delete reply queue, and then unbinds that queue: the unbind must
+    succeed, as on RabbitMQ, for close not to raise."""
+    import asyncio
+
+    import aio_pika
+    from aio_pika.patterns import RPC
+
+    async def scenario() -> None:
+        conn = await aio_pika.connect(broker.url)
+        async with conn:
+            ch = await conn.channel()
+            rpc = await RPC.create(ch)
+
+            async def multiply(*, x: int, y: int) -> int:
+                return x * y
+
+            method = unique("multiply")
+            await rpc.register(method, multiply, auto_delete=True)
+            assert await rpc.call(method, kwargs={"x": 6, "y": 7}) == 42
+            with pytest.raises(aio_pika.exceptions.MessageProcessError, match="returned"):
+                await rpc.call(unique("no-such-method"), kwargs={})
+            await rpc.close()
+            assert not ch.is_closed
+            # the channel still works after the unbind of a queue that is gone
+            await ch.declare_queue(unique("after"), auto_delete=True)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
 # -- fan-out -----------------------------------------------------------------------
