@@ -114,12 +114,17 @@ class Broker:
         self._restarts: dict[int, float] = {}  # shard -> delay before its next restart
 
     async def start(self) -> None:
-        os.makedirs(self.data_dir, exist_ok=True)
+        """Open the metastore and start the shards (in an existing data directory);
+        if that fails, what had started is stopped again."""
         self.meta = MetaStore(os.path.join(self.data_dir, "meta"))
         self.access.meta = self.meta
-        self._load_definitions()
-        for index in range(self.shard_count):
-            self.links.append(self._start_shard(index))
+        try:
+            self._load_definitions()
+            for index in range(self.shard_count):
+                self.links.append(self._start_shard(index))
+        except BaseException:
+            await self.stop()
+            raise
         self._check_disk()
 
     def _check_disk(self) -> None:

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         except config.ConfigError as error:
             print(f"warren: configuration error: {error}", file=sys.stderr)
             return 2
-        run(settings)
+        return run(settings)
     return 0
 
 

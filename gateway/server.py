@@ -1,13 +1,22 @@
-"""`warren serve`: start the shards, listen for AMQP, stop cleanly on a signal."""
+"""`warren serve`: start the shards, listen for AMQP, stop cleanly on a signal.
+
+A broker that cannot start says why on one line of stderr, naming the option
+to change, and leaves nothing behind (see serve).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import logging
 import os
+import shutil
 import signal
 import ssl
 import sys
+
+import lmdb
 
 from . import management
 from .broker import Broker
@@ -17,41 +26,72 @@ from .connection import Connection
 log = logging.getLogger("warren")
 
 
+class StartupError(Exception):
+    """Why the broker cannot start, in one line naming the option that fixes it."""
+
+
 async def serve(settings: Config) -> None:
     loop = asyncio.get_running_loop()
-    broker = Broker(os.path.abspath(settings.data_dir), settings.shard_count(),
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    # Cheap checks and the listeners come before the stores, rings and shards, and
+    # a failure undoes what was done: no shared memory, shard process or new data
+    # directory outlives a broker that did not start.
+    tls = tls_context(settings) if settings.tls_enabled else None
+    data = DataDir(os.path.abspath(settings.data_dir))
+    broker = Broker(data.path, settings.shard_count(),
                     memory_limit=settings.memory_limit_bytes(),
                     disk_free_limit=settings.disk_free_limit,
                     stats_interval=settings.stats_interval,
                     store_map_size=settings.store_map_size, config=settings)
-    await broker.start()
     tune = {"channel_max": settings.channel_max, "frame_max": settings.frame_max,
             "heartbeat": settings.heartbeat}
-    servers = [await loop.create_server(lambda: Connection(broker, tune), settings.bind,
-                                        settings.port, reuse_address=True)]
-    host, port = servers[0].sockets[0].getsockname()[:2]
+    servers = []  # bound, not serving until the broker has started
+    try:
+        amqp = await _bound(loop.create_server(
+            lambda: Connection(broker, tune), settings.bind, settings.port,
+            reuse_address=True, start_serving=False), settings.bind, settings.port, "--port")
+        servers.append(amqp)
+        host, port = amqp.sockets[0].getsockname()[:2]
+        if tls is not None:
+            amqps = await _bound(loop.create_server(
+                lambda: Connection(broker, tune), settings.bind, settings.tls_port, ssl=tls,
+                reuse_address=True, start_serving=False),
+                settings.bind, settings.tls_port, "--tls-port")
+            servers.append(amqps)
+        if settings.management_port:  # 0: no management listener
+            listeners = [{"node": management.NODE, "protocol": "amqp", "ip_address": host,
+                          "port": port}]
+            http = await _bound(management.start(
+                broker, settings.management_bind, settings.management_port, listeners),
+                settings.management_bind, settings.management_port, "--management-port",
+                "--management-bind")
+            servers.append(http)
+        try:
+            await broker.start()
+        except (OSError, lmdb.Error) as error:
+            where = f"{error.filename}: " if getattr(error, "filename", None) else ""
+            raise StartupError(f"cannot open the stores in {data.path} ({where}"
+                               f"{_reason(error)}): repair it or pick another data "
+                               f"directory with --data") from None
+    except BaseException:
+        for server in servers:
+            server.close()
+        data.release(remove_created=True)
+        raise
+
+    for server in servers:
+        await server.start_serving()
     print(f"Warren listening on amqp://{host}:{port} (data {broker.data_dir}, "
           f"{settings.shard_count()} shards)", flush=True)
-    if settings.tls_enabled:
-        servers.append(await loop.create_server(
-            lambda: Connection(broker, tune), settings.bind, settings.tls_port,
-            ssl=tls_context(settings), reuse_address=True))
-        tls_host, tls_port = servers[-1].sockets[0].getsockname()[:2]
-        print(f"Warren listening on amqps://{tls_host}:{tls_port}", flush=True)
-    if settings.management_port:  # 0: no management listener
-        listeners = [{"node": management.NODE, "protocol": "amqp", "ip_address": host,
-                      "port": port}]
-        server, http_port = await management.start(broker, settings.management_bind,
-                                                   settings.management_port, listeners)
-        servers.append(server)
-        print(f"Warren management on http://{settings.management_bind}:{http_port}",
-              flush=True)
+    if tls is not None:
+        print(f"Warren listening on amqps://{_address(amqps)}", flush=True)
+    if settings.management_port:
+        print(f"Warren management on http://{_address(http)}", flush=True)
 
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     await stop.wait()
-
     log.info("stopping: closing the listeners and %d connections", len(broker.connections))
     for server in servers:
         server.close()
@@ -61,16 +101,115 @@ async def serve(settings: Config) -> None:
     for conn in list(broker.connections):
         conn.transport.abort()
     await broker.stop()
+    data.release()
     print("Warren stopped", flush=True)
+
+
+async def _bound(create, host: str, port: int, port_option: str, bind_option: str = "--bind"):
+    """The server `create` makes, or a StartupError saying why it cannot listen."""
+    try:
+        return await create
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            hint = f"another broker is running there; pick another port with {port_option}"
+        elif error.errno == errno.EACCES:
+            hint = f"ports below 1024 need privileges; pick another port with {port_option}"
+        else:
+            hint = f"pick another address with {bind_option} or port with {port_option}"
+        raise StartupError(f"cannot listen on {host}:{port} ({_reason(error)}): {hint}") from None
+
+
+def _address(server) -> str:
+    host, port = server.sockets[0].getsockname()[:2]
+    return f"{host}:{port}"
+
+
+def _reason(error: Exception) -> str:
+    """An error's plain text, without errno numbers or file names: 'address already in use'."""
+    errno_ = getattr(error, "errno", None)
+    text = os.strerror(errno_) if isinstance(errno_, int) and errno_ > 0 else (
+        getattr(error, "strerror", None) or str(error))
+    return text[:1].lower() + text[1:]
+
+
+class DataDir:
+    """The data directory, created if missing and locked (flock on DATA/.lock, which
+    holds the owner's pid) for the broker's life, so that two brokers never share
+    the stores."""
+
+    def __init__(self, path: str):
+        self.path = path
+        # The topmost directory this creates, to remove again if startup fails.
+        self._created = None
+        missing = path
+        while not os.path.exists(missing):
+            self._created, missing = missing, os.path.dirname(missing)
+        if not os.path.isdir(missing):
+            raise StartupError(f"cannot use data directory {path} (not a directory): "
+                               f"pick another with --data")
+        try:
+            os.makedirs(path, exist_ok=True)
+            self._fd = os.open(os.path.join(path, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            self._remove_created()
+            raise StartupError(f"cannot use data directory {path} ({_reason(error)}): "
+                               f"pick another with --data") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(self._fd, 32).decode(errors="replace").strip()
+            os.close(self._fd)
+            pid = f" (pid {owner})" if owner else ""  # empty while the owner starts up
+            raise StartupError(f"data directory {path} is in use by another Warren{pid}; "
+                               f"stop it or use --data") from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"{os.getpid()}\n".encode())
+
+    def release(self, remove_created: bool = False) -> None:
+        os.close(self._fd)
+        if remove_created:
+            self._remove_created()
+
+    def _remove_created(self) -> None:
+        if self._created is not None:
+            shutil.rmtree(self._created, ignore_errors=True)
 
 
 def tls_context(settings: Config) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(settings.tls_certfile, settings.tls_keyfile)
+    # The files exist (config.check); say which one OpenSSL cannot use.
+    try:
+        ssl.create_default_context().load_verify_locations(settings.tls_certfile)
+    except OSError as error:  # ssl.SSLError included
+        raise StartupError(f"cannot use TLS certificate {settings.tls_certfile} "
+                           f"({_ssl_reason(error)}): give a PEM certificate with "
+                           f"--tls-certfile") from None
+    def encrypted_key():  # instead of OpenSSL prompting for a passphrase
+        raise StartupError(f"cannot use TLS key {settings.tls_keyfile} (it is encrypted): "
+                           f"give an unencrypted PEM private key with --tls-keyfile")
+
+    try:
+        context.load_cert_chain(settings.tls_certfile, settings.tls_keyfile, encrypted_key)
+    except OSError as error:
+        raise StartupError(f"cannot use TLS key {settings.tls_keyfile} ({_ssl_reason(error)}): "
+                           f"give the certificate's PEM private key with --tls-keyfile") from None
     if settings.tls_cafile:
-        context.load_verify_locations(settings.tls_cafile)
+        try:
+            context.load_verify_locations(settings.tls_cafile)
+        except OSError as error:
+            raise StartupError(f"cannot use TLS CA bundle {settings.tls_cafile} "
+                               f"({_ssl_reason(error)}): give PEM CA certificates with "
+                               f"--tls-cafile") from None
     context.verify_mode = ssl.CERT_REQUIRED if settings.tls_verify_peer else ssl.CERT_NONE
     return context
+
+
+def _ssl_reason(error: Exception) -> str:
+    """OpenSSL's words without its codes: '[X509: X] key values mismatch (_ssl.c:1)'."""
+    if not isinstance(error, ssl.SSLError):
+        return _reason(error)
+    text = (error.strerror or str(error)).split("] ", 1)[-1].split(" (_ssl.c:")[0]
+    return "not valid PEM" if text == "PEM lib" else text
 
 
 async def _wait_for(condition, timeout: float) -> None:
@@ -80,12 +219,19 @@ async def _wait_for(condition, timeout: float) -> None:
         await asyncio.sleep(0.02)
 
 
-def run(settings: Config) -> None:
+def run(settings: Config) -> int:
+    """Serve until a signal; the exit code (1: could not start, said on one line)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(serve(settings))
+        runner = asyncio.run
     else:
-        uvloop.run(serve(settings))
+        runner = uvloop.run
+    try:
+        runner(serve(settings))
+    except StartupError as error:
+        print(f"warren: {error}", file=sys.stderr)
+        return 1
+    return 0

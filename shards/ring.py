@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import secrets
 import struct
 from collections import deque
 from multiprocessing import shared_memory
@@ -67,7 +68,9 @@ class Ring:
     @classmethod
     def create(cls, capacity: int = 8 * 1024 * 1024) -> "Ring":
         capacity = _padded(capacity)
-        shm = shared_memory.SharedMemory(create=True, size=HEADER_SIZE + capacity)
+        # Named after the creating process, so a leaked segment in /dev/shm says whose it is.
+        shm = shared_memory.SharedMemory(f"warren_{os.getpid()}_{secrets.token_hex(4)}",
+                                         create=True, size=HEADER_SIZE + capacity)
         shm.buf[:HEADER_SIZE] = bytes(HEADER_SIZE)
         spec = RingSpec(shm.name, capacity, os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC),
                         os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))

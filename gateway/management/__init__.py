@@ -10,7 +10,5 @@ __all__ = ["NODE", "Management", "start"]
 
 
 async def start(broker, host: str, port: int, listeners: list[dict]):
-    """Start the listener; returns (server, bound port)."""
-    management = Management(broker, listeners)
-    server = await start_server(management.handle, host, port)
-    return server, server.sockets[0].getsockname()[1]
+    """The listener, bound; it serves once its start_serving() is awaited."""
+    return await start_server(Management(broker, listeners).handle, host, port)

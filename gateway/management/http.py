@@ -112,7 +112,8 @@ async def start_server(handler: Handler, host: str, port: int) -> asyncio.Abstra
         finally:
             writer.close()
 
-    return await asyncio.start_server(serve, host, port, reuse_address=True)
+    return await asyncio.start_server(serve, host, port, reuse_address=True,
+                                      start_serving=False)
 
 
 class _BadRequest(Exception):
