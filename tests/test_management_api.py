@@ -5,6 +5,7 @@ definitions, connection closing and Prometheus metrics."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import subprocess
 import sys
@@ -154,6 +155,56 @@ def test_authentication_and_tags(managed):
     finally:
         call(managed, "DELETE", "/api/users/watcher")
         call(managed, "DELETE", "/api/users/plain")
+
+
+def test_status_lines_carry_their_own_reason_phrase(managed):
+    def status_line(method: str, path: str, body=None, auth: bool = True) -> str:
+        connection = http.client.HTTPConnection("127.0.0.1", managed.listener_port("http"),
+                                                timeout=10)
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            headers["Authorization"] = "Basic " + base64.b64encode(b"guest:guest").decode()
+        connection.request(method, path, json.dumps(body) if body is not None else None,
+                           headers)
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        return f"{response.status} {response.reason}"
+
+    assert status_line("GET", "/api/overview") == "200 OK"
+    assert status_line("PUT", "/api/vhosts/phrases", {}) == "201 Created"
+    assert status_line("DELETE", "/api/vhosts/phrases") == "204 No Content"
+    assert status_line("PUT", "/api/policies/%2F/p", {"pattern": "("}) == "400 Bad Request"
+    assert status_line("GET", "/api/overview", auth=False) == "401 Unauthorized"
+    assert status_line("PUT", "/api/exchanges/%2F/amq.mine", {"type": "direct"}) == \
+        "403 Forbidden"
+    assert status_line("GET", "/api/queues/%2F/no-such-queue") == "404 Not Found"
+    assert status_line("POST", "/api/vhosts/phrases", {}) == "405 Method Not Allowed"
+
+
+def test_connected_at_is_when_the_connection_opened(managed):
+    before = int(time.time() * 1000)
+    conn = connect(managed)
+    after = int(time.time() * 1000) + 1
+    port = conn._impl._transport._sock.getsockname()[1]
+    # the API is asked strictly later than the connection opened
+    wait_until(lambda: int(time.time() * 1000) > after + 10)
+    [row] = [c for c in get(managed, "/api/connections") if c["peer_port"] == port]
+    assert before <= row["connected_at"] <= after
+    conn.close()
+
+
+def test_consumer_exclusive_is_what_the_client_asked(managed):
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.queue_declare("excl-consumed")
+    ch.queue_declare("shared-consumed")
+    ch.basic_consume("excl-consumed", lambda *a: None, exclusive=True, consumer_tag="alone")
+    ch.basic_consume("shared-consumed", lambda *a: None, consumer_tag="together")
+    rows = {c["consumer_tag"]: c for c in get(managed, "/api/consumers/%2F")}
+    assert rows["alone"]["exclusive"] is True
+    assert rows["together"]["exclusive"] is False
+    conn.close()
 
 
 def test_vhosts_users_permissions_round_trip(managed):
