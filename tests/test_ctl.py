@@ -78,6 +78,30 @@ def test_users_vhosts_permissions_policies(managed):
     assert missing.returncode == 1 and "404" in missing.stderr
 
 
+def run_ctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "ctl", *args],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT)
+
+
+def test_global_options_before_or_after_the_command(managed):
+    """As `rabbitmqctl list_queues --formatter json`: every global option may follow
+    the command, and one given before it is not reset by the command's parser."""
+    url = managed.http_url
+    after = run_ctl("list", "vhosts", "--json", "--url", url, "--user", "guest")
+    assert after.returncode == 0, after.stderr
+    assert {"name": "/"} in [{"name": v["name"]} for v in json.loads(after.stdout)]
+    assert run_ctl("add-vhost", "ctl-late", "--url", url).returncode == 0
+    late = run_ctl("set-permissions", "guest", "^late", ".*", ".*", "--vhost", "ctl-late",
+                   "--url", url)
+    assert late.returncode == 0, late.stderr
+    early = run_ctl("--json", "--vhost", "ctl-late", "--url", url, "list", "permissions")
+    assert {"user": "guest", "vhost": "ctl-late", "configure": "^late", "write": ".*",
+            "read": ".*"} in json.loads(early.stdout)
+    refused = run_ctl("--url", url, "list", "queues", "--password", "wrong")
+    assert refused.returncode == 1 and "401" in refused.stderr
+    assert run_ctl("delete-vhost", "ctl-late", "--url", url).returncode == 0
+
+
 def test_purge_delete_export_import(managed, tmp_path):
     conn = pika.BlockingConnection(pika.URLParameters(managed.url))
     ch = conn.channel()
