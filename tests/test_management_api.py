@@ -300,6 +300,26 @@ def test_policy_precedence_and_effect(managed):
         conn.close()
 
 
+def test_equal_priority_policies_go_to_the_name_sorting_first(managed):
+    """RabbitMQ leaves this tie undefined; Warren's rule (README, Policies) holds
+    whichever policy came first and however the names compare in length."""
+    conn = connect(managed)
+    conn.channel().queue_declare("tie-q")
+    names = ["tie-long", "tie", "tie-a"]
+    try:
+        for name in names:
+            assert call(managed, "PUT", f"/api/policies/%2F/{name}",
+                        {"pattern": "^tie-q$", "definition": {"max-length": 5}, "priority": 3,
+                         "apply-to": "queues"})[0] == 201
+        assert get(managed, "/api/queues/%2F/tie-q")["policy"] == "tie"
+        assert call(managed, "DELETE", "/api/policies/%2F/tie")[0] == 204
+        assert get(managed, "/api/queues/%2F/tie-q")["policy"] == "tie-a"
+    finally:
+        for name in names:
+            call(managed, "DELETE", f"/api/policies/%2F/{name}")
+        conn.close()
+
+
 def test_policy_sets_dead_letter_exchange_and_alternate_exchange(managed):
     conn = connect(managed)
     ch = conn.channel()
