@@ -48,10 +48,12 @@ class Client:
                 raw = response.read()
         except urllib.error.HTTPError as error:
             try:
-                reason = json.loads(error.read()).get("reason", error.reason)
+                body = json.loads(error.read())
             except ValueError:
-                reason = error.reason
-            raise CtlError(f"{method} {path}: {error.code} {reason}") from None
+                body = {}
+            problems = "".join(f"\n  {problem}" for problem in body.get("problems", []))
+            raise CtlError(f"{method} {path}: {error.code} {body.get('reason', error.reason)}"
+                           f"{problems}") from None
         except urllib.error.URLError as error:
             raise CtlError(f"cannot reach {self.url}: {error.reason}") from None
         return json.loads(raw) if raw else None

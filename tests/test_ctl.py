@@ -122,6 +122,25 @@ def test_purge_delete_export_import(managed, tmp_path):
     conn.close()
 
 
+def test_import_lists_every_problem_and_changes_nothing(managed, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({
+        "vhosts": [{"name": "ctl-bad"}],
+        "queues": [{"name": "q", "vhost": "ctl-bad", "arguments": []},
+                   {"name": "r", "vhost": "ctl-bad", "colour": "red"}],
+        "bindings": [{"source": "nowhere", "vhost": "ctl-bad", "destination": "q",
+                      "destination_type": "queue", "routing_key": "", "arguments": {}}]}))
+    result = ctl(managed, "import", str(path), check=False)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert "400 invalid definitions, nothing imported" in lines[0]
+    assert sorted(line.strip() for line in lines[1:]) == [
+        "bindings[0].source: no exchange 'nowhere' in vhost 'ctl-bad'",
+        "queues[0].arguments: expected `object`, got `array`",
+        "queues[1].colour: unknown key"]
+    assert "ctl-bad" not in ctl(managed, "list", "vhosts").stdout
+
+
 def test_unreachable_broker_is_a_clear_error():
     result = subprocess.run([sys.executable, "-m", "gateway.cli", "ctl", "--url",
                              "http://127.0.0.1:9", "list", "queues"], capture_output=True,

@@ -469,8 +469,10 @@ class Management:
         if request.method == "POST":
             try:
                 definitions.import_(self.broker, request.json())
-            except (ValueError, TypeError, KeyError) as error:
-                raise bad_request(f"cannot import definitions: {error}") from None
+            except definitions.Invalid as error:
+                return Response.json({"error": "bad_request",
+                                      "reason": "invalid definitions, nothing imported",
+                                      "problems": error.problems}, 400)
             return Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
 
