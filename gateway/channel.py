@@ -52,17 +52,20 @@ class ConsumerState:
       credit outstanding + unacked never exceeds the limit (DESIGN.md, prefetch).
     """
 
-    __slots__ = ("tag", "tag_shortstr", "holder", "meta", "link", "no_ack", "prefetch", "credit",
-                 "owed_credit", "unacked", "timeout_ms", "timed_out", "arguments")
+    __slots__ = ("tag", "tag_shortstr", "holder", "meta", "link", "no_ack", "exclusive",
+                 "prefetch", "credit", "owed_credit", "unacked", "timeout_ms", "timed_out",
+                 "arguments")
 
     def __init__(self, tag: str, holder: int, meta: QueueMeta, link, no_ack: bool,
-                 prefetch: int, timeout_ms: int = 0, arguments: dict | None = None):
+                 exclusive: bool, prefetch: int, timeout_ms: int = 0,
+                 arguments: dict | None = None):
         self.tag = tag
         self.tag_shortstr = hotpath.shortstr(tag)
         self.holder = holder
         self.meta = meta
         self.link = link
         self.no_ack = no_ack
+        self.exclusive = exclusive
         self.prefetch = prefetch  # its own limit (global=false), enforced by the shard
         self.credit = 0  # granted to the shard minus deliveries seen
         self.owed_credit = 0  # window mode: written out, credit not yet returned
@@ -594,8 +597,8 @@ class Channel:
         timeout_ms = self._consumer_timeout(method, meta)
         holder = self.broker.new_id()
         link = self._link(meta)
-        consumer = ConsumerState(tag, holder, meta, link, method.no_ack, self.consumer_prefetch,
-                                 timeout_ms, method.arguments)
+        consumer = ConsumerState(tag, holder, meta, link, method.no_ack, method.exclusive,
+                                 self.consumer_prefetch, timeout_ms, method.arguments)
         consumer.credit = 0 if self._limited(consumer) else FLOW_WINDOW
         self.consumers[tag] = consumer
         self.by_holder[holder] = consumer

@@ -88,6 +88,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.connected_at = time.time()
         self.peer = transport.get_extra_info("peername")
         self.loop = asyncio.get_running_loop()
         self.broker.connections.add(self)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import json
 import sys
 import urllib.error
@@ -47,10 +48,12 @@ class Client:
                 raw = response.read()
         except urllib.error.HTTPError as error:
             try:
-                reason = json.loads(error.read()).get("reason", error.reason)
+                body = json.loads(error.read())
             except ValueError:
-                reason = error.reason
-            raise CtlError(f"{method} {path}: {error.code} {reason}") from None
+                body = {}
+            problems = "".join(f"\n  {problem}" for problem in body.get("problems", []))
+            raise CtlError(f"{method} {path}: {error.code} {body.get('reason', error.reason)}"
+                           f"{problems}") from None
         except urllib.error.URLError as error:
             raise CtlError(f"cannot reach {self.url}: {error.reason}") from None
         return json.loads(raw) if raw else None
@@ -80,41 +83,55 @@ def table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+GLOBAL_DEFAULTS = {"url": "http://127.0.0.1:15672", "user": "guest", "password": "guest",
+                   "vhost": "/", "json": False}
+
+
+def _global_options() -> argparse.ArgumentParser:
+    """The options every command takes, before or after its name (as rabbitmqctl's).
+    Their defaults are SUPPRESS so that a command's parser, which sees them again,
+    leaves a value given before the command as it is; main() supplies the defaults."""
+    options = argparse.ArgumentParser(add_help=False)
+    for name in ("url", "user", "password", "vhost"):
+        options.add_argument(f"--{name}", default=argparse.SUPPRESS,
+                             help=f"default: {GLOBAL_DEFAULTS[name]}")
+    options.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                         help="JSON output, for scripts")
+    return options
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="warren ctl",
+    options = _global_options()
+    parser = argparse.ArgumentParser(prog="warren ctl", parents=[options],
                                      description="manage a Warren broker over its HTTP API")
-    parser.add_argument("--url", default="http://127.0.0.1:15672")
-    parser.add_argument("--user", default="guest")
-    parser.add_argument("--password", default="guest")
-    parser.add_argument("--vhost", default="/")
-    parser.add_argument("--json", action="store_true", help="JSON output, for scripts")
     commands = parser.add_subparsers(dest="command", required=True)
-    listing = commands.add_parser("list", help="list objects")
+    add_parser = functools.partial(commands.add_parser, parents=[options])
+    listing = add_parser("list", help="list objects")
     listing.add_argument("what", choices=sorted(COLUMNS))
-    add_user = commands.add_parser("add-user")
+    add_user = add_parser("add-user")
     add_user.add_argument("name")
     add_user.add_argument("new_password", metavar="password")
     add_user.add_argument("--tags", default="")
-    commands.add_parser("delete-user").add_argument("name")
-    commands.add_parser("add-vhost").add_argument("name")
-    commands.add_parser("delete-vhost").add_argument("name")
-    perms = commands.add_parser("set-permissions")
+    add_parser("delete-user").add_argument("name")
+    add_parser("add-vhost").add_argument("name")
+    add_parser("delete-vhost").add_argument("name")
+    perms = add_parser("set-permissions")
     for name in ("perm_user", "configure", "write", "read"):
         perms.add_argument(name, metavar=name.replace("perm_", ""))
-    commands.add_parser("clear-permissions").add_argument("perm_user", metavar="user")
-    policy = commands.add_parser("set-policy")
+    add_parser("clear-permissions").add_argument("perm_user", metavar="user")
+    policy = add_parser("set-policy")
     policy.add_argument("name")
     policy.add_argument("pattern")
     policy.add_argument("definition", help="JSON object, e.g. '{\"max-length\": 100}'")
     policy.add_argument("--apply-to", default="all",
                         choices=["queues", "classic_queues", "quorum_queues", "exchanges", "all"])
     policy.add_argument("--priority", type=int, default=0)
-    commands.add_parser("clear-policy").add_argument("name")
-    commands.add_parser("purge-queue").add_argument("name")
-    commands.add_parser("delete-queue").add_argument("name")
-    commands.add_parser("export").add_argument("file", help="a path, or - for stdout")
-    commands.add_parser("import").add_argument("file", help="a path, or - for stdin")
-    args = parser.parse_args(argv)
+    add_parser("clear-policy").add_argument("name")
+    add_parser("purge-queue").add_argument("name")
+    add_parser("delete-queue").add_argument("name")
+    add_parser("export").add_argument("file", help="a path, or - for stdout")
+    add_parser("import").add_argument("file", help="a path, or - for stdin")
+    args = parser.parse_args(argv, argparse.Namespace(**GLOBAL_DEFAULTS))
     client = Client(args.url, args.user, args.password)
     try:
         return run(client, args)

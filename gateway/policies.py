@@ -1,8 +1,8 @@
 """Policies: queue and exchange settings applied by name pattern, as RabbitMQ
 applies them. For each queue or exchange the matching policy of the highest
-priority wins (one policy, never a merge of several); its keys then combine
-with the declared arguments: for limits the lower value wins, for the rest the
-declared argument wins."""
+priority wins (one policy, never a merge of several; ties: see select); its keys
+then combine with the declared arguments: for limits the lower value wins, for
+the rest the declared argument wins."""
 
 from __future__ import annotations
 
@@ -59,21 +59,11 @@ def _applies(apply_to: str, kind: str, queue_type: str) -> bool:
 
 def select(policies, name: str, kind: str, queue_type: str = "classic") -> PolicyDef | None:
     """The policy for a queue or exchange: the highest priority of those whose
-    pattern matches the name (ties go to the policy name sorting first)."""
-    best = None
-    for policy in policies:
-        if not _applies(policy.apply_to, kind, queue_type):
-            continue
-        if re.search(policy.pattern, name) is None:
-            continue
-        if best is None or (policy.priority, _reverse(policy.name)) > (best.priority,
-                                                                        _reverse(best.name)):
-            best = policy
-    return best
-
-
-def _reverse(name: str) -> tuple:
-    return tuple(-ord(c) for c in name)
+    pattern matches the name; of equal priorities, the name sorting first (in code
+    points). RabbitMQ leaves that tie undefined (README, Policies)."""
+    matching = [policy for policy in policies
+                if _applies(policy.apply_to, kind, queue_type) and re.search(policy.pattern, name)]
+    return min(matching, key=lambda policy: (-policy.priority, policy.name), default=None)
 
 
 def queue_arguments(declared: dict, policy: PolicyDef | None) -> dict:

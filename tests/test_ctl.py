@@ -78,6 +78,30 @@ def test_users_vhosts_permissions_policies(managed):
     assert missing.returncode == 1 and "404" in missing.stderr
 
 
+def run_ctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "ctl", *args],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT)
+
+
+def test_global_options_before_or_after_the_command(managed):
+    """As `rabbitmqctl list_queues --formatter json`: every global option may follow
+    the command, and one given before it is not reset by the command's parser."""
+    url = managed.http_url
+    after = run_ctl("list", "vhosts", "--json", "--url", url, "--user", "guest")
+    assert after.returncode == 0, after.stderr
+    assert {"name": "/"} in [{"name": v["name"]} for v in json.loads(after.stdout)]
+    assert run_ctl("add-vhost", "ctl-late", "--url", url).returncode == 0
+    late = run_ctl("set-permissions", "guest", "^late", ".*", ".*", "--vhost", "ctl-late",
+                   "--url", url)
+    assert late.returncode == 0, late.stderr
+    early = run_ctl("--json", "--vhost", "ctl-late", "--url", url, "list", "permissions")
+    assert {"user": "guest", "vhost": "ctl-late", "configure": "^late", "write": ".*",
+            "read": ".*"} in json.loads(early.stdout)
+    refused = run_ctl("--url", url, "list", "queues", "--password", "wrong")
+    assert refused.returncode == 1 and "401" in refused.stderr
+    assert run_ctl("delete-vhost", "ctl-late", "--url", url).returncode == 0
+
+
 def test_purge_delete_export_import(managed, tmp_path):
     conn = pika.BlockingConnection(pika.URLParameters(managed.url))
     ch = conn.channel()
@@ -96,6 +120,25 @@ def test_purge_delete_export_import(managed, tmp_path):
     ctl(managed, "import", str(path))
     assert "ctl-durable" in ctl(managed, "list", "queues").stdout
     conn.close()
+
+
+def test_import_lists_every_problem_and_changes_nothing(managed, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({
+        "vhosts": [{"name": "ctl-bad"}],
+        "queues": [{"name": "q", "vhost": "ctl-bad", "arguments": []},
+                   {"name": "r", "vhost": "ctl-bad", "colour": "red"}],
+        "bindings": [{"source": "nowhere", "vhost": "ctl-bad", "destination": "q",
+                      "destination_type": "queue", "routing_key": "", "arguments": {}}]}))
+    result = ctl(managed, "import", str(path), check=False)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert "400 invalid definitions, nothing imported" in lines[0]
+    assert sorted(line.strip() for line in lines[1:]) == [
+        "bindings[0].source: no exchange 'nowhere' in vhost 'ctl-bad'",
+        "queues[0].arguments: expected `object`, got `array`",
+        "queues[1].colour: unknown key"]
+    assert "ctl-bad" not in ctl(managed, "list", "vhosts").stdout
 
 
 def test_unreachable_broker_is_a_clear_error():

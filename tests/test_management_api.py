@@ -5,6 +5,7 @@ definitions, connection closing and Prometheus metrics."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import subprocess
 import sys
@@ -156,6 +157,56 @@ def test_authentication_and_tags(managed):
         call(managed, "DELETE", "/api/users/plain")
 
 
+def test_status_lines_carry_their_own_reason_phrase(managed):
+    def status_line(method: str, path: str, body=None, auth: bool = True) -> str:
+        connection = http.client.HTTPConnection("127.0.0.1", managed.listener_port("http"),
+                                                timeout=10)
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            headers["Authorization"] = "Basic " + base64.b64encode(b"guest:guest").decode()
+        connection.request(method, path, json.dumps(body) if body is not None else None,
+                           headers)
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        return f"{response.status} {response.reason}"
+
+    assert status_line("GET", "/api/overview") == "200 OK"
+    assert status_line("PUT", "/api/vhosts/phrases", {}) == "201 Created"
+    assert status_line("DELETE", "/api/vhosts/phrases") == "204 No Content"
+    assert status_line("PUT", "/api/policies/%2F/p", {"pattern": "("}) == "400 Bad Request"
+    assert status_line("GET", "/api/overview", auth=False) == "401 Unauthorized"
+    assert status_line("PUT", "/api/exchanges/%2F/amq.mine", {"type": "direct"}) == \
+        "403 Forbidden"
+    assert status_line("GET", "/api/queues/%2F/no-such-queue") == "404 Not Found"
+    assert status_line("POST", "/api/vhosts/phrases", {}) == "405 Method Not Allowed"
+
+
+def test_connected_at_is_when_the_connection_opened(managed):
+    before = int(time.time() * 1000)
+    conn = connect(managed)
+    after = int(time.time() * 1000) + 1
+    port = conn._impl._transport._sock.getsockname()[1]
+    # the API is asked strictly later than the connection opened
+    wait_until(lambda: int(time.time() * 1000) > after + 10)
+    [row] = [c for c in get(managed, "/api/connections") if c["peer_port"] == port]
+    assert before <= row["connected_at"] <= after
+    conn.close()
+
+
+def test_consumer_exclusive_is_what_the_client_asked(managed):
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.queue_declare("excl-consumed")
+    ch.queue_declare("shared-consumed")
+    ch.basic_consume("excl-consumed", lambda *a: None, exclusive=True, consumer_tag="alone")
+    ch.basic_consume("shared-consumed", lambda *a: None, consumer_tag="together")
+    rows = {c["consumer_tag"]: c for c in get(managed, "/api/consumers/%2F")}
+    assert rows["alone"]["exclusive"] is True
+    assert rows["together"]["exclusive"] is False
+    conn.close()
+
+
 def test_vhosts_users_permissions_round_trip(managed):
     assert call(managed, "PUT", "/api/vhosts/team", {"description": "the team"})[0] == 201
     assert call(managed, "PUT", "/api/users/alice", {"password": "s3cret",
@@ -249,6 +300,26 @@ def test_policy_precedence_and_effect(managed):
         conn.close()
 
 
+def test_equal_priority_policies_go_to_the_name_sorting_first(managed):
+    """RabbitMQ leaves this tie undefined; Warren's rule (README, Policies) holds
+    whichever policy came first and however the names compare in length."""
+    conn = connect(managed)
+    conn.channel().queue_declare("tie-q")
+    names = ["tie-long", "tie", "tie-a"]
+    try:
+        for name in names:
+            assert call(managed, "PUT", f"/api/policies/%2F/{name}",
+                        {"pattern": "^tie-q$", "definition": {"max-length": 5}, "priority": 3,
+                         "apply-to": "queues"})[0] == 201
+        assert get(managed, "/api/queues/%2F/tie-q")["policy"] == "tie"
+        assert call(managed, "DELETE", "/api/policies/%2F/tie")[0] == 204
+        assert get(managed, "/api/queues/%2F/tie-q")["policy"] == "tie-a"
+    finally:
+        for name in names:
+            call(managed, "DELETE", f"/api/policies/%2F/{name}")
+        conn.close()
+
+
 def test_policy_sets_dead_letter_exchange_and_alternate_exchange(managed):
     conn = connect(managed)
     ch = conn.channel()
@@ -315,6 +386,119 @@ def test_definitions_round_trip_and_restart(tmp_path):
         conn.close()  # the imported password hash works
     finally:
         broker.stop()
+
+
+BAD_DEFINITIONS = {
+    "rabbit_version": "3.10.8",
+    "colour": "blue",
+    "vhosts": [{"name": "defs-bad"}],
+    "users": [{"password_hash": "", "tags": ["monitoring"]},
+              {"name": "defs-user", "password_hash": "", "tags": "monitoring",
+               "hashing_algorithm": "rabbit_password_hashing_md5"}],
+    "permissions": [{"user": "nobody", "vhost": "defs-bad", "configure": ".*", "write": ".*",
+                     "read": ".*"}],
+    "policies": [{"vhost": "defs-bad", "name": "p", "pattern": ".*", "apply-to": "queues",
+                  "definition": {"colour": 1}, "priority": 0}],
+    "exchanges": [{"name": "x", "vhost": "defs-bad", "type": "fancy", "durable": True,
+                   "auto_delete": False, "internal": False, "arguments": {}}],
+    "queues": [{"name": "fine", "vhost": "defs-bad", "durable": True, "auto_delete": False,
+                "arguments": {}},
+               {"name": "q1", "vhost": "defs-bad", "durable": "yes", "arguments": "none"},
+               {"name": "q2", "vhost": "defs-bad", "exclusive": True},
+               {"name": "q3", "vhost": "defs-bad", "arguments": {"x-max-length": -1}},
+               {"name": "q4", "vhost": "nowhere"}],
+    "bindings": [{"source": "missing", "vhost": "defs-bad", "destination": "fine",
+                  "destination_type": "queue", "routing_key": "", "arguments": {}},
+                 {"source": "x", "vhost": "defs-bad", "destination": "gone",
+                  "destination_type": "queue", "routing_key": 5, "arguments": {}}],
+    "global_parameters": "none",
+}
+BAD_DEFINITIONS_PROBLEMS = [
+    "colour: unknown key",
+    "global_parameters: expected an array",
+    "users[0].name: missing",
+    "queues[1].durable: expected `bool`, got `str`",
+    "queues[1].arguments: expected `object`, got `str`",
+    "queues[2].exclusive: unknown key",
+    "bindings[1].routing_key: expected `str`, got `int`",
+    "queues[4].vhost: no vhost 'nowhere'",
+    "users[1].hashing_algorithm: rabbit_password_hashing_md5 is not supported "
+    "(only rabbit_password_hashing_sha256)",
+    "permissions[0].user: no user 'nobody'",
+    "policies[0]: unrecognised policy key 'colour'",
+    "exchanges[0].type: unknown exchange type 'fancy'",
+    "queues[3]: PRECONDITION_FAILED - invalid arg 'x-max-length' for queue 'q3' in vhost "
+    "'defs-bad': "
+    "{value_negative,-1}",
+    "bindings[0].source: no exchange 'missing' in vhost 'defs-bad'",
+]
+
+
+def test_definitions_import_reports_every_problem_and_changes_nothing(managed):
+    status, body = call(managed, "POST", "/api/definitions", BAD_DEFINITIONS)
+    assert status == 400 and body["error"] == "bad_request"
+    assert sorted(body["problems"]) == sorted(BAD_DEFINITIONS_PROBLEMS)
+    assert call(managed, "GET", "/api/vhosts/defs-bad")[0] == 404
+    assert "defs-user" not in [u["name"] for u in get(managed, "/api/users")]
+    # the same document without its problems imports
+    good = {"vhosts": BAD_DEFINITIONS["vhosts"],
+            "users": BAD_DEFINITIONS["users"][1:],
+            "queues": BAD_DEFINITIONS["queues"][:1]}
+    good["users"][0]["hashing_algorithm"] = "rabbit_password_hashing_sha256"
+    try:
+        assert call(managed, "POST", "/api/definitions", good)[0] == 204
+        assert get(managed, "/api/queues/defs-bad/fine")["durable"] is True
+        assert get(managed, "/api/users/defs-user")["tags"] == ["monitoring"]
+    finally:
+        call(managed, "DELETE", "/api/vhosts/defs-bad")
+        call(managed, "DELETE", "/api/users/defs-user")
+
+
+def test_definitions_import_takes_rabbitmqs_exports(managed):
+    """Exports as RabbitMQ 3.10 (management plugin) and 4.x (rabbit_definitions)
+    write them: their informative keys and the sections Warren has no use for."""
+    rabbitmq_310 = {
+        "rabbit_version": "3.10.8", "rabbitmq_version": "3.10.8", "product_name": "RabbitMQ",
+        "product_version": "3.10.8",
+        "users": [{"name": "defs-310", "password_hash": "", "tags": ["monitoring"],
+                   "hashing_algorithm": "rabbit_password_hashing_sha256", "limits": {}}],
+        "vhosts": [{"name": "defs-310"}],
+        "permissions": [{"user": "defs-310", "vhost": "defs-310", "configure": ".*",
+                         "write": ".*", "read": ".*"}],
+        "topic_permissions": [], "parameters": [],
+        "global_parameters": [{"name": "internal_cluster_id", "value": "rabbitmq-cluster-id-x"}],
+        "policies": [],
+        "queues": [{"name": "q", "vhost": "defs-310", "durable": True, "auto_delete": False,
+                    "arguments": {}}],
+        "exchanges": [{"name": "x", "vhost": "defs-310", "type": "fanout", "durable": True,
+                       "auto_delete": False, "internal": False, "arguments": {}}],
+        "bindings": [{"source": "x", "vhost": "defs-310", "destination": "q",
+                      "destination_type": "queue", "routing_key": "", "arguments": {}}],
+    }
+    rabbitmq_4 = {
+        "rabbitmq_version": "4.1.0", "rabbitmq_definition_format": "cluster",
+        "original_cluster_name": "rabbit@host",
+        "explanation": "Definitions of cluster 'rabbit@host'",
+        "vhosts": [{"name": "defs-4", "limits": [],
+                    "metadata": {"description": "four", "tags": [],
+                                 "default_queue_type": "classic"}}],
+        "queues": [{"name": "qq", "vhost": "defs-4", "type": "quorum", "durable": True,
+                    "auto_delete": False, "arguments": {}}],
+        "exchanges": [{"name": "x", "vhost": "defs-4", "type": "topic", "durable": True,
+                       "auto_delete": False, "arguments": {}}],
+    }
+    try:
+        for document in (rabbitmq_310, rabbitmq_4):
+            status, body = call(managed, "POST", "/api/definitions", document)
+            assert status == 204, body
+        bindings = get(managed, "/api/bindings/defs-310")
+        assert any(b["source"] == "x" and b["destination"] == "q" for b in bindings)
+        assert get(managed, "/api/queues/defs-4/qq")["type"] == "quorum"
+        assert get(managed, "/api/vhosts/defs-4")["description"] == "four"
+    finally:
+        call(managed, "DELETE", "/api/vhosts/defs-310")
+        call(managed, "DELETE", "/api/vhosts/defs-4")
+        call(managed, "DELETE", "/api/users/defs-310")
 
 
 def test_deleting_a_connection_closes_it_with_320(managed):

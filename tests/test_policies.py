@@ -19,6 +19,14 @@ def test_highest_priority_matching_policy_wins():
     assert policies.select([], "q", "queue") is None
 
 
+def test_equal_priorities_go_to_the_name_sorting_first():
+    cases = [([policy("ab", ".*", 2), policy("a", ".*", 2), policy("low", ".*", 1)], "a"),
+             ([policy("b", ".*"), policy("a", ".*"), policy("B", ".*")], "B")]
+    for ps, expected in cases:  # whatever order they come in
+        assert policies.select(ps, "q", "queue").name == expected
+        assert policies.select(list(reversed(ps)), "q", "queue").name == expected
+
+
 def test_apply_to_filters_by_kind_and_queue_type():
     ps = [policy("x", ".*", 1, "exchanges", alternate_exchange="ae"),
           policy("quorum", ".*", 2, "quorum_queues", delivery_limit=3),

@@ -469,8 +469,10 @@ class Management:
         if request.method == "POST":
             try:
                 definitions.import_(self.broker, request.json())
-            except (ValueError, TypeError, KeyError) as error:
-                raise bad_request(f"cannot import definitions: {error}") from None
+            except definitions.Invalid as error:
+                return Response.json({"error": "bad_request",
+                                      "reason": "invalid definitions, nothing imported",
+                                      "problems": error.problems}, 400)
             return Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
 
@@ -550,7 +552,7 @@ def _connection(conn) -> dict:
             "channels": len(conn.channels), "state": conn.flow_state, "protocol": "AMQP 0-9-1",
             "type": "network", "node": NODE, "auth_mechanism": "PLAIN",
             "client_properties": _jsonable(conn.client_properties),
-            "connected_at": int(getattr(conn, "connected_at", time.time()) * 1000),
+            "connected_at": int(conn.connected_at * 1000),
             "frame_max": conn.frame_max, "timeout": conn.heartbeat,
             "channel_max": conn.channel_max,
             "ssl": conn.transport.get_extra_info("sslcontext") is not None}
@@ -584,7 +586,7 @@ def _consumer(conn, ch, consumer) -> dict:
             "queue": {"name": consumer.meta.name, "vhost": consumer.meta.vhost},
             "channel_details": _channel_details(conn, ch),
             "ack_required": not consumer.no_ack, "prefetch_count": consumer.prefetch,
-            "exclusive": bool(getattr(consumer, "arguments", {}).get("x-exclusive", False)),
+            "exclusive": consumer.exclusive,
             "active": not timed_out, "activity_status": "timed_out" if timed_out else "up",
             "status": "timed_out" if timed_out else "active",
             "consumer_timeout": getattr(consumer, "timeout_ms", 0) or None,

@@ -1,15 +1,22 @@
 """Definitions export and import in RabbitMQ's format (users, vhosts, permissions,
-policies, durable queues, exchanges and bindings), so they move between brokers."""
+policies, durable queues, exchanges and bindings), so they move between brokers.
+An import is checked whole before anything changes: every problem is reported
+with its place in the document, and a document with any problem changes nothing."""
 
 from __future__ import annotations
 
+from typing import Annotated, Any, Literal
+
+import msgspec
+
 from storage.metastore import PolicyDef
 
-from .. import __version__
-from ..exchange import EXCHANGE, QUEUE, Exchange
+from .. import __version__, arguments, policies
+from ..errors import AMQPError, exchange_name, queue_name
+from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 
 COMPATIBLE_RABBITMQ = "3.13.7"
-
+SHA256 = "rabbit_password_hashing_sha256"
 
 def export(broker) -> dict:
     access = broker.access
@@ -53,45 +60,269 @@ def export(broker) -> dict:
     }
 
 
-def import_(broker, data: dict) -> None:
-    """Create what the definitions name and Warren lacks; existing objects stay."""
+# What RabbitMQ's exports (3.x and 4.x) hold, field by field. Warren keeps what it
+# has a use for; the rest is checked and ignored.
+_Limits = dict[str, int] | Annotated[list, msgspec.Meta(max_length=0)]  # RabbitMQ: [] for none
+_Arguments = dict[str, Any]
+
+
+class _Item(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class UserItem(_Item):
+    name: str
+    password_hash: str = ""
+    hashing_algorithm: str = SHA256
+    tags: list[str] | str = []  # a comma-separated string before RabbitMQ 3.9
+    limits: _Limits = {}
+
+
+class VHostMetadata(msgspec.Struct, frozen=True):  # open: RabbitMQ adds keys over versions
+    description: str = ""
+
+
+class VHostItem(_Item):
+    name: str
+    description: str = ""
+    tags: list[str] = []
+    default_queue_type: str = "classic"
+    metadata: VHostMetadata = VHostMetadata()
+    limits: _Limits = {}
+    tracing: bool = False
+
+
+class PermissionItem(_Item):
+    user: str
+    vhost: str
+    configure: str = ""
+    write: str = ""
+    read: str = ""
+
+
+class TopicPermissionItem(_Item):
+    user: str
+    vhost: str
+    exchange: str
+    write: str = ""
+    read: str = ""
+
+
+class ParameterItem(_Item):
+    vhost: str
+    component: str
+    name: str
+    value: Any
+
+
+class GlobalParameterItem(_Item):
+    name: str
+    value: Any
+
+
+class PolicyItem(_Item):
+    vhost: str
+    name: str
+    pattern: str
+    definition: dict[str, Any]
+    apply_to: str = msgspec.field(name="apply-to", default="all")
+    priority: int = 0
+
+
+class ExchangeItem(_Item):
+    name: str
+    vhost: str
+    type: str = "direct"
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: _Arguments = {}
+
+
+class QueueItem(_Item):
+    name: str
+    vhost: str
+    type: str = "classic"  # RabbitMQ 4 writes it beside x-queue-type
+    durable: bool = True
+    auto_delete: bool = False
+    arguments: _Arguments = {}
+
+
+class BindingItem(_Item):
+    source: str
+    vhost: str
+    destination: str
+    destination_type: Literal["queue", "exchange"] = "queue"
+    routing_key: str = ""
+    arguments: _Arguments = {}
+
+
+SECTIONS = {"users": UserItem, "vhosts": VHostItem, "permissions": PermissionItem,
+            "topic_permissions": TopicPermissionItem, "parameters": ParameterItem,
+            "global_parameters": GlobalParameterItem, "policies": PolicyItem,
+            "queues": QueueItem, "exchanges": ExchangeItem, "bindings": BindingItem}
+ABOUT = {"rabbit_version", "rabbitmq_version", "product_name", "product_version",
+         "rabbitmq_definition_format", "original_cluster_name", "explanation"}
+
+
+class Invalid(Exception):
+    def __init__(self, problems: list[str]):
+        super().__init__(f"{len(problems)} problem(s)")
+        self.problems = problems
+
+
+def import_(broker, data) -> None:
+    """Create what the definitions name and Warren lacks (existing objects stay;
+    users, permissions and policies are set). Raises Invalid, having changed
+    nothing, when the document has problems."""
+    if not isinstance(data, dict):
+        raise Invalid(["the definitions: expected an object"])
+    loaded, problems = _load(data)
+    problems += _unresolved(broker, data, loaded)
+    if problems:
+        raise Invalid(problems)
     access = broker.access
-    for v in data.get("vhosts", []):
-        if v["name"] not in broker.vhosts:
-            broker.add_vhost(v["name"], v.get("description", ""), v.get("limits") or {})
-    for u in data.get("users", []):
-        tags = u.get("tags", [])
-        if isinstance(tags, str):
-            tags = [t for t in tags.split(",") if t]
-        if u.get("hashing_algorithm", "rabbit_password_hashing_sha256") != \
-                "rabbit_password_hashing_sha256":
-            raise ValueError(f"user {u['name']}: unsupported hashing algorithm "
-                             f"{u['hashing_algorithm']}")
-        access.put_user(u["name"], None, tags, u.get("password_hash", ""), u.get("limits") or {})
-    for p in data.get("permissions", []):
-        access.set_permissions(p["user"], p["vhost"], p.get("configure", ""), p.get("write", ""),
-                               p.get("read", ""))
-    for p in data.get("policies", []):
-        broker.put_policy(PolicyDef(p["vhost"], p["name"], p["pattern"], p.get("apply-to", "all"),
-                                    int(p.get("priority", 0)), p.get("definition") or {}))
-    for x in data.get("exchanges", []):
-        vhost = broker.vhosts[x["vhost"]]
-        if x["name"] not in vhost.exchanges:
-            broker.add_exchange(Exchange(vhost.name, x["name"], x.get("type", "direct"),
-                                         bool(x.get("durable", True)),
-                                         bool(x.get("auto_delete", False)),
-                                         bool(x.get("internal", False)),
-                                         x.get("arguments") or {}))
-    for q in data.get("queues", []):
-        vhost = broker.vhosts[q["vhost"]]
-        if q["name"] not in vhost.queues:
-            broker.create_queue(vhost, q["name"], bool(q.get("durable", True)), None,
-                                bool(q.get("auto_delete", False)), q.get("arguments") or {})
-    for b in data.get("bindings", []):
-        vhost = broker.vhosts[b["vhost"]]
-        source = vhost.exchanges.get(b["source"])
-        kind = QUEUE if b.get("destination_type", "queue") == "queue" else EXCHANGE
-        targets = vhost.queues if kind == QUEUE else vhost.exchanges
-        if source is not None and source.name and b["destination"] in targets:
-            broker.bind(source, (kind, b["destination"]), b.get("routing_key", ""),
-                        b.get("arguments") or {})
+    for _, v in loaded["vhosts"]:
+        if v.name not in broker.vhosts:
+            broker.add_vhost(v.name, v.description or v.metadata.description, v.limits or {})
+    for _, u in loaded["users"]:
+        tags = [t for t in u.tags.split(",") if t] if isinstance(u.tags, str) else u.tags
+        access.put_user(u.name, None, tags, u.password_hash, u.limits or {})
+    for _, p in loaded["permissions"]:
+        access.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+    for _, p in loaded["policies"]:
+        broker.put_policy(_policy(p))
+    for _, x in loaded["exchanges"]:
+        vhost = broker.vhosts[x.vhost]
+        if x.name not in vhost.exchanges:
+            broker.add_exchange(Exchange(x.vhost, x.name, x.type, x.durable, x.auto_delete,
+                                         x.internal, x.arguments))
+    for _, q in loaded["queues"]:
+        vhost = broker.vhosts[q.vhost]
+        if q.name not in vhost.queues:
+            broker.create_queue(vhost, q.name, q.durable, None, q.auto_delete,
+                                _queue_arguments(q))
+    for _, b in loaded["bindings"]:
+        vhost = broker.vhosts[b.vhost]
+        broker.bind(vhost.exchanges[b.source], (_KINDS[b.destination_type], b.destination),
+                    b.routing_key, b.arguments)
+
+
+_KINDS = {"queue": QUEUE, "exchange": EXCHANGE}
+
+
+def _load(data: dict) -> tuple[dict[str, list], list[str]]:
+    """The document's well-formed items, typed, with their places in their
+    sections, and the problems of the others."""
+    loaded = {section: [] for section in SECTIONS}
+    problems = [f"{key}: unknown key" for key in data if key not in SECTIONS and key not in ABOUT]
+    for section, kind in SECTIONS.items():
+        items = data.get(section, [])
+        if not isinstance(items, list):
+            problems.append(f"{section}: expected an array")
+            continue
+        for index, item in enumerate(items):
+            found = _shape_problems(item, kind)
+            problems += [f"{section}[{index}]{problem}" for problem in found]
+            if not found:
+                loaded[section].append((index, msgspec.convert(item, kind)))
+    return loaded, problems
+
+
+def _shape_problems(item, kind) -> list[str]:
+    """Every field's problem (msgspec would stop at the first)."""
+    if not isinstance(item, dict):
+        return [": expected an object"]
+    fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
+    problems = [f".{key}: unknown key" for key in item if key not in fields]
+    for name, field in fields.items():
+        if name not in item:
+            if field.required:
+                problems.append(f".{name}: missing")
+            continue
+        try:
+            msgspec.convert(item[name], field.type)
+        except msgspec.ValidationError as error:
+            message, _, where = str(error).partition(" - at `$")
+            problems.append(f".{name}{where.rstrip('`')}: {message[0].lower()}{message[1:]}")
+    return problems
+
+
+def _unresolved(broker, data: dict, loaded: dict[str, list]) -> list[str]:
+    """What the well-formed items name and neither Warren nor the document has,
+    and values Warren would refuse."""
+    problems = []
+    vhosts = set(broker.vhosts) | {name for name, in _declared(data, "vhosts", "name")}
+    users = set(broker.access.users) | {name for name, in _declared(data, "users", "name")}
+    exchanges = _declared(data, "exchanges", "vhost", "name")
+    queues = _declared(data, "queues", "vhost", "name")
+    for vhost in broker.vhosts.values():
+        exchanges |= {(vhost.name, name) for name in vhost.exchanges}
+        queues |= {(vhost.name, name) for name in vhost.queues}
+    for section in ("permissions", "policies", "exchanges", "queues", "bindings"):
+        problems += [f"{section}[{i}].vhost: no vhost '{item.vhost}'"
+                     for i, item in loaded[section] if item.vhost not in vhosts]
+    for i, u in loaded["users"]:
+        if u.hashing_algorithm != SHA256:
+            problems.append(f"users[{i}].hashing_algorithm: {u.hashing_algorithm} is not "
+                            f"supported (only {SHA256})")
+    for i, p in loaded["permissions"]:
+        if p.user not in users:
+            problems.append(f"permissions[{i}].user: no user '{p.user}'")
+    for i, p in loaded["policies"]:
+        problem = policies.problems(_policy(p))
+        if problem:
+            problems.append(f"policies[{i}]: {problem}")
+    for i, x in loaded["exchanges"]:
+        if x.type not in EXCHANGE_TYPES:
+            problems.append(f"exchanges[{i}].type: unknown exchange type '{x.type}'")
+        if x.name == "" or x.name.startswith("amq."):
+            problems.append(f"exchanges[{i}].name: exchange name '{x.name}' is reserved")
+        problem = _refusal(arguments.validate, x.arguments, arguments.EXCHANGE_ARGUMENTS,
+                           exchange_name(x.vhost, x.name))
+        if problem:
+            problems.append(f"exchanges[{i}].arguments: {problem}")
+    for i, q in loaded["queues"]:
+        effective, what = _queue_arguments(q), queue_name(q.vhost, q.name)
+        problem = (_refusal(arguments.check_queue_type, effective, q.durable, False,
+                            q.auto_delete, what)
+                   or _refusal(arguments.validate, effective, arguments.QUEUE_ARGUMENTS, what))
+        if problem:
+            problems.append(f"queues[{i}]: {problem}")
+    for i, b in loaded["bindings"]:
+        if b.source == "" or (b.vhost, b.source) not in exchanges:
+            problems.append(f"bindings[{i}].source: no exchange '{b.source}' in vhost "
+                            f"'{b.vhost}'")
+        targets = queues if b.destination_type == "queue" else exchanges
+        if (b.vhost, b.destination) not in targets:
+            problems.append(f"bindings[{i}].destination: no {b.destination_type} "
+                            f"'{b.destination}' in vhost '{b.vhost}'")
+    return problems
+
+
+def _declared(data: dict, section: str, *keys: str) -> set[tuple]:
+    """The keys (vhost, name...) of a section's items, also of those with problems:
+    those are reported once, not again by every reference to them."""
+    items = data.get(section)
+    if not isinstance(items, list):
+        return set()
+    return {tuple(item[key] for key in keys) for item in items
+            if isinstance(item, dict) and all(isinstance(item.get(key), str) for key in keys)}
+
+
+def _refusal(checker, *args) -> str | None:
+    try:
+        checker(*args)
+    except AMQPError as error:
+        return error.text
+    return None
+
+
+def _policy(p: PolicyItem) -> PolicyDef:
+    return PolicyDef(p.vhost, p.name, p.pattern, p.apply_to, p.priority, p.definition)
+
+
+def _queue_arguments(q: QueueItem) -> dict:
+    if q.type == "classic" or "x-queue-type" in q.arguments:
+        return q.arguments
+    return {**q.arguments, "x-queue-type": q.type}

@@ -8,15 +8,13 @@ import asyncio
 import base64
 import json
 import logging
+from http import HTTPStatus
 from typing import Awaitable, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 log = logging.getLogger("warren.management")
 
 MAX_BODY = 64 << 20
-REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request",
-           401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-           500: "Internal Server Error"}
 
 
 class Request:
@@ -147,7 +145,7 @@ async def _read_request(reader: asyncio.StreamReader, peer: str) -> Request | No
 
 
 def _encode(response: Response, keep_alive: bool) -> bytes:
-    head = [f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'OK')}",
+    head = [f"HTTP/1.1 {response.status} {HTTPStatus(response.status).phrase}",
             f"Content-Type: {response.content_type}",
             f"Content-Length: {len(response.body)}",
             "Cache-Control: no-cache",
