@@ -36,7 +36,7 @@ CLOSE_OK_TIMEOUT = 3.0
 # Frames one connection may handle per loop turn before yielding (a publish is
 # three): small enough that deliveries and credit are not kept waiting behind a
 # flood, large enough that a turn's work still goes out in big batches.
-FRAMES_PER_TURN = 1500
+FRAMES_PER_TURN = 600
 ALARM = "alarm"  # why reading is held, beside the shard links that hold it
 YIELD = "yield"
 

@@ -1,0 +1,263 @@
+"""Flow control end to end (issue 14): publishers that outpace the broker are held
+back, never the consumers; a held connection stays alive and loses nothing.
+
+The flood publisher writes pre-encoded publishes as fast as its socket takes, as
+fast real clients do (pika's Python loop cannot outrun the gateway). Assertions
+are on counts, never on timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+import urllib.request
+
+import pika
+import pytest
+
+from gateway import frames
+from gateway import methods as m
+
+from .conftest import RunningBroker, wait_until
+from .rawclient import RawClient
+
+BODY = 100
+
+
+def publishes(queue: str, first: int, count: int) -> bytes:
+    """`count` basic.publish commands to `queue`, bodies numbered from `first`."""
+    method = m.encode_method(m.BasicPublish(routing_key=queue))
+    return b"".join(frames.content_frames(1, method, 60, b"\x00\x00",
+                                          struct.pack(">Q", n).ljust(BODY, b"."), 131072)
+                    for n in range(first, first + count))
+
+
+class Flood:
+    """A raw publisher on its own thread, sending as fast as the socket takes."""
+
+    def __init__(self, port: int, queue: str, total: int, chunk: int = 2000):
+        self.client = RawClient(port, timeout=120)
+        self.client.handshake(capabilities={"connection.blocked": True})
+        self.client.open_channel(1)
+        self.queue, self.total, self.chunk = queue, total, chunk
+        self.sent = 0  # publishes the broker's socket has taken
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            for first in range(0, self.total, self.chunk):
+                count = min(self.chunk, self.total - first)
+                self.client.send(publishes(self.queue, first, count))
+                self.sent = first + count
+        except OSError:  # the test closed the socket while we were held
+            pass
+
+    def start(self) -> "Flood":
+        self.thread.start()
+        return self
+
+
+def management_get(broker: RunningBroker, path: str):
+    auth = base64.b64encode(b"guest:guest").decode()
+    request = urllib.request.Request(broker.http_url + path,
+                                     headers={"Authorization": f"Basic {auth}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def shard_pid(broker: RunningBroker, index: int) -> int:
+    """The pid of shard process `index` (a child of the broker running shards.main)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                args = cmdline.read().split(b"\0")
+        except OSError:
+            continue
+        if ppid == broker.process.pid and b"shards.main" in args:
+            spec = json.loads(args[args.index(b"shards.main") + 1])
+            if spec["index"] == index:
+                return int(entry)
+    raise AssertionError(f"no shard process {index}")
+
+
+@pytest.fixture
+def managed_broker(tmp_path):
+    running = RunningBroker(tmp_path / "data", shards=2, management=True).start()
+    yield running
+    running.stop()
+
+
+def test_consumer_keeps_its_share_while_a_flood_publishes(broker):
+    total = 150_000
+    consumer = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+    ch = consumer.channel()
+    ch.queue_declare("flow.share", auto_delete=True)
+    seen: set[int] = set()
+    duplicates = 0
+    shares = []  # (publishes taken by the broker, deliveries received) along the flood
+
+    def on_message(channel, method, properties, body):
+        nonlocal duplicates
+        n = struct.unpack(">Q", body[:8])[0]
+        duplicates += n in seen
+        seen.add(n)
+
+    ch.basic_consume("flow.share", on_message, auto_ack=True)
+    flood = Flood(broker.port, "flow.share", total).start()
+    deadline = time.monotonic() + 120
+    while flood.thread.is_alive() and time.monotonic() < deadline:
+        consumer.process_data_events(time_limit=0.05)
+        shares.append((flood.sent, len(seen)))
+    while len(seen) < total and time.monotonic() < deadline:
+        consumer.process_data_events(time_limit=0.1)
+    assert len(seen) == total and duplicates == 0
+    # A steady share while the flood ran (before flow control the consumer got
+    # 2,000 messages and then nothing): over every tenth of the flood, it received
+    # at least a tenth as many messages as were published.
+    tenths = []
+    for sent, got in shares:
+        if sent >= (len(tenths) + 1) * total // 10 and sent < total:
+            tenths.append(got)
+    steps = [later - earlier for earlier, later in zip(tenths, tenths[1:])]
+    assert len(steps) >= 5 and all(step >= total // 100 for step in steps), (tenths, shares[-1])
+    consumer.close()
+    flood.client.close()
+
+
+def test_a_held_publisher_stays_alive_through_30s_of_flow_and_loses_nothing(managed_broker):
+    """The shard that owns the queue is stopped: its publisher runs out of credit and
+    is held (state 'flow') for 30 s with a 5 s heartbeat; then everything resumes."""
+    broker = managed_broker
+    params = pika.ConnectionParameters("127.0.0.1", broker.port, heartbeat=5,
+                                       client_properties={"connection_name": "held"})
+    publisher = pika.BlockingConnection(params)
+    ch = publisher.channel()
+    ch.queue_declare("flow.held")
+    shard = management_get(broker, "/api/queues/%2F/flow.held")["shard"]
+    pid = shard_pid(broker, shard)
+    count = 3000  # more than a connection's credit towards one shard
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for n in range(count):
+            ch.basic_publish("", "flow.held", str(n).encode())
+
+        def held_state():
+            publisher.process_data_events(time_limit=0.1)
+            states = [c["state"] for c in management_get(broker, "/api/connections")
+                      if c["client_properties"].get("connection_name") == "held"]
+            return states == ["flow"]
+
+        wait_until(held_state, timeout=20, message="publisher not in state flow")
+        held_until = time.monotonic() + 30
+        while time.monotonic() < held_until:
+            publisher.process_data_events(time_limit=0.5)  # pika checks our heartbeats
+            assert publisher.is_open
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    def running_again():
+        publisher.process_data_events(time_limit=0.1)
+        return [c["state"] for c in management_get(broker, "/api/connections")
+                if c["client_properties"].get("connection_name") == "held"] == ["running"]
+
+    wait_until(running_again, timeout=30, message="publisher not released")
+    got = wait_until(lambda: ch.queue_declare("flow.held", passive=True).method.message_count
+                     == count and count, timeout=30)
+    bodies = []
+    while (message := ch.basic_get("flow.held", auto_ack=True))[0] is not None:
+        bodies.append(int(message[2]))
+    assert got == count and bodies == list(range(count))
+    assert publisher.is_open
+    publisher.close()
+    assert "missed heartbeats" not in broker.log_text()
+
+
+def test_aio_pika_flood_with_a_consumer_delivers_everything_once(broker):
+    import aio_pika
+
+    total = 20_000
+
+    async def run() -> tuple[int, int]:
+        connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{broker.port}/")
+        async with connection:
+            publish_channel = await connection.channel()
+            consume_channel = await connection.channel()
+            queue = await consume_channel.declare_queue("flow.aio", auto_delete=True)
+            seen: set[int] = set()
+            duplicates = 0
+            done = asyncio.Event()
+
+            async def on_message(message):
+                nonlocal duplicates
+                n = int(message.body)
+                duplicates += n in seen
+                seen.add(n)
+                if len(seen) == total:
+                    done.set()
+
+            await queue.consume(on_message, no_ack=True)
+            exchange = publish_channel.default_exchange
+            for start in range(0, total, 1000):
+                await asyncio.gather(*(exchange.publish(aio_pika.Message(str(n).encode()),
+                                                        routing_key="flow.aio")
+                                       for n in range(start, start + 1000)))
+            await asyncio.wait_for(done.wait(), 60)
+            return len(seen), duplicates
+
+    assert asyncio.run(run()) == (total, 0)
+
+
+def test_a_flood_without_consumers_ends_in_the_memory_alarm_and_the_shard_keeps_answering(
+        tmp_path):
+    limit = 32 << 20
+    broker = RunningBroker(tmp_path / "data", shards=2,
+                           extra_args=["--memory-limit", str(limit)]).start()
+    try:
+        other = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        ch = other.channel()
+        ch.queue_declare("flow.flooded")
+        flood = Flood(broker.port, "flow.flooded", 10_000_000, chunk=5000)
+        blocked = threading.Event()
+
+        def listen():  # the flood's own connection hears connection.blocked
+            try:
+                while (frame := flood.client.next_frame(timeout=120)) is not None:
+                    if frame[0] == frames.FRAME_METHOD and isinstance(
+                            m.decode_method(frame[2]), m.ConnectionBlocked):
+                        blocked.set()
+                        return
+            except OSError:
+                return
+
+        threading.Thread(target=listen, daemon=True).start()
+        flood.start()
+        answered = 0
+        deadline = time.monotonic() + 90
+        while not blocked.is_set() and time.monotonic() < deadline:
+            # The same shard answers another client all through the flood.
+            ch.queue_declare("flow.flooded", passive=True)
+            answered += ch.basic_get("flow.flooded", auto_ack=True)[0] is not None
+        assert blocked.is_set(), "the memory alarm never blocked the flood"
+        assert answered > 0
+        share = limit // 2
+        for pid in [broker.process.pid, shard_pid(broker, 0), shard_pid(broker, 1)]:
+            with open(f"/proc/{pid}/status") as status:
+                rss = next(int(line.split()[1]) * 1024 for line in status
+                           if line.startswith("VmRSS:"))
+            # bodies under the shard's share, plus the interpreter and its buffers
+            assert rss < share + (160 << 20), (pid, rss)
+        other.close()
+        flood.client.close()
+    finally:
+        broker.stop()
