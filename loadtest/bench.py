@@ -215,7 +215,9 @@ class WarrenTarget(Target):
         self.log_file = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data",
-             str(Path(self.tmp) / "data"), "--shards", str(self.shards), *(extra_args or [])],
+             str(Path(self.tmp) / "data"), "--shards", str(self.shards),
+             # No management listener: 15672 may be taken (a RabbitMQ on this machine).
+             "--management-port", "0", *(extra_args or [])],
             stdout=subprocess.PIPE, stderr=self.log_file, cwd=ROOT)
         line = read_line(self.process.stdout, 60.0)
         if "listening on amqp://" not in line:
