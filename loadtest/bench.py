@@ -5,6 +5,7 @@
     python -m loadtest.bench --url amqp://guest:guest@127.0.0.1:5672/%2F
     python -m loadtest.bench --compare      # RabbitMQ (started for the occasion) vs Warren
     python -m loadtest.bench --warren --quick   # ~1 s per scenario, for CI
+    python -m loadtest.bench --warren --external-client /opt/amqp-perf/amqp-perf
 
 Every client (publisher or consumer) is its own process (multiprocessing, fork)
 running the fast client of loadtest.fastclient on the project's codec: messages
@@ -17,9 +18,15 @@ To measure a sustainable rate rather than how fast a queue can grow, a
 publisher pauses while more than --max-lag of its messages are not yet consumed
 (shared counters; not in backlog-200k, which has no consumer while publishing).
 
+With --external-client PATH an external load generator (amqp-perf) measures each
+scenario instead (--client both: ours, then it, on the same broker); see
+loadtest/external.py. Every row says which client measured it and reports consumed
+against published (consumed_per_s, consumed_over_published).
+
 Output: one JSON line per scenario on stdout as each finishes (progress goes to
 stderr), then a table. With --compare also a comparison table and one JSON line
-per scenario with Warren/RabbitMQ ratios.
+per scenario and client with Warren/RabbitMQ ratios, and a one-line-per-scenario
+summary of those ratios.
 """
 
 from __future__ import annotations
