@@ -192,7 +192,11 @@ def _execute(argv: list[str], limit: float) -> tuple[str, str, int | None]:
             process.kill()
             stdout, stderr = process.communicate()
         return stdout, stderr, None
-    except BaseException:
-        process.kill()
-        process.wait()
+    except BaseException:  # Ctrl-C: let it delete its queues, briefly
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
         raise
