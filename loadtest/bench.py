@@ -5,6 +5,7 @@
     python -m loadtest.bench --url amqp://guest:guest@127.0.0.1:5672/%2F
     python -m loadtest.bench --compare      # RabbitMQ (started for the occasion) vs Warren
     python -m loadtest.bench --warren --quick   # ~1 s per scenario, for CI
+    python -m loadtest.bench --warren --external-client /opt/amqp-perf/amqp-perf
 
 Every client (publisher or consumer) is its own process (multiprocessing, fork)
 running the fast client of loadtest.fastclient on the project's codec: messages
@@ -17,9 +18,15 @@ To measure a sustainable rate rather than how fast a queue can grow, a
 publisher pauses while more than --max-lag of its messages are not yet consumed
 (shared counters; not in backlog-200k, which has no consumer while publishing).
 
+With --external-client PATH an external load generator (amqp-perf) measures each
+scenario instead (--client both: ours, then it, on the same broker); see
+loadtest/external.py. Every row says which client measured it and reports consumed
+against published (consumed_per_s, consumed_over_published).
+
 Output: one JSON line per scenario on stdout as each finishes (progress goes to
 stderr), then a table. With --compare also a comparison table and one JSON line
-per scenario with Warren/RabbitMQ ratios.
+per scenario and client with Warren/RabbitMQ ratios, and a one-line-per-scenario
+summary of those ratios.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from . import external
 from .fastclient import (DEFAULT_URL, AMQPError, ChannelClosed, ConnectionClosed, FastClient,
                          Publisher, cpu_seconds)
 
@@ -61,17 +69,21 @@ SCENARIOS: dict[str, str] = {
 FIGURES = [
     ("published_per_s", "pub/s", "{:,.0f}"),
     ("confirmed_per_s", "conf/s", "{:,.0f}"),
-    ("delivered_per_s", "deliv/s", "{:,.0f}"),
+    ("consumed_per_s", "cons/s", "{:,.0f}"),
+    ("consumed_over_published", "cons/pub", "{:.2f}"),
     ("e2e_p50_ms", "e2e p50", "{:.2f}"),
     ("e2e_p99_ms", "e2e p99", "{:.2f}"),
     ("confirm_p50_ms", "conf p50", "{:.2f}"),
     ("confirm_p99_ms", "conf p99", "{:.2f}"),
     ("broker_rss_mb", "RSS MB", "{:,.0f}"),
     ("broker_cpu_s", "brk CPU", "{:.1f}"),
+    ("broker_cores_avg", "brk cores", "{:.2f}"),
     ("client_cpu_s", "cli CPU", "{:.1f}"),
 ]
 # Larger is better for these; smaller for the rest (latencies, memory, CPU).
-HIGHER_IS_BETTER = {"published_per_s", "confirmed_per_s", "delivered_per_s", "drain_per_s"}
+HIGHER_IS_BETTER = {"published_per_s", "confirmed_per_s", "delivered_per_s", "consumed_per_s",
+                    "consumed_over_published", "drain_per_s"}
+OWN_CLIENT = "warren-bench"
 
 
 def log(text: str) -> None:
@@ -215,7 +227,9 @@ class WarrenTarget(Target):
         self.log_file = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data",
-             str(Path(self.tmp) / "data"), "--shards", str(self.shards), *(extra_args or [])],
+             str(Path(self.tmp) / "data"), "--shards", str(self.shards),
+             # No management listener: 15672 may be taken (a RabbitMQ on this machine).
+             "--management-port", "0", *(extra_args or [])],
             stdout=subprocess.PIPE, stderr=self.log_file, cwd=ROOT)
         line = read_line(self.process.stdout, 60.0)
         if "listening on amqp://" not in line:
@@ -268,15 +282,15 @@ def read_line(stream, timeout: float) -> str:
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
 
 
-def ensure_rabbitmq_installed() -> None:
-    if Path("/usr/sbin/rabbitmq-server").exists() and (RABBIT_BIN / "rabbitmq-server").exists():
-        return
-    log("# rabbitmq-server is not installed: apt-get update && apt-get install -y rabbitmq-server")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update"], check=True, env=env, timeout=900,
-                   stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "rabbitmq-server"], check=True, env=env,
-                   timeout=1800, stdout=subprocess.DEVNULL)
+RABBIT_SERVER = Path("/usr/sbin/rabbitmq-server")
+
+
+def rabbitmq_missing() -> str | None:
+    """What to install when RabbitMQ is not there (the bench never installs anything)."""
+    if RABBIT_SERVER.exists() and (RABBIT_BIN / "rabbitmq-server").exists():
+        return None
+    return ("rabbitmq-server is not installed; --compare needs it: "
+            "apt-get install rabbitmq-server")
 
 
 class RabbitTarget(Target):
@@ -285,7 +299,9 @@ class RabbitTarget(Target):
     label = "rabbitmq"
 
     def __init__(self, start_timeout: float = 120.0):
-        ensure_rabbitmq_installed()
+        missing = rabbitmq_missing()
+        if missing:
+            raise RuntimeError(missing)
         self.tmp = tempfile.mkdtemp(prefix="warren-bench-rabbit-")
         self.port = free_port()
         self.nodename = f"warrenbench-{os.getpid()}@localhost"
@@ -510,6 +526,7 @@ def run_phase(target: Target, pairs: list[dict], *, duration: float | None, limi
     tree = process_tree(root) if root else []
     rss_peak = pss_peak = 0.0
     cpu_before = tree_cpu(tree) if tree else None
+    wall_before = time.monotonic()
     t0 = None
     hard_deadline = None
     last_sample = 0.0
@@ -572,12 +589,14 @@ def run_phase(target: Target, pairs: list[dict], *, duration: float | None, limi
                 process.join(5)
         results.close()
     cpu_after = tree_cpu(tree) if tree else None
+    wall = time.monotonic() - wall_before
     if tree:
         rss, pss = tree_memory(process_tree(root))
         rss_peak, pss_peak = max(rss_peak, rss), max(pss_peak, pss)
     return {"stats": stats, "errors": errors, "t0": t0 or time.time(),
             "broker_rss_mb": rss_peak or None, "broker_pss_mb": pss_peak or None,
-            "broker_cpu_s": (cpu_after - cpu_before) if cpu_before is not None else None}
+            "broker_cpu_s": (cpu_after - cpu_before) if cpu_before is not None else None,
+            "wall_s": wall}
 
 
 def _percentiles(chunks: list[bytes]) -> tuple[float | None, float | None]:
@@ -621,8 +640,23 @@ def summarize(phase: dict) -> dict[str, Any]:
     row["broker_rss_mb"] = phase["broker_rss_mb"]
     row["broker_pss_mb"] = phase["broker_pss_mb"]
     row["broker_cpu_s"] = phase["broker_cpu_s"]
+    row["broker_wall_s"] = round(phase["wall_s"], 3)
     row["client_cpu_s"] = sum(s["cpu_s"] for s in pubs + cons)
     row["publisher_blocked_s"] = round(sum(s.get("blocked_s", 0.0) for s in pubs), 3)
+    return row
+
+
+def add_consumed(row: dict[str, Any], flow: bool = True) -> dict[str, Any]:
+    """consumed = delivered to consumers; consumed/published compares the two rates, which
+    only means something while both run at once (not for a backlog, filled then drained).
+    broker_cores_avg: the broker's CPU seconds per second of the run."""
+    row["consumed"] = row.get("delivered")
+    row["consumed_per_s"] = row.get("delivered_per_s")
+    published, consumed = row.get("published_per_s"), row["consumed_per_s"]
+    row["consumed_over_published"] = (consumed / published if flow and published and
+                                      consumed is not None else None)
+    cpu, wall = row.get("broker_cpu_s"), row.get("broker_wall_s")
+    row["broker_cores_avg"] = cpu / wall if cpu is not None and wall else None
     return row
 
 
@@ -703,7 +737,7 @@ def run_scenario(target: Target, name: str, options, run_id: str,
     if queue_type != "default":
         config["queue_type"] = queue_type
     row: dict[str, Any] = {"type": "scenario", "scenario": name, "broker": target.label,
-                           "status": "ok", "queue_type": config["queue_type"] or "classic",
+                           "client": OWN_CLIENT, "client_scenario": name, "status": "ok", "queue_type": config["queue_type"] or "classic",
                            "body_bytes": config["body"], "pairs": config["pairs"]}
     queues = [f"bench-{run_id}-{name}-{config['queue_type'] or 'classic'}-{i}"
               for i in range(config["pairs"])]
@@ -743,6 +777,7 @@ def run_scenario(target: Target, name: str, options, run_id: str,
             control.delete(queue)
         control.close()
         row["seconds"] = round(time.monotonic() - started, 2)
+        add_consumed(row, flow=name != "backlog-200k")
     return row
 
 
@@ -779,6 +814,7 @@ def _run_backlog(target: Target, queue: str, config: dict, options,
     row["client_cpu_s"] += drained["client_cpu_s"]
     if drained["broker_cpu_s"] is not None and row["broker_cpu_s"] is not None:
         row["broker_cpu_s"] += drained["broker_cpu_s"]
+    row["broker_wall_s"] += drained["broker_wall_s"]
     for key in ("broker_rss_mb", "broker_pss_mb"):
         if drained[key] is not None:
             row[key] = max(row[key] or 0, drained[key])
@@ -814,11 +850,12 @@ def print_json(row: dict[str, Any]) -> None:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["scenario", "broker", "queue"] + [title for _, title, _ in FIGURES] + [
+    headers = ["scenario", "broker", "client", "queue"] + [title for _, title, _ in FIGURES] + [
         "backlog RSS/PSS MB", "drain/s", "status"]
     lines = []
     for row in rows:
-        cells = [row["scenario"], row["broker"], row.get("queue_type", "")]
+        cells = [row.get("client_scenario") or row["scenario"], row["broker"],
+                 row.get("client", OWN_CLIENT), row.get("queue_type") or ""]
         cells += [_fmt(row.get(key), fmt) for key, _, fmt in FIGURES]
         if row.get("backlog_rss_mb") is not None:
             cells.append(f"{row['backlog_rss_mb']:,.0f}/{row.get('backlog_pss_mb') or 0:,.0f}")
@@ -832,25 +869,20 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             status += f" ({row['note']})"
         cells.append(status)
         lines.append(cells)
-    widths = [max(len(str(c)) for c in column) for column in zip(headers, *lines)]
-    right = set(range(3, len(headers) - 1))
-
-    def render(cells: list[str]) -> str:
-        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    out = [render(headers), render(["-" * w for w in widths])]
-    out += [render(cells) for cells in lines]
-    return "\n".join(out)
+    return _render(headers, lines, right_from=4, last_left=True)
 
 
 COMPARED = [("published_per_s", "pub/s"), ("confirmed_per_s", "conf/s"),
-            ("delivered_per_s", "deliv/s"), ("e2e_p50_ms", "e2e p50 ms"),
+            ("consumed_per_s", "cons/s"), ("consumed_over_published", "cons/pub"),
+            ("e2e_p50_ms", "e2e p50 ms"),
             ("e2e_p99_ms", "e2e p99 ms"), ("confirm_p50_ms", "conf p50 ms"),
             ("confirm_p99_ms", "conf p99 ms"), ("broker_rss_mb", "RSS MB"),
             ("backlog_rss_mb", "backlog RSS MB"), ("backlog_pss_mb", "backlog PSS MB"),
             ("drain_per_s", "drain/s"), ("broker_cpu_s", "broker CPU s"),
-            ("client_cpu_s", "client CPU s")]
+            ("broker_cores_avg", "broker cores"), ("client_cpu_s", "client CPU s")]
+# The one-line-per-scenario summary of --compare: Warren/RabbitMQ of these.
+SUMMARY = [("published_per_s", "pub/s"), ("consumed_per_s", "cons/s"),
+           ("broker_cores_avg", "CPU"), ("e2e_p99_ms", "e2e p99")]
 
 
 def best_rabbit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -859,7 +891,7 @@ def best_rabbit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     good = [r for r in rows if r["status"] == "ok"]
     if not good:
         return rows[0] if rows else None
-    return max(good, key=lambda r: (r.get("confirmed_per_s") or 0, r.get("delivered_per_s") or 0))
+    return max(good, key=lambda r: (r.get("confirmed_per_s") or 0, r.get("consumed_per_s") or 0))
 
 
 def comparison(warren: dict[str, Any], rabbit: dict[str, Any]) -> dict[str, Any]:
@@ -869,6 +901,7 @@ def comparison(warren: dict[str, Any], rabbit: dict[str, Any]) -> dict[str, Any]
         if isinstance(w, (int, float)) and isinstance(r, (int, float)) and r:
             ratios[key] = round(w / r, 3)
     return {"type": "comparison", "scenario": warren["scenario"],
+            "client": warren.get("client", OWN_CLIENT),
             "rabbitmq_queue_type": rabbit.get("queue_type"),
             "warren": {k: warren.get(k) for k, _ in COMPARED},
             "rabbitmq": {k: rabbit.get(k) for k, _ in COMPARED},
@@ -877,30 +910,58 @@ def comparison(warren: dict[str, Any], rabbit: dict[str, Any]) -> dict[str, Any]
 
 def format_comparison(pairs: list[tuple[dict, dict]]) -> str:
     lines = []
-    header = ["scenario", "figure", "Warren", "RabbitMQ", "W/R"]
+    header = ["scenario", "client", "figure", "Warren", "RabbitMQ", "W/R"]
     for warren, rabbit in pairs:
-        name = warren["scenario"]
+        name, client = warren["scenario"], warren.get("client", OWN_CLIENT)
         if warren["status"] != "ok" or rabbit["status"] != "ok":
-            lines.append([name, "status", warren["status"], rabbit["status"], "-"])
+            lines.append([name, client, "status", warren["status"], rabbit["status"], "-"])
         for key, title in COMPARED:
             w, r = warren.get(key), rabbit.get(key)
             if w is None and r is None:
                 continue
             fmt = "{:,.0f}" if key.endswith("per_s") or "rss" in key or "pss" in key else "{:.2f}"
-            ratio = f"{w / r:.2f}" if isinstance(w, (int, float)) and isinstance(
-                r, (int, float)) and r else "-"
             title_ = title + (f" [{rabbit.get('queue_type')}]" if name == "persistent-confirm"
                               and key == "published_per_s" else "")
-            lines.append([name, title_, _fmt(w, fmt), _fmt(r, fmt), ratio])
-            name = ""
+            lines.append([name, client, title_, _fmt(w, fmt), _fmt(r, fmt), _ratio(w, r)])
+            name = client = ""
+    return _render(header, lines, right_from=3)
+
+
+def format_ratios(pairs: list[tuple[dict, dict]]) -> str:
+    """One line per scenario and client: Warren/RabbitMQ of the SUMMARY figures (above 1 is
+    Warren's more: better for rates, worse for CPU and latency) and each broker's
+    consumed/published."""
+    header = ["scenario", "client"] + [f"W/R {title}" for _, title in SUMMARY] + [
+        "cons/pub W", "cons/pub R", "status"]
+    lines = []
+    for warren, rabbit in pairs:
+        cells = [warren["scenario"], warren.get("client", OWN_CLIENT)]
+        cells += [_ratio(warren.get(key), rabbit.get(key)) for key, _ in SUMMARY]
+        cells += [_fmt(warren.get("consumed_over_published"), "{:.2f}"),
+                  _fmt(rabbit.get("consumed_over_published"), "{:.2f}")]
+        cells.append("ok" if warren["status"] == rabbit["status"] == "ok" else
+                     f"warren {warren['status']}, rabbitmq {rabbit['status']}")
+        lines.append(cells)
+    return _render(header, lines, right_from=2, last_left=True)
+
+
+def _ratio(w: Any, r: Any) -> str:
+    if isinstance(w, (int, float)) and isinstance(r, (int, float)) and r:
+        return f"{w / r:.2f}"
+    return "-"
+
+
+def _render(header: list[str], lines: list[list[str]], right_from: int,
+            last_left: bool = False) -> str:
     widths = [max(len(str(c)) for c in column) for column in zip(header, *lines)]
+    last = len(header) - 1 if last_left else len(header)
 
     def render(cells):
-        return "  ".join(str(c).rjust(w) if i >= 2 else str(c).ljust(w)
+        return "  ".join(str(c).rjust(w) if right_from <= i < last else str(c).ljust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     return "\n".join([render(header), render(["-" * w for w in widths])]
-                     + [render(c) for c in lines])
+                      + [render(c) for c in lines])
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -910,7 +971,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="warren bench", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="scenarios:\n" + "\n".join(f"  {k:20} {v}" for k, v in SCENARIOS.items()))
+        epilog="scenarios (amqp-perf's name of the closest one):\n" + "\n".join(
+            f"  {k:20} {v} ({external.EXTERNAL_NAMES[k]})" for k, v in SCENARIOS.items()))
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--url", help="AMQP URL of a running broker (default "
                        f"{DEFAULT_URL.replace('%', '%%')})")
@@ -920,7 +982,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                        help="run against a private RabbitMQ node and a private Warren, "
                             "alternating, and print Warren/RabbitMQ ratios")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
-                        help="comma-separated scenarios (default: all)")
+                        help="comma-separated scenarios, the bench's or amqp-perf's names "
+                             "(default: all)")
+    parser.add_argument("--external-client", metavar="PATH",
+                        help="an external load generator (amqp-perf, built from its own "
+                             "sources) to run for each scenario: PATH --url URL --scenario "
+                             "NAME --seconds N --json [--rate R] [--pid PID]")
+    parser.add_argument("--client", choices=["own", "external", "both"], default=None,
+                        help="who measures: the bench's own client, the --external-client, or "
+                             "both in turn on the same broker (default: external when "
+                             "--external-client is given, else own)")
+    parser.add_argument("--fresh-warren", action=argparse.BooleanOptionalAction, default=None,
+                        help="a new private Warren for each scenario (default: yes when the "
+                             "external client runs, else one Warren for the whole run)")
     parser.add_argument("--duration", type=float, default=10.0,
                         help="seconds of publishing per scenario (default 10)")
     parser.add_argument("--quick", action="store_true",
@@ -961,72 +1035,119 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     options.backlog = options.backlog or (2_000 if options.quick else 200_000)
     options.drain_timeout = options.drain_timeout or max(10.0, options.duration)
     options.backlog_timeout = options.backlog_timeout or (60.0 if options.quick else 300.0)
-    names = [s.strip() for s in options.scenarios.split(",") if s.strip()]
+    names = [external.canonical(s.strip()) for s in options.scenarios.split(",") if s.strip()]
     unknown = [s for s in names if s not in SCENARIOS]
     if unknown:
-        parser.error(f"unknown scenarios: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
-    options.scenario_list = names
+        parser.error(f"unknown scenarios: {', '.join(unknown)} (known: {', '.join(SCENARIOS)}; "
+                     f"or amqp-perf's: {', '.join(external.ALIASES)})")
+    options.scenario_list = list(dict.fromkeys(names))
+    options.client = options.client or ("external" if options.external_client else "own")
+    if options.client != "own":
+        path = options.external_client
+        if not path:
+            parser.error(f"--client {options.client} needs --external-client PATH")
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            parser.error(f"--external-client {path}: not an executable file (build amqp-perf "
+                         "from its README)")
+    options.clients = {"own": [OWN_CLIENT], "external": [external.client_label(
+        options.external_client or "")], "both": [OWN_CLIENT, external.client_label(
+            options.external_client or "")]}[options.client]
+    if options.fresh_warren is None:
+        options.fresh_warren = options.client != "own"
     return options
 
 
-def run_target(target: Target, options, run_id: str) -> list[dict[str, Any]]:
+def run_client(target: Target, name: str, client: str, options, run_id: str,
+               both_queue_types: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One scenario measured by one client: its rows, and the one to compare. RabbitMQ's
+    persistent-confirm runs with classic and quorum queues (both_queue_types) unless
+    --queue-type says which, and the better one is compared."""
+    queue_types: list[str | None] = [options.queue_type]
+    if both_queue_types and name == "persistent-confirm" and options.queue_type is None:
+        queue_types = ["classic", "quorum"]
     rows = []
-    for name in options.scenario_list:
-        log(f"# {target.label}: {name} ...")
-        row = run_scenario(target, name, options, run_id)
+    for queue_type in queue_types:
+        log(f"# {target.label}: {name}" + (f" ({queue_type})" if len(queue_types) > 1 else "")
+            + f", measured by {client} ...")
+        if client == OWN_CLIENT:
+            row = run_scenario(target, name, options, run_id,
+                               queue_type if len(queue_types) > 1 else "default")
+        else:
+            row = external.run(options.external_client, target, name, options, log=log,
+                               queue_type=queue_type)
         print_json(row)
         rows.append(row)
-    return rows
+    return rows, (best_rabbit(rows) if len(rows) > 1 else rows[0])
+
+
+def run_all(options, run_id: str, targets: list[Target], rows: list[dict[str, Any]],
+            pairs: list[tuple[dict, dict]]) -> None:
+    """Every scenario, on each broker (--compare: RabbitMQ and Warren, alternating which goes
+    first), measured by each client in turn on the same broker. A Warren is started afresh
+    for each scenario with --fresh-warren, else once."""
+    rabbit = standing = None
+    if options.compare:
+        rabbit = RabbitTarget()
+        targets.append(rabbit)
+    if not (options.compare or options.warren):
+        standing = Target(options.url or DEFAULT_URL)
+        targets.append(standing)
+    elif not options.fresh_warren:
+        standing = WarrenTarget(options.shards)
+        targets.append(standing)
+    for index, name in enumerate(options.scenario_list):
+        order = [rabbit, None] if rabbit is not None else [None]
+        if index % 2:
+            order.reverse()
+        compared: dict[tuple[str, str], dict[str, Any]] = {}
+        for target in order:
+            fresh = None
+            if target is None:
+                if standing is None:
+                    fresh = WarrenTarget(options.shards)
+                    targets.append(fresh)
+                target = standing or fresh
+            try:
+                for client in options.clients:
+                    measured, chosen = run_client(target, name, client, options, run_id,
+                                                  both_queue_types=target is rabbit)
+                    rows.extend(measured)
+                    compared[(target.label, client)] = chosen
+            finally:
+                if fresh is not None:
+                    targets.remove(fresh)
+                    fresh.stop()
+        if rabbit is not None:
+            for client in options.clients:
+                pair = (compared[("warren", client)], compared[("rabbitmq", client)])
+                pairs.append(pair)
+                print_json(comparison(*pair))
+
+
+def table_order(rows: list[dict[str, Any]], options) -> list[dict[str, Any]]:
+    """Rows by scenario, then Warren before RabbitMQ, then client."""
+    brokers = {"warren": 0, "rabbitmq": 1}
+    return sorted(rows, key=lambda row: (options.scenario_list.index(row["scenario"]),
+                                         brokers.get(row["broker"], 2),
+                                         options.clients.index(row["client"])))
 
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(sys.argv[1:] if argv is None else argv)
+    if options.compare and rabbitmq_missing():
+        log(f"# {rabbitmq_missing()}")
+        return 2
     run_id = f"{os.getpid():x}{int(time.time()) % 1_000_000:06d}"
     log(f"# warren bench: scenarios {','.join(options.scenario_list)}, duration "
-        f"{options.duration:g} s, backlog {options.backlog:,}, {os.cpu_count()} CPUs, "
+        f"{options.duration:g} s, backlog {options.backlog:,}, measured by "
+        f"{' and '.join(options.clients)}, {os.cpu_count()} CPUs, "
         f"Python {sys.version.split()[0]}")
     targets: list[Target] = []
     rows: list[dict[str, Any]] = []
     pairs: list[tuple[dict, dict]] = []
     failed = False
     try:
-        if options.compare:
-            rabbit = RabbitTarget()
-            targets.append(rabbit)
-            warren = WarrenTarget(options.shards)
-            targets.append(warren)
-            rabbit_rows: list[dict[str, Any]] = []
-            warren_rows: list[dict[str, Any]] = []
-            for index, name in enumerate(options.scenario_list):
-                order = [rabbit, warren] if index % 2 == 0 else [warren, rabbit]
-                for target in order:
-                    if target is rabbit and name == "persistent-confirm" and \
-                            options.queue_type is None:
-                        candidates = []
-                        for queue_type in ("classic", "quorum"):
-                            log(f"# rabbitmq: {name} ({queue_type}) ...")
-                            row = run_scenario(rabbit, name, options, run_id, queue_type)
-                            print_json(row)
-                            candidates.append(row)
-                        rabbit_rows += candidates
-                        best = best_rabbit(candidates)
-                    else:
-                        log(f"# {target.label}: {name} ...")
-                        row = run_scenario(target, name, options, run_id)
-                        print_json(row)
-                        (rabbit_rows if target is rabbit else warren_rows).append(row)
-                        if target is rabbit:
-                            best = row
-                    if target is rabbit:
-                        rabbit_best = best
-                pairs.append((warren_rows[-1], rabbit_best))
-                print_json(comparison(warren_rows[-1], rabbit_best))
-            rows = warren_rows + rabbit_rows
-        else:
-            target = WarrenTarget(options.shards) if options.warren else Target(
-                options.url or DEFAULT_URL)
-            targets.append(target)
-            rows = run_target(target, options, run_id)
+        run_all(options, run_id, targets, rows, pairs)
     except KeyboardInterrupt:
         log("# interrupted")
         failed = True
@@ -1041,10 +1162,12 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"# stopping {target.label}: {error}")
     if rows and not options.json_only:
         print()
-        print(format_table(rows))
+        print(format_table(table_order(rows, options)))
         if pairs:
             print()
             print(format_comparison(pairs))
+            print()
+            print(format_ratios(pairs))
         sys.stdout.flush()
     if any(row["status"] == "error" for row in rows):
         failed = True

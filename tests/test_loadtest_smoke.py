@@ -49,12 +49,14 @@ def test_bench_quick_scenarios(bench_broker):
         # Every scenario here drains its queue before it ends.
         assert row["published"] == row["delivered"], row
         assert row["e2e_p50_ms"] is not None and row["client_cpu_s"] >= 0, row
+        assert row["client"] == "warren-bench" and row["consumed"] == row["delivered"], row
+        assert row["consumed_per_s"] and row["consumed_over_published"] is not None, row
     for name in ("persistent-confirm", "confirm-each"):
         assert rows[name]["confirmed"] == rows[name]["published"], rows[name]
         assert rows[name]["nacked"] == 0, rows[name]
         assert rows[name]["confirm_p99_ms"] is not None, rows[name]
     # The table is printed after the JSON lines.
-    assert "scenario" in result.stdout and "deliv/s" in result.stdout
+    assert "scenario" in result.stdout and "cons/pub" in result.stdout
 
 
 def _direct_reply_to_works(url: str) -> bool:
