@@ -23,11 +23,30 @@ from . import definitions, metrics
 
 COMPATIBLE_RABBITMQ = "3.13.7"  # the management API version Warren's JSON follows
 NODE = f"warren@{socket.gethostname()}"
-READ_TAGS = {"administrator", "monitoring"}
+MANAGEMENT_TAGS = {"management", "policymaker", "monitoring", "administrator"}
 
 
 def not_found() -> HTTPError:
     return HTTPError(404, "Object Not Found", "Not Found")
+
+
+def not_authorised(reason: str) -> HTTPError:
+    return HTTPError(401, "not_authorised", reason)
+
+
+# RabbitMQ's user tags, each including the rights of "management": policymakers
+# also manage their vhosts' policies; monitors also see every vhost, connection and
+# channel and the node; administrators can do anything.
+def is_admin(user) -> bool:
+    return "administrator" in user.tags
+
+
+def is_monitor(user) -> bool:
+    return "monitoring" in user.tags or is_admin(user)
+
+
+def is_policymaker(user) -> bool:
+    return "policymaker" in user.tags or is_admin(user)
 
 
 def bad_request(reason: str) -> HTTPError:
@@ -91,12 +110,54 @@ class Management:
         user = self.broker.access.authenticate(*credentials, request.peer)
         if user is None:
             raise HTTPError(401, "not_authorised", "Login failed", challenge)
-        tags = set(user.tags)
-        if not tags & READ_TAGS:
-            raise HTTPError(401, "not_authorised", "Not management user")
-        if request.method != "GET" and "administrator" not in tags:
-            raise HTTPError(401, "not_authorised", "Not administrator user")
+        if MANAGEMENT_TAGS.isdisjoint(user.tags):
+            raise not_authorised("Not management user")
         request.user = user
+
+    # What each tag may do, as RabbitMQ's management plugin decides it (its 401s).
+
+    @staticmethod
+    def require_admin(request: Request) -> None:
+        if not is_admin(request.user):
+            raise not_authorised("Not administrator user")
+
+    @staticmethod
+    def require_monitor(request: Request) -> None:
+        if not is_monitor(request.user):
+            raise not_authorised("Not monitor user")
+
+    def permitted_vhosts(self, request: Request) -> list[str]:
+        """The vhosts whose queues, exchanges, bindings and policies a user sees:
+        all for administrators, the ones it has permissions on for the others
+        (monitoring users too)."""
+        names = sorted(self.broker.vhosts)
+        if is_admin(request.user):
+            return names
+        return [v for v in names if self.broker.access.may_use_vhost(request.user.name, v)]
+
+    def _vhost_named(self, request: Request, name: str):
+        vhost = self.broker.vhosts.get(name)
+        if vhost is None:
+            raise not_found()
+        if not is_admin(request.user) and not self.broker.access.may_use_vhost(
+                request.user.name, name):
+            raise not_authorised("User not authorised to access virtual host")
+        return vhost
+
+    def check_permission(self, request: Request, vhost, access: str, kind: str,
+                         name: str) -> None:
+        """A change through the API needs the AMQP permission the same change over
+        AMQP would (RabbitMQ makes it over an internal AMQP connection)."""
+        try:
+            self.broker.access.check(request.user.name, vhost.name, access, kind, name)
+        except AMQPError:
+            raise not_authorised("Access refused.") from None
+
+    def visible_connections(self, request: Request) -> list:
+        """Monitors see every client connection, the others their own."""
+        if is_monitor(request.user):
+            return self._connections()
+        return [c for c in self._connections() if c.user == request.user.name]
 
     # -- dispatch ------------------------------------------------------------------------
 
@@ -121,28 +182,40 @@ class Management:
     async def api_overview(self, request: Request, rest: list[str]) -> Response:
         figures = await self.queue_figures()
         broker = self.broker
-        ready = sum(f["ready"] for f in figures.values())
-        unacked = sum(f["unacked"] for f in figures.values())
-        return Response.json({
+        # Monitors see global totals, the node and its listeners; the others totals
+        # of their vhosts and connections.
+        monitor = is_monitor(request.user)
+        vhosts = (list(broker.vhosts.values()) if monitor else
+                  [broker.vhosts[name] for name in self.permitted_vhosts(request)])
+        queues = [meta.qid for vhost in vhosts for meta in vhost.queues.values()]
+        figures = [figures[qid] for qid in queues if qid in figures]
+        connections = self.visible_connections(request)
+        ready = sum(f["ready"] for f in figures)
+        unacked = sum(f["unacked"] for f in figures)
+        overview = {
             "management_version": COMPATIBLE_RABBITMQ,
             "rabbitmq_version": COMPATIBLE_RABBITMQ,
             "product_name": "Warren", "product_version": __version__,
-            "erlang_version": "none (Python)", "cluster_name": NODE, "node": NODE,
+            "erlang_version": "none (Python)", "cluster_name": NODE,
             "object_totals": {
-                "connections": len(self._connections()),
-                "channels": sum(len(c.channels) for c in self._connections()),
-                "exchanges": sum(len(v.exchanges) for v in broker.vhosts.values()),
-                "queues": sum(len(v.queues) for v in broker.vhosts.values()),
-                "consumers": sum(len(ch.consumers) for c in self._connections()
-                                 for ch in c.channels.values()),
+                "connections": len(connections),
+                "channels": sum(len(c.channels) for c in connections),
+                "exchanges": sum(len(v.exchanges) for v in vhosts),
+                "queues": len(queues),
             },
             "queue_totals": {"messages": ready + unacked, "messages_ready": ready,
                              "messages_unacknowledged": unacked},
-            "message_stats": _message_stats(figures.values()),
-            "listeners": self.listeners,
-        })
+            "message_stats": _message_stats(figures),
+        }
+        if monitor:
+            overview["node"] = NODE
+            overview["listeners"] = self.listeners
+            overview["object_totals"]["consumers"] = sum(
+                len(ch.consumers) for c in connections for ch in c.channels.values())
+        return Response.json(overview)
 
     async def api_nodes(self, request: Request, rest: list[str]) -> Response:
+        self.require_monitor(request)
         node = self._node()
         if rest:
             if rest[0] != NODE:
@@ -177,7 +250,10 @@ class Management:
     async def api_vhosts(self, request: Request, rest: list[str]) -> Response:
         broker = self.broker
         if not rest:
-            return Response.json([self._vhost(name) for name in sorted(broker.vhosts)])
+            names = sorted(broker.vhosts) if is_monitor(request.user) \
+                else self.permitted_vhosts(request)
+            return Response.json([self._vhost(name) for name in names])
+        self.require_admin(request)
         name = rest[0]
         if request.method == "GET":
             if name not in broker.vhosts:
@@ -204,6 +280,7 @@ class Management:
                              "tags": []}}
 
     async def api_users(self, request: Request, rest: list[str]) -> Response:
+        self.require_admin(request)  # password hashes are for administrators' eyes
         access = self.broker.access
         if not rest:
             return Response.json([_user(u) for _, u in sorted(access.users.items())])
@@ -237,6 +314,7 @@ class Management:
         return Response.json({"name": request.user.name, "tags": request.user.tags})
 
     async def api_permissions(self, request: Request, rest: list[str]) -> Response:
+        self.require_admin(request)
         access = self.broker.access
         if not rest:
             return Response.json([_permission(p) for _, p in sorted(access.permissions.items())])
@@ -266,18 +344,18 @@ class Management:
     # -- queues -----------------------------------------------------------------------------
 
     async def api_queues(self, request: Request, rest: list[str]) -> Response:
-        broker = self.broker
+        vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
-            vhosts = [self._vhost_named(rest[0])] if rest else list(broker.vhosts.values())
             figures = await self.queue_figures()
             return Response.json([self._queue(meta, figures.get(meta.qid))
                                   for vhost in vhosts for _, meta in sorted(vhost.queues.items())])
-        vhost = self._vhost_named(rest[0])
+        vhost = vhosts[0]
         name = rest[1]
         meta = vhost.queues.get(name)
         if len(rest) == 3 and rest[2] == "contents" and request.method == "DELETE":
             if meta is None:
                 raise not_found()
+            self.check_permission(request, vhost, "read", QUEUE, name)
             await self._shard_request(meta, lambda req: r.PurgeQueue(req, meta.qid))
             return Response(204)
         if len(rest) != 2:
@@ -288,6 +366,7 @@ class Management:
             figures = await self.queue_figures()
             return Response.json(self._queue(meta, figures.get(meta.qid)))
         if request.method == "PUT":
+            self.check_permission(request, vhost, "configure", QUEUE, name)
             body = request.json()
             args = body.get("arguments") or {}
             durable = bool(body.get("durable", True))
@@ -300,15 +379,16 @@ class Management:
                 arguments.validate(args, arguments.QUEUE_ARGUMENTS, what)
             except AMQPError as error:
                 raise bad_request(error.text) from None
-            broker.create_queue(vhost, name, durable, None, auto_delete, args)
+            self.broker.create_queue(vhost, name, durable, None, auto_delete, args)
             return Response(201)
         if request.method == "DELETE":
             if meta is None:
                 raise not_found()
+            self.check_permission(request, vhost, "configure", QUEUE, name)
             await self._shard_request(meta, lambda req: r.DeleteQueue(
                 req, meta.qid, request.query.get("if-unused") == "true",
                 request.query.get("if-empty") == "true"))
-            broker.forget_queue(meta)
+            self.broker.forget_queue(meta)
             return Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
 
@@ -340,21 +420,21 @@ class Management:
             "message_stats": _message_stats([figure]) if figure else {},
         }
 
-    def _vhost_named(self, name: str):
-        vhost = self.broker.vhosts.get(name)
-        if vhost is None:
-            raise not_found()
-        return vhost
+    def _vhosts_in(self, request: Request, rest: list[str]) -> list:
+        """The vhost a path names (rest[0]), or all the user sees when it names none."""
+        if rest:
+            return [self._vhost_named(request, rest[0])]
+        return [self.broker.vhosts[name] for name in self.permitted_vhosts(request)]
 
     # -- exchanges and bindings -----------------------------------------------------------------
 
     async def api_exchanges(self, request: Request, rest: list[str]) -> Response:
         broker = self.broker
+        vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
-            vhosts = [self._vhost_named(rest[0])] if rest else list(broker.vhosts.values())
             return Response.json([_exchange(x) for vhost in vhosts
                                   for _, x in sorted(vhost.exchanges.items())])
-        vhost = self._vhost_named(rest[0])
+        vhost = vhosts[0]
         name = rest[1]
         exchange = vhost.exchanges.get(name)
         if request.method == "GET":
@@ -362,6 +442,7 @@ class Management:
                 raise not_found()
             return Response.json(_exchange(exchange))
         if request.method == "PUT":
+            self.check_permission(request, vhost, "configure", EXCHANGE, name)
             body = request.json()
             kind = body.get("type", "direct")
             if kind not in EXCHANGE_TYPES:
@@ -380,25 +461,27 @@ class Management:
                 raise not_found()
             if name == "" or name.startswith("amq."):
                 raise HTTPError(403, "access_refused", f"cannot delete exchange '{name}'")
+            self.check_permission(request, vhost, "configure", EXCHANGE, name)
             broker.delete_exchange(exchange)
             return Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
 
     async def api_bindings(self, request: Request, rest: list[str]) -> Response:
-        broker = self.broker
+        vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
-            vhosts = [self._vhost_named(rest[0])] if rest else list(broker.vhosts.values())
             return Response.json([b for vhost in vhosts for b in bindings_of(vhost)])
         # POST /api/bindings/{vhost}/e/{source}/q|e/{destination}
         if len(rest) == 5 and request.method == "POST" and rest[1] == "e" and rest[3] in "qe":
-            vhost = self._vhost_named(rest[0])
+            vhost = vhosts[0]
             source = vhost.exchanges.get(rest[2])
             kind = QUEUE if rest[3] == "q" else EXCHANGE
             target = (vhost.queues if kind == QUEUE else vhost.exchanges).get(rest[4])
             if source is None or target is None or source.name == "":
                 raise not_found()
+            self.check_permission(request, vhost, "write", kind, rest[4])
+            self.check_permission(request, vhost, "read", EXCHANGE, rest[2])
             body = request.json()
-            broker.bind(source, (kind, rest[4]), body.get("routing_key", ""),
+            self.broker.bind(source, (kind, rest[4]), body.get("routing_key", ""),
                         body.get("arguments") or {})
             return Response(201)
         raise not_found()
@@ -410,10 +493,14 @@ class Management:
 
     async def api_connections(self, request: Request, rest: list[str]) -> Response:
         if not rest:
-            return Response.json([_connection(c) for c in self._connections()])
+            return Response.json([_connection(c) for c in self.visible_connections(request)])
         conn = next((c for c in self._connections() if connection_name(c) == rest[0]), None)
         if conn is None:
             raise not_found()
+        # one's own connection, or any to read for monitors and to close for administrators
+        if conn.user != request.user.name and not (
+                is_admin(request.user) if request.method == "DELETE" else is_monitor(request.user)):
+            raise not_authorised("User not authorised to access object")
         if request.method == "GET":
             return Response.json(_connection(conn))
         if request.method == "DELETE":
@@ -422,13 +509,13 @@ class Management:
         raise HTTPError(405, "method_not_allowed", request.method)
 
     async def api_channels(self, request: Request, rest: list[str]) -> Response:
-        return Response.json([_channel(c, ch) for c in self._connections()
+        return Response.json([_channel(c, ch) for c in self.visible_connections(request)
                               for _, ch in sorted(c.channels.items())])
 
     async def api_consumers(self, request: Request, rest: list[str]) -> Response:
         vhost = rest[0] if rest else None
         return Response.json([
-            _consumer(c, ch, consumer) for c in self._connections()
+            _consumer(c, ch, consumer) for c in self.visible_connections(request)
             if vhost is None or c.vhost.name == vhost
             for _, ch in sorted(c.channels.items())
             for consumer in [*ch.consumers.values(), *(t[0] for t in ch.timed_out.values())]])
@@ -438,10 +525,15 @@ class Management:
     async def api_policies(self, request: Request, rest: list[str]) -> Response:
         broker = self.broker
         if len(rest) <= 1:
-            vhosts = [rest[0]] if rest else sorted(broker.policies)
-            return Response.json([_policy(p) for v in vhosts
-                                  for _, p in sorted(broker.policies.get(v, {}).items())])
+            return Response.json([_policy(p) for vhost in self._vhosts_in(request, rest)
+                                  for _, p in sorted(broker.policies.get(vhost.name, {}).items())])
         vhost, name = rest[0], rest[1]
+        # a single policy, even to read: administrators, or policymakers in their vhosts
+        if not is_admin(request.user) and not (
+                is_policymaker(request.user) and (vhost not in broker.vhosts or
+                                                  broker.access.may_use_vhost(request.user.name,
+                                                                              vhost))):
+            raise not_authorised("User not authorised to access object")
         if request.method == "GET":
             policy = broker.policies.get(vhost, {}).get(name)
             if policy is None:
@@ -464,6 +556,7 @@ class Management:
         raise HTTPError(405, "method_not_allowed", request.method)
 
     async def api_definitions(self, request: Request, rest: list[str]) -> Response:
+        self.require_admin(request)
         if request.method == "GET":
             return Response.json(definitions.export(self.broker))
         if request.method == "POST":
@@ -480,6 +573,9 @@ class Management:
         return Response.json({"status": "ok"})
 
     async def api_aliveness_test(self, request: Request, rest: list[str]) -> Response:
+        if rest:  # RabbitMQ's test declares a queue there: it needs the permission
+            self.check_permission(request, self._vhost_named(request, rest[0]), "configure",
+                                  QUEUE, "aliveness-test")
         return Response.json({"status": "ok"})
 
 
