@@ -18,7 +18,7 @@ from storage.metastore import PolicyDef
 from .. import __version__, arguments
 from ..errors import AMQPError
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
-from .http import HTTPError, Request, Response
+from .http import HTTPError, Request, Response, bad_request
 from . import definitions, metrics
 
 COMPATIBLE_RABBITMQ = "3.13.7"  # the management API version Warren's JSON follows
@@ -49,8 +49,14 @@ def is_policymaker(user) -> bool:
     return "policymaker" in user.tags or is_admin(user)
 
 
-def bad_request(reason: str) -> HTTPError:
-    return HTTPError(400, "bad_request", reason)
+def flag(body: dict, name: str, default: bool) -> bool:
+    """A boolean field: true or false, or "true" or "false" as rabbitmqadmin sends."""
+    value = body.get(name, default)
+    if value is True or value == "true":
+        return True
+    if value is False or value == "false":
+        return False
+    raise bad_request(f"{name} must be a boolean")
 
 
 class Management:
@@ -260,7 +266,7 @@ class Management:
                 raise not_found()
             return Response.json(self._vhost(name))
         if request.method == "PUT":
-            body = request.json()
+            body = request.json({"description": str})
             created = name not in broker.vhosts
             broker.add_vhost(name, body.get("description", ""),
                              (broker.vhost_defs.get(name).limits if not created else {}))
@@ -291,10 +297,12 @@ class Management:
                 raise not_found()
             return Response.json(_user(user))
         if request.method == "PUT":
-            body = request.json()
+            body = request.json({"password": str, "password_hash": str, "tags": (str, list)})
             tags = body.get("tags", [])
             if isinstance(tags, str):
                 tags = [t.strip() for t in tags.split(",") if t.strip()]
+            elif not all(isinstance(t, str) for t in tags):
+                raise bad_request("tags must be strings")
             password = body.get("password")
             password_hash = body.get("password_hash")
             if password is None and password_hash is None and name not in access.users:
@@ -329,10 +337,8 @@ class Management:
         if request.method == "PUT":
             if vhost not in self.broker.vhosts or user not in access.users:
                 raise not_found()
-            body = request.json()
+            body = request.json({"configure": str, "write": str, "read": str})
             values = [body.get(k, "") for k in ("configure", "write", "read")]
-            if not all(isinstance(v, str) for v in values):
-                raise bad_request("configure, write and read must be strings")
             access.set_permissions(user, vhost, *values)
             return Response(201)
         if request.method == "DELETE":
@@ -367,10 +373,10 @@ class Management:
             return Response.json(self._queue(meta, figures.get(meta.qid)))
         if request.method == "PUT":
             self.check_permission(request, vhost, "configure", QUEUE, name)
-            body = request.json()
-            args = body.get("arguments") or {}
-            durable = bool(body.get("durable", True))
-            auto_delete = bool(body.get("auto_delete", False))
+            body = request.json({"arguments": dict})
+            args = body.get("arguments", {})
+            durable = flag(body, "durable", True)
+            auto_delete = flag(body, "auto_delete", False)
             if meta is not None:
                 return Response(204)
             what = f"queue '{name}' in vhost '{vhost.name}'"
@@ -443,18 +449,25 @@ class Management:
             return Response.json(_exchange(exchange))
         if request.method == "PUT":
             self.check_permission(request, vhost, "configure", EXCHANGE, name)
-            body = request.json()
+            body = request.json({"type": str, "arguments": dict})
             kind = body.get("type", "direct")
             if kind not in EXCHANGE_TYPES:
                 raise bad_request(f"unknown exchange type '{kind}'")
+            durable, auto_delete, internal = (flag(body, "durable", True),
+                                              flag(body, "auto_delete", False),
+                                              flag(body, "internal", False))
+            args = body.get("arguments", {})
+            try:
+                arguments.validate(args, arguments.EXCHANGE_ARGUMENTS,
+                                   f"exchange '{name}' in vhost '{vhost.name}'")
+            except AMQPError as error:
+                raise bad_request(error.text) from None
             if exchange is not None:
                 return Response(204)
             if name.startswith("amq.") or name == "":
                 raise HTTPError(403, "access_refused", f"exchange name '{name}' is reserved")
-            broker.add_exchange(Exchange(vhost.name, name, kind, bool(body.get("durable", True)),
-                                         bool(body.get("auto_delete", False)),
-                                         bool(body.get("internal", False)),
-                                         body.get("arguments") or {}))
+            broker.add_exchange(Exchange(vhost.name, name, kind, durable, auto_delete, internal,
+                                         args))
             return Response(201)
         if request.method == "DELETE":
             if exchange is None:
@@ -480,9 +493,9 @@ class Management:
                 raise not_found()
             self.check_permission(request, vhost, "write", kind, rest[4])
             self.check_permission(request, vhost, "read", EXCHANGE, rest[2])
-            body = request.json()
+            body = request.json({"routing_key": str, "arguments": dict})
             self.broker.bind(source, (kind, rest[4]), body.get("routing_key", ""),
-                        body.get("arguments") or {})
+                             body.get("arguments", {}))
             return Response(201)
         raise not_found()
 
@@ -540,13 +553,13 @@ class Management:
                 raise not_found()
             return Response.json(_policy(policy))
         if request.method == "PUT":
-            body = request.json()
+            body = request.json({"pattern": str, "apply-to": str, "priority": int,
+                                 "definition": dict})
             try:
                 broker.put_policy(PolicyDef(vhost, name, body.get("pattern", ""),
                                             body.get("apply-to", "all"),
-                                            int(body.get("priority", 0)),
-                                            body.get("definition") or {}))
-            except (ValueError, TypeError) as error:
+                                            body.get("priority", 0), body.get("definition", {})))
+            except ValueError as error:
                 raise bad_request(str(error)) from None
             return Response(201)
         if request.method == "DELETE":

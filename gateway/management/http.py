@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import logging
+import re
 from http import HTTPStatus
 from typing import Awaitable, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -32,13 +33,19 @@ class Request:
         self.peer = peer
         self.user = None
 
-    def json(self):
+    def json(self, types: dict | None = None) -> dict:
+        """The body: a JSON object ({} when empty) whose fields named in `types`,
+        where present, are of those JSON types; 400 otherwise."""
         if not self.body:
             return {}
         try:
-            return json.loads(self.body)
-        except ValueError:
-            raise HTTPError(400, "bad_request", "body is not valid JSON") from None
+            value = json.loads(self.body)
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
+            raise bad_request("body is not valid JSON") from None
+        if not isinstance(value, dict):
+            raise bad_request("body must be a JSON object")
+        check_types(value, types or {})
+        return value
 
     def credentials(self) -> tuple[str, str] | None:
         header = self.headers.get("authorization", "")
@@ -80,6 +87,28 @@ class HTTPError(Exception):
                         headers=self.headers)
 
 
+def bad_request(reason: str) -> HTTPError:
+    return HTTPError(400, "bad_request", reason)
+
+
+JSON_TYPES = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object",
+              list: "an array"}
+
+
+def check_types(value: dict, types: dict, where: str = "") -> None:
+    """400 unless each field named in `types` (name -> type or tuple of types) is
+    absent or of that JSON type."""
+    for name, kinds in types.items():
+        if name not in value:
+            continue
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        field = value[name]
+        # JSON true and false are not integers
+        if not isinstance(field, kinds) or (isinstance(field, bool) and bool not in kinds):
+            raise bad_request(f"{where}{name} must be "
+                              f"{' or '.join(JSON_TYPES[kind] for kind in kinds)}")
+
+
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -89,7 +118,14 @@ async def start_server(handler: Handler, host: str, port: int) -> asyncio.Abstra
         peer_host = peer[0] if isinstance(peer, tuple) else ""
         try:
             while True:
-                request = await _read_request(reader, peer_host)
+                try:
+                    request = await _read_request(reader, peer_host)
+                except HTTPError as error:
+                    # malformed: answer, then hang up, as where the next request
+                    # would start is unknown
+                    writer.write(_encode(error.response(), keep_alive=False))
+                    await writer.drain()
+                    break
                 if request is None:
                     break
                 try:
@@ -105,8 +141,8 @@ async def start_server(handler: Handler, host: str, port: int) -> asyncio.Abstra
                 await writer.drain()
                 if not keep_alive:
                     break
-        except (ConnectionError, asyncio.IncompleteReadError, _BadRequest):
-            pass
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
         finally:
             writer.close()
 
@@ -114,34 +150,47 @@ async def start_server(handler: Handler, host: str, port: int) -> asyncio.Abstra
                                       start_serving=False)
 
 
-class _BadRequest(Exception):
-    pass
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 async def _read_request(reader: asyncio.StreamReader, peer: str) -> Request | None:
+    """The next request, or None when the client closed between requests;
+    HTTPError 400 when it is malformed."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as error:
         if error.partial.strip():
-            raise _BadRequest() from None
+            raise bad_request("incomplete request head") from None
         return None
     except asyncio.LimitOverrunError:
-        raise _BadRequest() from None
-    lines = head.decode("latin-1").split("\r\n")
-    try:
-        method, target, _version = lines[0].split(" ", 2)
-    except ValueError:
-        raise _BadRequest() from None
+        raise bad_request("request head too large") from None
+    lines = head[:-4].decode("latin-1").split("\r\n")
+    request_line = lines[0].split(" ")
+    if (len(request_line) != 3 or not _TOKEN.fullmatch(request_line[0])
+            or request_line[2] not in ("HTTP/1.0", "HTTP/1.1")):
+        raise bad_request("malformed request line")
+    method, target, _version = request_line
     headers = {}
     for line in lines[1:]:
-        if ":" in line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", "0") or 0)
-    if length > MAX_BODY:
-        raise _BadRequest()
-    body = await reader.readexactly(length) if length else b""
-    return Request(method.upper(), target, headers, body, peer)
+        name, colon, value = line.partition(":")
+        if not colon or not _TOKEN.fullmatch(name):
+            raise bad_request("malformed header line")
+        name, value = name.lower(), value.strip()
+        if name == "content-length" and headers.get(name, value) != value:
+            raise bad_request("conflicting Content-Length headers")
+        headers[name] = value
+    if "transfer-encoding" in headers:
+        raise bad_request("Transfer-Encoding is not supported; send a Content-Length")
+    length = headers.get("content-length", "0")
+    if not (length.isascii() and length.isdigit()):
+        raise bad_request("bad Content-Length")
+    if int(length) > MAX_BODY:
+        raise bad_request(f"body larger than {MAX_BODY} bytes")
+    body = await reader.readexactly(int(length))
+    try:
+        return Request(method.upper(), target, headers, body, peer)
+    except ValueError:  # urlsplit's, e.g. for "http://[::1"
+        raise bad_request("malformed request target") from None
 
 
 def _encode(response: Response, keep_alive: bool) -> bytes:

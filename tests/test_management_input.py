@@ -1,0 +1,193 @@
+"""Malformed requests to the management API, sent raw over a socket: each is
+answered 400 with RabbitMQ's {"error": "bad_request", "reason": ...} body and
+nothing is logged as a crash."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+
+import pytest
+
+from gateway.management.http import MAX_BODY
+
+from .conftest import RunningBroker
+from .test_management_api import call
+
+AUTH = "Authorization: Basic " + base64.b64encode(b"guest:guest").decode()
+
+
+@pytest.fixture(scope="module")
+def managed(tmp_path_factory):
+    broker = RunningBroker(tmp_path_factory.mktemp("input") / "data", shards=1,
+                           management=True).start()
+    yield broker
+    broker.stop()
+    assert "Traceback" not in broker.log_text()
+
+
+class Raw:
+    """One HTTP connection, written and read byte by byte."""
+
+    def __init__(self, broker):
+        self.sock = socket.create_connection(("127.0.0.1", broker.listener_port("http")),
+                                             timeout=10)
+        self.buffer = b""
+
+    def _more(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buffer += data
+        return bool(data)
+
+    def response(self) -> tuple[int, dict]:
+        """The next response: status and JSON body."""
+        while b"\r\n\r\n" not in self.buffer:
+            assert self._more(), f"connection closed; got {self.buffer!r}"
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        length = int(headers["content-length"])
+        while len(self.buffer) < length:
+            assert self._more()
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return int(lines[0].split()[1]), json.loads(body)
+
+    def closed(self) -> bool:
+        return not self.buffer and not self._more()
+
+
+def send(broker, data: bytes, close_write: bool = False) -> Raw:
+    raw = Raw(broker)
+    raw.sock.sendall(data)
+    if close_write:
+        raw.sock.shutdown(socket.SHUT_WR)
+    return raw
+
+
+def request(method: str, path: str, *headers: str, body: bytes = b"") -> bytes:
+    head = [f"{method} {path} HTTP/1.1", "Host: warren", AUTH, *headers]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+# Requests whose framing is broken: answered 400, then the connection is closed.
+MALFORMED = [
+    (request("PUT", "/api/vhosts/v", "Content-Length: abc", body=b"{}"), "Content-Length"),
+    (request("PUT", "/api/vhosts/v", "Content-Length: -2", body=b"{}"), "Content-Length"),
+    (request("PUT", "/api/vhosts/v", "Content-Length: 2", "Content-Length: 3", body=b"{}"),
+     "Content-Length"),
+    (request("PUT", "/api/vhosts/v", f"Content-Length: {MAX_BODY + 1}"), "larger"),
+    (request("PUT", "/api/vhosts/v", "Transfer-Encoding: chunked",
+             body=b"2\r\n{}\r\n0\r\n\r\n"), "Transfer-Encoding"),
+    (b"GARBAGE\r\n\r\n", "request line"),
+    (b"GET /api/overview FOO/9\r\n\r\n", "request line"),
+    (b"GET /api/overview HTTP/1.1 extra\r\n\r\n", "request line"),
+    (b"GET http://[::1 HTTP/1.1\r\n\r\n", "request target"),
+    (request("GET", "/api/overview", "no colon here"), "header"),
+    (request("GET", "/api/overview", "Bad Name: x"), "header"),
+    (request("GET", "/api/overview", " folded: x"), "header"),
+    (request("GET", "/api/overview", "X-Big: " + "x" * 70_000), "too large"),
+]
+
+
+@pytest.mark.parametrize("data, reason", MALFORMED, ids=range(len(MALFORMED)))
+def test_malformed_requests_get_400_and_a_hang_up(managed, data, reason):
+    raw = send(managed, data)
+    status, body = raw.response()
+    assert status == 400 and body["error"] == "bad_request" and reason in body["reason"]
+    assert raw.closed()
+
+
+def test_a_request_head_cut_short(managed):
+    raw = send(managed, b"GET /api/overview HTTP/1.1\r\nHost: w", close_write=True)
+    assert raw.response() == (400, {"error": "bad_request",
+                                    "reason": "incomplete request head"})
+
+
+def test_a_body_without_content_length_is_not_read_as_the_body(managed):
+    """Without Content-Length the body is empty (so what follows is the next
+    request): here the user gets no password, and the stray JSON no request line."""
+    raw = send(managed, request("PUT", "/api/users/nobody", body=b'{"password": "pw"}'),
+               close_write=True)
+    assert raw.response() == (400, {"error": "bad_request",
+                                    "reason": "password or password_hash is required"})
+    assert raw.response()[0] == 400
+    assert raw.closed()
+    assert call(managed, "GET", "/api/users/nobody")[0] == 404
+
+
+def test_the_connection_stays_usable_after_a_bad_body(managed):
+    raw = send(managed, request("PUT", "/api/users/x", "Content-Length: 2", body=b"[]")
+               + request("GET", "/api/whoami"))
+    assert raw.response() == (400, {"error": "bad_request",
+                                    "reason": "body must be a JSON object"})
+    assert raw.response() == (200, {"name": "guest", "tags": ["administrator"]})
+
+
+# Well-framed requests whose JSON is wrong: (method, path, body, reason).
+BAD_BODIES = [
+    ("PUT", "/api/users/x", b"[]", "body must be a JSON object"),
+    ("PUT", "/api/users/x", b'"str"', "body must be a JSON object"),
+    ("PUT", "/api/users/x", b"{bad", "body is not valid JSON"),
+    ("PUT", "/api/users/x", b"\xff\xfe", "body is not valid JSON"),
+    ("PUT", "/api/users/x", b"[" * 200_000, "body is not valid JSON"),
+    ("PUT", "/api/users/x", b'{"password": 5}', "password must be a string"),
+    ("PUT", "/api/users/x", b'{"password": "pw", "tags": 5}',
+     "tags must be a string or an array"),
+    ("PUT", "/api/users/x", b'{"password": "pw", "tags": [1]}', "tags must be strings"),
+    ("PUT", "/api/vhosts/v", b'{"description": ["d"]}', "description must be a string"),
+    ("PUT", "/api/permissions/%2F/guest", b'{"configure": 5}', "configure must be a string"),
+    ("PUT", "/api/queues/%2F/q", b'{"durable": "yes"}', "durable must be a boolean"),
+    ("PUT", "/api/queues/%2F/q", b'{"auto_delete": null}', "auto_delete must be a boolean"),
+    ("PUT", "/api/queues/%2F/q", b'{"arguments": []}', "arguments must be an object"),
+    ("PUT", "/api/queues/%2F/q", b'{"arguments": {"x-max-length": "a"}}', "x-max-length"),
+    ("PUT", "/api/exchanges/%2F/x", b'{"type": ["direct"]}', "type must be a string"),
+    ("PUT", "/api/exchanges/%2F/x", b'{"internal": 1}', "internal must be a boolean"),
+    ("PUT", "/api/exchanges/%2F/x", b'{"arguments": {"alternate-exchange": 5}}',
+     "alternate-exchange"),
+    ("POST", "/api/bindings/%2F/e/amq.direct/e/amq.fanout", b'{"routing_key": 5}',
+     "routing_key must be a string"),
+    ("PUT", "/api/policies/%2F/p", b'{"pattern": 5, "definition": {"max-length": 1}}',
+     "pattern must be a string"),
+    ("PUT", "/api/policies/%2F/p", b'{"pattern": "x", "definition": []}',
+     "definition must be an object"),
+    ("PUT", "/api/policies/%2F/p", b'{"pattern": "x", "definition": {"max-length": 1}, '
+     b'"priority": "3"}', "priority must be an integer"),
+    ("PUT", "/api/policies/%2F/p", b'{"pattern": "x", "definition": {"max-length": 1}, '
+     b'"priority": true}', "priority must be an integer"),
+    ("POST", "/api/definitions", b"[]", "body must be a JSON object"),
+    ("POST", "/api/definitions", b'{"users": 5}', "users must be an array"),
+    ("POST", "/api/definitions", b'{"users": [5]}', "users[0]: must be an object"),
+    ("POST", "/api/definitions", b'{"queues": [{"name": "q"}]}', "queues[0]: vhost is required"),
+    ("POST", "/api/definitions", b'{"queues": [{"name": "q", "vhost": "/", "durable": "x"}]}',
+     "queues[0]: durable must be a boolean"),
+    ("POST", "/api/definitions", b'{"exchanges": [{"name": "e", "vhost": "/", "type": "no"}]}',
+     "exchanges[0]: unknown exchange type 'no'"),
+    ("POST", "/api/definitions", b'{"users": [{"name": "u", "tags": [{}]}]}',
+     "users[0]: tags must be strings"),
+    ("POST", "/api/definitions", b'{"vhosts": [{"name": "fine"}], "users": '
+     b'[{"name": "u", "hashing_algorithm": "rabbit_password_hashing_md5"}]}',
+     "unsupported hashing algorithm"),
+]
+
+
+@pytest.mark.parametrize("method, path, body, reason", BAD_BODIES, ids=range(len(BAD_BODIES)))
+def test_json_of_the_wrong_shape_gets_400(managed, method, path, body, reason):
+    raw = send(managed, request(method, path, f"Content-Length: {len(body)}", body=body))
+    status, answer = raw.response()
+    assert status == 400 and answer["error"] == "bad_request", answer
+    # a definitions import lists its problems beside the reason
+    assert reason in " ".join([answer["reason"], *answer.get("problems", [])]), answer
+
+
+def test_nothing_changed_after_the_bad_bodies(managed):
+    for path in ("/api/users/x", "/api/users/u", "/api/vhosts/v", "/api/vhosts/fine",
+                 "/api/queues/%2F/q", "/api/exchanges/%2F/x", "/api/policies/%2F/p"):
+        assert call(managed, "GET", path)[0] == 404, path
+
+
+def test_booleans_as_rabbitmqadmin_sends_them(managed):
+    assert call(managed, "PUT", "/api/queues/%2F/admin-q",
+                {"durable": "false", "auto_delete": "true"})[0] == 201
+    queue = call(managed, "GET", "/api/queues/%2F/admin-q")[1]
+    assert (queue["durable"], queue["auto_delete"]) == (False, True)
