@@ -4,10 +4,14 @@ touches, with RabbitMQ's refusals."""
 
 from __future__ import annotations
 
+import logging
+
 from storage.metastore import MetaStore, PermissionDef, UserDef
 
 from . import auth, spec
 from .errors import AMQPError
+
+log = logging.getLogger("warren.access")
 
 FULL_ACCESS = ".*"
 
@@ -21,6 +25,7 @@ class AccessControl:
         # (user, vhost, access, kind, name) -> allowed; publishes check every message,
         # so decisions are remembered until a permission changes
         self._decisions: dict[tuple, bool] = {}
+        self.throttle = auth.LoginThrottle()  # AMQP and management logins alike
 
     def load(self, users: list[UserDef], permissions: list[PermissionDef]) -> None:
         self.users = {u.name: u for u in users}
@@ -82,17 +87,29 @@ class AccessControl:
 
     # -- decisions -------------------------------------------------------------
 
-    def authenticate(self, name: str | None, password: str | None,
-                     peer_host: str | None) -> UserDef | None:
-        """The user, if the password is right and the user may log in from there
-        (users in loopback_users, guest by default, only from loopback)."""
-        user = self.users.get(name) if name is not None else None
-        if user is None or password is None or not auth.check_password(user.password_hash,
-                                                                         password):
-            return None
-        if name in self.loopback_users and not auth.is_loopback(peer_host or ""):
-            return None
-        return user
+    def refusal(self, name, password, peer_host: str) -> str | None:
+        """Why a login is refused (RabbitMQ's words), or None when the password is
+        right and the user may log in from there (users in loopback_users, guest
+        by default, only from loopback)."""
+        # (AMQPLAIN's field table may carry any type)
+        user = self.users.get(name) if isinstance(name, str) else None
+        if user is None or not isinstance(password, str) or not auth.check_password(
+                user.password_hash, password):
+            return "invalid credentials"
+        if name in self.loopback_users and not auth.is_loopback(peer_host):
+            return f"user '{name}' can only connect via localhost"
+        return None
+
+    def login(self, name, password, peer_host: str) -> tuple[UserDef | None, float]:
+        """The user, or None when refused (logged), with how many seconds to wait
+        before answering a refusal: the throttle's delay for its address."""
+        reason = self.refusal(name, password, peer_host)
+        if reason is None:
+            return self.users[name], 0.0
+        delay = self.throttle.failed(peer_host)
+        log.warning("login refused for user '%s' from %s: %s%s", name or "", peer_host, reason,
+                    f" (answered in {delay:g}s)" if delay else "")
+        return None, delay
 
     def may_use_vhost(self, user: str, vhost: str) -> bool:
         return (user, vhost) in self.permissions

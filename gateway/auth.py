@@ -5,7 +5,8 @@ base64(salt + sha256(salt + password)) with a 4-byte random salt, so users
 exported from RabbitMQ's definitions import here unchanged and the other way
 round. Permissions are three regular expressions per user and vhost
 (configure, write, read) matched anywhere in a resource name, as RabbitMQ's
-`re:run` does; an empty expression grants nothing.
+`re:run` does; an empty expression grants nothing. Failed logins are counted per
+source address to slow down password guessing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import hmac
 import ipaddress
 import re
 import secrets
+import time
+from collections import OrderedDict
 from functools import lru_cache
 
 HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
@@ -71,3 +74,41 @@ def is_loopback(host: str) -> bool:
 def permission_resource_name(kind: str, name: str) -> str:
     """RabbitMQ checks the default exchange under the name 'amq.default'."""
     return "amq.default" if kind == "exchange" and name == "" else name
+
+
+class LoginThrottle:
+    """Failed logins per source address. After `free` failures, the refusal of
+    each further one is to be answered after a delay, doubling from `first` up
+    to `cap` seconds, which turns a guesser's thousands of tries per second into
+    a few. An address is forgotten `forget_after` seconds after its last
+    failure, and at most `max_addresses` are remembered (the longest quiet go
+    first), so a flood of addresses cannot exhaust memory."""
+
+    def __init__(self, free: int = 5, first: float = 0.25, cap: float = 4.0,
+                 forget_after: float = 300.0, max_addresses: int = 10_000,
+                 clock=time.monotonic):
+        self.free, self.first, self.cap = free, first, cap
+        self.forget_after = forget_after
+        self.max_addresses = max_addresses
+        self.clock = clock
+        # address -> (failures, time of the last), the longest quiet first
+        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()
+
+    def failed(self, address: str) -> float:
+        """Count a failed login from `address`: how long to delay its refusal."""
+        now = self.clock()
+        while self._failures:
+            oldest, (_, last) = next(iter(self._failures.items()))
+            if now - last < self.forget_after:
+                break
+            del self._failures[oldest]
+        count = self._failures.pop(address, (0, now))[0] + 1
+        self._failures[address] = (count, now)
+        if len(self._failures) > self.max_addresses:
+            self._failures.popitem(last=False)
+        beyond = count - self.free
+        # the exponent stops growing long before 2**64 would overflow a float
+        return 0.0 if beyond <= 0 else min(self.cap, self.first * 2 ** min(beyond - 1, 64))
+
+    def __len__(self) -> int:
+        return len(self._failures)

@@ -409,12 +409,13 @@ class Connection(asyncio.Protocol):
         self.client_properties = method.client_properties
         capabilities = method.client_properties.get("capabilities")
         self.capabilities = capabilities if isinstance(capabilities, dict) else {}
-        user, password = self._credentials(method.mechanism, method.response)
+        name, password = self._credentials(method.mechanism, method.response)
         peer_host = self.peer[0] if isinstance(self.peer, tuple) else ""
-        if self.broker.access.authenticate(user, password, peer_host) is None:
-            self._refuse_login(method.mechanism)
+        user, delay = self.broker.access.login(name, password, peer_host)
+        if user is None:
+            self._refuse_login(method.mechanism, delay)
             return
-        self.user = user
+        self.user = user.name
         self.state = AWAIT_TUNE_OK
         self.method(0, m.ConnectionTune(channel_max=self.channel_max, frame_max=self.frame_max,
                                         heartbeat=self.heartbeat))
@@ -438,10 +439,15 @@ class Connection(asyncio.Protocol):
             return user, password
         raise AMQPError(spec.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'")
 
-    def _refuse_login(self, mechanism: str) -> None:
+    def _refuse_login(self, mechanism: str, delay: float) -> None:
+        """Refuse, after `delay` seconds when the throttle asks for one; the loop
+        serves everyone else meanwhile, and CLOSING ignores what this client sends."""
+        if delay:
+            self.state = CLOSING
+            self._timer = self.loop.call_later(delay, self._refuse_login, mechanism, 0.0)
+            return
         text = (f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
                 " For details see the broker logfile.")
-        log.warning("login refused for %s from %s", mechanism, self.peer)
         if self.capabilities.get("authentication_failure_close"):
             self.method(0, m.ConnectionClose(reply_code=spec.ACCESS_REFUSED, reply_text=text))
             self.state = CLOSING

@@ -14,8 +14,10 @@ from gateway.frames import FrameReader
 
 
 class RawClient:
-    def __init__(self, port: int, timeout: float = 10.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 10.0, source: str | None = None):
+        """`source`: the local address to connect from (another loopback one, say)."""
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.reader = FrameReader(1 << 20)
         self.timeout = timeout
 

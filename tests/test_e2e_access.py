@@ -210,12 +210,13 @@ def test_guest_only_from_loopback_decision():
     access = AccessControl(None)
     access.put_user("guest", "guest", [])
     access.put_user("alice", "pw", [])
-    assert access.authenticate("guest", "guest", "127.0.0.1") is not None
-    assert access.authenticate("guest", "guest", "::1") is not None
-    assert access.authenticate("guest", "guest", "::ffff:127.0.0.1") is not None
-    assert access.authenticate("guest", "guest", "192.0.2.7") is None
-    assert access.authenticate("alice", "pw", "192.0.2.7") is not None
-    assert access.authenticate("alice", "nope", "127.0.0.1") is None
+    assert access.refusal("guest", "guest", "127.0.0.1") is None
+    assert access.refusal("guest", "guest", "::1") is None
+    assert access.refusal("guest", "guest", "::ffff:127.0.0.1") is None
+    assert access.refusal("guest", "guest", "192.0.2.7") == \
+        "user 'guest' can only connect via localhost"
+    assert access.refusal("alice", "pw", "192.0.2.7") is None
+    assert access.refusal("alice", "nope", "127.0.0.1") == "invalid credentials"
 
 
 def _non_loopback_address() -> str | None:

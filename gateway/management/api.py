@@ -105,7 +105,7 @@ class Management:
 
     # -- authentication ----------------------------------------------------------------
 
-    def authenticate(self, request: Request) -> None:
+    async def authenticate(self, request: Request) -> None:
         credentials = request.credentials()
         # Browsers answer a challenge with a password dialog: the dashboard signs in
         # with its own form, so its requests (X-Requested-With) get none.
@@ -113,8 +113,13 @@ class Management:
                      else {"WWW-Authenticate": 'Basic realm="Warren management"'})
         if credentials is None:
             raise HTTPError(401, "not_authorised", "Not_Authorized", challenge)
-        user = self.broker.access.authenticate(*credentials, request.peer)
+        user, delay = self.broker.access.login(*credentials, request.peer)
         if user is None:
+            if delay:  # throttled: answer later; the loop serves everyone else meanwhile
+                loop = asyncio.get_running_loop()
+                answer = loop.create_future()
+                loop.call_later(delay, lambda: answer.done() or answer.set_result(None))
+                await answer
             raise HTTPError(401, "not_authorised", "Login failed", challenge)
         if MANAGEMENT_TAGS.isdisjoint(user.tags):
             raise not_authorised("Not management user")
@@ -176,7 +181,7 @@ class Management:
                             "text/plain; version=0.0.4; charset=utf-8")
         if parts[0] != "api":
             raise not_found()
-        self.authenticate(request)
+        await self.authenticate(request)
         name = parts[1] if len(parts) > 1 else ""
         handler = getattr(self, f"api_{name.replace('-', '_')}", None)
         if handler is None:
