@@ -143,6 +143,8 @@ async def start_server(handler: Handler, host: str, port: int) -> asyncio.Abstra
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away
+        except asyncio.CancelledError:
+            pass  # the broker stops; raised on, Python 3.11's streams log it as a crash
         finally:
             writer.close()
 
