@@ -99,6 +99,8 @@ class Broker:
         self.vhost_defs: dict[str, VHostDef] = {}
         self.policies: dict[str, dict[str, PolicyDef]] = {}  # vhost -> name -> policy
         self.links: list[ShardLink] = []
+        self._dirty: list = []  # connections with output to write this turn
+        self._flush_pending = False
         self.connections: set = set()
         self.holders: dict[int, "Channel"] = {}  # consumer id -> its channel
         self.reply_channels: dict[str, "Channel"] = {}  # direct reply-to key -> channel
@@ -463,9 +465,31 @@ class Broker:
     # -- events from shards ----------------------------------------------------
 
     def poll_shards(self) -> None:
-        """Take in the shards' waiting events (deliveries, confirms, credit) now."""
+        """Take in the shards' waiting events (deliveries, confirms, credit) and
+        write out what they produced, now."""
         for link in self.links:
             link.poll()
+        if self._dirty:
+            self.flush_output()
+
+    def send_to_shards(self) -> None:
+        """Hand the records gathered so far to the shards now, not at the turn's end."""
+        for link in self.links:
+            if link.has_batch():
+                link.flush()
+
+    def flush_soon(self, conn) -> None:
+        """Write `conn`'s output at the end of this loop turn (or at the next poll)."""
+        self._dirty.append(conn)
+        if not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self.flush_output)
+
+    def flush_output(self) -> None:
+        self._flush_pending = False
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush()
 
     def _on_events(self, link: ShardLink, events: list) -> None:
         """Hand a shard's events to their channels. A failure while handling one

@@ -36,7 +36,7 @@ CLOSE_OK_TIMEOUT = 3.0
 # Frames one connection may handle per loop turn before yielding (a publish is
 # three): small enough that deliveries and credit are not kept waiting behind a
 # flood, large enough that a turn's work still goes out in big batches.
-FRAMES_PER_TURN = 600
+FRAMES_PER_TURN = 90
 ALARM = "alarm"  # why reading is held, beside the shard links that hold it
 YIELD = "yield"
 
@@ -90,11 +90,18 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         self.connected_at = time.time()
         self.peer = transport.get_extra_info("peername")
+        peer = self.peer if isinstance(self.peer, tuple) else ("?", 0)
+        local = transport.get_extra_info("sockname") or ("?", 0)
+        self.name = f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"  # as RabbitMQ names it
         self.loop = asyncio.get_running_loop()
         self.broker.connections.add(self)
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc) -> None:
+        if self.state not in (CLOSING, CLOSED):
+            log.warning("closing AMQP connection %s (vhost '%s', user '%s'): client "
+                        "unexpectedly closed TCP connection", self.name,
+                        self.vhost.name if self.vhost else "", self.user)
         self.state = CLOSED
         if self._timer is not None:
             self._timer.cancel()
@@ -112,7 +119,9 @@ class Connection(asyncio.Protocol):
         self._handle_input()
 
     def _handle_input(self) -> None:
-        """Handle this turn's share of the buffered frames, after the shards' events."""
+        """Handle this turn's share of the buffered frames, after the shards' events
+        (taken in and written out first); what it produces goes to the shards at once,
+        so a consumer's acks are not a loop turn late."""
         self.broker.poll_shards()
         try:
             if self.state == AWAIT_HEADER and not self._read_protocol_header():
@@ -121,19 +130,20 @@ class Connection(asyncio.Protocol):
             while self.state != CLOSED and not self._paused_by:
                 frame = self.reader.next_frame()
                 if frame is None:
-                    return
+                    break
                 self._handle_frame(*frame)
                 budget -= 1
                 if not budget:
                     self._pause(YIELD)
                     self.loop.call_soon(self._next_turn)
-                    return
+                    break
         except FrameError as error:
             self.close_with_error(AMQPError(spec.FRAME_ERROR, error.text))
         except AMQPError as error:
             self.close_with_error(error)
         except Exception as error:
             self.fail(error)
+        self.broker.send_to_shards()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -151,10 +161,11 @@ class Connection(asyncio.Protocol):
         self.schedule_flush()
 
     def schedule_flush(self) -> None:
-        """Write this turn's output (and owed confirms and credit) at the end of the turn."""
+        """Write this turn's output (and owed confirms and credit) at the end of the
+        turn, or sooner: when the shards' events that produced it are all in."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.loop.call_soon(self.flush)
+            self.broker.flush_soon(self)
 
     def flush(self) -> None:
         self._flush_scheduled = False

@@ -38,7 +38,7 @@ EVENT_RING_BYTES = 16 * 1024 * 1024
 # Publishes a connection may have on their way to one shard (chosen by measurement,
 # see docs/architecture.md): enough to keep a shard busy across a loop turn, few
 # enough that a credit or an ack behind them waits milliseconds, not seconds.
-PUBLISH_CREDIT = 400
+PUBLISH_CREDIT = 150
 
 
 class ShardLink:
@@ -156,6 +156,9 @@ class ShardLink:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
+
+    def has_batch(self) -> bool:
+        return bool(self._batch)
 
     def flush(self) -> None:
         self._flush_scheduled = False

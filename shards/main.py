@@ -386,9 +386,10 @@ def serve(spec: ShardSpec) -> None:
         # what arrives meanwhile gathers into the next one (group commit).
         _send(events, pending, shard.take_events())
         if shard.inflight is None:
-            if commands.is_empty():
-                # Nothing else to do meanwhile: commit here, sparing a lone
-                # publisher the two thread hand-offs.
+            if commands.is_empty() and not shard.holder_queues:
+                # Nothing else to do meanwhile and nobody to deliver to: commit
+                # here, sparing a lone publisher the two thread hand-offs. With
+                # consumers, deliveries never wait for an fsync.
                 _send(events, pending, shard.commit_now(now))
             else:
                 _send(events, pending, shard.start_commit(committer, now))

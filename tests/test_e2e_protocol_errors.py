@@ -283,3 +283,14 @@ def test_amqpstorm_bodies_cut_at_frame_max_go_through(broker):
             message = wait_until(lambda: ch.basic.get("storm.big", no_ack=True))
             assert message.body == body
             ch.queue.delete("storm.big")
+
+
+def test_an_abrupt_disconnect_is_logged_as_rabbitmq_logs_it(broker):
+    """Issue 14's fanout4 loss left no line on the broker: a peer that hangs up
+    without connection.close is now named in the log."""
+    client = RawClient(broker.port)
+    client.handshake()
+    name = "127.0.0.1:%d -> 127.0.0.1:%d" % (client.sock.getsockname()[1], broker.port)
+    client.close()
+    wait_until(lambda: f"closing AMQP connection {name} (vhost '/', user 'guest'): client "
+               "unexpectedly closed TCP connection" in broker.log_text())

@@ -512,7 +512,7 @@ class Management:
     async def api_connections(self, request: Request, rest: list[str]) -> Response:
         if not rest:
             return Response.json([_connection(c) for c in self.visible_connections(request)])
-        conn = next((c for c in self._connections() if connection_name(c) == rest[0]), None)
+        conn = next((c for c in self._connections() if c.name == rest[0]), None)
         if conn is None:
             raise not_found()
         # one's own connection, or any to read for monitors and to close for administrators
@@ -652,16 +652,10 @@ def bindings_of(vhost) -> list[dict]:
     return found
 
 
-def connection_name(conn) -> str:
-    peer = conn.peer if isinstance(conn.peer, tuple) else ("?", 0)
-    local = conn.transport.get_extra_info("sockname") or ("?", 0)
-    return f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"
-
-
 def _connection(conn) -> dict:
     peer = conn.peer if isinstance(conn.peer, tuple) else ("?", 0)
     local = conn.transport.get_extra_info("sockname") or ("?", 0)
-    return {"name": connection_name(conn), "user": conn.user, "vhost": conn.vhost.name,
+    return {"name": conn.name, "user": conn.user, "vhost": conn.vhost.name,
             "peer_host": peer[0], "peer_port": peer[1], "host": local[0], "port": local[1],
             "channels": len(conn.channels), "state": conn.flow_state, "protocol": "AMQP 0-9-1",
             "type": "network", "node": NODE, "auth_mechanism": "PLAIN",
@@ -674,7 +668,7 @@ def _connection(conn) -> dict:
 
 def _channel_details(conn, ch) -> dict:
     peer = conn.peer if isinstance(conn.peer, tuple) else ("?", 0)
-    name = connection_name(conn)
+    name = conn.name
     return {"name": f"{name} ({ch.number})", "number": ch.number, "connection_name": name,
             "peer_host": peer[0], "peer_port": peer[1], "user": conn.user}
 
