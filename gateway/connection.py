@@ -342,12 +342,18 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     def _channel_open(self, number: int, frame_type: int, payload: bytes) -> None:
-        method = self.decode(payload) if frame_type == frames.FRAME_METHOD else None
+        # As RabbitMQ: channel_max limits how many channels are open (closing ones
+        # included), whatever their numbers; checked before the frame is looked at.
+        if len(self.channels) >= self.channel_max:
+            raise AMQPError(spec.NOT_ALLOWED, f"number of channels opened ({len(self.channels)})"
+                            f" has reached the negotiated channel_max ({self.channel_max})")
+        if frame_type != frames.FRAME_METHOD:
+            raise AMQPError(spec.UNEXPECTED_FRAME,
+                            "expected method frame, got non method frame instead")
+        method = self.decode(payload)
         if type(method) is not m.ChannelOpen:
-            raise AMQPError(spec.CHANNEL_ERROR, f"expected 'channel.open' on channel {number}")
-        if number > self.channel_max:
-            raise AMQPError(spec.CHANNEL_ERROR, f"channel {number} is over channel_max "
-                            f"{self.channel_max}", method.CLASS_ID, method.METHOD_ID)
+            raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'",
+                            method.CLASS_ID, method.METHOD_ID)
         limit = self.broker.access.user_limit(self.user, "max-channels")
         if 0 <= limit <= sum(len(c.channels) for c in self.broker.connections
                              if c.user == self.user):
