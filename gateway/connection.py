@@ -301,14 +301,7 @@ class Connection(asyncio.Protocol):
             self._channel_open(channel, frame_type, payload)
             return
         if ch.closing:
-            # After our channel.close only close-ok (or a crossing close) matters.
-            if frame_type == frames.FRAME_METHOD:
-                method = self.decode(payload)
-                if type(method) is m.ChannelCloseOk:
-                    self.forget_channel(ch)
-                elif type(method) is m.ChannelClose:
-                    ch.send(m.ChannelCloseOk())
-                    self.forget_channel(ch)
+            self._closing_channel_frame(ch, frame_type, payload)
             return
         try:  # run_guarded, inlined: this runs for every frame
             ch.handle_frame(frame_type, payload)
@@ -369,6 +362,22 @@ class Connection(asyncio.Protocol):
         ch.closing = True
         ch.send(m.ChannelClose(reply_code=error.code, reply_text=error.text[:255],
                                class_id=error.class_id, method_id=error.method_id))
+
+    def _closing_channel_frame(self, ch: Channel, frame_type: int, payload: bytes) -> None:
+        """After our channel.close only the client's close-ok ends the channel, as on
+        RabbitMQ: a crossing close gets close-ok and the channel waits on for the
+        client's; anything else is dropped, but a channel.open is an error."""
+        if frame_type != frames.FRAME_METHOD:
+            return
+        method = self.decode(payload)
+        kind = type(method)
+        if kind is m.ChannelCloseOk:
+            self.forget_channel(ch)
+        elif kind is m.ChannelClose:
+            ch.send(m.ChannelCloseOk())
+        elif kind is m.ChannelOpen:
+            raise AMQPError(spec.CHANNEL_ERROR, "second 'channel.open' seen",
+                            method.CLASS_ID, method.METHOD_ID)
 
     def forget_channel(self, ch: Channel) -> None:
         ch.release()

@@ -1,10 +1,16 @@
-"""Opening channels as on RabbitMQ: channel_max limits how many channels are open,
-not their numbers."""
+"""Opening and closing channels as on RabbitMQ: channel_max limits how many channels
+are open, not their numbers, and a channel the server is closing waits for the
+client's close-ok, answering a crossing channel.close and dropping other frames."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import struct
+import subprocess
+from pathlib import Path
 
+import amqpstorm
 import pika
 import pytest
 
@@ -13,6 +19,7 @@ from gateway import methods as m
 
 from .rawclient import RawClient
 
+AMQPLIB_VERSION = "2.3.1"
 FULL = "NOT_ALLOWED - number of channels opened ({n}) has reached the negotiated channel_max ({n})"
 
 
@@ -109,3 +116,93 @@ def test_pika_picking_its_own_channel_numbers(broker):
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
         conn.channel(11)
     assert (info.value.reply_code, info.value.reply_text) == (530, FULL.format(n=3))
+
+
+# -- a channel the server is closing ---------------------------------------------------
+
+def test_crossing_channel_close_gets_close_ok_and_the_channel_reopens(broker):
+    client = RawClient(broker.port)
+    client.handshake()
+    client.open_channel(1)
+    provoke_406(client, 1)
+    # Sent before the client has read our close: dropped, a publish's content included.
+    client.send_method(1, m.BasicPublish(exchange="", routing_key="nowhere"))
+    client.send_frame(frames.FRAME_HEADER, 1, struct.pack(">HHQH", 60, 0, 5, 0))
+    client.send_frame(frames.FRAME_BODY, 1, b"hello")
+    client.send_method(1, m.QueueDeclare(queue="", exclusive=True))
+    client.send_method(1, m.ChannelClose(reply_code=200, reply_text="bye", class_id=0,
+                                         method_id=0))
+    assert client.next_method() == (1, CLOSE_406)
+    assert client.next_method() == (1, m.ChannelCloseOk())
+    client.send_method(1, m.ChannelCloseOk())
+    client.open_channel(1)
+    declare_works(client, 1)
+    client.close()
+
+
+def test_channel_open_on_a_closing_channel_is_504(broker):
+    client = RawClient(broker.port)
+    client.handshake()
+    client.open_channel(1)
+    provoke_406(client, 1)
+    assert client.next_method() == (1, CLOSE_406)
+    client.send_method(1, m.ChannelOpen())
+    expect_connection_close(client, 504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
+
+
+def test_amqpstorm_closing_a_channel_the_server_closes(broker):
+    conn = amqpstorm.Connection("127.0.0.1", "guest", "guest", port=broker.port, timeout=10)
+    for _ in range(3):
+        channel = conn.channel()
+        channel.basic.ack(99)
+        channel.close()
+        with conn.channel() as other:
+            assert other.queue.declare("", exclusive=True)["queue"]
+    assert conn.is_open
+    conn.close()
+
+
+# -- Node's amqplib ------------------------------------------------------------------
+
+AMQPLIB_SCRIPT = """
+const amqp = require('amqplib');
+(async () => {
+  const conn = await amqp.connect(process.argv[2]);
+  conn.on('error', e => console.log('connection error:', e.message));
+  const ch = await conn.createChannel();
+  ch.on('error', () => {});
+  const {queue} = await ch.assertQueue('', {exclusive: true});
+  for (let i = 0; i < 2000; i++) ch.sendToQueue(queue, Buffer.from('message ' + i));
+  ch.ack({fields: {deliveryTag: 99}});  // the server closes the channel as ours closes
+  await ch.close();
+  const ch2 = await conn.createChannel();
+  console.log('messages', (await ch2.checkQueue(queue)).messageCount);
+  await conn.close();
+})().catch(e => { console.log('failed:', e.message); process.exit(1); });
+"""
+
+
+@pytest.fixture(scope="module")
+def amqplib_path():
+    """node_modules holding amqplib, installed once into a cache outside the repo."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are needed for amqplib")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    prefix = cache / "warren-tests" / f"amqplib-{AMQPLIB_VERSION}"
+    modules = prefix / "node_modules"
+    if not (modules / "amqplib").is_dir():
+        prefix.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(
+            ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+             f"amqplib@{AMQPLIB_VERSION}"], capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            pytest.skip(f"npm could not install amqplib: {result.stderr[-500:]}")
+    return modules
+
+
+def test_amqplib_closing_a_channel_the_server_closes(broker, amqplib_path, tmp_path):
+    script = tmp_path / "crossing.js"
+    script.write_text(AMQPLIB_SCRIPT)
+    result = subprocess.run(["node", str(script), broker.url], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "NODE_PATH": str(amqplib_path)})
+    assert result.stdout.splitlines() == ["messages 2000"], result.stdout + result.stderr
