@@ -312,14 +312,7 @@ class Connection(asyncio.Protocol):
             self._channel_open(channel, frame_type, payload)
             return
         if ch.closing:
-            # After our channel.close only close-ok (or a crossing close) matters.
-            if frame_type == frames.FRAME_METHOD:
-                method = self.decode(payload)
-                if type(method) is m.ChannelCloseOk:
-                    self.forget_channel(ch)
-                elif type(method) is m.ChannelClose:
-                    ch.send(m.ChannelCloseOk())
-                    self.forget_channel(ch)
+            self._closing_channel_frame(ch, frame_type, payload)
             return
         try:  # run_guarded, inlined: this runs for every frame
             ch.handle_frame(frame_type, payload)
@@ -353,12 +346,18 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     def _channel_open(self, number: int, frame_type: int, payload: bytes) -> None:
-        method = self.decode(payload) if frame_type == frames.FRAME_METHOD else None
+        # As RabbitMQ: channel_max limits how many channels are open (closing ones
+        # included), whatever their numbers; checked before the frame is looked at.
+        if len(self.channels) >= self.channel_max:
+            raise AMQPError(spec.NOT_ALLOWED, f"number of channels opened ({len(self.channels)})"
+                            f" has reached the negotiated channel_max ({self.channel_max})")
+        if frame_type != frames.FRAME_METHOD:
+            raise AMQPError(spec.UNEXPECTED_FRAME,
+                            "expected method frame, got non method frame instead")
+        method = self.decode(payload)
         if type(method) is not m.ChannelOpen:
-            raise AMQPError(spec.CHANNEL_ERROR, f"expected 'channel.open' on channel {number}")
-        if number > self.channel_max:
-            raise AMQPError(spec.CHANNEL_ERROR, f"channel {number} is over channel_max "
-                            f"{self.channel_max}", method.CLASS_ID, method.METHOD_ID)
+            raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'",
+                            method.CLASS_ID, method.METHOD_ID)
         limit = self.broker.access.user_limit(self.user, "max-channels")
         if 0 <= limit <= sum(len(c.channels) for c in self.broker.connections
                              if c.user == self.user):
@@ -374,6 +373,22 @@ class Connection(asyncio.Protocol):
         ch.closing = True
         ch.send(m.ChannelClose(reply_code=error.code, reply_text=error.text[:255],
                                class_id=error.class_id, method_id=error.method_id))
+
+    def _closing_channel_frame(self, ch: Channel, frame_type: int, payload: bytes) -> None:
+        """After our channel.close only the client's close-ok ends the channel, as on
+        RabbitMQ: a crossing close gets close-ok and the channel waits on for the
+        client's; anything else is dropped, but a channel.open is an error."""
+        if frame_type != frames.FRAME_METHOD:
+            return
+        method = self.decode(payload)
+        kind = type(method)
+        if kind is m.ChannelCloseOk:
+            self.forget_channel(ch)
+        elif kind is m.ChannelClose:
+            ch.send(m.ChannelCloseOk())
+        elif kind is m.ChannelOpen:
+            raise AMQPError(spec.CHANNEL_ERROR, "second 'channel.open' seen",
+                            method.CLASS_ID, method.METHOD_ID)
 
     def forget_channel(self, ch: Channel) -> None:
         ch.release()

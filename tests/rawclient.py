@@ -54,7 +54,8 @@ class RawClient:
                 return channel, m.decode_method(payload)
 
     def handshake(self, capabilities: dict | None = None, user: str = "guest",
-                  password: str = "guest", heartbeat: int = 0) -> None:
+                  password: str = "guest", heartbeat: int = 0,
+                  channel_max: int | None = None) -> None:
         self.send(frames.PROTOCOL_HEADER)
         _, start = self.next_method()
         assert isinstance(start, m.ConnectionStart)
@@ -64,7 +65,7 @@ class RawClient:
             response=b"\0" + user.encode() + b"\0" + password.encode(), locale="en_US"))
         _, tune = self.next_method()
         assert isinstance(tune, m.ConnectionTune), tune
-        self.send_method(0, m.ConnectionTuneOk(channel_max=tune.channel_max,
+        self.send_method(0, m.ConnectionTuneOk(channel_max=channel_max or tune.channel_max,
                                                frame_max=tune.frame_max, heartbeat=heartbeat))
         self.send_method(0, m.ConnectionOpen(virtual_host="/"))
         _, open_ok = self.next_method()
