@@ -17,6 +17,7 @@ from shards import records as r
 
 from . import arguments, frames, hotpath, replyto, spec
 from . import methods as m
+from .assembly import BASIC_CLASS, Assembler
 from .broker import QueueMeta, server_generated_name
 from .confirms import ConfirmTracker
 from .errors import AMQPError, exchange_name, queue_name
@@ -27,7 +28,6 @@ from .properties import (PropertiesError, decode_properties, encode_properties, 
 if TYPE_CHECKING:
     from .connection import Connection
 
-BASIC_CLASS = spec.CLASS_IDS["basic"]
 _EXPIRATION = flag_mask("expiration")
 _PRIORITY = flag_mask("priority")
 _REPLY_TO = flag_mask("reply_to")
@@ -111,12 +111,7 @@ class Channel:
         self.reply_address = ""
         self.closing = False  # we sent channel.close and wait for close-ok
         self.closed = False
-        self._content_method = None
-        self._content_props = b""
-        self._content_size = 0
-        self._content_parts: list[bytes] = []
-        self._content_received = 0
-        self._awaiting_header = False
+        self.assembler = Assembler(self.broker.config.max_message_size)
         self._waiting = False
         self._backlog: deque = deque()
 
@@ -127,28 +122,9 @@ class Channel:
     # -- frames in -------------------------------------------------------------
 
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
-        if frame_type == frames.FRAME_METHOD:
-            if self._content_method is not None:
-                raise AMQPError(spec.UNEXPECTED_FRAME,
-                                f"expected content {'header' if self._awaiting_header else 'body'}"
-                                f" for class {BASIC_CLASS}, got non content frame instead")
-            if payload[:4] == hotpath.PUBLISH_IDS:
-                try:
-                    method = hotpath.parse_publish(payload)
-                except m.MalformedMethod:
-                    method = self.conn.decode(payload)  # raises the full syntax error
-            else:
-                method = self.conn.decode(payload)
-            if method.HAS_CONTENT:
-                self._start_content(method)
-            else:
-                self._command(method)
-        elif frame_type == frames.FRAME_HEADER:
-            self._content_header(payload)
-        elif frame_type == frames.FRAME_BODY:
-            self._content_body(payload)
-        else:
-            raise AMQPError(spec.FRAME_ERROR, f"unexpected frame type {frame_type}")
+        command = self.assembler.feed(frame_type, payload)
+        if command is not None:
+            self._command(*command)
 
     def _command(self, method, properties: bytes | None = None, body: bytes = b"") -> None:
         """A complete command (a method, or a publish with its content): run it now,
@@ -167,53 +143,6 @@ class Channel:
             self.handle_method(method)
         else:
             self._publish(method, properties, body)
-
-    def _start_content(self, method) -> None:
-        if type(method) is not hotpath.Publish and type(method) is not m.BasicPublish:
-            raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME}",
-                            method.CLASS_ID, method.METHOD_ID)
-        self._content_method = method
-        self._awaiting_header = True
-
-    def _content_header(self, payload: bytes) -> None:
-        if not self._awaiting_header:
-            raise AMQPError(spec.UNEXPECTED_FRAME, "unexpected content header frame")
-        class_id, size, props = frames.parse_content_header(payload)
-        if class_id != BASIC_CLASS:
-            raise AMQPError(spec.UNEXPECTED_FRAME,
-                            f"content header for class {class_id}, expected {BASIC_CLASS}")
-        self._awaiting_header = False
-        max_size = self.broker.config.max_message_size
-        if size > max_size:
-            # Refused in the publish's turn; its body is counted, never kept.
-            self._content_method = AMQPError(
-                spec.PRECONDITION_FAILED, f"message size {size} is larger than configured "
-                f"max size {max_size}", BASIC_CLASS, m.BasicPublish.METHOD_ID)
-        self._content_props = props
-        self._content_size = size
-        self._content_parts = []
-        self._content_received = 0
-        if size == 0:
-            self._content_complete()
-
-    def _content_body(self, payload: bytes) -> None:
-        if self._content_method is None or self._awaiting_header:
-            raise AMQPError(spec.UNEXPECTED_FRAME, "unexpected content body frame")
-        self._content_received += len(payload)
-        if self._content_received > self._content_size:
-            raise AMQPError(spec.FRAME_ERROR, "content body larger than its header announced")
-        if type(self._content_method) is not AMQPError:
-            self._content_parts.append(payload)
-        if self._content_received == self._content_size:
-            self._content_complete()
-
-    def _content_complete(self) -> None:
-        method = self._content_method
-        parts = self._content_parts
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
-        self._content_method = None
-        self._content_parts = []
-        self._command(method, self._content_props, body)
 
     def handle_method(self, method) -> None:
         handler = self._handlers.get(type(method))

@@ -21,6 +21,7 @@ import time
 
 from . import __version__, frames, spec
 from . import methods as m
+from .assembly import decode_method
 from .channel import Channel
 from .errors import AMQPError
 from .fieldtable import FieldTableError, decode_table
@@ -279,18 +280,6 @@ class Connection(asyncio.Protocol):
             mechanisms=b"PLAIN AMQPLAIN", locales=b"en_US"))
         return True
 
-    def decode(self, payload: bytes):
-        try:
-            return m.decode_method(payload)
-        except m.UnknownMethod as error:
-            raise AMQPError(spec.COMMAND_INVALID,
-                            f"unknown method class {error.class_id} method {error.method_id}",
-                            error.class_id, error.method_id)
-        except m.CodecError:
-            class_id, method_id = frames.method_ids(payload)
-            raise AMQPError(spec.FRAME_ERROR, f"cannot decode {frames.erlang_binary(payload[4:])}",
-                            class_id, method_id) from None
-
     def _handle_frame(self, frame_type: int, channel: int, payload: bytes) -> None:
         if frame_type == frames.FRAME_HEARTBEAT:
             if channel != 0:
@@ -303,7 +292,7 @@ class Connection(asyncio.Protocol):
             if frame_type != frames.FRAME_METHOD:
                 raise AMQPError(spec.UNEXPECTED_FRAME,
                                 f"unexpected frame type {frame_type} on channel 0")
-            self._connection_method(self.decode(payload))
+            self._connection_method(decode_method(payload))
             return
         if self.state != OPEN:
             raise AMQPError(spec.CHANNEL_ERROR, "channel frame before connection.open-ok")
@@ -354,7 +343,7 @@ class Connection(asyncio.Protocol):
         if frame_type != frames.FRAME_METHOD:
             raise AMQPError(spec.UNEXPECTED_FRAME,
                             "expected method frame, got non method frame instead")
-        method = self.decode(payload)
+        method = decode_method(payload)
         if type(method) is not m.ChannelOpen:
             raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'",
                             method.CLASS_ID, method.METHOD_ID)
@@ -380,7 +369,7 @@ class Connection(asyncio.Protocol):
         client's; anything else is dropped, but a channel.open is an error."""
         if frame_type != frames.FRAME_METHOD:
             return
-        method = self.decode(payload)
+        method = decode_method(payload)
         kind = type(method)
         if kind is m.ChannelCloseOk:
             self.forget_channel(ch)
@@ -398,7 +387,7 @@ class Connection(asyncio.Protocol):
     def _handle_while_closing(self, frame_type: int, channel: int, payload: bytes) -> None:
         if channel != 0 or frame_type != frames.FRAME_METHOD:
             return
-        method = self.decode(payload)
+        method = decode_method(payload)
         if type(method) is m.ConnectionCloseOk:
             self._shutdown()
         elif type(method) is m.ConnectionClose:

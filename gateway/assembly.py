@@ -1,0 +1,114 @@
+"""A channel's frames assembled into commands, sans-IO.
+
+A command is a method, or a basic.publish with its content (header and body).
+Frames are decoded and checked as they arrive, as RabbitMQ's command assembler
+does: a frame out of order or one that does not decode is an AMQPError at once,
+whatever the channel is busy with.
+"""
+
+from __future__ import annotations
+
+from . import frames, hotpath, spec
+from . import methods as m
+from .errors import AMQPError
+
+BASIC_CLASS = spec.CLASS_IDS["basic"]
+
+
+def decode_method(payload: bytes):
+    """The method of a method frame, with RabbitMQ's errors when it is not one."""
+    try:
+        return m.decode_method(payload)
+    except m.UnknownMethod as error:
+        raise AMQPError(spec.COMMAND_INVALID,
+                        f"unknown method class {error.class_id} method {error.method_id}",
+                        error.class_id, error.method_id) from None
+    except m.CodecError:
+        class_id, method_id = frames.method_ids(payload)
+        raise AMQPError(spec.FRAME_ERROR, f"cannot decode {frames.erlang_binary(payload[4:])}",
+                        class_id, method_id) from None
+
+
+class Assembler:
+    """Feed it a channel's frames; it hands back each command they complete as
+    (method, properties, body), properties None for a method without content.
+    A publish over `max_size` comes back with an AMQPError as its method, to be
+    raised in its turn: its body is counted, never kept."""
+
+    __slots__ = ("max_size", "_method", "_properties", "_size", "_parts", "_received",
+                 "_awaiting_header")
+
+    def __init__(self, max_size: int):
+        self.max_size = max_size
+        self._method = None  # the publish whose content is arriving
+        self._properties = b""
+        self._size = 0
+        self._parts: list[bytes] = []
+        self._received = 0
+        self._awaiting_header = False
+
+    def feed(self, frame_type: int, payload: bytes) -> tuple | None:
+        if frame_type == frames.FRAME_METHOD:
+            return self._method_frame(payload)
+        if frame_type == frames.FRAME_HEADER:
+            return self._header(payload)
+        if frame_type == frames.FRAME_BODY:
+            return self._body(payload)
+        raise AMQPError(spec.FRAME_ERROR, f"unexpected frame type {frame_type}")
+
+    def _method_frame(self, payload: bytes) -> tuple | None:
+        if self._method is not None:
+            raise AMQPError(spec.UNEXPECTED_FRAME,
+                            f"expected content {'header' if self._awaiting_header else 'body'}"
+                            f" for class {BASIC_CLASS}, got non content frame instead")
+        if payload[:4] == hotpath.PUBLISH_IDS:
+            try:
+                method = hotpath.parse_publish(payload)
+            except m.MalformedMethod:
+                method = decode_method(payload)  # raises the full error
+        else:
+            method = decode_method(payload)
+        if not method.HAS_CONTENT:
+            return method, None, b""
+        if type(method) is not hotpath.Publish and type(method) is not m.BasicPublish:
+            raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME}",
+                            method.CLASS_ID, method.METHOD_ID)
+        self._method = method
+        self._awaiting_header = True
+        return None
+
+    def _header(self, payload: bytes) -> tuple | None:
+        if not self._awaiting_header:
+            raise AMQPError(spec.UNEXPECTED_FRAME, "unexpected content header frame")
+        class_id, size, properties = frames.parse_content_header(payload)
+        if class_id != BASIC_CLASS:
+            raise AMQPError(spec.UNEXPECTED_FRAME,
+                            f"content header for class {class_id}, expected {BASIC_CLASS}")
+        self._awaiting_header = False
+        if size > self.max_size:
+            self._method = AMQPError(
+                spec.PRECONDITION_FAILED, f"message size {size} is larger than configured "
+                f"max size {self.max_size}", BASIC_CLASS, m.BasicPublish.METHOD_ID)
+        self._properties = properties
+        self._size = size
+        self._parts = []
+        self._received = 0
+        return self._complete() if size == 0 else None
+
+    def _body(self, payload: bytes) -> tuple | None:
+        if self._method is None or self._awaiting_header:
+            raise AMQPError(spec.UNEXPECTED_FRAME, "unexpected content body frame")
+        self._received += len(payload)
+        if self._received > self._size:
+            raise AMQPError(spec.FRAME_ERROR, "content body larger than its header announced")
+        if type(self._method) is not AMQPError:
+            self._parts.append(payload)
+        return self._complete() if self._received == self._size else None
+
+    def _complete(self) -> tuple:
+        parts = self._parts
+        command = (self._method, self._properties,
+                   parts[0] if len(parts) == 1 else b"".join(parts))
+        self._method = None
+        self._parts = []
+        return command

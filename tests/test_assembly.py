@@ -1,0 +1,95 @@
+"""A channel's command assembly driven in-process: commands come out whole however
+the body is cut, and frames out of order get RabbitMQ's errors at once."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway import frames, hotpath, spec
+from gateway import methods as m
+from gateway.assembly import Assembler
+from gateway.errors import AMQPError
+
+PUBLISH = m.encode_method(m.BasicPublish(exchange="x", routing_key="k"))
+
+
+def header(size: int, properties: bytes = b"\x00\x00", class_id: int = 60) -> bytes:
+    return struct.pack(">HHQ", class_id, 0, size) + properties
+
+
+@given(st.binary(max_size=2000), st.lists(st.integers(1, 300), max_size=20),
+       st.binary(max_size=20))
+def test_a_publish_comes_out_whole_however_its_body_is_cut(body, cuts, properties):
+    assembler = Assembler(max_size=1 << 20)
+    properties = b"\x00\x00" + properties
+    assert assembler.feed(frames.FRAME_METHOD, PUBLISH) is None
+    pieces, start = [], 0
+    for cut in cuts:
+        if start < len(body):
+            pieces.append(body[start:start + cut])
+            start += cut
+    if start < len(body):
+        pieces.append(body[start:])
+    got = assembler.feed(frames.FRAME_HEADER, header(len(body), properties))
+    for piece in pieces:
+        assert got is None
+        got = assembler.feed(frames.FRAME_BODY, piece)
+    method, props, content = got
+    assert type(method) is hotpath.Publish and method.routing_key == "k"
+    assert (props, content) == (properties, body)
+    # and the next command starts afresh
+    assert assembler.feed(frames.FRAME_METHOD, m.encode_method(m.BasicQos()))[1] is None
+
+
+def test_a_method_without_content_is_a_command_at_once():
+    method, properties, body = Assembler(100).feed(
+        frames.FRAME_METHOD, m.encode_method(m.QueueDeclare(queue="q")))
+    assert method == m.QueueDeclare(queue="q") and properties is None
+
+
+def error_of(*feeds) -> AMQPError:
+    assembler = Assembler(max_size=100)
+    with pytest.raises(AMQPError) as raised:
+        for frame_type, payload in feeds:
+            assembler.feed(frame_type, payload)
+    return raised.value
+
+
+@pytest.mark.parametrize("feeds, code, text", [
+    ([(frames.FRAME_BODY, b"x")], spec.UNEXPECTED_FRAME, "unexpected content body frame"),
+    ([(frames.FRAME_HEADER, header(1))], spec.UNEXPECTED_FRAME,
+     "unexpected content header frame"),
+    ([(frames.FRAME_METHOD, PUBLISH), (frames.FRAME_METHOD, PUBLISH)], spec.UNEXPECTED_FRAME,
+     "expected content header for class 60, got non content frame instead"),
+    ([(frames.FRAME_METHOD, PUBLISH), (frames.FRAME_HEADER, header(5)),
+      (frames.FRAME_METHOD, PUBLISH)], spec.UNEXPECTED_FRAME,
+     "expected content body for class 60, got non content frame instead"),
+    ([(frames.FRAME_METHOD, PUBLISH), (frames.FRAME_HEADER, header(2)),
+      (frames.FRAME_BODY, b"abc")], spec.FRAME_ERROR,
+     "content body larger than its header announced"),
+    ([(frames.FRAME_METHOD, PUBLISH), (frames.FRAME_HEADER, header(1, class_id=50))],
+     spec.UNEXPECTED_FRAME, "content header for class 50, expected 60"),
+    ([(frames.FRAME_METHOD, b"\x00\x32\x00\x0a\x00")], spec.FRAME_ERROR, "cannot decode <<0>>"),
+    ([(frames.FRAME_METHOD, b"\x03\xe7\x00\x01")], spec.COMMAND_INVALID,
+     "unknown method class 999 method 1"),
+    ([(frames.FRAME_METHOD, m.encode_method(m.BasicReturn()))], spec.COMMAND_INVALID,
+     "unexpected method basic.return"),
+])
+def test_frames_out_of_order_are_errors_on_arrival(feeds, code, text):
+    error = error_of(*feeds)
+    assert error.code == code and error.text.endswith(text), error.text
+
+
+def test_a_publish_over_the_size_limit_is_refused_in_its_turn_and_its_body_dropped():
+    assembler = Assembler(max_size=4)
+    assembler.feed(frames.FRAME_METHOD, PUBLISH)
+    assert assembler.feed(frames.FRAME_HEADER, header(6)) is None
+    assert assembler._parts == [] and assembler.feed(frames.FRAME_BODY, b"abc") is None
+    assert assembler._parts == []  # counted, never kept
+    refusal, _, _ = assembler.feed(frames.FRAME_BODY, b"def")
+    assert type(refusal) is AMQPError and refusal.code == spec.PRECONDITION_FAILED
+    assert refusal.text.endswith("message size 6 is larger than configured max size 4")
