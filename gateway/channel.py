@@ -10,7 +10,7 @@ once, wherever its channel is.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from typing import TYPE_CHECKING
 
 from shards import records as r
@@ -24,6 +24,7 @@ from .errors import AMQPError, exchange_name, queue_name
 from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, RENEW_EXCHANGE, Exchange
 from .properties import (PropertiesError, decode_properties, encode_properties, flag_mask,
                          peek_delivery_mode, peek_expiration, peek_priority, peek_reply_to)
+from .unacked import Delivery, Unacked
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -91,7 +92,7 @@ class Channel:
         self.holder_ids = {self.id}  # every holder this channel used, for release
         self.consumers: dict[str, ConsumerState] = {}
         self.by_holder: dict[int, ConsumerState] = {}
-        self.unacked: OrderedDict[int, tuple] = OrderedDict()  # tag -> (link, qid, holder, seq)
+        self.unacked = Unacked()
         self.consumer_unacked = 0  # unacked deliveries to consumers (basic.get's excluded)
         self.next_tag = 1
         self.consumer_prefetch = 0
@@ -570,8 +571,7 @@ class Channel:
         if self.conn.capabilities.get("consumer_cancel_notify"):
             # Its deliveries stay unacked here: acking them later is no error.
             seqs = set(event.seqs)
-            tags = {tag for tag, (_link, _qid, holder, seq) in self.unacked.items()
-                    if holder == consumer.holder and seq in seqs}
+            tags = self.unacked.tags_of(consumer.holder, seqs)
             if tags:
                 self.timed_out[consumer.tag] = (consumer, tags)
             self._forget_consumer(consumer)
@@ -647,7 +647,7 @@ class Channel:
         self.next_tag += 1
         consumer.credit -= 1
         if not consumer.no_ack:
-            self.unacked[tag] = (link, event.qid, event.holder, event.seq)
+            self.unacked.add(tag, Delivery(link, event.qid, event.holder, event.seq))
             self.consumer_unacked += 1
             consumer.unacked += 1
         properties = event.properties
@@ -689,7 +689,7 @@ class Channel:
             tag = self.next_tag
             self.next_tag += 1
             if not method.no_ack:
-                self.unacked[tag] = (link, meta.qid, self.id, reply.seq)
+                self.unacked.add(tag, Delivery(link, meta.qid, self.id, reply.seq))
             self.conn.send(frames.content_frames(
                 self.number,
                 m.encode_method(m.BasicGetOk(delivery_tag=tag, redelivered=reply.redelivered,
@@ -701,35 +701,13 @@ class Channel:
 
         self._request(link, lambda req: r.Get(req, meta.qid, self.id, method.no_ack), answered)
 
-    def _take_unacked(self, tag: int, multiple: bool) -> list[tuple[int, tuple]]:
-        """Remove and return (tag, delivery) for what an ack/nack/reject settles
-        (RabbitMQ's collect_acks): 406 for a tag that is not outstanding."""
-        if multiple:
-            if tag == 0:
-                taken = list(self.unacked.items())
-                self.unacked.clear()
-                return taken
-            if tag not in self.unacked:
-                raise AMQPError(spec.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-            taken = []
-            while self.unacked:
-                first, entry = self.unacked.popitem(last=False)
-                taken.append((first, entry))
-                if first == tag:
-                    break
-            return taken
-        entry = self.unacked.pop(tag, None)
-        if entry is None:
-            raise AMQPError(spec.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        return [(tag, entry)]
-
-    def _settle(self, taken: list[tuple[int, tuple]], outcome: int) -> None:
+    def _settle(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
         if self.tx is not None:
             self.tx.append((self._settle_now, taken, outcome))
         else:
             self._settle_now(taken, outcome)
 
-    def _settle_now(self, taken: list[tuple[int, tuple]], outcome: int) -> None:
+    def _settle_now(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
         groups: dict[tuple, list[int]] = {}
         if self.timed_out:
             self._settled_timed_out({tag for tag, _ in taken})
@@ -745,23 +723,21 @@ class Channel:
         self._deal_credit()
 
     def _basic_ack(self, method: m.BasicAck) -> None:
-        self._settle(self._take_unacked(method.delivery_tag, method.multiple), r.SETTLE_ACK)
+        self._settle(self.unacked.take(method.delivery_tag, method.multiple), r.SETTLE_ACK)
 
     def _basic_nack(self, method: m.BasicNack) -> None:
         # A nack with requeue is not a failed delivery (RabbitMQ 4.3 counting).
         outcome = r.SETTLE_RETURN if method.requeue else r.SETTLE_DISCARD
-        self._settle(self._take_unacked(method.delivery_tag, method.multiple), outcome)
+        self._settle(self.unacked.take(method.delivery_tag, method.multiple), outcome)
 
     def _basic_reject(self, method: m.BasicReject) -> None:
         outcome = r.SETTLE_REQUEUE if method.requeue else r.SETTLE_DISCARD
-        self._settle(self._take_unacked(method.delivery_tag, False), outcome)
+        self._settle(self.unacked.take(method.delivery_tag, False), outcome)
 
     def _basic_recover(self, method) -> None:
         if not method.requeue:
             raise AMQPError(spec.NOT_IMPLEMENTED, "requeue=false")
-        taken = list(self.unacked.items())
-        self.unacked.clear()
-        self._settle_now(taken, r.SETTLE_REQUEUE)
+        self._settle_now(self.unacked.take_all(), r.SETTLE_REQUEUE)
         if type(method) is m.BasicRecover:
             self.send(m.BasicRecoverOk())
 
@@ -810,11 +786,11 @@ class Channel:
             seqs = []
         else:
             tag = headers.get("x-delivery-tag")
-            entry = self.unacked.get(tag) if isinstance(tag, int) else None
-            if entry is None or entry[2] != consumer.holder:
+            delivery = self.unacked.get(tag) if isinstance(tag, int) else None
+            if delivery is None or delivery.holder != consumer.holder:
                 raise AMQPError(spec.PRECONDITION_FAILED, f"unknown delivery tag {tag}",
                                 BASIC_CLASS, m.BasicPublish.METHOD_ID)
-            seqs = [entry[3]]
+            seqs = [delivery.seq]
         consumer.link.send(r.Renew(consumer.meta.qid, consumer.holder, seqs))
         self._confirm_at_once(self.confirms if self.confirms is not None else self.tx_confirms)
 
@@ -985,9 +961,7 @@ class Channel:
         returned = [pair for action, *args in self.tx if action == self._settle_now
                     for pair in args[0]]
         self.tx = []
-        if returned:
-            merged = sorted([*self.unacked.items(), *returned])
-            self.unacked = OrderedDict(merged)
+        self.unacked.restore(returned)
         self.send(m.TxRollbackOk())
 
     def send_confirms(self) -> None:
@@ -1016,7 +990,7 @@ class Channel:
             self.conn.owed_grants.discard(consumer)
         self.consumers.clear()
         self.by_holder.clear()
-        self.unacked.clear()
+        self.unacked.take_all()
         self._backlog.clear()
         self.conn.release(self)
         self.held_deliveries.clear()
