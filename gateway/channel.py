@@ -24,6 +24,7 @@ from .errors import AMQPError, exchange_name, queue_name
 from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, RENEW_EXCHANGE, Exchange
 from .properties import (PropertiesError, decode_properties, encode_properties, flag_mask,
                          peek_delivery_mode, peek_expiration, peek_priority, peek_reply_to)
+from .transaction import PUBLISH, Transaction
 from .unacked import Delivery, Unacked
 
 if TYPE_CHECKING:
@@ -98,9 +99,7 @@ class Channel:
         self.consumer_prefetch = 0
         self.channel_prefetch = 0
         self.confirms: ConfirmTracker | None = None
-        self.tx: list | None = None  # buffered (action, *args) while transactional
-        self.tx_confirms: ConfirmTracker | None = None  # shards' acceptance of a commit
-        self._commit_pending = False
+        self.tx: Transaction | None = None  # in transaction mode
         self.flow_active = True
         self.held_deliveries: list[bytes] = []  # while the client has flow off
         self.last_queue = ""
@@ -703,7 +702,7 @@ class Channel:
 
     def _settle(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
         if self.tx is not None:
-            self.tx.append((self._settle_now, taken, outcome))
+            self.tx.settle(taken, outcome)
         else:
             self._settle_now(taken, outcome)
 
@@ -769,7 +768,7 @@ class Channel:
         if not self.conn.has_published or self.broker.alarms:
             self.conn.note_publish()
         if self.tx is not None:
-            self.tx.append((self._route, method, properties, body, expiration, priority, also))
+            self.tx.publish(method, properties, body, expiration, priority, also)
         else:
             self._route(method, properties, body, expiration, priority, also)
 
@@ -792,7 +791,7 @@ class Channel:
                                 BASIC_CLASS, m.BasicPublish.METHOD_ID)
             seqs = [delivery.seq]
         consumer.link.send(r.Renew(consumer.meta.qid, consumer.holder, seqs))
-        self._confirm_at_once(self.confirms if self.confirms is not None else self.tx_confirms)
+        self._confirm_at_once(self._tracker())
 
     def _confirm_at_once(self, tracker) -> None:
         """A publish no queue has to store (a renewal, a direct reply) is confirmed
@@ -839,7 +838,7 @@ class Channel:
         vhost = self.vhost
         exchange = vhost.exchanges.get(method.exchange)
         routing_key = method.routing_key
-        tracker = self.confirms if self.confirms is not None else self.tx_confirms
+        tracker = self._tracker()
         if exchange is None:
             targets = []
         elif exchange.name == "" and not also:  # the default exchange: the queue named
@@ -902,14 +901,21 @@ class Channel:
             self.confirms = ConfirmTracker()
         self._reply(m.ConfirmSelectOk(), method.nowait)
 
+    def _tracker(self) -> ConfirmTracker | None:
+        """Who counts the shards' acceptance of publishes: confirm mode's tracker,
+        or a transaction's (commit-ok waits for it)."""
+        if self.confirms is not None:
+            return self.confirms
+        return self.tx.stored if self.tx is not None else None
+
     def confirmed(self, seq: int, shard: int) -> None:
-        tracker = self.confirms if self.confirms is not None else self.tx_confirms
+        tracker = self._tracker()
         if tracker is not None and not self.closing:
             tracker.accept(seq, shard)
             self._confirms_changed()
 
     def rejected(self, seq: int, shard: int) -> None:
-        tracker = self.confirms if self.confirms is not None else self.tx_confirms
+        tracker = self._tracker()
         if tracker is not None and not self.closing:
             tracker.reject(seq, shard)
             self._confirms_changed()
@@ -918,9 +924,9 @@ class Channel:
         if self.confirms is not None:
             self.conn.owed_confirms.add(self)
             self.conn.schedule_flush()
-        elif self._commit_pending and not self.tx_confirms.outstanding:
-            self.tx_confirms.take_replies()
-            self._commit_pending = False
+        elif self.tx is not None and self.tx.committing and not self.tx.stored.outstanding:
+            self.tx.stored.take_replies()
+            self.tx.committing = False
             self.send(m.TxCommitOk())
             self._waiting = False
             self.conn.run_guarded(self, self._drain_backlog)
@@ -931,8 +937,7 @@ class Channel:
         if self.confirms is not None:
             raise AMQPError(spec.PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
         if self.tx is None:
-            self.tx = []
-            self.tx_confirms = ConfirmTracker()
+            self.tx = Transaction()
         self.send(m.TxSelectOk())
 
     def _tx_commit(self, method: m.TxCommit) -> None:
@@ -941,27 +946,23 @@ class Channel:
         commit-ok once every shard has stored its part."""
         if self.tx is None:
             raise AMQPError(spec.PRECONDITION_FAILED, "channel is not transactional")
-        actions, self.tx = self.tx, None
-        try:
-            for action, *args in actions:
-                action(*args)
-        finally:
-            self.tx = []
-        if self.tx_confirms.outstanding:
-            self._commit_pending = True
+        for kind, args in self.tx.take():
+            if kind == PUBLISH:
+                self._route(*args)
+            else:
+                self._settle_now(*args)
+        if self.tx.stored.outstanding:
+            self.tx.committing = True
             self._waiting = True  # later frames wait for commit-ok
         else:
-            self.tx_confirms.take_replies()
+            self.tx.stored.take_replies()
             self.send(m.TxCommitOk())
 
     def _tx_rollback(self, method: m.TxRollback) -> None:
         if self.tx is None:
             raise AMQPError(spec.PRECONDITION_FAILED, "channel is not transactional")
         # Acks of the rolled-back transaction leave their deliveries unacked again.
-        returned = [pair for action, *args in self.tx if action == self._settle_now
-                    for pair in args[0]]
-        self.tx = []
-        self.unacked.restore(returned)
+        self.unacked.restore(self.tx.rollback())
         self.send(m.TxRollbackOk())
 
     def send_confirms(self) -> None:
