@@ -65,7 +65,8 @@ class Manifest(msgspec.Struct, array_like=True):
 
 
 class StoreFull(Exception):
-    """The map or the disk is full: nothing of the batch was written."""
+    """A commit failed, for a full map or disk (or another write error): nothing of
+    the batch was written, and a later try may succeed."""
 
 
 class WriteBatch:
@@ -184,7 +185,9 @@ class ShardStore:
                     txn.delete(key, db=self._marks)
                 for key, mark in batch.marks.items():
                     txn.put(key, sealed(mark), db=self._marks)
-        except (lmdb.MapFullError, lmdb.DiskError) as error:  # DiskError: ENOSPC
+        except lmdb.PanicError:  # the environment is unusable: the shard must start over
+            raise
+        except lmdb.Error as error:  # a full map or disk (ENOSPC, or EIO: a short write)
             raise StoreFull(str(error)) from error
         self.fsync_count += 1
         self.last_batch_size = len(batch)
