@@ -29,7 +29,7 @@ RETRY_AFTER = 1.0  # seconds before writes a full disk (or map) refused are trie
 class PendingCommit:
     """The writes of one commit, on their way to the stores."""
 
-    __slots__ = ("batches", "written", "ok", "sizes", "refused")
+    __slots__ = ("batches", "written", "ok", "sizes", "refused", "error")
 
     def __init__(self, batches: dict, written: list, ok: bool = True):
         self.batches = batches
@@ -37,6 +37,7 @@ class PendingCommit:
         self.ok = ok
         self.sizes: list[int] = []  # records per store transaction
         self.refused: dict[ShardStore, WriteBatch] = {}  # batches a full store refused
+        self.error: Exception | None = None  # what broke it otherwise, for the shard's thread
 
 
 class Persister:
@@ -148,6 +149,10 @@ class Persister:
                 pending.ok = False
                 pending.refused[store] = batch
                 continue
+            except Exception as error:  # raised again in the shard's thread (it restarts)
+                pending.ok = False
+                pending.error = error
+                return
             pending.sizes.append(len(batch))
 
     def finish_commit(self, pending: "PendingCommit", evict) -> bool:
@@ -155,6 +160,8 @@ class Persister:
         content from RAM. False if a store refused (full): the commit's confirms
         must then be nacks, and its writes are kept, ahead of those gathered since,
         to be tried again (and the messages kept in RAM) until there is room."""
+        if pending.error is not None:
+            raise pending.error
         self.fsyncs += len(pending.sizes)
         self.messages += sum(pending.sizes)
         self.last_commits = pending.sizes
@@ -162,7 +169,7 @@ class Persister:
             self.retry_at = None
             for qid, msg in pending.written:
                 evict(qid, msg)
-        elif pending.refused or pending.written:
+        elif pending.refused:
             for store, batch in pending.refused.items():
                 later = self._batches.get(store)
                 if later is not None:

@@ -147,9 +147,9 @@ def prepare(data_dir: str, shard_count: int, quarantine: bool = False,
     rebuilt = survey.meta_lost() and bool(orphans)
     if rebuilt and not rebuild:
         raise Refused(f"{survey.meta_path} is {'missing' if survey.meta is None else 'empty'} "
-                      f"but the shard stores hold {survey.orphan_summary()}; start with --rebuild-definitions to "
-                      f"rebuild the definitions from them, or move {data_dir}/shard-* away "
-                      "to start empty")
+                      f"but the shard stores hold {survey.orphan_summary()}; start with "
+                      "--rebuild-definitions to rebuild the definitions from them, or move "
+                      f"{data_dir}/shard-* away to start empty")
     meta = MetaStore(survey.meta_path)
     try:
         if rebuilt:
