@@ -19,7 +19,6 @@ meta/ lists the shard stores the directory has had, so a store that vanished
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 
 from .metastore import MetaStore, QueueDef, VHostDef
@@ -117,11 +116,6 @@ def prepare(data_dir: str, shard_count: int, quarantine: bool = False,
             rebuild: bool = False) -> Recovery:
     """Check the data directory and make it ready for `shard_count` shards, or
     raise Refused."""
-    os.makedirs(data_dir, exist_ok=True)
-    try:  # as root, permission bits do not say whether a write would work: try one
-        tempfile.TemporaryFile(dir=data_dir).close()
-    except OSError as error:
-        raise Refused(f"cannot write to the data directory {data_dir}: {error.strerror}")
     survey = Survey(data_dir)
     verify_hint = f"see `warren inspect --verify {data_dir}`"
     report: list[str] = []

@@ -1,5 +1,5 @@
 """A damaged data directory, end to end against `warren serve`: the broker refuses
-to start with one line naming the store and the way out (no traceback, exit 3),
+to start with one line naming the store and the way out (no traceback, exit 1),
 `warren inspect --verify` lists the damage, and the documented ways out start it
 with a report of what was lost. A shard that keeps dying is restarted less and
 less often and reported by the health checks."""
@@ -60,7 +60,7 @@ def verify(data) -> subprocess.CompletedProcess:
 def refusal(data, *args: str) -> str:
     """The one line a refused start prints."""
     result = serve(data, *args)
-    assert result.returncode == 3, result.stderr
+    assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -169,8 +169,8 @@ def test_read_only_data_dir_refuses_start(tmp_path):
         wait_until(lambda: subprocess.run(["mount", "-o", "remount,ro", str(mount)],
                                           capture_output=True).returncode == 0, timeout=30)
         line = refusal(data)
-        assert line == (f"warren: cannot write to the data directory {data}: "
-                        "Read-only file system")
+        assert line == (f"warren: cannot use data directory {data} (read-only file system): "
+                        "pick another with --data")
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
