@@ -66,6 +66,11 @@ class Survey:
         return (self.meta is None or bool(self.meta.problems)
                 or (self.known is None and not self.queue_defs))
 
+    def meta_state(self) -> str:
+        if self.meta is None:
+            return "missing"
+        return "damaged" if self.meta.problems else "empty"
+
     def orphans(self) -> list[StoreReport]:
         """Sound shard stores that hold queues (which a lost meta/ knew)."""
         return [r for r in self.shards.values() if r.queues and not r.problems]
@@ -83,16 +88,17 @@ class Survey:
             path = os.path.join(self.data_dir, f"shard-{k}")
             if k in damaged:
                 out.append(f"{path}: DAMAGED: {damaged[k]}")
-                out += [f"  queue '{q.name}' in vhost '{q.vhost}': {report.messages.get(q.qid, 0)}"
-                        " readable messages" for q in (report.queues if report else [])]
-                out += [f"  queue '{d.name}' in vhost '{d.vhost}' lived here"
-                        for d in self.queue_defs if d.shard == k]
+                readable = report.messages if report else {}
+                lived = ([d for d in self.queue_defs if d.shard == k]
+                         or (report.queues if report else []))
+                out += [f"  queue '{q.name}' in vhost '{q.vhost}' lived here "
+                        f"({readable.get(q.qid, 0)} of its messages readable)" for q in lived]
             else:
                 out.append(f"{path}: ok, {len(report.queues)} queues, "
                            f"{sum(report.messages.values())} messages")
         if self.meta_lost() and self.orphans():
-            out.append(f"{self.meta_path} is {'missing' if self.meta is None else 'damaged'}: "
-                       f"the shard stores hold {self.orphan_summary()} it does not define")
+            out.append(f"{self.meta_path} is {self.meta_state()}: the shard stores hold "
+                       f"{self.orphan_summary()} it does not define")
         return out
 
     def ok(self) -> bool:
@@ -140,10 +146,10 @@ def prepare(data_dir: str, shard_count: int, quarantine: bool = False,
     orphans = survey.orphans()
     rebuilt = survey.meta_lost() and bool(orphans)
     if rebuilt and not rebuild:
-        raise Refused(f"{survey.meta_path} is {'missing' if survey.meta is None else 'empty'} "
-                      f"but the shard stores hold {survey.orphan_summary()}; start with "
-                      "--rebuild-definitions to rebuild the definitions from them, or move "
-                      f"{data_dir}/shard-* away to start empty")
+        raise Refused(f"{survey.meta_path} is {survey.meta_state()} but the shard stores hold "
+                      f"{survey.orphan_summary()}; start with --rebuild-definitions to rebuild "
+                      f"the definitions from them, or move {data_dir}/shard-* away to start "
+                      "empty")
     meta = MetaStore(survey.meta_path)
     try:
         if rebuilt:

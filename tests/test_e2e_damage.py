@@ -90,7 +90,7 @@ def test_truncated_store_refuses_start_until_quarantined(tmp_path):
     checked = verify(data)
     assert checked.returncode == 1
     assert f"{data}/shard-1: DAMAGED: data.mdb is truncated" in checked.stdout
-    assert f"queue '{Q1}' in vhost '/' lived here" in checked.stdout
+    assert f"queue '{Q1}' in vhost '/' lived here (0 of its messages readable)" in checked.stdout
     assert f"{data}/shard-0: ok, 1 queues, {MESSAGES} messages" in checked.stdout
 
     broker = RunningBroker(data, shards=2, extra_args=["--quarantine-damaged"]).start()

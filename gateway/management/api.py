@@ -622,7 +622,8 @@ _COUNTED = ("published", "delivered", "redelivered", "acked")
 
 
 def _failing_shards(broker) -> list[dict]:
-    return [{"shard": index, **failure} for index, failure in sorted(broker.failing_shards.items())]
+    return [{"shard": index, **failure}
+            for index, failure in sorted(broker.failing_shards.items())]
 
 
 def _message_stats(figures) -> dict:
