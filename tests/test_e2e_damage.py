@@ -154,6 +154,24 @@ def test_missing_meta_refuses_start_until_rebuilt(tmp_path):
         broker.stop()
 
 
+def test_damaged_meta_refuses_start_until_rebuilt(tmp_path):
+    data = tmp_path / "data"
+    fill(data)
+    os.truncate(data / "meta" / "data.mdb", 8192)  # its two meta pages, nothing else
+
+    line = refusal(data)
+    assert line.startswith(f"warren: the metadata store {data}/meta is damaged (data.mdb is "
+                           "truncated")
+    assert "--rebuild-definitions" in line
+    broker = RunningBroker(data, shards=2, extra_args=["--rebuild-definitions"]).start()
+    try:
+        assert counts(broker) == {Q0: MESSAGES, Q1: MESSAGES}
+        assert f"moved the damaged {data}/meta to {data}/quarantine/meta-" in broker.log_text()
+    finally:
+        broker.stop()
+    assert verify(data).returncode == 0
+
+
 def test_read_only_data_dir_refuses_start(tmp_path):
     mount = tmp_path / "ro"
     mount.mkdir()
