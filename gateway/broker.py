@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from shards import records as r
+from storage import recovery
 from storage.metastore import BindingDef, ExchangeDef, MetaStore, PolicyDef, QueueDef, VHostDef
+from storage.shardstore import reusable_bytes
 
 from .access import AccessControl
 from .config import Config
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren")
 
 TRANSIENT_QIDS = 1 << 62  # transient queue ids start here; durable ones come from the metastore
+SHARD_STABLE = 10.0  # seconds a restarted shard must stay up to count as recovered
 
 
 class QueueMeta:
@@ -110,18 +113,25 @@ class Broker:
         self.stopping = False
         self.memory_limit = memory_limit  # bytes of bodies in RAM, all shards together
         self.disk_free_limit = disk_free_limit
+        self.disk_free = 0  # bytes, as of the last check (free pages of the stores included)
         self.stats_interval = stats_interval
         self.store_map_size = store_map_size
         self.alarms: set[tuple] = set()  # (source, resource) of active resource alarms
-        self._restarts: dict[int, float] = {}  # shard -> delay before its next restart
+        # shard -> {"restarts", "exit_code"} while it keeps dying: health checks report it
+        self.failing_shards: dict[int, dict] = {}
 
     async def start(self) -> None:
-        """Open the metastore and start the shards (in an existing data directory);
-        if that fails, what had started is stopped again."""
+        """Check the data directory (recovery.Refused if it is damaged), open the
+        metastore and start the shards; if that fails, what had started is stopped
+        again."""
+        ready = recovery.prepare(self.data_dir, self.shard_count,
+                                 self.config.quarantine_damaged, self.config.rebuild_definitions)
+        for line in ready.report:
+            log.error("recovery: %s", line)
         self.meta = MetaStore(os.path.join(self.data_dir, "meta"))
         self.access.meta = self.meta
         try:
-            self._load_definitions()
+            self._load_definitions(ready.rebuilt)
             for index in range(self.shard_count):
                 self.links.append(self._start_shard(index))
         except BaseException:
@@ -130,11 +140,17 @@ class Broker:
         self._check_disk()
 
     def _check_disk(self) -> None:
-        """Block publishers while free disk is under the limit (RabbitMQ's disk alarm)."""
+        """Block publishers while free disk is under the limit (RabbitMQ's disk alarm).
+        LMDB files never shrink: what consumers and purges free stays in the shard
+        stores as free pages, which they fill before growing, so those count as free
+        too, and the alarm clears once the data is gone."""
         if self.stopping:
             return
-        free = shutil.disk_usage(self.data_dir).free
-        self.set_alarm(("gateway", "disk"), free < self.disk_free_limit)
+        self.disk_free = shutil.disk_usage(self.data_dir).free + sum(
+            reusable_bytes(os.path.join(self.data_dir, entry))
+            for entry in os.listdir(self.data_dir)
+            if entry.startswith("shard-") and entry[6:].isdigit())
+        self.set_alarm(("gateway", "disk"), self.disk_free < self.disk_free_limit)
         asyncio.get_running_loop().call_later(1.0, self._check_disk)
 
     def set_alarm(self, key: tuple, active: bool) -> None:
@@ -154,15 +170,15 @@ class Broker:
         resources = sorted({resource for _, resource in self.alarms})
         return " and ".join(f"low on {r}" for r in resources) or ""
 
-    def _load_definitions(self) -> None:
+    def _load_definitions(self, rebuilt: bool = False) -> None:
         """Durable vhosts, exchanges, queues (with their placement) and bindings."""
         defs = self.meta.load()
-        fresh = not defs.vhosts and not defs.users
+        fresh = (not defs.vhosts and not defs.users) or rebuilt
         for v in defs.vhosts:
             self.vhosts.setdefault(v.name, VHost(v.name))
             self.vhost_defs[v.name] = v
         self.access.load(defs.users, defs.permissions)
-        if fresh:  # a new data directory: RabbitMQ's default vhost and user
+        if fresh:  # a new (or rebuilt) data directory: RabbitMQ's default vhost and user
             self.add_vhost(self.config.default_vhost)
             self.access.ensure_default(self.config.default_user, self.config.default_pass,
                                        self.config.default_vhost)
@@ -210,6 +226,7 @@ class Broker:
                          self.store_map_size, self._on_events,
                          self._on_shard_exit, self._log_dir())
         link.start()
+        asyncio.get_running_loop().call_later(SHARD_STABLE, self._shard_stable, index, link)
         # Declare its durable queues again: one whose declaration the shard had not
         # committed when it died (or the broker stopped) would otherwise be missing
         # from its store. Queues it recovered ignore this.
@@ -593,7 +610,14 @@ class Broker:
     def _on_shard_exit(self, link: ShardLink, returncode: int) -> None:
         if self.stopping:
             return
-        log.error("shard %d exited with code %s; restarting it", link.index, returncode)
+        # A shard that keeps dying is restarted less and less often (at most once a
+        # minute), and reported by the health checks until it stays up.
+        failure = self.failing_shards.setdefault(link.index, {"restarts": 0})
+        failure["restarts"] += 1
+        failure["exit_code"] = returncode
+        delay = 0.0 if failure["restarts"] == 1 else min(0.1 * 2 ** failure["restarts"], 60.0)
+        log.error("shard %d exited with code %s (failure %d in a row); restarting it in "
+                  "%.1f s", link.index, returncode, failure["restarts"], delay)
         # Its transient queues died with it; durable ones come back from its store.
         for vhost in self.vhosts.values():
             for meta in [m for m in vhost.queues.values()
@@ -604,13 +628,12 @@ class Broker:
         # Its consumers are cancelled and its unconfirmed publishes nacked.
         for channel in set(self.holders.values()):
             channel.shard_lost(link)
-        # A shard that keeps dying is restarted less and less often.
-        delay = self._restarts.get(link.index, 0.0)
-        self._restarts[link.index] = min(max(delay * 2, 0.1), 5.0)
-        loop = asyncio.get_running_loop()
-        loop.call_later(delay, self._restart_shard, link.index)
-        loop.call_later(30.0, self._restarts.pop, link.index, None)
+        asyncio.get_running_loop().call_later(delay, self._restart_shard, link.index)
 
     def _restart_shard(self, index: int) -> None:
         if not self.stopping:
             self.links[index] = self._start_shard(index)
+
+    def _shard_stable(self, index: int, link: ShardLink) -> None:
+        if self.links[index] is link and link.alive and self.failing_shards.pop(index, None):
+            log.warning("shard %d is up again", index)

@@ -49,6 +49,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     default_pass: str = "guest"
     default_vhost: str = "/"
     loopback_users: list[str] = msgspec.field(default_factory=lambda: ["guest"])
+    quarantine_damaged: bool = False
+    rebuild_definitions: bool = False
 
     @property
     def tls_enabled(self) -> bool:
@@ -94,6 +96,10 @@ HELP = {
     "default_pass": "password of that user",
     "default_vhost": "vhost created in a new data directory",
     "loopback_users": "users that may only connect from loopback (comma-separated)",
+    "quarantine_damaged": "start although shard stores are damaged: move them to "
+                          "DATA/quarantine/ and serve their queues empty",
+    "rebuild_definitions": "start although meta/ is missing or damaged: rebuild the queue "
+                           "definitions from the shard stores",
 }
 # The command line's older short forms.
 ALIASES = {"data_dir": ["--data"]}
@@ -190,8 +196,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="configuration file (warren.toml); command-line options win")
     for name in Config.__struct_fields__:
+        flag = Config.__annotations__[name] == "bool"  # `--flag` alone means true
         parser.add_argument(f"--{name.replace('_', '-')}", *ALIASES.get(name, []), dest=name,
-                            default=None, metavar=name.upper(), help=HELP[name])
+                            default=None, metavar=name.upper(), help=HELP[name],
+                            nargs="?" if flag else None, const="true" if flag else None)
 
 
 def from_arguments(args: argparse.Namespace) -> Config:

@@ -18,6 +18,8 @@ import sys
 
 import lmdb
 
+from storage import recovery
+
 from . import management
 from .broker import Broker
 from .config import Config
@@ -71,6 +73,8 @@ async def serve(settings: Config) -> None:
             servers.append(http)
         try:
             await broker.start()
+        except recovery.Refused as error:  # damaged stores: the message says what to do
+            raise StartupError(str(error)) from None
         except (OSError, lmdb.Error) as error:
             where = f"{error.filename}: " if getattr(error, "filename", None) else ""
             raise StartupError(f"cannot open the stores in {data.path} ({where}"

@@ -87,7 +87,8 @@ class Shard:
     # -- commits and confirms ------------------------------------------------------
 
     def has_commit_work(self) -> bool:
-        return bool(self.persister.has_writes() or self.confirm_seqs or self.refused_seqs)
+        return bool(self.confirm_seqs or self.refused_seqs
+                    or self.persister.writes_due(time.monotonic()))
 
     def _take_confirm_lists(self) -> tuple:
         lists = (self.confirm_channels, self.confirm_seqs, self.refused_channels,
@@ -136,6 +137,8 @@ class Shard:
     def _committed(self, stored: bool, lists: tuple, started: float) -> list:
         """After a commit: its statistics, and its confirms (nacks if it failed)."""
         self.stored_ok = stored
+        if not stored:  # wake to write what was refused again (persister.retry_at)
+            self.plan_timers()
         for messages in self.persister.last_commits:
             self.stats.note_commit(messages)
         if lists[1]:
@@ -185,6 +188,8 @@ class Shard:
             deadline = queue.next_deadline()
             if deadline is not None:
                 deadlines.append(deadline)
+        if self.persister.retry_at is not None:
+            deadlines.append(self.persister.retry_at)
         self.next_timer = min(deadlines) if deadlines else None
 
     def check_resources(self, memory_limit: int, stored: bool) -> None:

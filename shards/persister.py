@@ -14,6 +14,7 @@ durable queue is found again and stays in the store it was written to.
 from __future__ import annotations
 
 import logging
+import time
 
 from storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
 
@@ -22,17 +23,21 @@ from .queue import Message, Queue
 
 log = logging.getLogger("warren.shard")
 
+RETRY_AFTER = 1.0  # seconds before writes a full disk (or map) refused are tried again
+
 
 class PendingCommit:
     """The writes of one commit, on their way to the stores."""
 
-    __slots__ = ("batches", "written", "ok", "sizes")
+    __slots__ = ("batches", "written", "ok", "sizes", "refused", "error")
 
-    def __init__(self, batches: dict, written: list):
+    def __init__(self, batches: dict, written: list, ok: bool = True):
         self.batches = batches
         self.written = written  # (qid, message) whose content leaves RAM once committed
-        self.ok = True
+        self.ok = ok
         self.sizes: list[int] = []  # records per store transaction
+        self.refused: dict[ShardStore, WriteBatch] = {}  # batches a full store refused
+        self.error: Exception | None = None  # what broke it otherwise, for the shard's thread
 
 
 class Persister:
@@ -45,6 +50,7 @@ class Persister:
         self.fsyncs = 0
         self.messages = 0
         self.last_commits: list[int] = []  # messages per fsync of the latest commit()
+        self.retry_at: float | None = None  # writes were refused for space: try again then
 
     # -- recovery --------------------------------------------------------------
 
@@ -113,9 +119,17 @@ class Persister:
     def has_writes(self) -> bool:
         return any(not batch.is_empty() for batch in self._batches.values())
 
+    def writes_due(self, now: float) -> bool:
+        """Writes to commit now: none before the retry time after a refusal."""
+        return self.has_writes() and (self.retry_at is None or now >= self.retry_at)
+
     def begin_commit(self) -> "PendingCommit":
         """Take this turn's writes out of the persister, to be committed (possibly in
-        another thread) while the next turn's writes gather."""
+        another thread) while the next turn's writes gather. Before the retry time
+        after a refusal, nothing is taken and the commit fails at once (its
+        publishes are nacked) without touching the disk."""
+        if self.retry_at is not None and time.monotonic() < self.retry_at:
+            return PendingCommit({}, [], ok=False)
         pending = PendingCommit({store: batch for store, batch in self._batches.items()
                                  if not batch.is_empty()}, self._written)
         self._batches = {}
@@ -129,22 +143,40 @@ class Persister:
         for store, batch in pending.batches.items():
             try:
                 store.commit(batch)
-            except StoreFull:
-                log.error("store %s is full: nacking this commit's publishes", store)
+            except StoreFull as error:
+                log.error("%s refused a commit (%s): nacking its publishes, keeping its "
+                          "writes to try again", store, error)
                 pending.ok = False
+                pending.refused[store] = batch
                 continue
+            except Exception as error:  # raised again in the shard's thread (it restarts)
+                pending.ok = False
+                pending.error = error
+                return
             pending.sizes.append(len(batch))
 
     def finish_commit(self, pending: "PendingCommit", evict) -> bool:
         """After run_commit, in the shard's thread: evict each written message's
         content from RAM. False if a store refused (full): the commit's confirms
-        must then be nacks."""
+        must then be nacks, and its writes are kept, ahead of those gathered since,
+        to be tried again (and the messages kept in RAM) until there is room."""
+        if pending.error is not None:
+            raise pending.error
         self.fsyncs += len(pending.sizes)
         self.messages += sum(pending.sizes)
         self.last_commits = pending.sizes
         if pending.ok:
+            self.retry_at = None
             for qid, msg in pending.written:
                 evict(qid, msg)
+        elif pending.refused:
+            for store, batch in pending.refused.items():
+                later = self._batches.get(store)
+                if later is not None:
+                    batch.merge(later)
+                self._batches[store] = batch
+            self._written[:0] = pending.written
+            self.retry_at = time.monotonic() + RETRY_AFTER
         return pending.ok
 
     def commit(self, evict) -> bool:

@@ -1,4 +1,5 @@
 """`warren inspect DATA_DIR`: what a data directory holds, read without touching it.
+`warren inspect --verify DATA_DIR` checks every store for damage (exit 1 if any).
 
 Environments are opened read-only as ordinary LMDB readers, so this works on a
 stopped broker and beside a running one without blocking its writers.
@@ -17,6 +18,8 @@ import lmdb
 import msgspec
 
 from .metastore import QueueDef
+from .recovery import Survey
+from .sealed import unseal
 from .shardstore import StoredMessage, StoredQueue
 
 _key = struct.Struct(">QQ")
@@ -39,7 +42,8 @@ class _ShardView:
     def stored_queues(self) -> dict[int, StoredQueue]:
         decoder = msgspec.msgpack.Decoder(StoredQueue)
         with self.env.begin() as txn:
-            return {q.qid: q for q in (decoder.decode(v) for _, v in txn.cursor(db=self.queues))}
+            return {q.qid: q for q in (decoder.decode(unseal(v))
+                                      for _, v in txn.cursor(db=self.queues))}
 
     def counts(self, qid: int) -> tuple[int, int]:
         """(messages, bytes of stored values) of a queue."""
@@ -52,7 +56,7 @@ class _ShardView:
                     if bytes(key[:8]) != prefix:
                         break
                     count += 1
-                    size += len(value)
+                    size += len(value) - 8  # its checksum
         return count, size
 
     def first(self, qid: int, limit: int) -> list[tuple[int, StoredMessage, bool]]:
@@ -66,7 +70,7 @@ class _ShardView:
                     if key[:8] != prefix or len(out) >= limit:
                         break
                     delivered = txn.get(key, db=self.marks) is not None
-                    out.append((_key.unpack(key)[1], decoder.decode(value), delivered))
+                    out.append((_key.unpack(key)[1], decoder.decode(unseal(value)), delivered))
         return out
 
     def close(self) -> None:
@@ -80,7 +84,7 @@ def _queues(data_dir: str) -> tuple[list[str], list[dict], dict[int, _ShardView]
         db = meta_env.open_db(b"queues", create=False)
         decoder = msgspec.msgpack.Decoder(QueueDef)
         with meta_env.begin() as txn:
-            defs = [decoder.decode(v) for _, v in txn.cursor(db=db)]
+            defs = [decoder.decode(unseal(v)) for _, v in txn.cursor(db=db)]
         vhosts_db = meta_env.open_db(b"vhosts", create=False)
         with meta_env.begin() as txn:
             vhosts = sorted(bytes(k).decode() for k, _ in txn.cursor(db=vhosts_db))
@@ -141,7 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vhost", default="/")
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--json", action="store_true", help="JSON output for scripts")
+    parser.add_argument("--verify", action="store_true",
+                        help="check every store for damage; exit 1 if any is damaged")
     args = parser.parse_args(argv)
+    if args.verify and os.path.isdir(args.data_dir):
+        survey = Survey(args.data_dir)
+        print("\n".join(survey.lines()))
+        return 0 if survey.ok() else 1
     if not os.path.isdir(os.path.join(args.data_dir, "meta")):
         print(f"warren inspect: no Warren data directory at {args.data_dir} "
               "(no meta/ environment)", file=sys.stderr)

@@ -1,7 +1,10 @@
 """The metadata environment (DATA/meta/): vhosts, users, permissions, policies,
 durable exchanges, durable queues with their placement, and bindings.
 
-Metadata changes are rare, so each one is its own synced transaction.
+Metadata changes are rare, so each one is its own synced transaction. Values
+are sealed with their checksum (storage.sealed). The counters database also
+lists the shard stores this directory has had, so a store that goes missing is
+noticed (storage.recovery).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import os
 
 import lmdb
 import msgspec
+
+from .sealed import seal, unseal
 
 
 class ExchangeDef(msgspec.Struct):
@@ -87,6 +92,7 @@ _KINDS = {"vhosts": VHostDef, "users": UserDef, "permissions": PermissionDef,
           "exchanges": ExchangeDef, "queues": QueueDef, "bindings": BindingDef,
           "policies": PolicyDef}
 _NEXT_QID = b"next_qid"
+_STORES = b"stores"
 
 
 def _key(*parts: str) -> bytes:
@@ -108,20 +114,38 @@ class MetaStore:
         with self.env.begin() as txn:
             for kind, struct in _KINDS.items():
                 decoder = msgspec.msgpack.Decoder(struct)
-                found[kind] = [decoder.decode(v) for _, v in txn.cursor(db=self._dbs[kind])]
-            raw = txn.get(_NEXT_QID, db=self._dbs["counters"])
-        return Definitions(**found, next_qid=int(raw or b"1"))
+                found[kind] = [decoder.decode(unseal(v))
+                               for _, v in txn.cursor(db=self._dbs[kind])]
+            next_qid = self._counter(txn, _NEXT_QID, 1)
+        return Definitions(**found, next_qid=next_qid)
+
+    def _counter(self, txn, key: bytes, default):
+        raw = txn.get(key, db=self._dbs["counters"])
+        return default if raw is None else msgspec.msgpack.decode(unseal(raw))
 
     def allocate_qid(self) -> int:
         """A new durable queue id, never reused, even across restarts."""
         with self.env.begin(write=True) as txn:
-            qid = int(txn.get(_NEXT_QID, db=self._dbs["counters"]) or b"1")
-            txn.put(_NEXT_QID, str(qid + 1).encode(), db=self._dbs["counters"])
+            qid = self._counter(txn, _NEXT_QID, 1)
+            txn.put(_NEXT_QID, seal(self._encode(qid + 1)), db=self._dbs["counters"])
         return qid
+
+    def set_next_qid(self, qid: int) -> None:
+        self._put("counters", _NEXT_QID, qid)
+
+    def stores(self) -> set[int] | None:
+        """The shard stores (K of DATA/shard-K) this directory has had; None before
+        the first start that recorded them."""
+        with self.env.begin() as txn:
+            stores = self._counter(txn, _STORES, None)
+        return None if stores is None else set(stores)
+
+    def set_stores(self, stores: set[int]) -> None:
+        self._put("counters", _STORES, sorted(stores))
 
     def _put(self, kind: str, key: bytes, value) -> None:
         with self.env.begin(write=True) as txn:
-            txn.put(key, self._encode(value), db=self._dbs[kind])
+            txn.put(key, seal(self._encode(value)), db=self._dbs[kind])
 
     def _delete(self, kind: str, key: bytes) -> None:
         with self.env.begin(write=True) as txn:
@@ -174,7 +198,7 @@ class MetaStore:
                             break
             cursor = txn.cursor(db=self._dbs["permissions"])
             decoder = msgspec.msgpack.Decoder(PermissionDef)
-            doomed = [k for k, v in cursor if decoder.decode(v).vhost == name]
+            doomed = [k for k, v in cursor if decoder.decode(unseal(v)).vhost == name]
             for key in doomed:
                 txn.delete(key, db=self._dbs["permissions"])
 

@@ -6,10 +6,13 @@ cursor walks a queue in order. Three databases:
     queues     qid            -> StoredQueue
     messages   qid + seq      -> StoredMessage (content; read back on delivery)
     marks      qid + seq      -> (delivered, delivery_count, acquired_count, rich)
+    manifest   b"manifest"    -> Manifest (the store's format; written when it is created)
 
 `marks` exists only for messages that went out at least once, or that carry
 their own expiration (`rich`: recovery reads their properties); recovery reads
-the keys of `messages` and the small `marks` values, and no other bodies.
+the keys of `messages` and the small `marks` values, and no other bodies. Every
+value is sealed with its checksum (storage.sealed); storage.verify checks them
+all before the broker starts.
 """
 
 from __future__ import annotations
@@ -21,8 +24,13 @@ from typing import Iterator
 import lmdb
 import msgspec
 
+from .sealed import seal, unseal
+
 _key = struct.Struct(">QQ")
 _qid = struct.Struct(">Q")
+FORMAT = 1  # of the records below; a store of another format is not read
+MANIFEST_KEY = b"manifest"
+_DB_NAMES = (b"queues", b"messages", b"marks", b"manifest")
 
 
 class StoredQueue(msgspec.Struct, array_like=True):
@@ -52,8 +60,13 @@ class _Mark(msgspec.Struct, array_like=True):
     rich: bool = False  # recovery must read its properties (it expires by itself)
 
 
+class Manifest(msgspec.Struct, array_like=True):
+    format: int
+
+
 class StoreFull(Exception):
-    """The environment's map is full: nothing of the batch was written."""
+    """A commit failed, for a full map or disk (or another write error): nothing of
+    the batch was written, and a later try may succeed."""
 
 
 class WriteBatch:
@@ -103,6 +116,22 @@ class WriteBatch:
     def update_counts(self, qid: int, seq: int, delivery_count: int, acquired_count: int) -> None:
         self.marks[_key.pack(qid, seq)] = _Mark(True, delivery_count, acquired_count)
 
+    def merge(self, later: "WriteBatch") -> None:
+        """Apply a later batch's writes on top of this one's, as two commits in a row
+        would (a refused batch is kept, and what gathered since joins it)."""
+        for qid in later.queue_deletes:
+            self.delete_queue(qid)
+        for queue in later.queue_puts.values():
+            self.put_queue(queue)
+        for key, message in later.puts.items():
+            self.deletes.discard(key)
+            self.puts[key] = message
+        for key in later.deletes:
+            self.marks.pop(key, None)
+            if self.puts.pop(key, None) is None:
+                self.deletes.add(key)
+        self.marks.update(later.marks)
+
     def __len__(self) -> int:
         return len(self.puts) + len(self.deletes) + len(self.marks)
 
@@ -120,6 +149,7 @@ class ShardStore:
         self._queues = self.env.open_db(b"queues")
         self._messages = self.env.open_db(b"messages")
         self._marks = self.env.open_db(b"marks")
+        self._manifest = self.env.open_db(b"manifest")
         self._encode = msgspec.msgpack.Encoder().encode
         self._queue_decoder = msgspec.msgpack.Decoder(StoredQueue)
         self._message_decoder = msgspec.msgpack.Decoder(StoredMessage)
@@ -127,13 +157,19 @@ class ShardStore:
         self.fsync_count = 0
         self.committed_messages = 0
         self.last_batch_size = 0
+        with self.env.begin(write=True) as txn:
+            if txn.get(MANIFEST_KEY, db=self._manifest) is None:
+                txn.put(MANIFEST_KEY, self._sealed(Manifest(FORMAT)), db=self._manifest)
+
+    def _sealed(self, record) -> bytes:
+        return seal(self._encode(record))
 
     def __repr__(self) -> str:
         return f"ShardStore({self.path!r})"
 
     def commit(self, batch: WriteBatch) -> None:
         """Write the batch in one transaction and fsync it (sync=True)."""
-        encode = self._encode
+        sealed = self._sealed
         try:
             with self.env.begin(write=True) as txn:
                 for qid in batch.queue_deletes:
@@ -141,15 +177,17 @@ class ShardStore:
                     self._delete_prefix(txn, self._messages, qid)
                     self._delete_prefix(txn, self._marks, qid)
                 for qid, queue in batch.queue_puts.items():
-                    txn.put(_qid.pack(qid), encode(queue), db=self._queues)
+                    txn.put(_qid.pack(qid), sealed(queue), db=self._queues)
                 for key, message in batch.puts.items():
-                    txn.put(key, encode(message), db=self._messages)
+                    txn.put(key, sealed(message), db=self._messages)
                 for key in batch.deletes:
                     txn.delete(key, db=self._messages)
                     txn.delete(key, db=self._marks)
                 for key, mark in batch.marks.items():
-                    txn.put(key, encode(mark), db=self._marks)
-        except lmdb.MapFullError as error:
+                    txn.put(key, sealed(mark), db=self._marks)
+        except lmdb.PanicError:  # the environment is unusable: the shard must start over
+            raise
+        except lmdb.Error as error:  # a full map or disk (ENOSPC, or EIO: a short write)
             raise StoreFull(str(error)) from error
         self.fsync_count += 1
         self.last_batch_size = len(batch)
@@ -166,7 +204,8 @@ class ShardStore:
 
     def queues(self) -> list[StoredQueue]:
         with self.env.begin() as txn:
-            return [self._queue_decoder.decode(v) for _, v in txn.cursor(db=self._queues)]
+            return [self._queue_decoder.decode(unseal(v))
+                    for _, v in txn.cursor(db=self._queues)]
 
     def recover(self, qid: int) -> Iterator[tuple[int, bool, int, int, bool]]:
         """(seq, delivered, delivery_count, acquired_count, rich) of a queue, in
@@ -179,7 +218,7 @@ class ShardStore:
                 for key, value in cursor:
                     if key[:8] != prefix:
                         break
-                    marks[key] = self._mark_decoder.decode(value)
+                    marks[key] = self._mark_decoder.decode(unseal(value))
             cursor = txn.cursor(db=self._messages)
             if not cursor.set_range(prefix):
                 return
@@ -203,13 +242,35 @@ class ShardStore:
             out = []
             for qid, seq in keys:
                 value = txn.get(_key.pack(qid, seq), db=self._messages)
-                out.append(None if value is None else decode(value))
+                out.append(None if value is None else decode(unseal(value)))
             return out
-
-    def free_bytes_estimate(self) -> int:
-        info = self.env.info()
-        stat = self.env.stat()
-        return info["map_size"] - (info["last_pgno"] + 1) * stat["psize"]
 
     def close(self) -> None:
         self.env.close()
+
+
+def reusable_bytes(path: str) -> int:
+    """Bytes of a store's file that LMDB will fill again before it grows it: its
+    free pages. LMDB files never shrink, so after a purge this is the disk space
+    that was freed. Read from a read-only environment (any process may ask); 0 if
+    it cannot be read, or if its file is shorter than its pages (reading those
+    would kill the reader with SIGBUS)."""
+    try:
+        env = lmdb.open(path, readonly=True, lock=True, subdir=True, max_dbs=8, create=False)
+    except lmdb.Error:
+        return 0
+    try:
+        stat = env.stat()
+        pages = env.info()["last_pgno"] + 1
+        if os.path.getsize(os.path.join(path, "data.mdb")) < pages * stat["psize"]:
+            return 0
+        used = 2 + stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]  # 2 metas
+        with env.begin() as txn:
+            for name in _DB_NAMES:
+                sub = txn.stat(env.open_db(name, txn=txn, create=False))
+                used += sub["branch_pages"] + sub["leaf_pages"] + sub["overflow_pages"]
+        return max(0, pages - used) * stat["psize"]
+    except (lmdb.Error, OSError):
+        return 0
+    finally:
+        env.close()

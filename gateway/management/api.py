@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import shutil
 import socket
 import time
 from importlib import resources
@@ -236,20 +235,20 @@ class Management:
 
     def _node(self) -> dict:
         broker = self.broker
-        disk = shutil.disk_usage(broker.data_dir)
         pids = [os.getpid(), *self.shard_pids().values()]
         return {
             "name": NODE, "type": "disc", "running": True,
             "mem_used": sum(metrics.rss(pid) for pid in pids),
             "mem_limit": broker.memory_limit,
             "mem_alarm": any(resource == "memory" for _, resource in broker.alarms),
-            "disk_free": disk.free, "disk_free_limit": broker.disk_free_limit,
+            "disk_free": broker.disk_free, "disk_free_limit": broker.disk_free_limit,
             "disk_free_alarm": any(resource == "disk" for _, resource in broker.alarms),
             "fd_used": len(os.listdir("/proc/self/fd")),
             "proc_used": len(pids), "processors": os.cpu_count(),
             "uptime": int((time.time() - self.started) * 1000),
             "partitions": [], "run_queue": 0,
             "shards": broker.shard_count,
+            "failing_shards": _failing_shards(broker),
         }
 
     def shard_pids(self) -> dict[int, int]:
@@ -420,7 +419,9 @@ class Management:
             "name": meta.name, "vhost": meta.vhost, "durable": meta.durable,
             "auto_delete": meta.auto_delete, "exclusive": meta.owner is not None,
             "arguments": meta.arguments, "type": meta.queue_type, "node": NODE,
-            "state": "running" if figure else "down", "shard": meta.shard,
+            "state": ("running" if figure else
+                      "crashed" if meta.shard in self.broker.failing_shards else "down"),
+            "shard": meta.shard,
             "messages": ready + unacked, "messages_ready": ready,
             "messages_unacknowledged": unacked, "consumers": figure.get("consumers", 0),
             "message_bytes_ram": figure.get("ram_bytes", 0),
@@ -588,7 +589,27 @@ class Management:
         raise HTTPError(405, "method_not_allowed", request.method)
 
     async def api_healthchecks(self, request: Request, rest: list[str]) -> Response:
-        return Response.json({"status": "ok"})
+        return self._health()
+
+    async def api_health(self, request: Request, rest: list[str]) -> Response:
+        """RabbitMQ's /api/health/checks/alarms and local-alarms (one node: the same),
+        which here also fail while a shard keeps dying."""
+        if len(rest) != 2 or rest[0] != "checks" or rest[1] not in ("alarms", "local-alarms"):
+            raise not_found()
+        return self._health()
+
+    def _health(self) -> Response:
+        broker = self.broker
+        alarms = [{"node": NODE, "resource": resource}
+                  for resource in sorted({resource for _, resource in broker.alarms})]
+        shards = _failing_shards(broker)
+        if not alarms and not shards:
+            return Response.json({"status": "ok"})
+        reasons = (["resource alarm(s) in effect in the cluster"] if alarms else []) + [
+            f"shard {s['shard']} keeps failing ({s['restarts']} restarts, last exit code "
+            f"{s['exit_code']})" for s in shards]
+        return Response.json({"status": "failed", "reason": "; ".join(reasons),
+                              "alarms": alarms, "failing_shards": shards}, status=503)
 
     async def api_aliveness_test(self, request: Request, rest: list[str]) -> Response:
         if rest:  # RabbitMQ's test declares a queue there: it needs the permission
@@ -598,6 +619,11 @@ class Management:
 
 
 _COUNTED = ("published", "delivered", "redelivered", "acked")
+
+
+def _failing_shards(broker) -> list[dict]:
+    return [{"shard": index, **failure}
+            for index, failure in sorted(broker.failing_shards.items())]
 
 
 def _message_stats(figures) -> dict:

@@ -1,0 +1,114 @@
+"""Damage checks of one store (DATA/meta or DATA/shard-K).
+
+LMDB checks the shape of the pages it reads, not the bytes of the values, and
+maps a file shorter than its tree without a word (reading past its end kills
+the reader with SIGBUS). So a store is checked here for: its file reaching its
+last page, every record readable and matching its checksum, as many records in
+each database as LMDB counts, and a shard store's manifest. Callers run this in
+a child process per store (`check_stores`): all stores at once, and a page that
+crashes the reader is reported instead of crashing the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import lmdb
+import msgspec
+
+from .metastore import _KINDS
+from .sealed import Damaged, unseal
+from .shardstore import FORMAT, Manifest, StoredMessage, StoredQueue, _Mark
+
+SHARD_DBS = {b"manifest": Manifest, b"queues": StoredQueue, b"messages": StoredMessage,
+             b"marks": _Mark}
+META_DBS = {**{kind.encode(): struct for kind, struct in _KINDS.items()}, b"counters": None}
+
+
+class StoreReport(msgspec.Struct):
+    path: str
+    problems: list[str] = []
+    queues: list[StoredQueue] = []  # the queue records it holds (shard stores)
+    messages: dict[int, int] = {}  # qid -> readable messages
+
+
+def check_store(path: str) -> StoreReport:
+    report = StoreReport(path)
+    data = os.path.join(path, "data.mdb")
+    if not os.path.isfile(data):
+        report.problems.append("data.mdb is missing")
+        return report
+    size = os.path.getsize(data)
+    try:
+        env = lmdb.open(path, readonly=True, lock=True, subdir=True, max_dbs=16, create=False)
+    except lmdb.Error as error:
+        report.problems.append(f"not a readable LMDB environment: {error}")
+        return report
+    try:
+        end = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        if size < end:
+            report.problems.append(f"data.mdb is truncated: {size} bytes, its pages reach {end}")
+            return report
+        dbs = META_DBS if os.path.basename(path) == "meta" else SHARD_DBS
+        with env.begin(buffers=True) as txn:
+            for name, struct in dbs.items():
+                _check_db(env, txn, name.decode(), struct, report)
+    except lmdb.Error as error:
+        report.problems.append(f"unreadable: {error}")
+    finally:
+        env.close()
+    return report
+
+
+def _check_db(env, txn, name: str, struct, report: StoreReport) -> None:
+    try:
+        db = env.open_db(name.encode(), txn=txn, create=False)
+    except lmdb.NotFoundError:
+        report.problems.append(f"its {name} database is missing")
+        return
+    decode = (msgspec.msgpack.Decoder(struct) if struct else msgspec.msgpack.Decoder()).decode
+    expected = txn.stat(db)["entries"]
+    count = bad = 0
+    for key, value in txn.cursor(db=db):
+        count += 1
+        try:
+            record = decode(unseal(value))
+        except (Damaged, msgspec.DecodeError):
+            bad += 1
+            continue
+        if struct is StoredQueue:
+            report.queues.append(record)
+        elif struct is StoredMessage:
+            qid = int.from_bytes(key[:8], "big")
+            report.messages[qid] = report.messages.get(qid, 0) + 1
+        elif struct is Manifest and record.format != FORMAT:
+            report.problems.append(f"its format is {record.format}, this Warren reads {FORMAT}")
+    if bad:
+        report.problems.append(f"{bad} of {count} {name} records fail their checksum")
+    if count != expected:
+        report.problems.append(f"{count} {name} records readable of the {expected} it counts")
+    if name == "manifest" and count == 0:
+        report.problems.append("it has no manifest")
+
+
+def check_stores(paths: list[str]) -> list[StoreReport]:
+    children = [(path, subprocess.Popen([sys.executable, "-m", "storage.verify", path],
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+                for path in paths]
+    reports = []
+    for path, child in children:
+        out, _ = child.communicate()
+        if child.returncode == 0:
+            reports.append(msgspec.msgpack.decode(out, type=StoreReport))
+        else:
+            how = (signal.Signals(-child.returncode).name if child.returncode < 0
+                   else f"exit code {child.returncode}")
+            reports.append(StoreReport(path, [f"reading it crashed the checker ({how})"]))
+    return reports
+
+
+if __name__ == "__main__":
+    sys.stdout.buffer.write(msgspec.msgpack.encode(check_store(sys.argv[1])))

@@ -1,0 +1,252 @@
+"""A damaged data directory, end to end against `warren serve`: the broker refuses
+to start with one line naming the store and the way out (no traceback, exit 1),
+`warren inspect --verify` lists the damage, and the documented ways out start it
+with a report of what was lost. A shard that keeps dying is restarted less and
+less often and reported by the health checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pika
+import pytest
+
+from .conftest import ROOT, RunningBroker, wait_until
+from .test_e2e_basic import names_on_every_shard, shard_pids
+
+MESSAGES = 60
+Q0, Q1 = names_on_every_shard(2, 1, "dmg")  # on shard 0 and on shard 1
+
+
+def body(i: int) -> bytes:
+    """10 KB, unique per message: stored in LMDB overflow pages of their own."""
+    return (b"%06d" % i) * 1700
+
+
+def fill(data) -> None:
+    broker = RunningBroker(data, shards=2).start()
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for queue in (Q0, Q1):
+            ch.queue_declare(queue, durable=True)
+            for i in range(MESSAGES):
+                ch.basic_publish("", queue, body(i), pika.BasicProperties(delivery_mode=2))
+        conn.close()
+    finally:
+        broker.stop()
+
+
+def serve(data, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data", str(data),
+         "--shards", "2", "--management-port", "0", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def verify(data) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "inspect", "--verify", str(data)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def refusal(data, *args: str) -> str:
+    """The one line a refused start prints."""
+    result = serve(data, *args)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert result.stdout == ""
+    return lines[0]
+
+
+def counts(broker) -> dict[str, int]:
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+    ch = conn.channel()
+    found = {q: ch.queue_declare(q, passive=True).method.message_count for q in (Q0, Q1)}
+    conn.close()
+    return found
+
+
+def test_truncated_store_refuses_start_until_quarantined(tmp_path):
+    data = tmp_path / "data"
+    fill(data)
+    store = data / "shard-1" / "data.mdb"
+    os.truncate(store, store.stat().st_size // 2)
+
+    line = refusal(data)
+    assert line.startswith(f"warren: the shard store {data}/shard-1 is damaged (data.mdb is "
+                           "truncated")
+    assert f"warren inspect --verify {data}" in line and "--quarantine-damaged" in line
+
+    checked = verify(data)
+    assert checked.returncode == 1
+    assert f"{data}/shard-1: DAMAGED: data.mdb is truncated" in checked.stdout
+    assert f"queue '{Q1}' in vhost '/' lived here (0 of its messages readable)" in checked.stdout
+    assert f"{data}/shard-0: ok, 1 queues, {MESSAGES} messages" in checked.stdout
+
+    broker = RunningBroker(data, shards=2, extra_args=["--quarantine-damaged"]).start()
+    try:
+        assert counts(broker) == {Q0: MESSAGES, Q1: 0}  # the sound shard keeps everything
+        log = broker.log_text()
+        assert f"quarantined the damaged shard store {data}/shard-1" in log
+        assert f"queue '{Q1}' in vhost '/' comes back empty" in log
+    finally:
+        broker.stop()
+    assert [p.name.split("-2")[0] for p in (data / "quarantine").iterdir()] == ["shard-1"]
+    assert verify(data).returncode == 0
+    broker = RunningBroker(data, shards=2).start()  # and from now on it starts as usual
+    broker.stop()
+
+
+def test_garbage_inside_a_record_refuses_start(tmp_path):
+    data = tmp_path / "data"
+    fill(data)
+    store = data / "shard-0" / "data.mdb"
+    raw = store.read_bytes()
+    at = raw.index(body(MESSAGES // 2))  # inside a stored message: LMDB sees nothing wrong
+    with open(store, "r+b") as f:
+        f.seek(at)
+        f.write(os.urandom(8192))
+
+    line = refusal(data)
+    assert line.startswith(f"warren: the shard store {data}/shard-0 is damaged (")
+    assert "fail their checksum" in line
+    checked = verify(data)
+    assert checked.returncode == 1
+    assert "messages records fail their checksum" in checked.stdout
+
+
+def test_missing_meta_refuses_start_until_rebuilt(tmp_path):
+    data = tmp_path / "data"
+    fill(data)
+    shutil.rmtree(data / "meta")
+
+    line = refusal(data)
+    assert line == (f"warren: {data}/meta is missing but the shard stores hold 2 queues with "
+                    f"{2 * MESSAGES} messages; start with --rebuild-definitions to rebuild the "
+                    f"definitions from them, or move {data}/shard-* away to start empty")
+    checked = verify(data)
+    assert checked.returncode == 1
+    assert f"{data}/meta: missing" in checked.stdout
+
+    broker = RunningBroker(data, shards=2, extra_args=["--rebuild-definitions"]).start()
+    try:
+        assert counts(broker) == {Q0: MESSAGES, Q1: MESSAGES}  # guest is back, and the queues
+        log = broker.log_text()
+        assert f"rebuilt {data}/meta from the shard stores: 2 queues with {2 * MESSAGES}" in log
+        assert "lost with the old meta/: users and permissions" in log
+    finally:
+        broker.stop()
+    assert verify(data).returncode == 0
+    broker = RunningBroker(data, shards=2).start()
+    try:
+        assert counts(broker) == {Q0: MESSAGES, Q1: MESSAGES}
+    finally:
+        broker.stop()
+
+
+def test_damaged_meta_refuses_start_until_rebuilt(tmp_path):
+    data = tmp_path / "data"
+    fill(data)
+    os.truncate(data / "meta" / "data.mdb", 8192)  # its two meta pages, nothing else
+
+    line = refusal(data)
+    assert line.startswith(f"warren: the metadata store {data}/meta is damaged (data.mdb is "
+                           "truncated")
+    assert "--rebuild-definitions" in line
+    broker = RunningBroker(data, shards=2, extra_args=["--rebuild-definitions"]).start()
+    try:
+        assert counts(broker) == {Q0: MESSAGES, Q1: MESSAGES}
+        assert f"moved the damaged {data}/meta to {data}/quarantine/meta-" in broker.log_text()
+    finally:
+        broker.stop()
+    assert verify(data).returncode == 0
+
+
+def test_read_only_data_dir_refuses_start(tmp_path):
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
+                       check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and mount rights): {error}")
+    try:
+        data = mount / "data"
+        fill(data)
+        # (busy until the last process of the broker that wrote it has exited)
+        wait_until(lambda: subprocess.run(["mount", "-o", "remount,ro", str(mount)],
+                                          capture_output=True).returncode == 0, timeout=30)
+        line = refusal(data)
+        assert line == (f"warren: cannot use data directory {data} (read-only file system): "
+                        "pick another with --data")
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def get_json(url: str) -> tuple[int, dict]:
+    request = urllib.request.Request(url)
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")  # guest:guest
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_shard_that_keeps_dying_backs_off_and_is_reported(tmp_path):
+    data = tmp_path / "data"
+    fill(data)
+    broker = RunningBroker(data, shards=2, management=True).start()
+    try:
+        api = broker.http_url
+        assert get_json(f"{api}/api/health/checks/alarms") == (200, {"status": "ok"})
+        store = data / "shard-1" / "data.mdb"
+        saved = tmp_path / "saved.mdb"
+        shutil.copyfile(store, saved)
+        os.truncate(store, 8192)  # its two meta pages: every tree page is gone
+        os.kill(shard1_pid(broker), signal.SIGKILL)  # its restarts fail on that store
+
+        def failing():
+            status, body = get_json(f"{api}/api/health/checks/alarms")
+            shards = body.get("failing_shards", [])
+            return status == 503 and shards and shards[0]["restarts"] >= 4 and body
+        body = wait_until(failing, timeout=60)
+        assert body["status"] == "failed"
+        assert body["failing_shards"][0]["shard"] == 1
+        assert "shard 1 keeps failing" in body["reason"]
+        assert get_json(f"{api}/api/healthchecks/node")[0] == 503
+        _, queue = get_json(f"{api}/api/queues/%2F/{Q1}")
+        assert queue["state"] == "crashed"
+        _, queue = get_json(f"{api}/api/queues/%2F/{Q0}")
+        assert queue["state"] == "running"
+        _, node = get_json(f"{api}/api/nodes/{queue['node']}")
+        assert node["failing_shards"][0]["shard"] == 1
+        delays = [float(line.rsplit("restarting it in ", 1)[1].split()[0])
+                  for line in broker.log_text().splitlines()
+                  if "ERROR" in line and "shard 1 exited" in line]
+        assert len(delays) >= 4 and delays == sorted(delays) and delays[3] > delays[1] > 0
+
+        shutil.copyfile(saved, store)  # the store is back: the shard stays up
+        wait_until(lambda: get_json(f"{api}/api/health/checks/alarms")[0] == 200, timeout=90)
+        assert counts(broker) == {Q0: MESSAGES, Q1: MESSAGES}
+    finally:
+        broker.stop()
+
+
+def shard1_pid(broker) -> int:
+    """The pid of shard 1: its command line carries its spec, with "index":1."""
+    for pid in shard_pids(broker):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b'"index":1,' in f.read():
+                return pid
+    raise AssertionError("no shard 1 process")

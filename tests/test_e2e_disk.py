@@ -1,0 +1,145 @@
+"""The disk alarm and a full disk, end to end against `warren serve` with its data
+on a small tmpfs (skipped where mounting is not allowed): publishers are held
+back from their first publish, the alarm clears once consumed data is gone, and
+a shard whose disk is full nacks, raises the alarm and keeps running."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+
+import pika
+import pytest
+
+from .confirmpublisher import ConfirmPublisher
+from .conftest import RunningBroker, wait_until
+from .test_e2e_basic import shard_pids
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A mounted tmpfs of 48 MB."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)],
+                       check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and mount rights): {error}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def connect(broker, events: list) -> pika.BlockingConnection:
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+    conn.add_on_connection_blocked_callback(lambda c, f: events.append(f.method.reason))
+    conn.add_on_connection_unblocked_callback(lambda c, f: events.append("unblocked"))
+    return conn
+
+
+def message_count(broker, queue: str) -> int:
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+    count = conn.channel().queue_declare(queue, passive=True).method.message_count
+    conn.close()
+    return count
+
+
+def test_first_publish_under_the_disk_alarm_blocks_the_connection(tmp_path):
+    # A free-disk limit larger than any disk: the alarm is on from the start.
+    broker = RunningBroker(tmp_path / "data", shards=1,
+                           extra_args=["--disk-free-limit", str(10**18)]).start()
+    try:
+        events = []
+        pub = connect(broker, events)
+        ch = pub.channel()
+        ch.queue_declare("held")
+        for _ in range(100):  # in one burst: the broker receives them together
+            ch.basic_publish("", "held", b"x" * 100)
+        wait_until(lambda: (pub.process_data_events(time_limit=0.05), events)[1], timeout=10)
+        assert events == ["low on disk"]
+        assert message_count(broker, "held") == 1  # its first publish, and no other
+    finally:
+        broker.stop()
+
+
+def test_disk_alarm_clears_once_consumed_data_is_gone(tmpfs):
+    # The limit leaves room for about 16 MB of messages on the 48 MB disk.
+    limit = os.statvfs(tmpfs).f_bavail * os.statvfs(tmpfs).f_frsize - 16 * MB
+    broker = RunningBroker(tmpfs / "data", shards=1,
+                           extra_args=["--disk-free-limit", str(limit)]).start()
+    try:
+        events = []
+        pub = connect(broker, events)
+        ch = pub.channel()
+        ch.queue_declare("fill", durable=True)
+        ch.confirm_delivery()
+        sent = 0
+        while not events:
+            assert sent < 40, "the disk alarm never went on"
+            ch.basic_publish("", "fill", os.urandom(MB), pika.BasicProperties(delivery_mode=2))
+            sent += 1
+            pub.process_data_events(time_limit=1.1)  # the broker checks the disk every second
+        assert events == ["low on disk"]
+        size = os.path.getsize(tmpfs / "data" / "shard-0" / "data.mdb")
+        other = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        other.channel().queue_purge("fill")
+        wait_until(lambda: (pub.process_data_events(time_limit=0.05), len(events) == 2)[1],
+                   timeout=20)
+        assert events == ["low on disk", "unblocked"]
+        # The file did not shrink: its free pages counted as free disk.
+        assert os.path.getsize(tmpfs / "data" / "shard-0" / "data.mdb") >= size
+        other.close()
+        pub.close()
+    finally:
+        broker.stop()
+
+
+def test_full_disk_nacks_raises_the_alarm_and_the_shard_goes_on(tmpfs):
+    ballast = tmpfs / "ballast"
+    ballast.write_bytes(b"\0" * (16 * MB))  # removed later: the disk gets room again
+    broker = RunningBroker(tmpfs / "data", shards=1, extra_args=["--disk-free-limit", "0"])
+    broker.log_path = tmpfs.parent / "broker.log"  # not on the full disk
+    broker.start()
+    publisher = ConfirmPublisher(broker.port, "full")
+    try:
+        pids = shard_pids(broker)
+        body = b"f" * (256 << 10)
+        while not publisher.nacked:
+            assert publisher.sent < 400, "a full disk must nack what it cannot store"
+            publisher.publish(4, body=body)
+            wait_until(lambda: len(publisher.acked | publisher.nacked) == publisher.sent
+                       or publisher.nacked, timeout=20)
+        assert not (publisher.acked & publisher.nacked)
+        wait_until(lambda: "resource alarm disk on" in broker.log_text(), timeout=10)
+        assert "refused a commit" in broker.log_text()
+        assert shard_pids(broker) == pids  # the shard did not die
+        assert "exited with code" not in broker.log_text()
+
+        ballast.unlink()
+        wait_until(lambda: "resource alarm disk off" in broker.log_text(), timeout=20)
+        more = publisher.sent
+        publisher.publish(4, body=b"after")
+        wait_until(lambda: {more + 1, more + 2, more + 3, more + 4} <= publisher.acked,
+                   timeout=20)
+        assert shard_pids(broker) == pids
+    finally:
+        publisher.close()
+        broker.stop()
+    # What was acked is there after a restart.
+    broker = RunningBroker(tmpfs / "data", shards=1).start()
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        ch = conn.channel()
+        stored = set()
+        while True:
+            method, _, content = ch.basic_get("full", auto_ack=True)
+            if method is None:
+                break
+            stored.add(struct.unpack(">Q", content[:8])[0])
+        assert publisher.acked <= stored
+        conn.close()
+    finally:
+        broker.stop()

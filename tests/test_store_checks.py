@@ -1,0 +1,94 @@
+"""Store-level pieces of damage detection and full-disk handling: sealed records,
+the per-store check, and the persister keeping the writes a store refused."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shards import persister as persister_module
+from shards.persister import Persister
+from shards.queue import Message
+from storage.sealed import Damaged, seal, unseal
+from storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
+from storage.verify import check_store
+
+
+def test_a_sealed_value_reads_back_and_an_altered_one_is_damaged():
+    value = seal(b"payload")
+    assert bytes(unseal(value)) == b"payload"
+    for altered in (value[:-1] + b"X", value[:5], b""):
+        with pytest.raises(Damaged):
+            unseal(altered)
+
+
+def test_merged_batches_end_as_two_commits_in_a_row(tmp_path):
+    store = ShardStore(str(tmp_path / "shard-0"), 1 << 24)
+    first = WriteBatch()
+    first.put_queue(StoredQueue(1, "/", "q", True, False, False, {}))
+    for seq in range(4):
+        first.put_message(1, seq, StoredMessage("", "q", b"", b"%d" % seq))
+    store.commit(first)
+    refused, later = WriteBatch(), WriteBatch()
+    refused.put_message(1, 4, StoredMessage("", "q", b"", b"4"))
+    refused.delete_message(1, 0)
+    later.delete_message(1, 4)  # acked before it was ever written
+    later.delete_message(1, 1)
+    later.put_message(1, 5, StoredMessage("", "q", b"", b"5"))
+    refused.merge(later)
+    store.commit(refused)
+    assert [seq for seq, *_ in store.recover(1)] == [2, 3, 5]
+    store.close()
+
+
+def test_a_flipped_byte_in_a_message_fails_the_check(tmp_path):
+    path = tmp_path / "shard-0"
+    store = ShardStore(str(path), 1 << 24)
+    batch = WriteBatch()
+    batch.put_queue(StoredQueue(1, "/", "q", True, False, False, {}))
+    batch.put_message(1, 1, StoredMessage("", "q", b"", b"unique-body-" * 1000))
+    store.commit(batch)
+    store.close()
+    assert check_store(str(path)).problems == []
+    assert check_store(str(path)).messages == {1: 1}
+    raw = (path / "data.mdb").read_bytes()
+    at = raw.index(b"unique-body-") + 100
+    with open(path / "data.mdb", "r+b") as f:
+        f.seek(at)
+        f.write(b"!")
+    assert check_store(str(path)).problems == ["1 of 1 messages records fail their checksum"]
+    store = ShardStore(str(path), 1 << 24)
+    with pytest.raises(Damaged):
+        store.read(1, 1)
+    store.close()
+
+
+def test_refused_writes_are_kept_and_written_at_the_retry(tmp_path, monkeypatch):
+    store = ShardStore(str(tmp_path / "shard-0"), 1 << 24)
+    persister = Persister({0: store}, 0)
+    real_commit, calls = store.commit, []
+
+    def full_once(batch):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise StoreFull("mdb_txn_commit: No space left on device")
+        real_commit(batch)
+
+    monkeypatch.setattr(store, "commit", full_once)
+    clock = [100.0]
+    monkeypatch.setattr(persister_module.time, "monotonic", lambda: clock[0])
+    persister.persist(7, [Message(1, ("", "q", b"", b"one"), True, False)])
+    evicted = []
+    assert persister.commit(lambda qid, msg: evicted.append(msg.seq)) is False
+    assert persister.retry_at == 100.0 + persister_module.RETRY_AFTER
+    assert not persister.writes_due(clock[0]) and evicted == []
+    persister.persist(7, [Message(2, ("", "q", b"", b"two"), True, False)])
+    assert persister.commit(lambda qid, msg: None) is False  # before the retry: no I/O
+    assert len(calls) == 1
+    clock[0] = persister.retry_at
+    assert persister.writes_due(clock[0])
+    assert persister.commit(lambda qid, msg: evicted.append(msg.seq)) is True
+    assert persister.retry_at is None and sorted(evicted) == [1, 2]
+    assert [seq for seq, *_ in store.recover(7)] == [1, 2]
+    store.close()
