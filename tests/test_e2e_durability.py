@@ -143,7 +143,7 @@ def _kill_round(tmp_path, seed: int, victim: str) -> None:
     confirmed = publisher.acked
 
     # After a restart every confirmed message is there (perhaps marked redelivered).
-    wait_until(lambda: not any(f"{data}" in _cmdline(p) for p in _all_pids()), timeout=10)
+    wait_until_gone(data)
     broker = RunningBroker(data, shards=2).start()
     try:
         conn = connect(broker)
@@ -156,6 +156,12 @@ def _kill_round(tmp_path, seed: int, victim: str) -> None:
     assert not missing, f"{len(missing)} confirmed messages lost ({victim}, seed {seed})"
     assert len(stored) == len(set(stored)), "a message was stored twice"
     assert stored == sorted(stored), "queue order changed"
+
+
+def wait_until_gone(data, timeout: float = 10.0) -> None:
+    """Wait until no process (gateway or shard) of the broker on `data` is left."""
+    wait_until(lambda: not any(f"{data}" in _cmdline(p) for p in _all_pids()),
+               timeout=timeout, message=f"(processes of {data} still running)")
 
 
 def _all_pids() -> list[int]:
