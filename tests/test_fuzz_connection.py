@@ -4,8 +4,9 @@ One Broker with one real shard process runs inside this module's asyncio loop;
 each fuzz case (tests/amqpfuzz.py) is fed to a fresh gateway.connection.Connection
 over a fake transport. Properties, per case:
 
-* no exception escapes data_received, and none reaches the loop's exception
-  handler (a shard link's event reader, a timer, a flush);
+* no exception escapes data_received, none reaches the loop's exception
+  handler (a shard link's event reader, a timer, a flush), and the broker logs
+  no error (its safety net turns a bug into a logged 541 INTERNAL_ERROR close);
 * what the broker wrote is well-formed, and every connection.close or
   channel.close carries a reply code the spec defines;
 * the case ends either closed after a well-formed connection.close (or the
@@ -111,6 +112,14 @@ class Harness:
         self.last_verdict = None
         self.notes = 0  # oddities check_output noted but does not count as failures
         loop.set_exception_handler(self._loop_error)
+
+    def _log_error(self, record: logging.LogRecord) -> None:
+        """The broker's ERROR logs: a bug its safety nets caught (an internal error
+        that closed a connection with 541), a shard that died."""
+        text = f"during {self.current}: logged {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info))
+        self.loop_errors.append(text)
 
     def _loop_error(self, loop, context: dict) -> None:
         error = context.get("exception")
@@ -278,9 +287,14 @@ def running_harness(data_dir):
     broker = Broker(str(data_dir), 1, disk_free_limit=0, stats_interval=60.0,
                     store_map_size=1 << 30)
     loop.run_until_complete(broker.start())
+    harness = Harness(loop, broker)
+    recorder = logging.Handler(logging.ERROR)
+    recorder.emit = harness._log_error
+    quiet.addHandler(recorder)
     try:
-        yield Harness(loop, broker)
+        yield harness
     finally:
+        quiet.removeHandler(recorder)
         loop.run_until_complete(broker.stop())
         loop.close()
         quiet.setLevel(level)
@@ -397,9 +411,8 @@ TINY_METHOD_FRAME = bytes.fromhex("01 0001 00000002 0032 ce")
 SHORT_CONTENT_HEADER = bytes.fromhex("02 0001 00000004 003c 0000 ce")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17.1, being fixed on main")
 def test_regression_tiny_method_frame_behind_queue_declare(fresh_harness):
-    """Fuzz seed 17000339: replaying a parked channel's backlog raised FrameError out
+    """Issue 17.1, fuzz seed 17000339: replaying a parked channel's backlog raised FrameError out
     of ShardLink._read_events, which lost the shard's other events and never re-armed
     its doorbell: every channel waiting on that shard waited for ever."""
     verdict = run_regression(fresh_harness, _handshake() + _declared_and_parked("r-tiny")
@@ -407,9 +420,8 @@ def test_regression_tiny_method_frame_behind_queue_declare(fresh_harness):
     assert verdict.connection_close.reply_code == 501  # as without the declare in front
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17.1, being fixed on main")
 def test_regression_short_content_header_behind_queue_declare(fresh_harness):
-    """Fuzz seed 18000188 (found with 17.1 patched out): the same escape through
+    """Issue 17.1, fuzz seed 18000188 (found with 17.1 patched out): the same escape through
     frames.parse_content_header, for a content header frame too short to parse."""
     publish = frames.method_frame(1, m.BasicPublish(exchange="", routing_key="r-header"))
     verdict = run_regression(fresh_harness, _handshake() + _declared_and_parked("r-header")
@@ -426,17 +438,22 @@ def test_short_frames_without_a_parked_channel_close_with_frame_error(fresh_harn
         assert verdict.connection_close.reply_code == 501
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 (fuzz seed 18020335): PropertiesError "
-                   "escapes data_received for truncated content properties")
+@pytest.mark.xfail(strict=True, reason="issue 17 (fuzz seed 18020335): truncated content "
+                   "properties on a routed publish are an internal error (541, logged "
+                   "traceback), not a syntax error")
 def test_regression_truncated_properties_on_a_routed_publish(fresh_harness):
     """Properties that flag delivery-mode but end before it: peek_delivery_mode raised
-    PropertiesError out of data_received (a real transport then aborts the
-    connection without connection.close), after the confirm sequence number was taken."""
+    PropertiesError out of data_received (a real transport then aborted the
+    connection without connection.close), after the confirm sequence number was taken.
+    Since main's safety net it is a logged internal error closing with 541, but
+    malformed properties are the client's error, as the expiration / priority /
+    headers path (_read_extras) answers them: 502 SYNTAX_ERROR."""
     verdict = run_regression(fresh_harness, _handshake()
                              + frames.method_frame(1, m.ConfirmSelect())
                              + frames.method_frame(1, m.QueueDeclare(queue="r-props"))
                              + _publish("r-props", b"\x10\x00", b"x"))
     assert verdict.connection_close is not None or verdict.has(m.ChannelClose)
+    assert verdict.connection_close is None or verdict.connection_close.reply_code != 541
 
 
 @pytest.mark.xfail(strict=True, reason="issue 17 (fuzz seed 18027193): connection.start-ok "
