@@ -444,17 +444,20 @@ def test_short_frames_without_a_parked_channel_close_with_frame_error(fresh_harn
 @pytest.mark.xfail(strict=True, reason="issue 17 (fuzz seed 18020335): truncated content "
                    "properties on a routed publish are an internal error (541, logged "
                    "traceback), not a syntax error")
-def test_regression_truncated_properties_on_a_routed_publish(fresh_harness):
+@pytest.mark.parametrize("properties", [b"\x10\x00", b"\x00\x01"],
+                         ids=["delivery-mode-missing", "flag-word-missing"])
+def test_regression_truncated_properties_on_a_routed_publish(fresh_harness, properties):
     """Properties that flag delivery-mode but end before it: peek_delivery_mode raised
     PropertiesError out of data_received (a real transport then aborted the
     connection without connection.close), after the confirm sequence number was taken.
+    Seed 30048638 found the other way: a flag word that says another follows, and none.
     Since main's safety net it is a logged internal error closing with 541, but
     malformed properties are the client's error, as the expiration / priority /
     headers path (_read_extras) answers them: 502 SYNTAX_ERROR."""
     verdict = run_regression(fresh_harness, _handshake()
                              + frames.method_frame(1, m.ConfirmSelect())
                              + frames.method_frame(1, m.QueueDeclare(queue="r-props"))
-                             + _publish("r-props", b"\x10\x00", b"x"))
+                             + _publish("r-props", properties, b"x"))
     assert verdict.connection_close is not None or verdict.has(m.ChannelClose)
     assert verdict.connection_close is None or verdict.connection_close.reply_code != 541
 
@@ -486,3 +489,14 @@ def test_regression_no_confirms_behind_connection_close(fresh_harness):
                              + bytes.fromhex("01 0000 00000004 ffff 0001 ce"))  # unknown method
     assert verdict.connection_close.reply_code == 503
     assert not verdict.notes, verdict.notes
+
+
+@pytest.mark.xfail(strict=True, reason="issue 17 (fuzz seeds 30013869, 30082924, 30092183): "
+                   "an unsolicited connection.close-ok is answered by hanging up")
+def test_regression_unsolicited_close_ok(fresh_harness):
+    """A connection.close-ok the broker never asked for (no connection.close was sent)
+    on an open connection: the broker hangs up without a word. Every other protocol
+    error gets a connection.close with its reply code first."""
+    verdict = run_regression(fresh_harness, _handshake()
+                             + bytes.fromhex("01 0000 00000004 000a 0033 ce"))  # close-ok
+    assert verdict.connection_close is not None
