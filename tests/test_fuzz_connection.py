@@ -107,7 +107,7 @@ class Harness:
     def __init__(self, loop: asyncio.AbstractEventLoop, broker: Broker):
         self.loop = loop
         self.broker = broker
-        self.loop_errors: list[str] = []
+        self.errors: list[str] = []
         self.current = "setup"
         self.last_verdict = None
         self.notes = 0  # oddities check_output noted but does not count as failures
@@ -119,12 +119,12 @@ class Harness:
         text = f"during {self.current}: logged {record.getMessage()}"
         if record.exc_info:
             text += "\n" + "".join(traceback.format_exception(*record.exc_info))
-        self.loop_errors.append(text)
+        self.errors.append(text)
 
     def _loop_error(self, loop, context: dict) -> None:
         error = context.get("exception")
         text = "".join(traceback.format_exception(error)) if error else ""
-        self.loop_errors.append(f"during {self.current}: {context.get('message')}\n{text}")
+        self.errors.append(f"during {self.current}: {context.get('message')}\n{text}")
 
     def _quiet(self, conn: Connection) -> bool:
         links = self.broker.links
@@ -135,7 +135,7 @@ class Harness:
     async def run_case(self, case: Case) -> list[str]:
         """Feed one case to a fresh connection; the problems found."""
         self.current = f"case seed {case.seed}"
-        errors_before = len(self.loop_errors)
+        errors_before = len(self.errors)
         problems: list[str] = []
         conn = Connection(self.broker)
         # A loopback address of its own: the broker's throttle of refused logins
@@ -187,7 +187,9 @@ class Harness:
         await _until(lambda: conn.state == CLOSED and conn not in self.broker.connections, 1.0)
         await asyncio.sleep(0)
         problems += self._leftovers(conn)
-        problems += self.loop_errors[errors_before:]
+        if transport.writes_after_close:
+            problems.append(f"{transport.writes_after_close} writes after transport.close()")
+        problems += self.errors[errors_before:]
         return problems
 
     def _leftovers(self, conn: Connection) -> list[str]:
@@ -500,3 +502,17 @@ def test_regression_unsolicited_close_ok(fresh_harness):
     verdict = run_regression(fresh_harness, _handshake()
                              + bytes.fromhex("01 0000 00000004 000a 0033 ce"))  # close-ok
     assert verdict.connection_close is not None
+
+
+@pytest.mark.xfail(strict=True, reason="issue 17 (fuzz seed 17006178, after 6,178 cases): "
+                   "an inequivalent argument that is not UTF-8 is an internal error")
+def test_regression_inequivalent_argument_not_utf8(fresh_harness):
+    """Redeclaring a queue with a longstr argument that is not valid UTF-8: the 406
+    text decoded it (arguments._describe) and raised UnicodeDecodeError, a 541
+    internal error instead of 406 PRECONDITION_FAILED 'inequivalent arg'."""
+    verdict = run_regression(fresh_harness, _handshake()
+                             + frames.method_frame(1, m.QueueDeclare(
+                                 queue="r-args", arguments={"x-message-ttl": 1000}))
+                             + frames.method_frame(1, m.QueueDeclare(
+                                 queue="r-args", arguments={"x-message-ttl": b"\xf5\xff"})))
+    assert [x.reply_code for _, x in verdict.methods if type(x) is m.ChannelClose] == [406]
