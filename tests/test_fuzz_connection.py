@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import struct
 import time
 import traceback
@@ -289,6 +290,7 @@ def running_harness(data_dir):
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # refused logins and closes by the thousand
     loop = asyncio.new_event_loop()
+    os.makedirs(data_dir, exist_ok=True)  # the caller's to create, as gateway/server.py does
     broker = Broker(str(data_dir), 1, disk_free_limit=0, stats_interval=60.0,
                     store_map_size=1 << 30)
     loop.run_until_complete(broker.start())
