@@ -172,10 +172,13 @@ def chaos_round(tmp_path, seed: int) -> dict:
     return result
 
 
-def run_rounds(tmp_path, seeds: list[int]) -> None:
+def chaos_seeds(default) -> list[int]:
+    """The rounds' seeds: WARREN_CHAOS_SEED's (comma-separated) to replay, else `default`."""
     replay = os.environ.get("WARREN_CHAOS_SEED", "").strip()
-    if replay:
-        seeds = [int(s) for s in replay.split(",")]
+    return [int(s) for s in replay.split(",")] if replay else list(default)
+
+
+def run_rounds(tmp_path, seeds: list[int]) -> None:
     totals = Counter()
     for seed in seeds:
         result = chaos_round(tmp_path, seed)
@@ -187,7 +190,8 @@ def run_rounds(tmp_path, seeds: list[int]) -> None:
 # Four rounds by default, one test each: seeds 1700-1703 are a shard round, an
 # everything round, a shard+everything round and one that kills everything while a
 # killed shard is being restarted.
-@pytest.mark.parametrize("seed", range(1700, 1700 + env_int("WARREN_CHAOS_ROUNDS", 4)))
+@pytest.mark.parametrize("seed", chaos_seeds(range(1700, 1700 + env_int("WARREN_CHAOS_ROUNDS",
+                                                                         4))))
 def test_chaos_kills_lose_no_confirmed_message(tmp_path, seed):
     run_rounds(tmp_path, [seed])
 
@@ -196,4 +200,4 @@ def test_chaos_kills_lose_no_confirmed_message(tmp_path, seed):
 def test_chaos_kills_soak(tmp_path):
     base = random.randrange(10**6)
     print(f"chaos soak: seeds from {base}")
-    run_rounds(tmp_path, list(range(base, base + env_int("WARREN_CHAOS_ROUNDS", 100))))
+    run_rounds(tmp_path, chaos_seeds(range(base, base + env_int("WARREN_CHAOS_ROUNDS", 100))))
