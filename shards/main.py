@@ -30,6 +30,7 @@ from .ring import Ring, RingSpec
 from .stats import StatsLog
 
 EVENTS_PER_RECORD = 512
+UNMAP_INTERVAL = 1.0  # seconds between drops of the stores' mapped pages under load
 
 log = logging.getLogger("warren.shard")
 
@@ -344,6 +345,7 @@ def serve(spec: ShardSpec) -> None:
     poller.register(committer.done_fd, select.POLLIN)
     pending: list[bytes] = []  # encoded event records waiting for ring space
     records_done = 0  # command ring records worked through (credit flow)
+    unmap_at = 0.0
 
     while shard.running:
         if pending or events.backlogged():
@@ -401,6 +403,9 @@ def serve(spec: ShardSpec) -> None:
         shard.check_resources(spec.memory_limit, shard.stored_ok)
         _send(events, pending, shard.take_events())
         stats.tick(time.time(), shard.queues.values())
+        if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
+            shard.persister.drop_mapped_pages()
+            unmap_at = now + UNMAP_INTERVAL
 
     if shard.inflight is not None:  # finish the commit in flight, then what is left
         committer.wait()

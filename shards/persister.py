@@ -205,6 +205,10 @@ class Persister:
                 event.properties = stored.properties
                 event.body = stored.body
 
+    def drop_mapped_pages(self) -> None:
+        for store in self.stores.values():
+            store.drop_mapped_pages()
+
     def close(self) -> None:
         for store in self.stores.values():
             store.close()

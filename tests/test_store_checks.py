@@ -92,3 +92,34 @@ def test_refused_writes_are_kept_and_written_at_the_retry(tmp_path, monkeypatch)
     assert persister.retry_at is None and sorted(evicted) == [1, 2]
     assert [seq for seq, *_ in store.recover(7)] == [1, 2]
     store.close()
+
+
+def mapped_kb(path: str) -> int:
+    """Resident kB of this process's map of the file at `path`."""
+    real, resident, inside = os.path.realpath(path), 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            if "-" in line.split(" ", 1)[0]:  # a mapping's first line
+                inside = line.rstrip("\n").endswith(real)
+            elif inside and line.startswith("Rss:"):
+                resident += int(line.split()[1])
+    return resident
+
+
+def test_dropping_the_mapped_pages_keeps_the_data_and_frees_the_resident_set(tmp_path):
+    """Small commits fault the store's pages into the resident set (issue 14's
+    memory bound); the shard drops them, and what is stored still reads back."""
+    store = ShardStore(str(tmp_path / "shard-0"), 1 << 28)
+    body = os.urandom(1024)
+    for start in range(0, 8000, 20):  # commits of 20 KiB, under the fault-around window
+        batch = WriteBatch()
+        for seq in range(start, start + 20):
+            batch.put_message(1, seq, StoredMessage("", "q", b"", body))
+        store.commit(batch)
+    data = str(tmp_path / "shard-0" / "data.mdb")
+    before = mapped_kb(data)
+    assert before > 2000, before  # most of the 8 MiB written is mapped
+    store.drop_mapped_pages()
+    assert mapped_kb(data) < before // 10
+    assert [m.body for m in store.read_many([(1, 0), (1, 7999)])] == [body, body]
+    store.close()
