@@ -137,5 +137,5 @@ def _describe(value) -> str:
     if value is _ABSENT:
         return "none"
     shown = str(value).lower() if isinstance(value, bool) else (
-        value.decode() if isinstance(value, bytes) else value)
+        value.decode("utf-8", "replace") if isinstance(value, bytes) else value)
     return f"the value '{shown}' of type '{type_name(value)}'"

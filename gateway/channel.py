@@ -851,13 +851,18 @@ class Channel:
             targets = self.broker.route(vhost, exchange, routing_key, headers)
             for key in also:  # CC / BCC routing keys
                 targets = _union(targets, self.broker.route(vhost, exchange, key, headers))
+        try:
+            persistent = peek_delivery_mode(properties) == 2
+        except PropertiesError as error:
+            raise AMQPError(spec.SYNTAX_ERROR, f"malformed content properties: {error}",
+                            method.CLASS_ID, method.METHOD_ID) from None
         shards = {meta.shard for meta in targets}
         seq = tracker.publish(shards) if tracker is not None else 0
         if not targets and method.mandatory:
             self._return_unroutable(method, properties, body)
         if targets:
             self.broker.publish(targets, method.exchange, routing_key, properties, body,
-                                peek_delivery_mode(properties) == 2, expiration, priority,
+                                persistent, expiration, priority,
                                 self.id if seq else 0, seq, tracker if seq else None, self.conn)
         if seq:
             self._confirms_changed()

@@ -156,10 +156,16 @@ class Connection(asyncio.Protocol):
     # -- output ----------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        if self.state == CLOSED:
+        if self.state >= CLOSING:  # after connection.close only the closing methods go out
             return
         self._out.append(data)
         self.schedule_flush()
+
+    def _send_closing(self, method) -> None:
+        """connection.close or close-ok, which alone may follow a connection.close."""
+        if self.state != CLOSED:
+            self._out.append(frames.method_frame(0, method))
+            self.schedule_flush()
 
     def schedule_flush(self) -> None:
         """Write this turn's output (and owed confirms and credit) at the end of the
@@ -391,7 +397,7 @@ class Connection(asyncio.Protocol):
         if type(method) is m.ConnectionCloseOk:
             self._shutdown()
         elif type(method) is m.ConnectionClose:
-            self.method(0, m.ConnectionCloseOk())
+            self._send_closing(m.ConnectionCloseOk())
             self._shutdown()
 
     # -- connection class ------------------------------------------------------
@@ -403,6 +409,11 @@ class Connection(asyncio.Protocol):
         if expected is not None and kind is not expected and kind is not m.ConnectionClose:
             raise AMQPError(spec.COMMAND_INVALID, f"expected '{expected.NAME}', got "
                             f"'{method.NAME}'", method.CLASS_ID, method.METHOD_ID)
+        if self.state == OPEN and kind is not m.ConnectionClose \
+                and kind is not m.ConnectionUpdateSecret:
+            # A second start-ok, an unasked close-ok, channel.open on channel 0...
+            raise AMQPError(spec.CHANNEL_ERROR, "unexpected method in connection state running",
+                            method.CLASS_ID, method.METHOD_ID)
         if kind is m.ConnectionStartOk:
             self._start_ok(method)
         elif kind is m.ConnectionTuneOk:
@@ -412,13 +423,8 @@ class Connection(asyncio.Protocol):
         elif kind is m.ConnectionClose:
             self.method(0, m.ConnectionCloseOk())
             self._shutdown()
-        elif kind is m.ConnectionUpdateSecret:
+        else:  # connection.update-secret
             self.method(0, m.ConnectionUpdateSecretOk())
-        elif kind is m.ConnectionCloseOk:
-            self._shutdown()
-        else:
-            raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME}",
-                            method.CLASS_ID, method.METHOD_ID)
 
     def _start_ok(self, method: m.ConnectionStartOk) -> None:
         self.client_properties = method.client_properties
@@ -464,7 +470,7 @@ class Connection(asyncio.Protocol):
         text = (f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
                 " For details see the broker logfile.")
         if self.capabilities.get("authentication_failure_close"):
-            self.method(0, m.ConnectionClose(reply_code=spec.ACCESS_REFUSED, reply_text=text))
+            self._send_closing(m.ConnectionClose(reply_code=spec.ACCESS_REFUSED, reply_text=text))
             self.state = CLOSING
             self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
         else:

@@ -445,9 +445,6 @@ def test_short_frames_without_a_parked_channel_close_with_frame_error(fresh_harn
         assert verdict.connection_close.reply_code == 501
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 (fuzz seed 18020335): truncated content "
-                   "properties on a routed publish are an internal error (541, logged "
-                   "traceback), not a syntax error")
 @pytest.mark.parametrize("properties", [b"\x10\x00", b"\x00\x01"],
                          ids=["delivery-mode-missing", "flag-word-missing"])
 def test_regression_truncated_properties_on_a_routed_publish(fresh_harness, properties):
@@ -466,8 +463,6 @@ def test_regression_truncated_properties_on_a_routed_publish(fresh_harness, prop
     assert verdict.connection_close is None or verdict.connection_close.reply_code != 541
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 (fuzz seed 18027193): connection.start-ok "
-                   "on an open connection restarts the handshake")
 @pytest.mark.parametrize("response", [b"", b"\0guest\0guest"], ids=["empty", "valid"])
 def test_regression_start_ok_on_an_open_connection(fresh_harness, response):
     """A connection.start-ok after connection.open-ok was taken as a new login: with
@@ -481,8 +476,6 @@ def test_regression_start_ok_on_an_open_connection(fresh_harness, response):
     assert verdict.connection_close.reply_code in spec.HARD_ERRORS
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17: confirms owed at a hard error are "
-                   "written behind connection.close")
 def test_regression_no_confirms_behind_connection_close(fresh_harness):
     """Fuzz seed 17000852 and others: a publish confirmed in the same turn as a hard
     error has its basic.ack written after the connection.close; after close only
@@ -495,8 +488,6 @@ def test_regression_no_confirms_behind_connection_close(fresh_harness):
     assert not verdict.notes, verdict.notes
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 (fuzz seeds 30013869, 30082924, 30092183): "
-                   "an unsolicited connection.close-ok is answered by hanging up")
 def test_regression_unsolicited_close_ok(fresh_harness):
     """A connection.close-ok the broker never asked for (no connection.close was sent)
     on an open connection: the broker hangs up without a word. Every other protocol
@@ -506,8 +497,6 @@ def test_regression_unsolicited_close_ok(fresh_harness):
     assert verdict.connection_close is not None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 (fuzz seed 17006178, after 6,178 cases): "
-                   "an inequivalent argument that is not UTF-8 is an internal error")
 def test_regression_inequivalent_argument_not_utf8(fresh_harness):
     """Redeclaring a queue with a longstr argument that is not valid UTF-8: the 406
     text decoded it (arguments._describe) and raised UnicodeDecodeError, a 541
