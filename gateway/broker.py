@@ -126,6 +126,8 @@ class Broker:
         again."""
         ready = recovery.prepare(self.data_dir, self.shard_count,
                                  self.config.quarantine_damaged, self.config.rebuild_definitions)
+        for line in ready.upgraded:
+            log.warning("%s", line)
         for line in ready.report:
             log.error("recovery: %s", line)
         self.meta = MetaStore(os.path.join(self.data_dir, "meta"))

@@ -15,6 +15,7 @@ import lmdb
 import msgspec
 
 from .sealed import seal, unseal
+from .upgrade import MANIFEST_DB, MANIFEST_KEY, manifest_value
 
 
 class ExchangeDef(msgspec.Struct):
@@ -103,11 +104,16 @@ class MetaStore:
     def __init__(self, path: str, map_size: int = 1 << 30, readonly: bool = False):
         if not readonly:
             os.makedirs(path, exist_ok=True)
-        self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=len(_KINDS) + 1,
+        self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=len(_KINDS) + 2,
                              sync=True, readonly=readonly, create=not readonly)
         self._dbs = {kind: self.env.open_db(kind.encode(), create=not readonly)
                      for kind in (*_KINDS, "counters")}
         self._encode = msgspec.msgpack.Encoder().encode
+        if not readonly:
+            manifest = self.env.open_db(MANIFEST_DB)
+            with self.env.begin(write=True) as txn:
+                if txn.get(MANIFEST_KEY, db=manifest) is None:
+                    txn.put(MANIFEST_KEY, manifest_value(), db=manifest)
 
     def load(self) -> Definitions:
         found = {}

@@ -23,7 +23,11 @@ import time
 
 from .metastore import MetaStore, QueueDef, VHostDef
 from .shardstore import ShardStore
+from .upgrade import FORMAT, upgrade
 from .verify import StoreReport, check_stores
+
+
+OUTDATED = "written by an earlier Warren (format 1); `warren serve` upgrades it when it starts"
 
 
 class Refused(Exception):
@@ -45,7 +49,7 @@ class Survey:
         self.shards = dict(zip(self.shard_paths, reports))
         self.known: set[int] | None = None  # the stores meta/ lists
         self.queue_defs: list[QueueDef] = []
-        if self.meta is not None and not self.meta.problems:
+        if self.meta is not None and not self.meta.problems and not self.meta.outdated:
             meta = MetaStore(self.meta_path, readonly=True)
             try:
                 self.known = meta.stores()
@@ -80,13 +84,17 @@ class Survey:
         out = []
         if self.meta is None:
             out.append(f"{self.meta_path}: missing")
+        elif self.meta.outdated:
+            out.append(f"{self.meta_path}: {OUTDATED}")
         else:
             out.append(f"{self.meta_path}: " + ("; ".join(self.meta.problems) or "ok"))
         damaged = self.damaged()
         for k in sorted(set(self.shards) | set(damaged)):
             report = self.shards.get(k)
             path = os.path.join(self.data_dir, f"shard-{k}")
-            if k in damaged:
+            if report is not None and report.outdated:
+                out.append(f"{path}: {OUTDATED}")
+            elif k in damaged:
                 out.append(f"{path}: DAMAGED: {damaged[k]}")
                 readable = report.messages if report else {}
                 lived = ([d for d in self.queue_defs if d.shard == k]
@@ -113,18 +121,29 @@ class Survey:
 
 
 class Recovery:
-    def __init__(self, report: list[str], rebuilt: bool):
+    def __init__(self, upgraded: list[str], report: list[str], rebuilt: bool):
+        self.upgraded = upgraded  # stores brought to today's format (nothing lost)
         self.report = report  # what was set aside or rebuilt, and what was lost
         self.rebuilt = rebuilt  # meta/ was rebuilt: the broker adds its default user
 
 
 def prepare(data_dir: str, shard_count: int, quarantine: bool = False,
             rebuild: bool = False) -> Recovery:
-    """Check the data directory and make it ready for `shard_count` shards, or
-    raise Refused."""
+    """Upgrade stores an earlier Warren wrote, check the data directory and make it
+    ready for `shard_count` shards, or raise Refused."""
     survey = Survey(data_dir)
-    verify_hint = f"see `warren inspect --verify {data_dir}`"
+    upgraded: list[str] = []
+    # Only stores the checker found whole and outdated: reading a truncated one
+    # here would crash the broker (SIGBUS).
+    for store in [survey.meta, *survey.shards.values()]:
+        if store is not None and store.outdated:
+            sealed = upgrade(store.path)
+            upgraded.append(f"upgraded {store.path} from format 1 to {FORMAT}: sealed "
+                            f"{sealed or 0} records with their checksums")
+    if upgraded:
+        survey = Survey(data_dir)
     report: list[str] = []
+    verify_hint = f"see `warren inspect --verify {data_dir}`"
     if survey.meta is not None and survey.meta.problems:
         if not rebuild:
             raise Refused(f"the metadata store {survey.meta_path} is damaged "
@@ -160,7 +179,7 @@ def prepare(data_dir: str, shard_count: int, quarantine: bool = False,
         meta.set_stores(stores)
     finally:
         meta.close()
-    return Recovery(report, rebuilt)
+    return Recovery(upgraded, report, rebuilt)
 
 
 def _set_aside(path: str) -> str:

@@ -26,11 +26,10 @@ import lmdb
 import msgspec
 
 from .sealed import seal, unseal
+from .upgrade import MANIFEST_KEY, manifest_value
 
 _key = struct.Struct(">QQ")
 _qid = struct.Struct(">Q")
-FORMAT = 1  # of the records below; a store of another format is not read
-MANIFEST_KEY = b"manifest"
 _DB_NAMES = (b"queues", b"messages", b"marks", b"manifest")
 
 
@@ -59,10 +58,6 @@ class _Mark(msgspec.Struct, array_like=True):
     delivery_count: int = 0
     acquired_count: int = 0
     rich: bool = False  # recovery must read its properties (it expires by itself)
-
-
-class Manifest(msgspec.Struct, array_like=True):
-    format: int
 
 
 class StoreFull(Exception):
@@ -161,7 +156,7 @@ class ShardStore:
         self.last_batch_size = 0
         with self.env.begin(write=True) as txn:
             if txn.get(MANIFEST_KEY, db=self._manifest) is None:
-                txn.put(MANIFEST_KEY, self._sealed(Manifest(FORMAT)), db=self._manifest)
+                txn.put(MANIFEST_KEY, manifest_value(), db=self._manifest)
 
     def _sealed(self, record) -> bytes:
         return seal(self._encode(record))

@@ -21,11 +21,13 @@ import msgspec
 
 from .metastore import _KINDS
 from .sealed import Damaged, unseal
-from .shardstore import FORMAT, Manifest, StoredMessage, StoredQueue, _Mark
+from .shardstore import StoredMessage, StoredQueue, _Mark
+from .upgrade import FORMAT, MANIFEST_DB, Manifest
 
 SHARD_DBS = {b"manifest": Manifest, b"queues": StoredQueue, b"messages": StoredMessage,
              b"marks": _Mark}
-META_DBS = {**{kind.encode(): struct for kind, struct in _KINDS.items()}, b"counters": None}
+META_DBS = {b"manifest": Manifest, **{kind.encode(): struct for kind, struct in _KINDS.items()},
+            b"counters": None}
 
 
 class StoreReport(msgspec.Struct):
@@ -33,6 +35,7 @@ class StoreReport(msgspec.Struct):
     problems: list[str] = []
     queues: list[StoredQueue] = []  # the queue records it holds (shard stores)
     messages: dict[int, int] = {}  # qid -> readable messages
+    outdated: bool = False  # format 1, written by an earlier Warren: upgraded at start
 
 
 def check_store(path: str) -> StoreReport:
@@ -54,6 +57,10 @@ def check_store(path: str) -> StoreReport:
             return report
         dbs = META_DBS if os.path.basename(path) == "meta" else SHARD_DBS
         with env.begin(buffers=True) as txn:
+            names = [bytes(name) for name, _ in txn.cursor()]
+            if names and MANIFEST_DB not in names:
+                report.outdated = True  # its values carry no checksums to check
+                return report
             for name, struct in dbs.items():
                 _check_db(env, txn, name.decode(), struct, report)
     except lmdb.Error as error:

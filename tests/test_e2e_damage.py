@@ -250,3 +250,52 @@ def shard1_pid(broker) -> int:
             if b'"index":1,' in f.read():
                 return pid
     raise AssertionError("no shard 1 process")
+
+
+def as_format_1(data) -> None:
+    """Rewrite a data directory as Warren 0.1 left it (format 1): values without
+    their checksums, meta/'s counters as decimal text, and no manifests."""
+    import lmdb
+    import msgspec
+
+    from storage.sealed import unseal
+
+    for store in ["meta", "shard-0", "shard-1"]:
+        env = lmdb.open(str(data / store), subdir=True, max_dbs=16, create=False)
+        with env.begin(write=True) as txn:
+            for name in [bytes(name) for name, _ in txn.cursor()]:
+                db = env.open_db(name, txn=txn, create=False)
+                if name == b"manifest":
+                    txn.drop(db, delete=True)
+                    continue
+                for key, value in list(txn.cursor(db=db)):
+                    plain = bytes(unseal(value))
+                    if name == b"counters":
+                        if key != b"next_qid":  # what format 1 did not have
+                            txn.delete(key, db=db)
+                            continue
+                        plain = str(msgspec.msgpack.decode(plain)).encode()
+                    txn.put(key, plain, db=db)
+        env.close()
+
+
+def test_a_data_directory_of_an_earlier_warren_is_upgraded_not_called_damaged(tmp_path):
+    data = tmp_path / "data"
+    fill(data)
+    as_format_1(data)
+    checked = verify(data)
+    assert checked.returncode == 0 and "DAMAGED" not in checked.stdout, checked.stdout
+    assert checked.stdout.count("written by an earlier Warren (format 1)") == 3
+    broker = RunningBroker(data, shards=2).start()
+    try:
+        assert counts(broker) == {Q0: MESSAGES, Q1: MESSAGES}
+        log = broker.log_text()
+        assert log.count("from format 1 to 2") == 3 and "ERROR" not in log, log
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        ch = conn.channel()
+        assert ch.basic_get(Q1, auto_ack=True)[2] == body(0)
+        ch.queue_declare("after-upgrade", durable=True)  # a new queue id, after the old ones
+        conn.close()
+    finally:
+        broker.stop()
+    assert verify(data).returncode == 0
