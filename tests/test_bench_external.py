@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadtest import bench, external
+from loadtest import bench, external, procs
 
 from .conftest import ROOT
 
@@ -175,7 +175,7 @@ def _bench(args: list[str], timeout: float = 120) -> tuple[subprocess.CompletedP
 
 def test_cli_failed_external_runs_are_reported(fake, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "crash")
-    port = bench.free_port()  # nothing listens there: no --pid, and the fake never connects
+    port = procs.free_port()  # nothing listens there: no --pid, and the fake never connects
     result, rows = _bench(["--url", f"amqp://guest:guest@127.0.0.1:{port}/%2F",
                            "--external-client", fake.path, "--scenarios",
                            "transient-manual,backlog", "--duration", "1"])
