@@ -81,9 +81,6 @@ FIGURES = [
     ("broker_cores_avg", "brk cores", "{:.2f}"),
     ("client_cpu_s", "cli CPU", "{:.1f}"),
 ]
-# Larger is better for these; smaller for the rest (latencies, memory, CPU).
-HIGHER_IS_BETTER = {"published_per_s", "confirmed_per_s", "delivered_per_s", "consumed_per_s",
-                    "consumed_over_published", "drain_per_s"}
 OWN_CLIENT = "warren-bench"
 
 
@@ -223,7 +220,6 @@ class RabbitTarget(Target):
         version = self._version()
         log(f"# started RabbitMQ {version} node {self.nodename} on port {self.port} "
             f"(pid {self.process.pid}, beam {self.root_pid()})")
-        self.version = version
 
     def _wait_amqp(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -366,7 +362,7 @@ def _describe(error: BaseException) -> str:
 
 
 def run_phase(target: Target, pairs: list[dict], *, duration: float | None, limit: int | None,
-              drain_timeout: float, hard_timeout: float, options) -> dict[str, Any]:
+              drain_timeout: float, hard_timeout: float) -> dict[str, Any]:
     """Run publishers and consumers of `pairs` (each: queue, pub spec or None, con spec or
     None, expected = messages already there for a consumer-only pair) and collect stats."""
     ctx = mp.get_context("fork")
@@ -638,8 +634,7 @@ def run_scenario(target: Target, name: str, options, run_id: str,
             phase = run_phase(target, [{"queue": q, "pub": pub, "con": con} for q in queues],
                               duration=options.duration, limit=None,
                               drain_timeout=options.drain_timeout,
-                              hard_timeout=options.duration + 2 * options.drain_timeout + 30,
-                              options=options)
+                              hard_timeout=options.duration + 2 * options.drain_timeout + 30)
             row.update(summarize(phase))
             row["confirm_window"] = config["confirm_window"]
             row["max_lag"] = config["max_lag"]
@@ -665,7 +660,7 @@ def _run_backlog(target: Target, queue: str, config: dict, options,
            "batch": options.batch, "max_lag": 0}
     fill = run_phase(target, [{"queue": queue, "pub": pub, "con": None}], duration=None,
                      limit=count, drain_timeout=options.drain_timeout,
-                     hard_timeout=options.backlog_timeout, options=options)
+                     hard_timeout=options.backlog_timeout)
     row = summarize(fill)
     row["confirm_window"] = config["confirm_window"]
     if fill["errors"]:
@@ -682,7 +677,7 @@ def _run_backlog(target: Target, queue: str, config: dict, options,
     con = {"no_ack": False, "prefetch": config["prefetch"], "ack_every": config["ack_every"]}
     drain = run_phase(target, [{"queue": queue, "pub": None, "con": con, "expected": expected}],
                       duration=None, limit=None, drain_timeout=options.backlog_timeout,
-                      hard_timeout=options.backlog_timeout + 30, options=options)
+                      hard_timeout=options.backlog_timeout + 30)
     drained = summarize(drain)
     row["delivered"] = drained["delivered"]
     row["delivered_per_s"] = row["drain_per_s"] = drained["delivered_per_s"]
