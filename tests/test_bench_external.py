@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadtest import bench, external, procs
+from loadtest import bench, external, output, procs
 
 from .conftest import ROOT
 
@@ -101,7 +101,7 @@ def test_command_line_and_row(fake):
     assert row["broker_rss_mb"] == 120.0 and row["client_cpu_s"] == 0.25
     assert row["note"] == "500 left in queues"
     assert row["external"]["tool"] == "amqp-perf"
-    table = bench.format_table([row])
+    table = output.format_table([row])
     assert "durable-confirm" in table and "amqp-perf" in table and "0.50" in table
 
 
@@ -130,7 +130,7 @@ def test_failed_run_is_an_error_row(fake, monkeypatch, mode, expected):
     monkeypatch.setenv("FAKE_MODE", mode)
     row = external.run(fake.path, _target(), "transient-autoack", _options())
     assert row["status"] == "error" and row["error"] == expected, row
-    assert "error: exit status" in bench.format_table([row])
+    assert "error: exit status" in output.format_table([row])
 
 
 def test_missing_executable_is_an_error_row(tmp_path):
