@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadtest import bench, external, output, procs
+from loadtest import bench, external, output, procs, targets
 
 from .conftest import ROOT
 
@@ -154,7 +154,7 @@ def test_scenario_names_and_client_arguments(fake):
 
 
 def test_compare_without_rabbitmq_installs_nothing(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(bench, "RABBIT_SERVER", tmp_path / "no-rabbitmq-server")
+    monkeypatch.setattr(targets, "RABBIT_SERVER", tmp_path / "no-rabbitmq-server")
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"ran {args}")
