@@ -17,19 +17,43 @@ from .procs import process_tree, tree_cpu, tree_memory
 from .targets import Target
 
 
-def _publisher_child(spec: dict, shared: SimpleNamespace, results) -> None:
+def _client_process(role: str, spec: dict, shared: SimpleNamespace, results, prepare,
+                    measure) -> None:
+    """A client process's life: connect, `prepare` (its channel), report ready, wait for the
+    go, `measure`, and report the stats, or the error, to the parent."""
     pair = spec["pair"]
     client = None
     try:
-        client = FastClient(spec["url"], timeout=spec["io_timeout"], name=f"bench-pub-{pair}")
+        client = FastClient(spec["url"], timeout=spec["io_timeout"], name=f"bench-{role}-{pair}")
+        prepared = prepare(client)
+        results.put(("ready", role, pair, None))
+        if not shared.go.wait(spec["setup_timeout"]) or shared.abort.is_set():
+            raise TimeoutError("never told to go")
+        stats = measure(client, prepared)
+        client.close()
+        client = None
+        stats["cpu_s"] = cpu_seconds()
+        results.put(("result", role, pair, stats))
+    except BaseException as error:  # noqa: BLE001 - reported to the parent
+        if role == "pub":
+            shared.pub_done[pair] = 1  # its consumer waits for no more
+        results.put(("error", role, pair, _describe(error)))
+    finally:
+        if client is not None:
+            client.abort()
+
+
+def _publisher_child(spec: dict, shared: SimpleNamespace, results) -> None:
+    pair = spec["pair"]
+
+    def prepare(client: FastClient) -> Publisher:
         channel = client.open_channel()
         if spec["confirm_window"]:
             client.confirm_select(channel)
-        publisher = Publisher(channel, "", spec["queue"], spec["body"], spec["persistent"],
-                              client.frame_max)
-        results.put(("ready", "pub", pair, None))
-        if not shared.go.wait(spec["setup_timeout"]) or shared.abort.is_set():
-            raise TimeoutError("never told to go")
+        return Publisher(channel, "", spec["queue"], spec["body"], spec["persistent"],
+                         client.frame_max)
+
+    def measure(client: FastClient, publisher: Publisher) -> dict:
         delivered = shared.delivered
         published = shared.published
 
@@ -46,30 +70,22 @@ def _publisher_child(spec: dict, shared: SimpleNamespace, results) -> None:
         published[pair] = stats["published"]
         shared.pub_done[pair] = 1
         stats["confirm_latency_us"] = stats["confirm_latency_us"].tobytes()
-        client.close()
-        client = None
-        stats["cpu_s"] = cpu_seconds()
-        results.put(("result", "pub", pair, stats))
-    except BaseException as error:  # noqa: BLE001 - reported to the parent
-        shared.pub_done[pair] = 1
-        results.put(("error", "pub", pair, _describe(error)))
-    finally:
-        if client is not None:
-            client.abort()
+        return stats
+
+    _client_process("pub", spec, shared, results, prepare, measure)
 
 
 def _consumer_child(spec: dict, shared: SimpleNamespace, results) -> None:
     pair = spec["pair"]
-    client = None
-    try:
-        client = FastClient(spec["url"], timeout=spec["io_timeout"], name=f"bench-con-{pair}")
+
+    def prepare(client: FastClient) -> int:
         channel = client.open_channel()
         if spec["prefetch"]:
             client.qos(channel, spec["prefetch"])
         client.consume(channel, spec["queue"], no_ack=spec["no_ack"])
-        results.put(("ready", "con", pair, None))
-        if not shared.go.wait(spec["setup_timeout"]) or shared.abort.is_set():
-            raise TimeoutError("never told to go")
+        return channel
+
+    def measure(client: FastClient, channel: int) -> dict:
         published, delivered, pub_done = shared.published, shared.delivered, shared.pub_done
         abort = shared.abort
 
@@ -84,15 +100,9 @@ def _consumer_child(spec: dict, shared: SimpleNamespace, results) -> None:
                                     deadline=time.monotonic() + spec["consume_timeout"],
                                     on_delivered=on_delivered)
         stats["e2e_latency_us"] = stats["e2e_latency_us"].tobytes()
-        client.close()
-        client = None
-        stats["cpu_s"] = cpu_seconds()
-        results.put(("result", "con", pair, stats))
-    except BaseException as error:  # noqa: BLE001
-        results.put(("error", "con", pair, _describe(error)))
-    finally:
-        if client is not None:
-            client.abort()
+        return stats
+
+    _client_process("con", spec, shared, results, prepare, measure)
 
 
 def _describe(error: BaseException) -> str:
