@@ -24,8 +24,11 @@ started (or the queue was declared). A series is cut into segments where a count
 drops, or where a ``shard_started`` event (for the shard) or ``queue_declared`` event
 (for the queue) lies between two records; the total is the sum over segments of each
 segment's last value, i.e. the sum of positive deltas with a reset counting its new
-value. This file is self-contained (no package-relative imports) so spark-submit can
-ship it as is.
+value.
+
+spark-submit runs this file as a script; it then puts the checkout above it on sys.path
+so that the `spark` package's modules import (where the driver runs on another machine,
+ship the package with --py-files).
 """
 
 from __future__ import annotations
@@ -40,23 +43,20 @@ import shutil
 import sys
 import time
 import warnings
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-SCHEMA_VERSION = 1
-DEFAULT_PATTERN = "shard-*.jsonl*"
-COUNTERS = ("published", "published_bytes", "delivered", "redelivered", "acked", "rejected",
-            "requeued", "expired", "dead_lettered", "timeouts")
-GAUGES = ("ready", "unacked", "consumers", "ram_bytes")
+if not __package__:  # spark-submit spark/report.py: a script, outside its package
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from spark.logs import (COUNTERS, DEFAULT_PATTERN, GAUGES, LATENCIES,  # noqa: E402
+                        SHARD_COUNTERS, iso_time, parse_records, read_lines, resolve_inputs,
+                        short_path, total_bytes)
+
 RATED = ("published", "delivered", "acked", "redelivered")
-SHARD_COUNTERS = ("fsyncs", "messages")
-LATENCIES = ("p50", "p90", "p99", "max")
-CORRUPT = "_corrupt_record"
-BAD_LINE_CHARS = 2000          # how much of a bad line the bad_lines table keeps
 CHART_POINTS = 400             # at most this many time buckets per chart series
 SMALL_INPUT_BYTES = 32 << 20   # below this, skip whole-stage code generation
 
@@ -67,7 +67,7 @@ CHARTS = {"throughput": "throughput.png", "shard_balance": "shard_balance.png",
           "confirm_latency": "confirm_latency.png", "fsync_batches": "fsync_batches.png"}
 
 
-# -- session and inputs -----------------------------------------------------------------
+# -- session ----------------------------------------------------------------------------
 
 def build_session(master: str | None = None, shuffle_partitions: int = 4,
                   driver_memory: str | None = None, conf: dict | None = None,
@@ -94,95 +94,6 @@ def build_session(master: str | None = None, shuffle_partitions: int = 4,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
-
-
-def resolve_inputs(spark: SparkSession, inputs: list[str],
-                   pattern: str = DEFAULT_PATTERN) -> list[str]:
-    """Expand directories (to their `pattern` files) and globs into a sorted list of
-    file URIs, through the Hadoop FileSystem API so any supported scheme works.
-    Only file names travel to the driver here, never their contents."""
-    jvm = spark.sparkContext._jvm
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
-    Path = jvm.org.apache.hadoop.fs.Path
-    files: list[str] = []
-    for arg in inputs:
-        path = Path(arg)
-        fs = path.getFileSystem(conf)
-        statuses = fs.globStatus(path)
-        if not statuses:
-            raise FileNotFoundError(f"no input matches {arg}")
-        for status in statuses:
-            if status.isDirectory():
-                children = fs.globStatus(Path(status.getPath(), pattern)) or []
-                found = sorted(c.getPath().toString() for c in children if c.isFile())
-                if not found:
-                    print(f"warning: no {pattern} files in {status.getPath().toString()}",
-                          file=sys.stderr)
-                files.extend(found)
-            else:
-                files.append(status.getPath().toString())
-    unique = sorted(set(files))
-    if not unique:
-        raise FileNotFoundError(f"no log files in {', '.join(inputs)}")
-    return unique
-
-
-def total_bytes(spark: SparkSession, files: list[str]) -> int:
-    jvm = spark.sparkContext._jvm
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
-    total = 0
-    for f in files:
-        path = jvm.org.apache.hadoop.fs.Path(f)
-        total += path.getFileSystem(conf).getFileStatus(path).getLen()
-    return total
-
-
-def record_schema() -> T.StructType:
-    """Every field the report uses, typed; extra fields in a line are ignored, missing
-    ones are null. `_corrupt_record` catches lines that are not valid JSON or whose
-    fields have the wrong type."""
-    long_, str_, dbl = T.LongType(), T.StringType(), T.DoubleType()
-    fields = [T.StructField("v", long_), T.StructField("type", str_),
-              T.StructField("ts", dbl), T.StructField("shard", T.IntegerType()),
-              T.StructField("vhost", str_), T.StructField("queue", str_),
-              T.StructField("queue_type", str_), T.StructField("kind", str_)]
-    fields += [T.StructField(name, long_) for name in COUNTERS + GAUGES + SHARD_COUNTERS]
-    fields += [T.StructField("fsync_batch", T.MapType(str_, long_)),
-               T.StructField("confirm_latency_ms",
-                             T.StructType([T.StructField(p, dbl) for p in LATENCIES])),
-               T.StructField(CORRUPT, str_)]
-    return T.StructType(fields)
-
-
-def read_lines(spark: SparkSession, files: list[str]) -> DataFrame:
-    """(file, value): one row per line."""
-    text = spark.read.text(files)
-    try:
-        return text.select(F.col("_metadata.file_path").alias("file"), "value")
-    except Exception:  # a source without the _metadata column
-        return text.select(F.input_file_name().alias("file"), "value")
-
-
-def parse_records(lines: DataFrame) -> DataFrame:
-    """Every line with its `status`: ok, malformed (not a JSON object, or a field of the
-    wrong type), unknown_version or missing_field. Valid rows carry the typed fields;
-    bad rows keep (the start of) their text in `line`."""
-    parsed = lines.select("file", "value", F.from_json(
-        "value", record_schema(),
-        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("r"))
-    r = F.col("r")
-    status = (F.when(r.isNull(), "malformed")
-              .when(r["v"].isNotNull() & (r["v"] != SCHEMA_VERSION), "unknown_version")
-              .when(r[CORRUPT].isNotNull() | ~F.rtrim("value").endswith("}"), "malformed")
-              .when(r["v"].isNull() | r["type"].isNull() | r["ts"].isNull()
-                    | r["shard"].isNull(), "missing_field")
-              .otherwise("ok"))
-    fields = [r[f.name].alias(f.name) for f in record_schema().fields if f.name != CORRUPT]
-    return (parsed.select("file", status.alias("status"), "value", *fields)
-            .select("file", "status",
-                    F.when(F.col("status") != "ok",
-                           F.substring("value", 1, BAD_LINE_CHARS)).alias("line"),
-                    *[f.name for f in record_schema().fields if f.name != CORRUPT]))
 
 
 # -- cumulative counters ------------------------------------------------------------------
@@ -474,18 +385,6 @@ def _clean(value):
     return value
 
 
-def _iso(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
-def _short(path: str) -> str:
-    parsed = urlparse(path)
-    return unquote(parsed.path) if parsed.scheme == "file" else path
-
-
 # -- charts -------------------------------------------------------------------------------
 
 def chart_series(table: DataFrame, t0: float, t1: float, value_exprs: dict,
@@ -537,7 +436,7 @@ def throughput_chart(series: dict, t0: float) -> bytes:
         _no_data(ax)
     else:
         ax.legend(fontsize="small", ncol=2)
-    ax.set_xlabel(f"seconds since {_iso(t0)}")
+    ax.set_xlabel(f"seconds since {iso_time(t0)}")
     ax.set_ylabel("messages/s")
     ax.grid(alpha=0.3)
     return _png(fig)
@@ -575,7 +474,7 @@ def latency_chart(series: dict, t0: float) -> bytes:
         ax.set_yscale("log")
     else:
         _no_data(ax)
-    ax.set_xlabel(f"seconds since {_iso(t0)}")
+    ax.set_xlabel(f"seconds since {iso_time(t0)}")
     ax.set_ylabel("ms")
     ax.grid(alpha=0.3)
     return _png(fig)
@@ -653,7 +552,7 @@ def render_markdown(s: dict, max_queue_rows: int) -> str:
            f"(Spark {s['spark_version']}).", "",
            f"* **{s['records']:,} records**, **{s['bad_lines']:,} bad lines** in "
            f"{len(s['files'])} files",
-           f"* Time span: {_iso(span['start'])} .. {_iso(span['end'])} "
+           f"* Time span: {iso_time(span['start'])} .. {iso_time(span['end'])} "
            f"({_fmt(span['seconds'])} s)",
            f"* {len(s['queues'])} queues on {len(s['shards'])} shards",
            "* Records by type: " + (", ".join(f"{k} {v:,}" for k, v in
@@ -663,7 +562,7 @@ def render_markdown(s: dict, max_queue_rows: int) -> str:
 
     md += ["## Input files", ""]
     md += _table(["file", "lines", "records", "bad lines"],
-                 [[f"`{_short(f['file'])}`", f["lines"], f["records"], f["bad_lines"]]
+                 [[f"`{short_path(f['file'])}`", f["lines"], f["records"], f["bad_lines"]]
                   for f in s["files"]])
     md += [""]
 
@@ -672,12 +571,12 @@ def render_markdown(s: dict, max_queue_rows: int) -> str:
         md += [f"{s['bad_lines']:,} lines could not be used (see the `bad_lines` table): "
                + ", ".join(f"{k} {v:,}" for k, v in sorted(s["bad_lines_by_reason"].items()))
                + ".", ""]
-        md += _table(["file", "bad lines"], [[f"`{_short(f['file'])}`", f["bad_lines"]]
+        md += _table(["file", "bad lines"], [[f"`{short_path(f['file'])}`", f["bad_lines"]]
                                              for f in s["files"] if f["bad_lines"]])
         md.append("")
         for example in s["bad_line_examples"]:
             text = (example["line"] or "")[:120].replace("`", "'")
-            name = os.path.basename(_short(example["file"]))
+            name = os.path.basename(short_path(example["file"]))
             md.append(f"* {example['reason']} in `{name}`: `{text}`")
     else:
         md.append("None: every line is a valid v1 record.")
@@ -711,7 +610,7 @@ def render_markdown(s: dict, max_queue_rows: int) -> str:
     if s["top_backlog"]:
         md += _table(["vhost", "queue", "shard", "peak ready", "at", "final ready", "published"],
                      [[q["vhost"], q["queue"], q["shard"], q["peak_ready"],
-                       _iso(q["peak_ready_ts"]), q["final_ready"], q["published"]]
+                       iso_time(q["peak_ready_ts"]), q["final_ready"], q["published"]]
                       for q in s["top_backlog"]])
     else:
         md.append("No queue ever had ready messages.")
@@ -894,8 +793,8 @@ def _analyse(spark, output: Output, files: list[str], parsed: DataFrame, top: in
         "events_by_kind": by_kind,
         "time_span": {"start": t0, "end": t1,
                       "seconds": (t1 - t0) if t0 is not None else 0.0,
-                      "start_iso": _iso(t0) if t0 is not None else None,
-                      "end_iso": _iso(t1) if t1 is not None else None},
+                      "start_iso": iso_time(t0) if t0 is not None else None,
+                      "end_iso": iso_time(t1) if t1 is not None else None},
         "queues": queues,
         "shards": shards,
         "top_backlog": sorted((_without("peak_ready_time", r) for r in backlog.collect()),
@@ -931,9 +830,9 @@ def _match_file(name: str, known: dict) -> str:
     """The listed input file a row's file path (maybe spelled file:///x) refers to."""
     if name in known:
         return name
-    short = _short(name)
+    short = short_path(name)
     for f in known:
-        if _short(f) == short:
+        if short_path(f) == short:
             return f
     return name
 
