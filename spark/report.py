@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import io
 import json
 import math
 import os
@@ -45,6 +44,8 @@ from pyspark.sql import functions as F
 if not __package__:  # spark-submit spark/report.py: a script, outside its package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from spark.charts import (CHARTS, balance_chart, chart_series, fsync_chart,  # noqa: E402
+                          latency_chart, throughput_chart)
 from spark.logs import (COUNTERS, DEFAULT_PATTERN, iso_time, parse_records,  # noqa: E402
                         read_lines, resolve_inputs, short_path, total_bytes)
 from spark.output import Output  # noqa: E402
@@ -53,11 +54,7 @@ from spark.tables import (TABLES, bad_lines, bucket_label, confirm_latency,  # n
                           queue_rates, queue_totals, shard_balance, shard_deltas, shard_rates,
                           top_backlog, top_redeliveries)
 
-CHART_POINTS = 400             # at most this many time buckets per chart series
 SMALL_INPUT_BYTES = 32 << 20   # below this, skip whole-stage code generation
-
-CHARTS = {"throughput": "throughput.png", "shard_balance": "shard_balance.png",
-          "confirm_latency": "confirm_latency.png", "fsync_batches": "fsync_batches.png"}
 
 
 # -- session ----------------------------------------------------------------------------
@@ -102,114 +99,6 @@ def _clean(value):
     if isinstance(value, _dt.datetime):
         return value.isoformat()
     return value
-
-
-# -- charts -------------------------------------------------------------------------------
-
-def chart_series(table: DataFrame, t0: float, t1: float, value_exprs: dict,
-                 by: str = "shard") -> dict:
-    """A small per-`by` time series of a per-interval table: raw points when there are
-    few, else means over at most CHART_POINTS time buckets. Returns
-    {key: {"t": [...], name: [...]}} with t in seconds since t0."""
-    width = max((t1 - t0) / CHART_POINTS, 1e-9)
-    bucket = F.floor((F.col("ts") - F.lit(t0)) / F.lit(width))
-    rows = (table.groupBy(by, bucket.alias("_b"))
-            .agg(F.avg("ts").alias("ts"), *[expr.alias(name) for name, expr in value_exprs.items()])
-            .collect())
-    rows.sort(key=lambda row: (row[by], row["_b"]))
-    series: dict = {}
-    for row in rows:
-        s = series.setdefault(row[by], {"t": [], **{n: [] for n in value_exprs}})
-        s["t"].append(row["ts"] - t0)
-        for name in value_exprs:
-            s[name].append(row[name])
-    return series
-
-
-def _figure(title: str):
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(10, 5), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    ax.set_title(title)
-    return fig, ax
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")  # a bare Figure renders with the Agg canvas
-    return buf.getvalue()
-
-
-def _no_data(ax) -> None:
-    ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-
-
-def throughput_chart(series: dict, t0: float) -> bytes:
-    fig, ax = _figure("Throughput per shard (messages/s)")
-    for shard in sorted(series):
-        s = series[shard]
-        line, = ax.plot(s["t"], s["published_per_s"], label=f"shard {shard} published")
-        ax.plot(s["t"], s["delivered_per_s"], linestyle="--", color=line.get_color(),
-                label=f"shard {shard} delivered")
-    if not series:
-        _no_data(ax)
-    else:
-        ax.legend(fontsize="small", ncol=2)
-    ax.set_xlabel(f"seconds since {iso_time(t0)}")
-    ax.set_ylabel("messages/s")
-    ax.grid(alpha=0.3)
-    return _png(fig)
-
-
-def balance_chart(shards: list[dict]) -> bytes:
-    fig, ax = _figure("Shard balance: share of traffic and queues")
-    if shards:
-        n = len(shards)
-        xs = list(range(n))
-        width = 0.27
-        for i, (key, label) in enumerate((("share_published", "published"),
-                                          ("share_delivered", "delivered"),
-                                          ("share_queues", "queues"))):
-            ax.bar([x + (i - 1) * width for x in xs], [100 * (s[key] or 0) for s in shards],
-                   width, label=label)
-        ax.axhline(100 / n, color="grey", linestyle=":", label=f"even ({100 / n:.1f}%)")
-        ax.set_xticks(xs, [f"shard {s['shard']}" for s in shards])
-        ax.set_ylabel("% of total")
-        ax.legend(fontsize="small")
-    else:
-        _no_data(ax)
-    return _png(fig)
-
-
-def latency_chart(series: dict, t0: float) -> bytes:
-    fig, ax = _figure("Publisher confirm latency per shard (ms)")
-    for shard in sorted(series):
-        s = series[shard]
-        line, = ax.plot(s["t"], s["p99_ms"], label=f"shard {shard} p99")
-        ax.plot(s["t"], s["p50_ms"], linestyle="--", color=line.get_color(),
-                label=f"shard {shard} p50")
-    if series:
-        ax.legend(fontsize="small", ncol=2)
-        ax.set_yscale("log")
-    else:
-        _no_data(ax)
-    ax.set_xlabel(f"seconds since {iso_time(t0)}")
-    ax.set_ylabel("ms")
-    ax.grid(alpha=0.3)
-    return _png(fig)
-
-
-def fsync_chart(hist: list[dict]) -> bytes:
-    fig, ax = _figure("Messages per fsync (all shards)")
-    if hist:
-        labels = [bucket_label(h) for h in hist]
-        ax.bar(range(len(hist)), [h["fsyncs"] for h in hist])
-        ax.set_xticks(range(len(hist)), labels, rotation=45 if len(hist) > 8 else 0)
-        ax.set_xlabel("messages per fsync")
-        ax.set_ylabel("fsyncs")
-    else:
-        _no_data(ax)
-    return _png(fig)
 
 
 # -- summary ------------------------------------------------------------------------------
