@@ -54,21 +54,32 @@ def _no_data(ax) -> None:
     ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
 
 
-def throughput_chart(series: dict, t0: float) -> bytes:
-    fig, ax = _figure("Throughput per shard (messages/s)")
+def _shard_lines_chart(title: str, series: dict, t0: float, solid: tuple[str, str],
+                       dashed: tuple[str, str], unit: str, log_scale: bool = False) -> bytes:
+    """Two lines per shard over time in the shard's colour: `solid` and `dashed`, each
+    (series key, label)."""
+    fig, ax = _figure(title)
     for shard in sorted(series):
         s = series[shard]
-        line, = ax.plot(s["t"], s["published_per_s"], label=f"shard {shard} published")
-        ax.plot(s["t"], s["delivered_per_s"], linestyle="--", color=line.get_color(),
-                label=f"shard {shard} delivered")
-    if not series:
-        _no_data(ax)
-    else:
+        line, = ax.plot(s["t"], s[solid[0]], label=f"shard {shard} {solid[1]}")
+        ax.plot(s["t"], s[dashed[0]], linestyle="--", color=line.get_color(),
+                label=f"shard {shard} {dashed[1]}")
+    if series:
         ax.legend(fontsize="small", ncol=2)
+        if log_scale:
+            ax.set_yscale("log")
+    else:
+        _no_data(ax)
     ax.set_xlabel(f"seconds since {iso_time(t0)}")
-    ax.set_ylabel("messages/s")
+    ax.set_ylabel(unit)
     ax.grid(alpha=0.3)
     return _png(fig)
+
+
+def throughput_chart(series: dict, t0: float) -> bytes:
+    return _shard_lines_chart("Throughput per shard (messages/s)", series, t0,
+                              ("published_per_s", "published"),
+                              ("delivered_per_s", "delivered"), "messages/s")
 
 
 def balance_chart(shards: list[dict]) -> bytes:
@@ -92,21 +103,8 @@ def balance_chart(shards: list[dict]) -> bytes:
 
 
 def latency_chart(series: dict, t0: float) -> bytes:
-    fig, ax = _figure("Publisher confirm latency per shard (ms)")
-    for shard in sorted(series):
-        s = series[shard]
-        line, = ax.plot(s["t"], s["p99_ms"], label=f"shard {shard} p99")
-        ax.plot(s["t"], s["p50_ms"], linestyle="--", color=line.get_color(),
-                label=f"shard {shard} p50")
-    if series:
-        ax.legend(fontsize="small", ncol=2)
-        ax.set_yscale("log")
-    else:
-        _no_data(ax)
-    ax.set_xlabel(f"seconds since {iso_time(t0)}")
-    ax.set_ylabel("ms")
-    ax.grid(alpha=0.3)
-    return _png(fig)
+    return _shard_lines_chart("Publisher confirm latency per shard (ms)", series, t0,
+                              ("p99_ms", "p99"), ("p50_ms", "p50"), "ms", log_scale=True)
 
 
 def fsync_chart(hist: list[dict]) -> bytes:
