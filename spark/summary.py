@@ -29,6 +29,11 @@ def _table(headers: list[str], rows: list[list]) -> list[str]:
     return out
 
 
+def _table_or(headers: list[str], rows: list[list], none: str) -> list[str]:
+    """The table, or the sentence `none` when it has no rows."""
+    return _table(headers, rows) if rows else [none]
+
+
 def balance_verdict(shards: list[dict], queues: list[dict]) -> list[str]:
     """A few sentences on whether xxhash placement spreads the load."""
     active = [s for s in shards if s["queues"] or s["published"]]
@@ -119,36 +124,28 @@ def render_markdown(s: dict, max_queue_rows: int) -> str:
            "![shard balance](shard_balance.png)", "", "![throughput](throughput.png)", ""]
 
     md += ["## Top backlog (peak ready messages)", ""]
-    if s["top_backlog"]:
-        md += _table(["vhost", "queue", "shard", "peak ready", "at", "final ready", "published"],
-                     [[q["vhost"], q["queue"], q["shard"], q["peak_ready"],
-                       iso_time(q["peak_ready_ts"]), q["final_ready"], q["published"]]
-                      for q in s["top_backlog"]])
-    else:
-        md.append("No queue ever had ready messages.")
+    md += _table_or(["vhost", "queue", "shard", "peak ready", "at", "final ready", "published"],
+                    [[q["vhost"], q["queue"], q["shard"], q["peak_ready"],
+                      iso_time(q["peak_ready_ts"]), q["final_ready"], q["published"]]
+                     for q in s["top_backlog"]], "No queue ever had ready messages.")
     md += [""]
 
     md += ["## Top redeliveries", ""]
-    if s["top_redeliveries"]:
-        md += _table(["vhost", "queue", "shard", "redelivered", "delivered", "requeued",
-                      "redelivered %"],
-                     [[q["vhost"], q["queue"], q["shard"], q["redelivered"], q["delivered"],
-                       q["requeued"], _pct(q["redelivery_ratio"])] for q in s["top_redeliveries"]])
-    else:
-        md.append("No redeliveries.")
+    md += _table_or(["vhost", "queue", "shard", "redelivered", "delivered", "requeued",
+                     "redelivered %"],
+                    [[q["vhost"], q["queue"], q["shard"], q["redelivered"], q["delivered"],
+                      q["requeued"], _pct(q["redelivery_ratio"])] for q in s["top_redeliveries"]],
+                    "No redeliveries.")
     md += [""]
 
     md += ["## Publisher confirm latency", "",
            "Shards log p50/p90/p99/max per interval; below: intervals with confirms, the "
            "median of the interval p50s and p99s, and the worst p99 and max.", ""]
-    if s["confirm_latency"]:
-        md += _table(["shard", "intervals", "median p50 ms", "median p99 ms", "worst p99 ms",
-                      "max ms"],
-                     [[c["shard"] if c["shard"] is not None else "all", c["intervals"],
-                       c["median_p50_ms"], c["median_p99_ms"], c["worst_p99_ms"], c["max_ms"]]
-                      for c in s["confirm_latency"]])
-    else:
-        md.append("No confirms were recorded.")
+    md += _table_or(["shard", "intervals", "median p50 ms", "median p99 ms", "worst p99 ms",
+                     "max ms"],
+                    [[c["shard"] if c["shard"] is not None else "all", c["intervals"],
+                      c["median_p50_ms"], c["median_p99_ms"], c["worst_p99_ms"], c["max_ms"]]
+                     for c in s["confirm_latency"]], "No confirms were recorded.")
     md += ["", "![confirm latency](confirm_latency.png)", ""]
 
     md += ["## fsync batch sizes", ""]
@@ -163,12 +160,10 @@ def render_markdown(s: dict, max_queue_rows: int) -> str:
     md += ["", "![fsync batch sizes](fsync_batches.png)", ""]
 
     md += ["## Consumer timeouts", ""]
-    if s["consumer_timeouts"]:
-        md += _table(["vhost", "queue", "shard", "timeouts (counter)", "consumer_timed_out events"],
-                     [[c["vhost"], c["queue"], c["shard"], c["timeouts_counter"],
-                       c["timeout_events"]] for c in s["consumer_timeouts"]])
-    else:
-        md.append("No consumer timeouts.")
+    md += _table_or(["vhost", "queue", "shard", "timeouts (counter)", "consumer_timed_out events"],
+                    [[c["vhost"], c["queue"], c["shard"], c["timeouts_counter"],
+                      c["timeout_events"]] for c in s["consumer_timeouts"]],
+                    "No consumer timeouts.")
     md += ["", "## Outputs", "",
            "Parquet tables: " + ", ".join(f"[`{t}`]({t}/)" for t in TABLES) + ".", "",
            "Charts: " + ", ".join(f"[{name}]({png})" for name, png in CHARTS.items()) + ".", ""]
