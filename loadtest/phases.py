@@ -12,8 +12,8 @@ from array import array
 from types import SimpleNamespace
 from typing import Any
 
-from .fastclient import AMQPError, FastClient, Publisher, cpu_seconds
-from .procs import process_tree, tree_cpu, tree_memory
+from .fastclient import AMQPError, FastClient, Publisher
+from .procs import cpu_seconds, process_tree, tree_cpu, tree_memory
 from .targets import Target
 
 

@@ -1,6 +1,6 @@
 """Local processes as the bench sees them: the CPU seconds and memory of a process tree
-read from /proc, the process listening on a port, free ports, and a line from a child's
-pipe within a deadline."""
+read from /proc, a process's own CPU seconds, the process listening on a port, free
+ports, and a line from a child's pipe within a deadline."""
 
 from __future__ import annotations
 
@@ -62,6 +62,12 @@ def tree_cpu(pids: list[int]) -> float:
         if fields is not None:
             total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / CLOCK_TICKS
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far."""
+    times = os.times()
+    return times.user + times.system
 
 
 def listener_pid(port: int) -> int | None:
