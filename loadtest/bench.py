@@ -45,6 +45,7 @@ from .output import (OWN_CLIENT, comparison, format_comparison, format_ratios,
 from .scenarios import SCENARIOS, run_scenario
 from .targets import RabbitTarget, Target, WarrenTarget, rabbitmq_missing
 
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="warren bench", description=__doc__.split("\n\n")[0],
