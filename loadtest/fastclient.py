@@ -18,7 +18,6 @@ The timestamp is `time.time_ns()` (wall clock, comparable across processes).
 
 from __future__ import annotations
 
-import os
 import select
 import socket
 import struct
@@ -76,12 +75,6 @@ def parse_url(url: str) -> tuple[str, int, str, str, str]:
     vhost = unquote(path) if path else "/"
     return (parsed.hostname or "127.0.0.1", parsed.port or 5672,
             unquote(parsed.username or "guest"), unquote(parsed.password or "guest"), vhost)
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process so far."""
-    times = os.times()
-    return times.user + times.system
 
 
 class Publisher:

@@ -19,55 +19,44 @@ read only the columns they need and nothing has to fit in memory. DIR gets:
 * PNG charts: throughput.png, shard_balance.png, confirm_latency.png, fsync_batches.png;
 * summary.md (read this first) and summary.json.
 
-Counters in queue_stats/shard_stats records are cumulative since the shard process
-started (or the queue was declared). A series is cut into segments where a counter
-drops, or where a ``shard_started`` event (for the shard) or ``queue_declared`` event
-(for the queue) lies between two records; the total is the sum over segments of each
-segment's last value, i.e. the sum of positive deltas with a reset counting its new
-value. This file is self-contained (no package-relative imports) so spark-submit can
-ship it as is.
+Counters are cumulative in the logs; totals are reset-aware (see spark/tables.py).
+
+spark-submit runs this file as a script; it then puts the checkout above it on sys.path
+so that the `spark` package's modules import (where the driver runs on another machine,
+ship the package with --py-files).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import io
-import json
-import math
 import os
-import shutil
 import sys
 import time
 import warnings
-from urllib.parse import unquote, urlparse
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-SCHEMA_VERSION = 1
-DEFAULT_PATTERN = "shard-*.jsonl*"
-COUNTERS = ("published", "published_bytes", "delivered", "redelivered", "acked", "rejected",
-            "requeued", "expired", "dead_lettered", "timeouts")
-GAUGES = ("ready", "unacked", "consumers", "ram_bytes")
-RATED = ("published", "delivered", "acked", "redelivered")
-SHARD_COUNTERS = ("fsyncs", "messages")
-LATENCIES = ("p50", "p90", "p99", "max")
-CORRUPT = "_corrupt_record"
-BAD_LINE_CHARS = 2000          # how much of a bad line the bad_lines table keeps
-CHART_POINTS = 400             # at most this many time buckets per chart series
+if not __package__:  # spark-submit spark/report.py: a script, outside its package
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from spark.charts import (CHARTS, balance_chart, chart_series, fsync_chart,  # noqa: E402
+                          latency_chart, throughput_chart)
+from spark.logs import (COUNTERS, DEFAULT_PATTERN, iso_time, parse_records,  # noqa: E402
+                        read_lines, resolve_inputs, short_path, total_bytes)
+from spark.output import Output  # noqa: E402
+from spark.summary import render_json, render_markdown  # noqa: E402
+from spark.tables import (TABLES, bad_lines, confirm_latency,  # noqa: E402
+                          consumer_timeouts, events_of, fsync_batches, queue_deltas,
+                          queue_rates, queue_totals, shard_balance, shard_deltas, shard_rates,
+                          top_backlog, top_redeliveries)
+
 SMALL_INPUT_BYTES = 32 << 20   # below this, skip whole-stage code generation
 
-TABLES = ("queue_rates", "queue_totals", "shard_rates", "shard_balance", "top_backlog",
-          "top_redeliveries", "confirm_latency", "fsync_batches", "consumer_timeouts",
-          "bad_lines")
-CHARTS = {"throughput": "throughput.png", "shard_balance": "shard_balance.png",
-          "confirm_latency": "confirm_latency.png", "fsync_batches": "fsync_batches.png"}
 
-
-# -- session and inputs -----------------------------------------------------------------
+# -- session ----------------------------------------------------------------------------
 
 def build_session(master: str | None = None, shuffle_partitions: int = 4,
                   driver_memory: str | None = None, conf: dict | None = None,
@@ -95,677 +84,6 @@ def build_session(master: str | None = None, shuffle_partitions: int = 4,
     spark.sparkContext.setLogLevel("WARN")
     return spark
 
-
-def resolve_inputs(spark: SparkSession, inputs: list[str],
-                   pattern: str = DEFAULT_PATTERN) -> list[str]:
-    """Expand directories (to their `pattern` files) and globs into a sorted list of
-    file URIs, through the Hadoop FileSystem API so any supported scheme works.
-    Only file names travel to the driver here, never their contents."""
-    jvm = spark.sparkContext._jvm
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
-    Path = jvm.org.apache.hadoop.fs.Path
-    files: list[str] = []
-    for arg in inputs:
-        path = Path(arg)
-        fs = path.getFileSystem(conf)
-        statuses = fs.globStatus(path)
-        if not statuses:
-            raise FileNotFoundError(f"no input matches {arg}")
-        for status in statuses:
-            if status.isDirectory():
-                children = fs.globStatus(Path(status.getPath(), pattern)) or []
-                found = sorted(c.getPath().toString() for c in children if c.isFile())
-                if not found:
-                    print(f"warning: no {pattern} files in {status.getPath().toString()}",
-                          file=sys.stderr)
-                files.extend(found)
-            else:
-                files.append(status.getPath().toString())
-    unique = sorted(set(files))
-    if not unique:
-        raise FileNotFoundError(f"no log files in {', '.join(inputs)}")
-    return unique
-
-
-def total_bytes(spark: SparkSession, files: list[str]) -> int:
-    jvm = spark.sparkContext._jvm
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
-    total = 0
-    for f in files:
-        path = jvm.org.apache.hadoop.fs.Path(f)
-        total += path.getFileSystem(conf).getFileStatus(path).getLen()
-    return total
-
-
-def record_schema() -> T.StructType:
-    """Every field the report uses, typed; extra fields in a line are ignored, missing
-    ones are null. `_corrupt_record` catches lines that are not valid JSON or whose
-    fields have the wrong type."""
-    long_, str_, dbl = T.LongType(), T.StringType(), T.DoubleType()
-    fields = [T.StructField("v", long_), T.StructField("type", str_),
-              T.StructField("ts", dbl), T.StructField("shard", T.IntegerType()),
-              T.StructField("vhost", str_), T.StructField("queue", str_),
-              T.StructField("queue_type", str_), T.StructField("kind", str_)]
-    fields += [T.StructField(name, long_) for name in COUNTERS + GAUGES + SHARD_COUNTERS]
-    fields += [T.StructField("fsync_batch", T.MapType(str_, long_)),
-               T.StructField("confirm_latency_ms",
-                             T.StructType([T.StructField(p, dbl) for p in LATENCIES])),
-               T.StructField(CORRUPT, str_)]
-    return T.StructType(fields)
-
-
-def read_lines(spark: SparkSession, files: list[str]) -> DataFrame:
-    """(file, value): one row per line."""
-    text = spark.read.text(files)
-    try:
-        return text.select(F.col("_metadata.file_path").alias("file"), "value")
-    except Exception:  # a source without the _metadata column
-        return text.select(F.input_file_name().alias("file"), "value")
-
-
-def parse_records(lines: DataFrame) -> DataFrame:
-    """Every line with its `status`: ok, malformed (not a JSON object, or a field of the
-    wrong type), unknown_version or missing_field. Valid rows carry the typed fields;
-    bad rows keep (the start of) their text in `line`."""
-    parsed = lines.select("file", "value", F.from_json(
-        "value", record_schema(),
-        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("r"))
-    r = F.col("r")
-    status = (F.when(r.isNull(), "malformed")
-              .when(r["v"].isNotNull() & (r["v"] != SCHEMA_VERSION), "unknown_version")
-              .when(r[CORRUPT].isNotNull() | ~F.rtrim("value").endswith("}"), "malformed")
-              .when(r["v"].isNull() | r["type"].isNull() | r["ts"].isNull()
-                    | r["shard"].isNull(), "missing_field")
-              .otherwise("ok"))
-    fields = [r[f.name].alias(f.name) for f in record_schema().fields if f.name != CORRUPT]
-    return (parsed.select("file", status.alias("status"), "value", *fields)
-            .select("file", "status",
-                    F.when(F.col("status") != "ok",
-                           F.substring("value", 1, BAD_LINE_CHARS)).alias("line"),
-                    *[f.name for f in record_schema().fields if f.name != CORRUPT]))
-
-
-# -- cumulative counters ------------------------------------------------------------------
-
-def cumulative_deltas(series: DataFrame, markers: DataFrame, keys: list[str],
-                      counters: tuple[str, ...]) -> DataFrame:
-    """Per-record increments of cumulative `counters` within each `keys` series.
-
-    A record starts a new segment when it is the first of its series, when a marker
-    (restart/redeclaration, rows of keys + ts) lies since the previous record, or when
-    the counter dropped; a new segment's increment is the counter's value itself.
-    Adds epoch, prev_ts, interval_s, new_segment and d_<counter> columns."""
-    data = series.withColumn("_marker", F.lit(0))
-    marks = markers.select(*keys, "ts", F.lit(1).alias("_marker"))
-    order = Window.partitionBy(*keys).orderBy(F.col("ts"), F.col("_marker").desc())
-    running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    before = order.rowsBetween(Window.unboundedPreceding, -1)
-    columns = [c for c in series.columns]
-    # Both windows share one partitioning and order: Spark sorts once.
-    epochs = (data.unionByName(marks, allowMissingColumns=True)
-              .select(*columns, "_marker", F.sum("_marker").over(running).alias("epoch"))
-              .filter(F.col("_marker") == 0))
-    prev = epochs.select(
-        *columns, "epoch", F.lag("ts").over(order).alias("prev_ts"),
-        F.lag("epoch").over(order).alias("_prev_epoch"),
-        *[F.last(n, ignorenulls=True).over(before).alias(f"_prev_{n}") for n in counters])
-    new_segment = F.col("prev_ts").isNull() | (F.col("epoch") != F.col("_prev_epoch"))
-    flagged = prev.select(*columns, "epoch", "prev_ts", *[f"_prev_{n}" for n in counters],
-                          new_segment.alias("new_segment"))
-    deltas = []
-    for name in counters:
-        cur, last = F.col(name), F.col(f"_prev_{name}")
-        deltas.append(F.when(cur.isNull(), F.lit(None))
-                      .when(F.col("new_segment") | last.isNull() | (cur < last), cur)
-                      .otherwise(cur - last).alias(f"d_{name}"))
-    interval = F.col("ts") - F.col("prev_ts")
-    return flagged.select(*columns, "epoch", "prev_ts", "new_segment",
-                          F.when(interval > 0, interval).alias("interval_s"), *deltas)
-
-
-def _rate(delta: str) -> F.Column:
-    return F.try_divide(F.col(delta), F.col("interval_s"))
-
-
-def events_of(valid: DataFrame) -> DataFrame:
-    return (valid.filter(F.col("type") == "event")
-            .select("shard", "ts", "kind", F.coalesce("vhost", F.lit("/")).alias("vhost"),
-                    "queue"))
-
-
-def queue_deltas(valid: DataFrame, events: DataFrame) -> DataFrame:
-    """queue_stats records with d_<counter> increments, reset-aware, per
-    (vhost, queue, shard) series."""
-    keys = ["vhost", "queue", "shard"]
-    stats = (valid.filter((F.col("type") == "queue_stats") & F.col("queue").isNotNull())
-             .select(F.coalesce("vhost", F.lit("/")).alias("vhost"), "queue", "shard", "ts",
-                     F.coalesce("queue_type", F.lit("classic")).alias("queue_type"),
-                     *COUNTERS, *GAUGES))
-    series_keys = stats.select(*keys).distinct()
-    restarts = (events.filter(F.col("kind") == "shard_started").select("shard", "ts")
-                .join(series_keys, "shard"))
-    declared = (events.filter((F.col("kind") == "queue_declared") & F.col("queue").isNotNull())
-                .select(*keys, "ts"))
-    markers = restarts.select(*keys, "ts").unionByName(declared)
-    return cumulative_deltas(stats, markers, keys, COUNTERS)
-
-
-def shard_deltas(valid: DataFrame, events: DataFrame) -> DataFrame:
-    """shard_stats records with d_fsyncs / d_messages increments, reset-aware."""
-    stats = (valid.filter(F.col("type") == "shard_stats")
-             .select("shard", "ts", *SHARD_COUNTERS))
-    restarts = events.filter(F.col("kind") == "shard_started").select("shard", "ts")
-    return cumulative_deltas(stats, restarts, ["shard"], SHARD_COUNTERS)
-
-
-# -- the tables ---------------------------------------------------------------------------
-
-def queue_rates(qd: DataFrame) -> DataFrame:
-    """Per queue per interval: every counter's increment (named after the counter),
-    rates per second, gauges, and whether the record starts a new counter segment."""
-    return qd.select(
-        F.timestamp_seconds("ts").alias("time"), "ts", "vhost", "queue", "shard", "queue_type",
-        "interval_s", "new_segment", *[F.col(f"d_{c}").alias(c) for c in COUNTERS],
-        *[_rate(f"d_{c}").alias(f"{c}_per_s") for c in RATED],
-        "ready", "unacked", "consumers", "ram_bytes")
-
-
-def queue_totals(rates: DataFrame) -> DataFrame:
-    """Per queue, from the queue_rates increments: reset-aware counter totals, peak and
-    final gauges."""
-    sums = [F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c) for c in COUNTERS]
-    return (rates.groupBy("vhost", "queue").agg(
-        F.max_by("shard", "ts").alias("shard"),
-        F.max_by("queue_type", "ts").alias("queue_type"),
-        *sums,
-        F.coalesce(F.max("ready"), F.lit(0)).cast("long").alias("peak_ready"),
-        F.max_by("ts", "ready").alias("peak_ready_ts"),
-        F.coalesce(F.max("unacked"), F.lit(0)).cast("long").alias("peak_unacked"),
-        F.max_by("ready", "ts").alias("final_ready"),
-        F.max_by("unacked", "ts").alias("final_unacked"),
-        F.max_by("consumers", "ts").alias("final_consumers"),
-        F.sum(F.col("new_segment").cast("long")).alias("segments"),
-        F.count(F.lit(1)).alias("samples"),
-        F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"))
-        .withColumn("redelivery_ratio", F.try_divide(F.col("redelivered"), F.col("delivered"))))
-
-
-def shard_rates(rates: DataFrame, sd: DataFrame) -> DataFrame:
-    """Per shard per interval: the queues' increments summed at each tick (queue and
-    shard records of a tick share its ts) joined with the shard's fsync counters."""
-    ticks = rates.groupBy("shard", "ts").agg(
-        *[F.sum(c).alias(c) for c in RATED],
-        F.sum("ready").alias("ready"), F.sum("unacked").alias("unacked"),
-        F.count(F.lit(1)).alias("queues"))
-    shard = sd.select("shard", "ts", F.col("d_fsyncs").alias("fsyncs"),
-                      F.col("d_messages").alias("messages"))
-    joined = ticks.join(shard, ["shard", "ts"], "full")
-    order = Window.partitionBy("shard").orderBy("ts")
-    interval = F.col("ts") - F.lag("ts").over(order)
-    joined = joined.withColumn("interval_s", F.when(interval > 0, interval))
-    return joined.select(
-        F.timestamp_seconds("ts").alias("time"), "ts", "shard", "interval_s",
-        *[F.coalesce(F.col(c), F.lit(0)).cast("long").alias(c) for c in RATED],
-        "fsyncs", "messages",
-        *[_rate(c).alias(f"{c}_per_s") for c in RATED + SHARD_COUNTERS],
-        "ready", "unacked", "queues")
-
-
-def shard_balance(valid: DataFrame, totals: DataFrame, sd: DataFrame) -> DataFrame:
-    """Per shard: traffic totals and its share of all published/delivered messages,
-    queue count, fsyncs and mean fsync batch. Every shard seen in any record is listed."""
-    shards = valid.groupBy("shard").agg(F.count(F.lit(1)).alias("records"))
-    traffic = totals.groupBy("shard").agg(
-        F.count(F.lit(1)).alias("queues"),
-        *[F.sum(c).alias(c) for c in ("published", "published_bytes", "delivered", "acked",
-                                      "redelivered", "timeouts")],
-        F.sum("peak_ready").alias("sum_peak_ready"))
-    disk = sd.groupBy("shard").agg(*[F.sum(f"d_{c}").alias(c) for c in SHARD_COUNTERS])
-    joined = shards.join(traffic, "shard", "left").join(disk, "shard", "left")
-    numbers = ("queues", "published", "published_bytes", "delivered", "acked", "redelivered",
-               "timeouts", "sum_peak_ready", "fsyncs", "messages")
-    joined = joined.select("shard", "records",
-                           *[F.coalesce(F.col(c), F.lit(0)).cast("long").alias(c)
-                             for c in numbers])
-    all_ = joined.agg(*[F.sum(c).alias(f"all_{c}") for c in ("queues", "published", "delivered",
-                                                               "acked")])
-    share = {c: F.try_divide(F.col(c), F.col(f"all_{c}")) for c in
-             ("queues", "published", "delivered", "acked")}
-    return (joined.crossJoin(all_)
-            .select("shard", "records", *numbers,
-                    *[share[c].alias(f"share_{c}") for c in share],
-                    F.try_divide(F.col("messages"), F.col("fsyncs")).alias("mean_fsync_batch")))
-
-
-def top_backlog(totals: DataFrame, n: int) -> DataFrame:
-    """The `n` queues with the highest peak ready count."""
-    return (totals.filter(F.col("peak_ready") > 0)
-            .select("vhost", "queue", "shard", "peak_ready", "peak_ready_ts",
-                    F.timestamp_seconds("peak_ready_ts").alias("peak_ready_time"),
-                    "final_ready", "peak_unacked", "published", "delivered")
-            .orderBy(F.desc("peak_ready"), "vhost", "queue").limit(n))
-
-
-def top_redeliveries(totals: DataFrame, n: int) -> DataFrame:
-    """The `n` queues with the most redeliveries."""
-    return (totals.filter(F.col("redelivered") > 0)
-            .select("vhost", "queue", "shard", "redelivered", "delivered", "requeued",
-                    "rejected", "redelivery_ratio")
-            .orderBy(F.desc("redelivered"), "vhost", "queue").limit(n))
-
-
-def confirm_latency(valid: DataFrame) -> DataFrame:
-    """Per shard per interval: publisher-confirm latency percentiles (ms)."""
-    lat = F.col("confirm_latency_ms")
-    return (valid.filter((F.col("type") == "shard_stats") & lat.isNotNull()
-                         & lat["p50"].isNotNull())
-            .select(F.timestamp_seconds("ts").alias("time"), "ts", "shard",
-                    *[lat[p].alias(f"{p}_ms") for p in LATENCIES]))
-
-
-def fsync_batches(valid: DataFrame) -> DataFrame:
-    """Histogram totals of messages per fsync: bucket b counts commits of
-    b/2+1 .. b messages (bucket 1: 0-1)."""
-    pairs = (valid.filter((F.col("type") == "shard_stats") & F.col("fsync_batch").isNotNull())
-             .select(F.explode("fsync_batch").alias("key", "fsyncs"))
-             .select(F.expr("try_cast(key AS BIGINT)").alias("bucket"), "fsyncs")
-             .filter(F.col("bucket").isNotNull() & (F.col("bucket") > 0)))
-    hist = pairs.groupBy("bucket").agg(F.sum("fsyncs").cast("long").alias("fsyncs"))
-    total = hist.agg(F.sum("fsyncs").alias("_total"))
-    return (hist.crossJoin(total).select(
-        "bucket",
-        F.when(F.col("bucket") <= 1, F.lit(0)).otherwise(
-            F.floor(F.col("bucket") / 2) + 1).cast("long").alias("min_messages"),
-        F.col("bucket").alias("max_messages"), "fsyncs",
-        F.try_divide(F.col("fsyncs"), F.col("_total")).alias("share")))
-
-
-def consumer_timeouts(totals: DataFrame, events: DataFrame) -> DataFrame:
-    """Per queue: consumer timeouts from the `timeouts` counter and from
-    consumer_timed_out events (queues with neither are left out)."""
-    counted = (events.filter((F.col("kind") == "consumer_timed_out") & F.col("queue").isNotNull())
-               .groupBy("vhost", "queue").agg(F.count(F.lit(1)).alias("timeout_events")))
-    joined = totals.select("vhost", "queue", "shard", F.col("timeouts").alias("timeouts_counter")
-                           ).join(counted, ["vhost", "queue"], "full")
-    return (joined.select("vhost", "queue", "shard",
-                          F.coalesce("timeouts_counter", F.lit(0)).cast("long")
-                          .alias("timeouts_counter"),
-                          F.coalesce("timeout_events", F.lit(0)).cast("long")
-                          .alias("timeout_events"))
-            .filter((F.col("timeouts_counter") > 0) | (F.col("timeout_events") > 0)))
-
-
-def bad_lines(parsed: DataFrame) -> DataFrame:
-    """Every bad line: its file, why, and (the start of) its text."""
-    return (parsed.filter(F.col("status") != "ok")
-            .select("file", F.col("status").alias("reason"), "line"))
-
-
-# -- output -------------------------------------------------------------------------------
-
-class Output:
-    """The output directory: a local path (or file:// URI), or any Hadoop URI, in
-    which case summary and chart files are written through the Hadoop FileSystem."""
-
-    def __init__(self, spark: SparkSession, out: str):
-        self.spark = spark
-        scheme = urlparse(out).scheme
-        self.local = scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
-        if self.local:
-            path = urlparse(out).path if scheme == "file" else out
-            self.path = os.path.abspath(path)
-            os.makedirs(self.path, exist_ok=True)
-            self.uri = "file://" + self.path
-        else:
-            self.path = out.rstrip("/")
-            self.uri = self.path
-
-    def table(self, name: str) -> str:
-        return f"{self.uri}/{name}"
-
-    def write_table(self, df: DataFrame, name: str, sort: list | None = None,
-                    small: bool = True) -> DataFrame:
-        """Write `df` as Parquet and return the table read back (cheap to reuse).
-        A small table goes to one file, sorted by `sort` (a shuffle of its few rows,
-        which keeps the scan feeding it parallel and needs no range-sampling job)."""
-        if small:
-            df = df.repartition(1)
-        if sort:
-            df = df.sortWithinPartitions(*sort)
-        df.write.mode("overwrite").parquet(self.table(name))
-        # with the schema given, reading back needs no schema-inference job
-        return self.spark.read.schema(df.schema).parquet(self.table(name))
-
-    def delete(self, name: str) -> None:
-        if self.local:
-            shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
-            return
-        jvm = self.spark.sparkContext._jvm
-        path = jvm.org.apache.hadoop.fs.Path(self.table(name))
-        path.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
-
-    def write_bytes(self, name: str, data: bytes) -> None:
-        if self.local:
-            with open(os.path.join(self.path, name), "wb") as f:
-                f.write(data)
-            return
-        jvm = self.spark.sparkContext._jvm
-        path = jvm.org.apache.hadoop.fs.Path(f"{self.uri}/{name}")
-        fs = path.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration())
-        stream = fs.create(path, True)
-        try:
-            stream.write(bytearray(data))
-        finally:
-            stream.close()
-
-
-def _clean(value):
-    """JSON-safe: Rows to dicts, non-finite floats to None, datetimes to ISO text."""
-    if hasattr(value, "asDict"):
-        return {k: _clean(v) for k, v in value.asDict().items()}
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, _dt.datetime):
-        return value.isoformat()
-    return value
-
-
-def _iso(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
-def _short(path: str) -> str:
-    parsed = urlparse(path)
-    return unquote(parsed.path) if parsed.scheme == "file" else path
-
-
-# -- charts -------------------------------------------------------------------------------
-
-def chart_series(table: DataFrame, t0: float, t1: float, value_exprs: dict,
-                 by: str = "shard") -> dict:
-    """A small per-`by` time series of a per-interval table: raw points when there are
-    few, else means over at most CHART_POINTS time buckets. Returns
-    {key: {"t": [...], name: [...]}} with t in seconds since t0."""
-    width = max((t1 - t0) / CHART_POINTS, 1e-9)
-    bucket = F.floor((F.col("ts") - F.lit(t0)) / F.lit(width))
-    rows = (table.groupBy(by, bucket.alias("_b"))
-            .agg(F.avg("ts").alias("ts"), *[expr.alias(name) for name, expr in value_exprs.items()])
-            .collect())
-    rows.sort(key=lambda row: (row[by], row["_b"]))
-    series: dict = {}
-    for row in rows:
-        s = series.setdefault(row[by], {"t": [], **{n: [] for n in value_exprs}})
-        s["t"].append(row["ts"] - t0)
-        for name in value_exprs:
-            s[name].append(row[name])
-    return series
-
-
-def _figure(title: str):
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(10, 5), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    ax.set_title(title)
-    return fig, ax
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")  # a bare Figure renders with the Agg canvas
-    return buf.getvalue()
-
-
-def _no_data(ax) -> None:
-    ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-
-
-def throughput_chart(series: dict, t0: float) -> bytes:
-    fig, ax = _figure("Throughput per shard (messages/s)")
-    for shard in sorted(series):
-        s = series[shard]
-        line, = ax.plot(s["t"], s["published_per_s"], label=f"shard {shard} published")
-        ax.plot(s["t"], s["delivered_per_s"], linestyle="--", color=line.get_color(),
-                label=f"shard {shard} delivered")
-    if not series:
-        _no_data(ax)
-    else:
-        ax.legend(fontsize="small", ncol=2)
-    ax.set_xlabel(f"seconds since {_iso(t0)}")
-    ax.set_ylabel("messages/s")
-    ax.grid(alpha=0.3)
-    return _png(fig)
-
-
-def balance_chart(shards: list[dict]) -> bytes:
-    fig, ax = _figure("Shard balance: share of traffic and queues")
-    if shards:
-        n = len(shards)
-        xs = list(range(n))
-        width = 0.27
-        for i, (key, label) in enumerate((("share_published", "published"),
-                                          ("share_delivered", "delivered"),
-                                          ("share_queues", "queues"))):
-            ax.bar([x + (i - 1) * width for x in xs], [100 * (s[key] or 0) for s in shards],
-                   width, label=label)
-        ax.axhline(100 / n, color="grey", linestyle=":", label=f"even ({100 / n:.1f}%)")
-        ax.set_xticks(xs, [f"shard {s['shard']}" for s in shards])
-        ax.set_ylabel("% of total")
-        ax.legend(fontsize="small")
-    else:
-        _no_data(ax)
-    return _png(fig)
-
-
-def latency_chart(series: dict, t0: float) -> bytes:
-    fig, ax = _figure("Publisher confirm latency per shard (ms)")
-    for shard in sorted(series):
-        s = series[shard]
-        line, = ax.plot(s["t"], s["p99_ms"], label=f"shard {shard} p99")
-        ax.plot(s["t"], s["p50_ms"], linestyle="--", color=line.get_color(),
-                label=f"shard {shard} p50")
-    if series:
-        ax.legend(fontsize="small", ncol=2)
-        ax.set_yscale("log")
-    else:
-        _no_data(ax)
-    ax.set_xlabel(f"seconds since {_iso(t0)}")
-    ax.set_ylabel("ms")
-    ax.grid(alpha=0.3)
-    return _png(fig)
-
-
-def fsync_chart(hist: list[dict]) -> bytes:
-    fig, ax = _figure("Messages per fsync (all shards)")
-    if hist:
-        labels = [_bucket_label(h) for h in hist]
-        ax.bar(range(len(hist)), [h["fsyncs"] for h in hist])
-        ax.set_xticks(range(len(hist)), labels, rotation=45 if len(hist) > 8 else 0)
-        ax.set_xlabel("messages per fsync")
-        ax.set_ylabel("fsyncs")
-    else:
-        _no_data(ax)
-    return _png(fig)
-
-
-def _bucket_label(h: dict) -> str:
-    lo, hi = h["min_messages"], h["max_messages"]
-    return str(hi) if lo == hi else f"{lo}-{hi}"
-
-
-# -- summary ------------------------------------------------------------------------------
-
-def _fmt(value, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value).replace("|", "\\|")
-
-
-def _table(headers: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |",
-           "|" + "|".join("---" if i < 2 else "---:" for i in range(len(headers))) + "|"]
-    out += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
-    return out
-
-
-def balance_verdict(shards: list[dict], queues: list[dict]) -> list[str]:
-    """A few sentences on whether xxhash placement spreads the load."""
-    active = [s for s in shards if s["queues"] or s["published"]]
-    if len(shards) < 2 or not queues:
-        return ["Fewer than two shards or no queues: nothing to balance."]
-    n = len(shards)
-    mean_q = sum(s["queues"] for s in shards) / n
-    mean_p = sum(s["published"] for s in shards) / n
-    q_ratio = max(s["queues"] for s in shards) / mean_q if mean_q else 0.0
-    p_ratio = max(s["published"] for s in shards) / mean_p if mean_p else 0.0
-    total = sum(q["published"] for q in queues)
-    busiest = max(queues, key=lambda q: q["published"])
-    lines = [f"{len(active)} of {n} shards hold queues or traffic. Busiest shard / mean: "
-             f"**{q_ratio:.2f}x** for queue count, **{p_ratio:.2f}x** for published messages "
-             "(1.00x is perfectly even)."]
-    if p_ratio <= 1.25:
-        lines.append("xxhash placement spreads the load well.")
-    elif q_ratio <= 1.25:
-        share = 100 * busiest["published"] / total if total else 0
-        lines.append("xxhash spreads the queues evenly; the traffic imbalance comes from the "
-                     f"queues themselves: the busiest queue (`{busiest['name']}` in vhost "
-                     f"`{busiest['vhost']}`) carries {share:.1f}% of all published messages.")
-    else:
-        lines.append(f"Placement is uneven: with {len(queues)} queues over {n} shards, hashing "
-                     "alone leaves some shards with noticeably more queues than others.")
-    return lines
-
-
-def render_markdown(s: dict, max_queue_rows: int) -> str:
-    md = ["# Warren shard statistics report", ""]
-    span = s["time_span"]
-    md += [f"Generated {s['generated_at']} in {s['elapsed_seconds']:.1f} s by `spark/report.py` "
-           f"(Spark {s['spark_version']}).", "",
-           f"* **{s['records']:,} records**, **{s['bad_lines']:,} bad lines** in "
-           f"{len(s['files'])} files",
-           f"* Time span: {_iso(span['start'])} .. {_iso(span['end'])} "
-           f"({_fmt(span['seconds'])} s)",
-           f"* {len(s['queues'])} queues on {len(s['shards'])} shards",
-           "* Records by type: " + (", ".join(f"{k} {v:,}" for k, v in
-                                              sorted(s["records_by_type"].items())) or "none"),
-           "* Events: " + (", ".join(f"{k} {v:,}" for k, v in
-                                      sorted(s["events_by_kind"].items())) or "none"), ""]
-
-    md += ["## Input files", ""]
-    md += _table(["file", "lines", "records", "bad lines"],
-                 [[f"`{_short(f['file'])}`", f["lines"], f["records"], f["bad_lines"]]
-                  for f in s["files"]])
-    md += [""]
-
-    md += ["## Bad lines", ""]
-    if s["bad_lines"]:
-        md += [f"{s['bad_lines']:,} lines could not be used (see the `bad_lines` table): "
-               + ", ".join(f"{k} {v:,}" for k, v in sorted(s["bad_lines_by_reason"].items()))
-               + ".", ""]
-        md += _table(["file", "bad lines"], [[f"`{_short(f['file'])}`", f["bad_lines"]]
-                                             for f in s["files"] if f["bad_lines"]])
-        md.append("")
-        for example in s["bad_line_examples"]:
-            text = (example["line"] or "")[:120].replace("`", "'")
-            name = os.path.basename(_short(example["file"]))
-            md.append(f"* {example['reason']} in `{name}`: `{text}`")
-    else:
-        md.append("None: every line is a valid v1 record.")
-    md += [""]
-
-    md += ["## Queues", "",
-           "Totals are reset-aware (counters restart when a shard restarts or a queue is "
-           "redeclared; segments = how many counter runs were summed).", ""]
-    queues = s["queues"]
-    shown = sorted(queues, key=lambda q: (-q["published"], q["vhost"], q["name"]))[:max_queue_rows]
-    md += _table(["vhost", "queue", "shard", "type", "published", "delivered", "acked",
-                  "redelivered", "rejected", "timeouts", "peak ready", "final ready", "segments"],
-                 [[q["vhost"], q["name"], q["shard"], q["queue_type"], q["published"],
-                   q["delivered"], q["acked"], q["redelivered"], q["rejected"], q["timeouts"],
-                   q["peak_ready"], q["final_ready"], q["segments"]] for q in shown])
-    if len(queues) > len(shown):
-        md += ["", f"{len(queues) - len(shown)} more queues (by published) in summary.json "
-               "and the `queue_totals` table."]
-    md += [""]
-
-    md += ["## Shard balance", ""]
-    md += _table(["shard", "queues", "published", "share published", "delivered",
-                  "share delivered", "acked", "fsyncs", "messages stored", "mean fsync batch"],
-                 [[sh["shard"], sh["queues"], sh["published"], _pct(sh["share_published"]),
-                   sh["delivered"], _pct(sh["share_delivered"]), sh["acked"], sh["fsyncs"],
-                   sh["messages"], sh["mean_fsync_batch"]] for sh in s["shards"]])
-    md += [""] + balance_verdict(s["shards"], queues) + ["",
-           "![shard balance](shard_balance.png)", "", "![throughput](throughput.png)", ""]
-
-    md += ["## Top backlog (peak ready messages)", ""]
-    if s["top_backlog"]:
-        md += _table(["vhost", "queue", "shard", "peak ready", "at", "final ready", "published"],
-                     [[q["vhost"], q["queue"], q["shard"], q["peak_ready"],
-                       _iso(q["peak_ready_ts"]), q["final_ready"], q["published"]]
-                      for q in s["top_backlog"]])
-    else:
-        md.append("No queue ever had ready messages.")
-    md += [""]
-
-    md += ["## Top redeliveries", ""]
-    if s["top_redeliveries"]:
-        md += _table(["vhost", "queue", "shard", "redelivered", "delivered", "requeued",
-                      "redelivered %"],
-                     [[q["vhost"], q["queue"], q["shard"], q["redelivered"], q["delivered"],
-                       q["requeued"], _pct(q["redelivery_ratio"])] for q in s["top_redeliveries"]])
-    else:
-        md.append("No redeliveries.")
-    md += [""]
-
-    md += ["## Publisher confirm latency", "",
-           "Shards log p50/p90/p99/max per interval; below: intervals with confirms, the "
-           "median of the interval p50s and p99s, and the worst p99 and max.", ""]
-    if s["confirm_latency"]:
-        md += _table(["shard", "intervals", "median p50 ms", "median p99 ms", "worst p99 ms",
-                      "max ms"],
-                     [[c["shard"] if c["shard"] is not None else "all", c["intervals"],
-                       c["median_p50_ms"], c["median_p99_ms"], c["worst_p99_ms"], c["max_ms"]]
-                      for c in s["confirm_latency"]])
-    else:
-        md.append("No confirms were recorded.")
-    md += ["", "![confirm latency](confirm_latency.png)", ""]
-
-    md += ["## fsync batch sizes", ""]
-    if s["fsync_batches"]:
-        total_fsyncs = sum(h["fsyncs"] for h in s["fsync_batches"])
-        md += [f"{total_fsyncs:,} fsyncs; messages per fsync:", ""]
-        md += _table(["messages per fsync", "fsyncs", "share"],
-                     [[_bucket_label(h), h["fsyncs"], _pct(h["share"])]
-                      for h in s["fsync_batches"]])
-    else:
-        md.append("No durable writes were recorded.")
-    md += ["", "![fsync batch sizes](fsync_batches.png)", ""]
-
-    md += ["## Consumer timeouts", ""]
-    if s["consumer_timeouts"]:
-        md += _table(["vhost", "queue", "shard", "timeouts (counter)", "consumer_timed_out events"],
-                     [[c["vhost"], c["queue"], c["shard"], c["timeouts_counter"],
-                       c["timeout_events"]] for c in s["consumer_timeouts"]])
-    else:
-        md.append("No consumer timeouts.")
-    md += ["", "## Outputs", "",
-           "Parquet tables: " + ", ".join(f"[`{t}`]({t}/)" for t in TABLES) + ".", "",
-           "Charts: " + ", ".join(f"[{name}]({png})" for name, png in CHARTS.items()) + ".", ""]
-    return "\n".join(md)
-
-
-def _pct(value) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -796,7 +114,7 @@ def run(inputs: list[str], out: str, spark: SparkSession | None = None, top: int
         if small:
             spark.conf.set("spark.sql.codegen.wholeStage", codegen)
     summary["elapsed_seconds"] = round(time.monotonic() - started, 3)
-    output.write_bytes("summary.json", json.dumps(_clean(summary), indent=2).encode())
+    output.write_bytes("summary.json", render_json(summary).encode())
     output.write_bytes("summary.md", render_markdown(summary, max_queue_rows).encode())
     return summary
 
@@ -894,8 +212,8 @@ def _analyse(spark, output: Output, files: list[str], parsed: DataFrame, top: in
         "events_by_kind": by_kind,
         "time_span": {"start": t0, "end": t1,
                       "seconds": (t1 - t0) if t0 is not None else 0.0,
-                      "start_iso": _iso(t0) if t0 is not None else None,
-                      "end_iso": _iso(t1) if t1 is not None else None},
+                      "start_iso": iso_time(t0) if t0 is not None else None,
+                      "end_iso": iso_time(t1) if t1 is not None else None},
         "queues": queues,
         "shards": shards,
         "top_backlog": sorted((_without("peak_ready_time", r) for r in backlog.collect()),
@@ -931,9 +249,9 @@ def _match_file(name: str, known: dict) -> str:
     """The listed input file a row's file path (maybe spelled file:///x) refers to."""
     if name in known:
         return name
-    short = _short(name)
+    short = short_path(name)
     for f in known:
-        if _short(f) == short:
+        if short_path(f) == short:
             return f
     return name
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench import read_line
+from loadtest.procs import read_line
 
 ROOT = Path(__file__).resolve().parent.parent
 

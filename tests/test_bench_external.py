@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadtest import bench, external
+from loadtest import bench, external, output, procs, targets
 
 from .conftest import ROOT
 
@@ -101,7 +101,7 @@ def test_command_line_and_row(fake):
     assert row["broker_rss_mb"] == 120.0 and row["client_cpu_s"] == 0.25
     assert row["note"] == "500 left in queues"
     assert row["external"]["tool"] == "amqp-perf"
-    table = bench.format_table([row])
+    table = output.format_table([row])
     assert "durable-confirm" in table and "amqp-perf" in table and "0.50" in table
 
 
@@ -130,7 +130,7 @@ def test_failed_run_is_an_error_row(fake, monkeypatch, mode, expected):
     monkeypatch.setenv("FAKE_MODE", mode)
     row = external.run(fake.path, _target(), "transient-autoack", _options())
     assert row["status"] == "error" and row["error"] == expected, row
-    assert "error: exit status" in bench.format_table([row])
+    assert "error: exit status" in output.format_table([row])
 
 
 def test_missing_executable_is_an_error_row(tmp_path):
@@ -154,7 +154,7 @@ def test_scenario_names_and_client_arguments(fake):
 
 
 def test_compare_without_rabbitmq_installs_nothing(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(bench, "RABBIT_SERVER", tmp_path / "no-rabbitmq-server")
+    monkeypatch.setattr(targets, "RABBIT_SERVER", tmp_path / "no-rabbitmq-server")
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"ran {args}")
@@ -175,7 +175,7 @@ def _bench(args: list[str], timeout: float = 120) -> tuple[subprocess.CompletedP
 
 def test_cli_failed_external_runs_are_reported(fake, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "crash")
-    port = bench.free_port()  # nothing listens there: no --pid, and the fake never connects
+    port = procs.free_port()  # nothing listens there: no --pid, and the fake never connects
     result, rows = _bench(["--url", f"amqp://guest:guest@127.0.0.1:{port}/%2F",
                            "--external-client", fake.path, "--scenarios",
                            "transient-manual,backlog", "--duration", "1"])

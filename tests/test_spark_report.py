@@ -20,7 +20,7 @@ pytest.importorskip("matplotlib", reason="matplotlib is not installed (the `spar
 
 import pika  # noqa: E402
 
-from spark import report, synth  # noqa: E402
+from spark import logs, report, synth  # noqa: E402
 
 from .conftest import RunningBroker, wait_until  # noqa: E402
 
@@ -257,7 +257,7 @@ def test_bad_and_truncated_lines_are_counted_exactly(handmade):
     summary, out, spark_session = handmade
     expected_bad = len(BAD_LINES) + 1  # + the truncated last line
     assert summary["bad_lines"] == expected_bad
-    files = {Path(report._short(f["file"])).name: f for f in summary["files"]}
+    files = {Path(logs.short_path(f["file"])).name: f for f in summary["files"]}
     assert files["shard-0.jsonl"]["bad_lines"] == expected_bad
     assert files["shard-0.jsonl"]["records"] == 7
     assert files["shard-1.jsonl"]["bad_lines"] == 0
