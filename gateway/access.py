@@ -8,7 +8,8 @@ import logging
 
 from storage.metastore import MetaStore, PermissionDef, UserDef
 
-from . import auth, spec
+from . import auth
+from .amqp import spec
 from .errors import AMQPError
 
 log = logging.getLogger("warren.access")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 import decimal
 
-from . import spec
+from .amqp import spec
 from .errors import AMQPError
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")

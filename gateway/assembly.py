@@ -8,8 +8,8 @@ whatever the channel is busy with.
 
 from __future__ import annotations
 
-from . import frames, hotpath, spec
-from . import methods as m
+from .amqp import frames, hotpath, spec
+from .amqp import methods as m
 from .errors import AMQPError
 
 BASIC_CLASS = spec.CLASS_IDS["basic"]

@@ -11,8 +11,8 @@ import asyncio
 import datetime
 import logging
 import os
-import shutil
 import secrets
+import shutil
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -22,12 +22,11 @@ from storage import recovery
 from storage.metastore import BindingDef, ExchangeDef, MetaStore, PolicyDef, QueueDef, VHostDef
 from storage.shardstore import reusable_bytes
 
-from .access import AccessControl
-from .config import Config
-
 from . import deadletter, policies, replyto
+from .access import AccessControl
+from .amqp.properties import PropertiesError, decode_properties, encode_properties
+from .config import Config
 from .exchange import EXCHANGE, QUEUE, RENEW_EXCHANGE, Exchange, arguments_key
-from .properties import PropertiesError, decode_properties, encode_properties
 from .shardlink import ShardLink
 
 if TYPE_CHECKING:

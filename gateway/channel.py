@@ -15,15 +15,24 @@ from typing import TYPE_CHECKING
 
 from shards import records as r
 
-from . import arguments, frames, hotpath, replyto, spec
-from . import methods as m
+from . import arguments, replyto
+from .amqp import frames, hotpath, spec
+from .amqp import methods as m
+from .amqp.properties import (
+    PropertiesError,
+    decode_properties,
+    encode_properties,
+    flag_mask,
+    peek_delivery_mode,
+    peek_expiration,
+    peek_priority,
+    peek_reply_to,
+)
 from .assembly import BASIC_CLASS, Assembler
 from .broker import QueueMeta, server_generated_name
 from .confirms import ConfirmTracker
 from .errors import AMQPError, exchange_name, queue_name
 from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, RENEW_EXCHANGE, Exchange
-from .properties import (PropertiesError, decode_properties, encode_properties, flag_mask,
-                         peek_delivery_mode, peek_expiration, peek_priority, peek_reply_to)
 from .transaction import PUBLISH, Transaction
 from .unacked import Delivery, Unacked
 

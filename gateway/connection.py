@@ -19,13 +19,14 @@ import logging
 import platform
 import time
 
-from . import __version__, frames, spec
-from . import methods as m
+from . import __version__
+from .amqp import frames, spec
+from .amqp import methods as m
+from .amqp.fieldtable import FieldTableError, decode_table
+from .amqp.frames import FrameError, FrameReader
 from .assembly import decode_method
 from .channel import Channel
 from .errors import AMQPError
-from .fieldtable import FieldTableError, decode_table
-from .frames import FrameError, FrameReader
 
 log = logging.getLogger("warren.connection")
 

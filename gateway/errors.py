@@ -6,7 +6,7 @@ the same messages users know from RabbitMQ.
 
 from __future__ import annotations
 
-from . import spec
+from .amqp import spec
 
 
 class AMQPError(Exception):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
-from . import spec
+from .amqp import spec
 from .errors import AMQPError
 
 

@@ -1,7 +1,7 @@
 """A small, fast, blocking AMQP 0-9-1 client on Warren's own codec, for benchmarks.
 
 It speaks to any AMQP 0-9-1 broker (Warren, RabbitMQ). Setup and teardown go
-through the generated method classes (`gateway.methods`); the message hot paths
+through the generated method classes (`gateway.amqp.methods`); the message hot paths
 are hand-rolled so that the client is not the bottleneck of a benchmark:
 
 * `Publisher` pre-encodes one whole message (method frame, content header, body
@@ -26,9 +26,9 @@ from array import array
 from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
-from gateway import frames
-from gateway import methods as m
-from gateway.properties import BasicProperties, encode_properties
+from gateway.amqp import frames
+from gateway.amqp import methods as m
+from gateway.amqp.properties import BasicProperties, encode_properties
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 FRAME_MAX = 131072

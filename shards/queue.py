@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from gateway.properties import PropertiesError, peek_expiration, peek_priority
+from gateway.amqp.properties import PropertiesError, peek_expiration, peek_priority
 
 from . import records as r
 

@@ -29,11 +29,11 @@ import random
 import struct
 from dataclasses import dataclass, field
 
-from gateway import frames, spec
-from gateway import methods as m
-from gateway.fieldtable import encode_table
-from gateway.frames import FrameError, FrameReader
-from gateway.properties import BasicProperties, encode_properties
+from gateway.amqp import frames, spec
+from gateway.amqp import methods as m
+from gateway.amqp.fieldtable import encode_table
+from gateway.amqp.frames import FrameError, FrameReader
+from gateway.amqp.properties import BasicProperties, encode_properties
 
 FRAME_END = b"\xce"
 _prefix = struct.Struct(">BHI")

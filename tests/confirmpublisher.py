@@ -8,8 +8,8 @@ import socket
 import struct
 import threading
 
-from gateway import frames
-from gateway import methods as m
+from gateway.amqp import frames
+from gateway.amqp import methods as m
 
 from .rawclient import RawClient
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -97,6 +98,22 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, size: str):
+    """A tmpfs of `size` (such as "48m") mounted at `path` for the block; the test
+    is skipped where mounting is not allowed."""
+    path.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and mount rights): {error}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def wait_until(condition, timeout: float = 10.0, interval: float = 0.01, message: str = ""):

@@ -7,10 +7,10 @@ import socket
 import struct
 import time
 
-from gateway import frames, spec
-from gateway import methods as m
-from gateway.fieldtable import encode_table
-from gateway.frames import FrameReader
+from gateway.amqp import frames, spec
+from gateway.amqp import methods as m
+from gateway.amqp.fieldtable import encode_table
+from gateway.amqp.frames import FrameReader
 
 
 class RawClient:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import frames, hotpath, spec
-from gateway import methods as m
+from gateway.amqp import frames, hotpath, spec
+from gateway.amqp import methods as m
 from gateway.assembly import Assembler
 from gateway.errors import AMQPError
 

@@ -1,4 +1,4 @@
-"""gateway.fieldtable: RabbitMQ's field-table dialect."""
+"""gateway.amqp.fieldtable: RabbitMQ's field-table dialect."""
 
 import struct
 from datetime import datetime, timedelta, timezone
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pamqp import decode as pamqp_decode
 from pamqp import encode as pamqp_encode
 
-from gateway.fieldtable import (
+from gateway.amqp.fieldtable import (
     FieldTableError,
     decode_array,
     decode_table,

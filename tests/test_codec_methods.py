@@ -1,4 +1,4 @@
-"""gateway.methods: generated method classes and the method-payload codec."""
+"""gateway.amqp.methods: generated method classes and the method-payload codec."""
 
 import struct
 from datetime import datetime, timezone
@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands as pamqp
 
-from gateway import methods, spec
-from gateway.fieldtable import FieldTableError
-from gateway.methods import (
+from gateway.amqp import methods, spec
+from gateway.amqp.fieldtable import FieldTableError
+from gateway.amqp.methods import (
     BY_ID,
     BY_NAME,
     AccessRequest,

@@ -1,4 +1,4 @@
-"""gateway.properties: basic content properties, and peeking into raw ones."""
+"""gateway.amqp.properties: basic content properties, and peeking into raw ones."""
 
 import struct
 from datetime import datetime, timezone
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pamqp import commands as pamqp_commands
 from pamqp import header as pamqp_header
 
-from gateway.properties import (
+from gateway.amqp.properties import (
     EMPTY_PROPERTIES,
     BasicProperties,
     PropertiesError,
@@ -20,7 +20,7 @@ from gateway.properties import (
     peek_expiration,
     peek_priority,
 )
-from gateway.spec import BASIC_PROPERTIES
+from gateway.amqp.spec import BASIC_PROPERTIES
 
 UTC = timezone.utc
 PEEKS = {"delivery_mode": peek_delivery_mode, "priority": peek_priority, "expiration": peek_expiration}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import decimal
+import json
 import os
 import signal
 import subprocess
@@ -300,7 +301,12 @@ def test_sigterm_closes_connections_with_320_and_exits_zero(fresh_broker):
 
 def shard_pids(broker) -> list[int]:
     """The broker's shard processes: the gateway's children running shards.main."""
-    pids = []
+    return list(shard_processes(broker).values())
+
+
+def shard_processes(broker) -> dict[int, int]:
+    """Shard index -> pid, for the broker's children running shards.main."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -308,12 +314,13 @@ def shard_pids(broker) -> list[int]:
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
+                args = f.read().split(b"\0")
         except OSError:
             continue
-        if ppid == broker.process.pid and b"shards.main" in cmdline:
-            pids.append(int(entry))
-    return pids
+        if ppid == broker.process.pid and b"shards.main" in args:
+            spec = json.loads(args[args.index(b"shards.main") + 1])
+            found[spec["index"]] = int(entry)
+    return found
 
 
 def test_killed_shard_is_restarted_and_others_keep_working(fresh_broker):

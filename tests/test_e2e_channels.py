@@ -14,8 +14,8 @@ import amqpstorm
 import pika
 import pytest
 
-from gateway import frames
-from gateway import methods as m
+from gateway.amqp import frames
+from gateway.amqp import methods as m
 
 from .rawclient import RawClient
 

@@ -16,9 +16,8 @@ import urllib.error
 import urllib.request
 
 import pika
-import pytest
 
-from .conftest import ROOT, RunningBroker, wait_until
+from .conftest import ROOT, RunningBroker, mounted_tmpfs, wait_until
 from .test_e2e_basic import names_on_every_shard, shard_pids
 
 MESSAGES = 60
@@ -173,14 +172,7 @@ def test_damaged_meta_refuses_start_until_rebuilt(tmp_path):
 
 
 def test_read_only_data_dir_refuses_start(tmp_path):
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
-                       check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as error:
-        pytest.skip(f"cannot mount a tmpfs here (needs root and mount rights): {error}")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "64m") as mount:
         data = mount / "data"
         fill(data)
         # (busy until the last process of the broker that wrote it has exited)
@@ -189,8 +181,6 @@ def test_read_only_data_dir_refuses_start(tmp_path):
         line = refusal(data)
         assert line == (f"warren: cannot use data directory {data} (read-only file system): "
                         "pick another with --data")
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def get_json(url: str) -> tuple[int, dict]:

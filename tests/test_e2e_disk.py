@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import struct
-import subprocess
 
 import pika
 import pytest
 
 from .confirmpublisher import ConfirmPublisher
-from .conftest import RunningBroker, wait_until
+from .conftest import RunningBroker, mounted_tmpfs, wait_until
 from .test_e2e_basic import shard_pids
 
 MB = 1 << 20
@@ -22,15 +21,8 @@ MB = 1 << 20
 @pytest.fixture
 def tmpfs(tmp_path):
     """A mounted tmpfs of 48 MB."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)],
-                       check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as error:
-        pytest.skip(f"cannot mount a tmpfs here (needs root and mount rights): {error}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with mounted_tmpfs(tmp_path / "disk", "48m") as mount:
+        yield mount
 
 
 def connect(broker, events: list) -> pika.BlockingConnection:

@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import struct
 import threading
 import time
@@ -22,11 +21,12 @@ import urllib.request
 import pika
 import pytest
 
-from gateway import frames
-from gateway import methods as m
+from gateway.amqp import frames
+from gateway.amqp import methods as m
 
 from .conftest import RunningBroker, wait_until
 from .rawclient import RawClient
+from .test_e2e_basic import shard_processes
 
 BODY = 100
 
@@ -70,25 +70,6 @@ def management_get(broker: RunningBroker, path: str):
                                      headers={"Authorization": f"Basic {auth}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
-
-
-def shard_pid(broker: RunningBroker, index: int) -> int:
-    """The pid of shard process `index` (a child of the broker running shards.main)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                args = cmdline.read().split(b"\0")
-        except OSError:
-            continue
-        if ppid == broker.process.pid and b"shards.main" in args:
-            spec = json.loads(args[args.index(b"shards.main") + 1])
-            if spec["index"] == index:
-                return int(entry)
-    raise AssertionError(f"no shard process {index}")
 
 
 @pytest.fixture
@@ -145,7 +126,7 @@ def test_a_held_publisher_stays_alive_through_30s_of_flow_and_loses_nothing(mana
     ch = publisher.channel()
     ch.queue_declare("flow.held")
     shard = management_get(broker, "/api/queues/%2F/flow.held")["shard"]
-    pid = shard_pid(broker, shard)
+    pid = shard_processes(broker)[shard]
     count = 3000  # more than a connection's credit towards one shard
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -251,7 +232,7 @@ def test_a_flood_without_consumers_ends_in_the_memory_alarm_and_the_shard_keeps_
         assert blocked.is_set(), "the memory alarm never blocked the flood"
         assert answered > 0
         share = limit // 2
-        for pid in [broker.process.pid, shard_pid(broker, 0), shard_pid(broker, 1)]:
+        for pid in [broker.process.pid, *shard_processes(broker).values()]:
             with open(f"/proc/{pid}/status") as status:
                 rss = next(int(line.split()[1]) * 1024 for line in status
                            if line.startswith("VmRSS:"))

@@ -9,8 +9,8 @@ import logging
 
 import aio_pika
 
-from gateway import frames
-from gateway import methods as m
+from gateway.amqp import frames
+from gateway.amqp import methods as m
 
 from .rawclient import RawClient
 

@@ -15,9 +15,9 @@ import socket
 import pika
 import pytest
 
-from gateway import frames
-from gateway import methods as m
 from gateway.access import AccessControl
+from gateway.amqp import frames
+from gateway.amqp import methods as m
 from gateway.auth import LoginThrottle
 
 from .conftest import RunningBroker

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import spec
+from gateway.amqp import spec
 from gateway.errors import AMQPError
 from gateway.unacked import Delivery, Unacked
 
