@@ -56,10 +56,6 @@ def permits(pattern: str, name: str) -> bool:
     return compiled is not None and compiled.search(name) is not None
 
 
-def valid_pattern(pattern: str) -> bool:
-    return pattern == "" or _compiled(pattern) is not None
-
-
 def is_loopback(host: str) -> bool:
     """A peer address on the loopback interface (IPv4, IPv6 or IPv4-mapped IPv6)."""
     try:

@@ -39,8 +39,8 @@ SHARD_STABLE = 10.0  # seconds a restarted shard must stay up to count as recove
 
 
 class QueueMeta:
-    __slots__ = ("qid", "vhost", "name", "shard", "durable", "exclusive", "owner",
-                 "auto_delete", "arguments", "policy", "effective")
+    __slots__ = ("qid", "vhost", "name", "shard", "durable", "owner", "auto_delete",
+                 "arguments", "policy", "effective")
 
     def __init__(self, qid: int, vhost: str, name: str, shard: int, durable: bool,
                  owner, auto_delete: bool, arguments: dict):
@@ -49,7 +49,6 @@ class QueueMeta:
         self.name = name
         self.shard = shard
         self.durable = durable
-        self.exclusive = owner is not None
         self.owner = owner  # the owning connection of an exclusive queue
         self.auto_delete = auto_delete
         self.arguments = arguments  # as declared

@@ -31,7 +31,7 @@ from .amqp.properties import (
 from .assembly import BASIC_CLASS, Assembler
 from .broker import QueueMeta, server_generated_name
 from .confirms import ConfirmTracker
-from .errors import AMQPError, exchange_name, queue_name
+from .errors import AMQPError, exchange_name, queue_name, refusal_error
 from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, RENEW_EXCHANGE, Exchange
 from .transaction import PUBLISH, Transaction
 from .unacked import Delivery, Unacked
@@ -404,8 +404,8 @@ class Channel:
             return
 
         def answered(reply: r.Reply) -> None:
-            if reply.code:
-                raise AMQPError(reply.code, _shard_text(reply, meta))
+            if reply.refused:
+                raise refusal_error(reply.refused, meta.vhost, meta.name)
             self.send(m.QueueDeclareOk(queue=meta.name, message_count=reply.message_count,
                                        consumer_count=reply.consumer_count))
 
@@ -434,8 +434,8 @@ class Channel:
         self._allow("read", "queue", meta.name)
 
         def answered(reply: r.Reply) -> None:
-            if reply.code:
-                raise AMQPError(reply.code, _shard_text(reply, meta))
+            if reply.refused:
+                raise refusal_error(reply.refused, meta.vhost, meta.name)
             self._reply(m.QueuePurgeOk(message_count=reply.message_count), method.nowait)
 
         self._request(self._link(meta), lambda req: r.PurgeQueue(req, meta.qid), answered)
@@ -450,8 +450,8 @@ class Channel:
         self._allow("configure", "queue", meta.name)
 
         def answered(reply: r.Reply) -> None:
-            if reply.code:
-                raise AMQPError(reply.code, _shard_text(reply, meta))
+            if reply.refused:
+                raise refusal_error(reply.refused, meta.vhost, meta.name)
             self.broker.forget_queue(meta)
             self._reply(m.QueueDeleteOk(message_count=reply.message_count), method.nowait)
 
@@ -544,9 +544,9 @@ class Channel:
         self.broker.holders[holder] = self
 
         def answered(reply: r.Reply) -> None:
-            if reply.code:
+            if reply.refused:
                 self._forget_consumer(consumer)
-                raise AMQPError(reply.code, _shard_text(reply, meta))
+                raise refusal_error(reply.refused, meta.vhost, meta.name)
             self._reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
 
         self._request(link, lambda req: r.Consume(
@@ -690,8 +690,8 @@ class Channel:
         link = self._link(meta)
 
         def answered(reply: r.GetReply) -> None:
-            if reply.code:
-                raise AMQPError(reply.code, _shard_text(reply, meta))
+            if reply.refused:
+                raise refusal_error(reply.refused, meta.vhost, meta.name)
             if reply.seq == 0:
                 return self.send(m.BasicGetEmpty())
             tag = self.next_tag
@@ -1117,11 +1117,3 @@ def _equivalent(arg: str, what: str, received, current) -> None:
 
 def _show(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _shard_text(reply, meta: QueueMeta) -> str:
-    """A shard's error text without its reply-name prefix (AMQPError adds it)."""
-    if reply.code == spec.NOT_FOUND:
-        return f"no {queue_name(meta.vhost, meta.name)}"
-    prefix = f"{spec.REPLY_NAMES[reply.code]} - "
-    return reply.text[len(prefix):] if reply.text.startswith(prefix) else reply.text

@@ -6,6 +6,8 @@ the same messages users know from RabbitMQ.
 
 from __future__ import annotations
 
+from shards.records import Refusal
+
 from .amqp import spec
 
 
@@ -28,3 +30,19 @@ def queue_name(vhost: str, name: str) -> str:
 
 def exchange_name(vhost: str, name: str) -> str:
     return f"exchange '{name}' in vhost '{vhost}'"
+
+
+def refusal_error(refused: int, vhost: str, queue: str) -> AMQPError:
+    """A shard's refusal (shards.records.Refusal) in RabbitMQ's words."""
+    what = queue_name(vhost, queue)
+    if refused == Refusal.NO_QUEUE:
+        return AMQPError(spec.NOT_FOUND, f"no {what}")
+    if refused == Refusal.EXCLUSIVE_USE:
+        return AMQPError(spec.ACCESS_REFUSED, f"{what} in exclusive use")
+    if refused == Refusal.IN_USE:
+        return AMQPError(spec.PRECONDITION_FAILED, f"{what} in use")
+    if refused == Refusal.NOT_EMPTY:
+        return AMQPError(spec.PRECONDITION_FAILED, f"{what} not empty")
+    if refused == Refusal.SHARD_DOWN:
+        return AMQPError(spec.INTERNAL_ERROR, f"the shard process of {what} is unavailable")
+    return AMQPError(spec.INTERNAL_ERROR, f"the shard of {what} failed to handle it")

@@ -88,9 +88,6 @@ class Exchange:
     def has_binding(self, destination: tuple, routing_key: str, arguments: dict) -> bool:
         return (destination, routing_key, arguments_key(arguments)) in self.bindings
 
-    def bindings_to(self, destination: tuple) -> list[tuple[str, dict]]:
-        return [(rk, args) for (dest, rk, _), args in self.bindings.items() if dest == destination]
-
     def route(self, routing_key: str, headers: Callable[[], dict]) -> set[tuple]:
         """The destinations of a message; `headers()` gives its headers (decoded only
         when a headers exchange asks)."""

@@ -28,7 +28,6 @@ from typing import Callable
 import msgspec
 
 from shards import records as r
-from shards.main import ShardSpec
 from shards.ring import Ring
 
 log = logging.getLogger("warren.shard")
@@ -75,7 +74,7 @@ class ShardLink:
         self.commands = Ring.create(COMMAND_RING_BYTES)
         self.events = Ring.create(EVENT_RING_BYTES)
         lifeline_read, self._lifeline_write = os.pipe()
-        spec = ShardSpec(self.index, self.data_dir, self.commands.spec(), self.events.spec(),
+        spec = r.ShardSpec(self.index, self.data_dir, self.commands.spec(), self.events.spec(),
                          lifeline_read, self.stores, self.memory_limit, self.stats_interval,
                          self.store_map_size, self.log_dir)
         fds = [self.commands.spec().data_fd, self.commands.spec().space_fd,
@@ -129,7 +128,7 @@ class ShardLink:
         self._records_sent = 0
         waiters, self._waiters = self._waiters, {}
         for callback in waiters.values():
-            callback(r.Reply(0, 541, "INTERNAL_ERROR - shard process stopped"))
+            callback(r.Reply(0, r.Refusal.SHARD_DOWN))
         self._resume_paused()
 
     # -- commands out ----------------------------------------------------------
@@ -141,7 +140,7 @@ class ShardLink:
     def request(self, make: Callable[[int], object], callback: Callable) -> None:
         """Send the command `make(req)` and call `callback(reply)` when it is answered."""
         if not self.alive:
-            callback(r.Reply(0, 541, "INTERNAL_ERROR - shard process unavailable"))
+            callback(r.Reply(0, r.Refusal.SHARD_DOWN))
             return
         req = self.next_req()
         self._waiters[req] = callback

@@ -26,26 +26,13 @@ from . import records as r
 from .committer import Committer
 from .persister import Persister
 from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
-from .ring import Ring, RingSpec
+from .ring import Ring
 from .stats import StatsLog
 
 EVENTS_PER_RECORD = 512
 UNMAP_INTERVAL = 1.0  # seconds between drops of the stores' mapped pages under load
 
 log = logging.getLogger("warren.shard")
-
-
-class ShardSpec(msgspec.Struct):
-    index: int
-    data_dir: str
-    commands: RingSpec
-    events: RingSpec
-    lifeline_fd: int  # read end of a pipe the gateway holds open; EOF = gateway gone
-    stores: list[int]  # store directories DATA/shard-K to open: its own, then adopted ones
-    memory_limit: int = 0  # bytes of message bodies in RAM before publishers are blocked
-    stats_interval: float = 5.0  # seconds between statistics records in DATA/logs
-    store_map_size: int = 32 << 30  # LMDB map size of each shard store
-    log_dir: str = ""  # statistics logs (default DATA/logs)
 
 
 class Shard:
@@ -215,9 +202,9 @@ class Shard:
             log.exception("shard %d: %s failed", self.index, type(cmd).__name__)
             req = getattr(cmd, "req", 0)
             if type(cmd) is r.Get:
-                self.outbox.append(r.GetReply(req, cmd.qid, code=541, text="INTERNAL_ERROR"))
+                self.outbox.append(r.GetReply(req, cmd.qid, refused=r.Refusal.FAILED))
             elif req:
-                self.outbox.append(r.Reply(req, 541, "INTERNAL_ERROR"))
+                self.outbox.append(r.Reply(req, r.Refusal.FAILED))
             elif type(cmd) is r.Publish and cmd.confirm_channel:
                 self.refused_channels.append(cmd.confirm_channel)
                 self.refused_seqs.append(cmd.confirm_seq)
@@ -280,9 +267,9 @@ class Shard:
         if req is None:
             return
         if type(cmd) is r.Get:
-            self.outbox.append(r.GetReply(req, cmd.qid, code=404, text="NOT_FOUND"))
+            self.outbox.append(r.GetReply(req, cmd.qid, refused=r.Refusal.NO_QUEUE))
         else:
-            self.outbox.append(r.Reply(req, 404, "NOT_FOUND"))
+            self.outbox.append(r.Reply(req, r.Refusal.NO_QUEUE))
 
     def _effects(self, effects: list) -> None:
         persister = self.persister
@@ -330,7 +317,7 @@ def _event_records(events: list) -> list[bytes]:
             for i in range(0, len(events), EVENTS_PER_RECORD)]
 
 
-def serve(spec: ShardSpec) -> None:
+def serve(spec: r.ShardSpec) -> None:
     commands = Ring.attach(spec.commands)
     events = Ring.attach(spec.events)
     stores = {k: ShardStore(os.path.join(spec.data_dir, f"shard-{k}"), spec.store_map_size)
@@ -453,7 +440,7 @@ def main() -> None:
     # the lifeline pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    spec = msgspec.json.decode(sys.argv[1], type=ShardSpec)
+    spec = msgspec.json.decode(sys.argv[1], type=r.ShardSpec)
     os.set_blocking(spec.lifeline_fd, False)
     serve(spec)
 

@@ -223,11 +223,6 @@ class QueueCounters:
         self.expired = self.dead_lettered = self.dropped = self.timeouts = 0
 
 
-def describe(vhost: str, name: str) -> str:
-    """How RabbitMQ names a queue in error texts."""
-    return f"queue '{name}' in vhost '{vhost}'"
-
-
 class Queue:
     def __init__(self, c: r.CreateQueue):
         self.qid = c.qid
@@ -292,9 +287,6 @@ class Queue:
     @property
     def unacked_count(self) -> int:
         return sum(len(h) for h in self.holdings.values())
-
-    def _describe(self) -> str:
-        return describe(self.vhost, self.name)
 
     def next_deadline(self) -> float | None:
         """When `tick` has work: the head message's expiry, or the moment an unused
@@ -465,8 +457,7 @@ class Queue:
 
     def _consume(self, cmd: r.Consume, effects: list) -> None:
         if self.consumers and (cmd.exclusive or any(c.exclusive for c in self.consumers.values())):
-            effects.append(r.Reply(cmd.req, 403,
-                                   f"ACCESS_REFUSED - {self._describe()} in exclusive use"))
+            effects.append(r.Reply(cmd.req, r.Refusal.EXCLUSIVE_USE))
             return
         consumer = Consumer(cmd)
         self.consumers[cmd.holder] = consumer
@@ -543,11 +534,10 @@ class Queue:
 
     def _delete(self, cmd: r.DeleteQueue, effects: list) -> None:
         if cmd.if_unused and self.consumers:
-            effects.append(r.Reply(cmd.req, 406, f"PRECONDITION_FAILED - {self._describe()} in use"))
+            effects.append(r.Reply(cmd.req, r.Refusal.IN_USE))
             return
         if cmd.if_empty and self.ready_count:
-            effects.append(r.Reply(cmd.req, 406,
-                                   f"PRECONDITION_FAILED - {self._describe()} not empty"))
+            effects.append(r.Reply(cmd.req, r.Refusal.NOT_EMPTY))
             return
         count = self.ready_count
         self._destroy(effects)

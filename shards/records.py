@@ -15,11 +15,31 @@ Identifiers chosen by the gateway:
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
+
+from .ring import RingSpec
 
 
 class _Record(msgspec.Struct, array_like=True, tag=True, omit_defaults=False):
     pass
+
+
+# --- how the gateway starts a shard process ----------------------------------
+
+
+class ShardSpec(msgspec.Struct):
+    index: int
+    data_dir: str
+    commands: RingSpec
+    events: RingSpec
+    lifeline_fd: int  # read end of a pipe the gateway holds open; EOF = gateway gone
+    stores: list[int]  # store directories DATA/shard-K to open: its own, then adopted ones
+    memory_limit: int = 0  # bytes of message bodies in RAM before publishers are blocked
+    stats_interval: float = 5.0  # seconds between statistics records in DATA/logs
+    store_map_size: int = 32 << 30  # LMDB map size of each shard store
+    log_dir: str = ""  # statistics logs (default DATA/logs)
 
 
 # --- gateway -> shard --------------------------------------------------------
@@ -158,12 +178,24 @@ class Stop(_Record, tag=13):
 # --- shard -> gateway --------------------------------------------------------
 
 
+class Refusal(enum.IntEnum):
+    """Why a shard turned a request down (NONE: it did not). The gateway words each
+    as RabbitMQ does (gateway/errors.py); the shard speaks no AMQP."""
+
+    NONE = 0
+    NO_QUEUE = 1  # the queue went away meanwhile
+    EXCLUSIVE_USE = 2  # basic.consume: a consumer holds the queue exclusively
+    IN_USE = 3  # queue.delete if-unused: it has consumers
+    NOT_EMPTY = 4  # queue.delete if-empty: it holds messages
+    FAILED = 5  # handling the request failed (logged by the shard)
+    SHARD_DOWN = 6  # no shard process to answer
+
+
 class Reply(_Record, tag=50):
-    """Answer to a request. `code` 0 means success; otherwise an AMQP reply code."""
+    """Answer to a request; `refused` says why it was turned down (a Refusal)."""
 
     req: int
-    code: int = 0
-    text: str = ""
+    refused: int = Refusal.NONE
     message_count: int = 0
     consumer_count: int = 0
 
@@ -192,8 +224,7 @@ class GetReply(_Record, tag=52):
     properties: bytes = b""
     body: bytes = b""
     message_count: int = 0
-    code: int = 0
-    text: str = ""
+    refused: int = Refusal.NONE
     delivery_count: int = 0
 
 

@@ -83,8 +83,7 @@ def test_exclusive_consumer_refuses_others():
     q = make_queue()
     consume(q, 1, exclusive=True)
     reply = consume(q, 2)[0]
-    assert reply.code == 403
-    assert reply.text == "ACCESS_REFUSED - queue 'q' in vhost '/' in exclusive use"
+    assert reply.refused == r.Refusal.EXCLUSIVE_USE
 
 
 def test_release_requeues_everything_a_channel_held():
@@ -101,9 +100,8 @@ def test_delete_conditions_and_cancellation_of_consumers():
     q = make_queue()
     consume(q, 1, credit=0)
     publish(q, b"a")
-    assert q.apply(r.DeleteQueue(9, 1, True, False), 0.0)[0].code == 406
-    assert q.apply(r.DeleteQueue(9, 1, False, True), 0.0)[0].text == \
-        "PRECONDITION_FAILED - queue 'q' in vhost '/' not empty"
+    assert q.apply(r.DeleteQueue(9, 1, True, False), 0.0)[0].refused == r.Refusal.IN_USE
+    assert q.apply(r.DeleteQueue(9, 1, False, True), 0.0)[0].refused == r.Refusal.NOT_EMPTY
     effects = q.apply(r.DeleteQueue(9, 1, False, False), 0.0)
     assert r.ConsumerCancelled(1, 1) in effects
     assert any(isinstance(e, Destroyed) for e in effects)

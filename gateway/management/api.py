@@ -15,7 +15,7 @@ from shards import records as r
 from storage.metastore import PolicyDef
 
 from .. import __version__, arguments
-from ..errors import AMQPError
+from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 from .http import HTTPError, Request, Response, bad_request
 from . import definitions, metrics
@@ -407,8 +407,8 @@ class Management:
         self.broker.links[meta.shard].request(make, lambda reply: future.done()
                                               or future.set_result(reply))
         reply = await asyncio.wait_for(future, 10.0)
-        if reply.code:
-            raise bad_request(reply.text)
+        if reply.refused:
+            raise bad_request(refusal_error(reply.refused, meta.vhost, meta.name).text)
         return reply
 
     def _queue(self, meta, figure: dict | None) -> dict:
