@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from storage.metastore import MetaStore, PermissionDef, UserDef
+from warren.storage.metastore import MetaStore, PermissionDef, UserDef
 
 from . import auth
 from .amqp import spec

@@ -17,10 +17,17 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from shards import records as r
-from storage import recovery
-from storage.metastore import BindingDef, ExchangeDef, MetaStore, PolicyDef, QueueDef, VHostDef
-from storage.shardstore import reusable_bytes
+from warren.shards import records as r
+from warren.storage import recovery
+from warren.storage.metastore import (
+    BindingDef,
+    ExchangeDef,
+    MetaStore,
+    PolicyDef,
+    QueueDef,
+    VHostDef,
+)
+from warren.storage.shardstore import reusable_bytes
 
 from . import deadletter, policies, replyto
 from .access import AccessControl

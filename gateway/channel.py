@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from shards import records as r
+from warren.shards import records as r
 
 from . import arguments, replyto
 from .amqp import frames, hotpath, spec

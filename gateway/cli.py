@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "inspect":
-        from storage.inspect import main as inspect_main
+        from warren.storage.inspect import main as inspect_main
 
         return inspect_main(argv[1:])
     if argv and argv[0] == "ctl":
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return ctl_main(argv[1:])
     if argv and argv[0] == "bench":
-        from loadtest.bench import main as bench_main
+        from warren.loadtest.bench import main as bench_main
 
         return bench_main(argv[1:])
 

@@ -6,7 +6,7 @@ the same messages users know from RabbitMQ.
 
 from __future__ import annotations
 
-from shards.records import Refusal
+from warren.shards.records import Refusal
 
 from .amqp import spec
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from storage.metastore import PolicyDef
+from warren.storage.metastore import PolicyDef
 
 from . import arguments
 

@@ -18,7 +18,7 @@ import sys
 
 import lmdb
 
-from storage import recovery
+from warren.storage import recovery
 
 from . import management
 from .broker import Broker

@@ -27,8 +27,8 @@ from typing import Callable
 
 import msgspec
 
-from shards import records as r
-from shards.ring import Ring
+from warren.shards import records as r
+from warren.shards.ring import Ring
 
 log = logging.getLogger("warren.shard")
 
@@ -80,7 +80,7 @@ class ShardLink:
         fds = [self.commands.spec().data_fd, self.commands.spec().space_fd,
                self.events.spec().data_fd, self.events.spec().space_fd, lifeline_read]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "shards.main", msgspec.json.encode(spec).decode()],
+            [sys.executable, "-m", "warren.shards.main", msgspec.json.encode(spec).decode()],
             pass_fds=fds)
         os.close(lifeline_read)
         self._pidfd = os.pidfd_open(self.process.pid)

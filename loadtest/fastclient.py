@@ -26,9 +26,9 @@ from array import array
 from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
-from gateway.amqp import frames
-from gateway.amqp import methods as m
-from gateway.amqp.properties import BasicProperties, encode_properties
+from warren.gateway.amqp import frames
+from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.properties import BasicProperties, encode_properties
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 FRAME_MAX = 131072

@@ -20,7 +20,7 @@ import time
 
 import msgspec
 
-from storage.shardstore import ShardStore
+from warren.storage.shardstore import ShardStore
 
 from . import records as r
 from .committer import Committer

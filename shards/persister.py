@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 
-from storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
+from warren.storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
 
 from . import records as r
 from .queue import Message, Queue

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from gateway.amqp.properties import PropertiesError, peek_expiration, peek_priority
+from warren.gateway.amqp.properties import PropertiesError, peek_expiration, peek_priority
 
 from . import records as r
 
@@ -33,7 +33,7 @@ class Message:
     """A message in a queue. `content` is (exchange, routing key, raw properties,
     body). A stored message (persistent, in a durable queue) keeps only its index
     in RAM once committed: its content becomes None and the shard reads it back
-    from storage when it delivers it. Four slots, because a backlog of millions
+    from warren.storage when it delivers it. Four slots, because a backlog of millions
     is mostly these objects."""
 
     __slots__ = ("seq", "content", "stored", "redelivered")

@@ -21,16 +21,14 @@ read only the columns they need and nothing has to fit in memory. DIR gets:
 
 Counters are cumulative in the logs; totals are reset-aware (see spark/tables.py).
 
-spark-submit runs this file as a script; it then puts the checkout above it on sys.path
-so that the `spark` package's modules import (where the driver runs on another machine,
-ship the package with --py-files).
+spark-submit runs this file as a script: the driver's Python needs Warren installed
+(`pip install -e .`) for the modules beside it to import.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import os
 import sys
 import time
 import warnings
@@ -39,19 +37,42 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-if not __package__:  # spark-submit spark/report.py: a script, outside its package
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from spark.charts import (CHARTS, balance_chart, chart_series, fsync_chart,  # noqa: E402
-                          latency_chart, throughput_chart)
-from spark.logs import (COUNTERS, DEFAULT_PATTERN, iso_time, parse_records,  # noqa: E402
-                        read_lines, resolve_inputs, short_path, total_bytes)
-from spark.output import Output  # noqa: E402
-from spark.summary import render_json, render_markdown  # noqa: E402
-from spark.tables import (TABLES, bad_lines, confirm_latency,  # noqa: E402
-                          consumer_timeouts, events_of, fsync_batches, queue_deltas,
-                          queue_rates, queue_totals, shard_balance, shard_deltas, shard_rates,
-                          top_backlog, top_redeliveries)
+from warren.spark.charts import (
+    CHARTS,
+    balance_chart,
+    chart_series,
+    fsync_chart,
+    latency_chart,
+    throughput_chart,
+)
+from warren.spark.logs import (
+    COUNTERS,
+    DEFAULT_PATTERN,
+    iso_time,
+    parse_records,
+    read_lines,
+    resolve_inputs,
+    short_path,
+    total_bytes,
+)
+from warren.spark.output import Output
+from warren.spark.summary import render_json, render_markdown
+from warren.spark.tables import (
+    TABLES,
+    bad_lines,
+    confirm_latency,
+    consumer_timeouts,
+    events_of,
+    fsync_batches,
+    queue_deltas,
+    queue_rates,
+    queue_totals,
+    shard_balance,
+    shard_deltas,
+    shard_rates,
+    top_backlog,
+    top_redeliveries,
+)
 
 SMALL_INPUT_BYTES = 32 << 20   # below this, skip whole-stage code generation
 

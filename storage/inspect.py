@@ -106,7 +106,7 @@ def _queues(data_dir: str) -> tuple[list[str], list[dict], dict[int, _ShardView]
 
 
 def _properties(raw: bytes) -> dict:
-    from gateway.amqp.properties import decode_properties
+    from warren.gateway.amqp.properties import decode_properties
 
     try:
         props = decode_properties(raw)

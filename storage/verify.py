@@ -102,7 +102,7 @@ def _check_db(env, txn, name: str, struct, report: StoreReport) -> None:
 
 
 def check_stores(paths: list[str]) -> list[StoreReport]:
-    children = [(path, subprocess.Popen([sys.executable, "-m", "storage.verify", path],
+    children = [(path, subprocess.Popen([sys.executable, "-m", "warren.storage.verify", path],
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
                 for path in paths]
     reports = []

@@ -29,11 +29,11 @@ import random
 import struct
 from dataclasses import dataclass, field
 
-from gateway.amqp import frames, spec
-from gateway.amqp import methods as m
-from gateway.amqp.fieldtable import encode_table
-from gateway.amqp.frames import FrameError, FrameReader
-from gateway.amqp.properties import BasicProperties, encode_properties
+from warren.gateway.amqp import frames, spec
+from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.fieldtable import encode_table
+from warren.gateway.amqp.frames import FrameError, FrameReader
+from warren.gateway.amqp.properties import BasicProperties, encode_properties
 
 FRAME_END = b"\xce"
 _prefix = struct.Struct(">BHI")

@@ -8,8 +8,8 @@ import socket
 import struct
 import threading
 
-from gateway.amqp import frames
-from gateway.amqp import methods as m
+from warren.gateway.amqp import frames
+from warren.gateway.amqp import methods as m
 
 from .rawclient import RawClient
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.procs import read_line
+from warren.loadtest.procs import read_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ class RunningBroker:
     def start(self, timeout: float = 30.0) -> "RunningBroker":
         self.log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data",
+            [sys.executable, "-m", "warren.gateway.cli", "serve", "--port", "0", "--data",
              str(self.data_dir), "--shards", str(self.shards), "--management-port",
              str(self.management_port), *self.extra_args],
             stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT)

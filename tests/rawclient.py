@@ -7,10 +7,10 @@ import socket
 import struct
 import time
 
-from gateway.amqp import frames, spec
-from gateway.amqp import methods as m
-from gateway.amqp.fieldtable import encode_table
-from gateway.amqp.frames import FrameReader
+from warren.gateway.amqp import frames, spec
+from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.fieldtable import encode_table
+from warren.gateway.amqp.frames import FrameReader
 
 
 class RawClient:

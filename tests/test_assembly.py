@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.amqp import frames, hotpath, spec
-from gateway.amqp import methods as m
-from gateway.assembly import Assembler
-from gateway.errors import AMQPError
+from warren.gateway.amqp import frames, hotpath, spec
+from warren.gateway.amqp import methods as m
+from warren.gateway.assembly import Assembler
+from warren.gateway.errors import AMQPError
 
 PUBLISH = m.encode_method(m.BasicPublish(exchange="x", routing_key="k"))
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadtest import bench, external, output, procs, targets
+from warren.loadtest import bench, external, output, procs, targets
 
 from .conftest import ROOT
 
@@ -167,7 +167,7 @@ def test_compare_without_rabbitmq_installs_nothing(monkeypatch, tmp_path, capsys
 
 def _bench(args: list[str], timeout: float = 120) -> tuple[subprocess.CompletedProcess, list]:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    result = subprocess.run([sys.executable, "-m", "loadtest.bench", *args], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "warren.loadtest.bench", *args], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=timeout)
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     return result, [row for row in rows if row.get("type") == "scenario"]
@@ -200,7 +200,7 @@ def test_cli_both_clients_on_a_fresh_warren(fake):
     [call] = fake.calls()
     # The external client got the private Warren's URL and its root pid.
     assert call["argv"][1].startswith("amqp://guest:guest@127.0.0.1:"), call
-    assert "gateway.cli serve" in call["pid_cmdline"], call
+    assert "warren.gateway.cli serve" in call["pid_cmdline"], call
     table = result.stdout[result.stdout.index("\nscenario"):]
     assert "warren-bench" in table and "amqp-perf" in table and "cons/pub" in table
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pamqp import decode as pamqp_decode
 from pamqp import encode as pamqp_encode
 
-from gateway.amqp.fieldtable import (
+from warren.gateway.amqp.fieldtable import (
     FieldTableError,
     decode_array,
     decode_table,

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.amqp import frames
-from gateway.amqp import methods as m
-from gateway.amqp.frames import FrameError, FrameReader
+from warren.gateway.amqp import frames
+from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.frames import FrameError, FrameReader
 
 
 def frame(frame_type: int, channel: int, payload: bytes, end: int = frames.FRAME_END) -> bytes:

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands as pamqp
 
-from gateway.amqp import methods, spec
-from gateway.amqp.fieldtable import FieldTableError
-from gateway.amqp.methods import (
+from warren.gateway.amqp import methods, spec
+from warren.gateway.amqp.fieldtable import FieldTableError
+from warren.gateway.amqp.methods import (
     BY_ID,
     BY_NAME,
     AccessRequest,

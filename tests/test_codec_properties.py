@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pamqp import commands as pamqp_commands
 from pamqp import header as pamqp_header
 
-from gateway.amqp.properties import (
+from warren.gateway.amqp.properties import (
     EMPTY_PROPERTIES,
     BasicProperties,
     PropertiesError,
@@ -20,7 +20,7 @@ from gateway.amqp.properties import (
     peek_expiration,
     peek_priority,
 )
-from gateway.amqp.spec import BASIC_PROPERTIES
+from warren.gateway.amqp.spec import BASIC_PROPERTIES
 
 UTC = timezone.utc
 PEEKS = {"delivery_mode": peek_delivery_mode, "priority": peek_priority, "expiration": peek_expiration}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pamqp import commands as pamqp_commands
 
-from gateway.amqp import spec
+from warren.gateway.amqp import spec
 
 # CI clones the repository with shared/ beside it, as in the workplace.
 SHARED_SPEC = Path(__file__).resolve().parents[2] / "shared" / "spec" / "amqp-rabbitmq-0.9.1.json"

@@ -20,7 +20,7 @@ def managed(tmp_path_factory):
 
 
 def ctl(broker, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "gateway.cli", "ctl", "--url",
+    result = subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "--url",
                              broker.http_url, *args], capture_output=True, text=True,
                             timeout=30, cwd=ROOT)
     if check:
@@ -79,7 +79,7 @@ def test_users_vhosts_permissions_policies(managed):
 
 
 def run_ctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "ctl", *args],
+    return subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", *args],
                           capture_output=True, text=True, timeout=30, cwd=ROOT)
 
 
@@ -142,7 +142,7 @@ def test_import_lists_every_problem_and_changes_nothing(managed, tmp_path):
 
 
 def test_unreachable_broker_is_a_clear_error():
-    result = subprocess.run([sys.executable, "-m", "gateway.cli", "ctl", "--url",
+    result = subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "--url",
                              "http://127.0.0.1:9", "list", "queues"], capture_output=True,
                             text=True, timeout=30, cwd=ROOT)
     assert result.returncode == 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime
 
-from gateway.amqp.properties import BasicProperties
-from gateway.deadletter import is_cycle, record_death
+from warren.gateway.amqp.properties import BasicProperties
+from warren.gateway.deadletter import is_cycle, record_death
 
 NOW = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.timezone.utc)
 

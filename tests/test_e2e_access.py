@@ -13,16 +13,16 @@ import pika
 import pika.exceptions
 import pytest
 
-from gateway import auth
-from gateway.access import AccessControl
-from gateway.config import ConfigError, build
-from storage.metastore import MetaStore, VHostDef
+from warren.gateway import auth
+from warren.gateway.access import AccessControl
+from warren.gateway.config import ConfigError, build
+from warren.storage.metastore import MetaStore, VHostDef
 
 from .conftest import ROOT, RunningBroker
 
 
 def serve(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "serve", *args],
+    return subprocess.run([sys.executable, "-m", "warren.gateway.cli", "serve", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 

@@ -16,7 +16,7 @@ import amqp
 import pika
 import pytest
 
-from gateway.broker import placement
+from warren.gateway.broker import placement
 
 from .conftest import ROOT, wait_until
 
@@ -317,8 +317,8 @@ def shard_processes(broker) -> dict[int, int]:
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if ppid == broker.process.pid and b"shards.main" in args:
-            spec = json.loads(args[args.index(b"shards.main") + 1])
+        if ppid == broker.process.pid and b"warren.shards.main" in args:
+            spec = json.loads(args[args.index(b"warren.shards.main") + 1])
             found[spec["index"]] = int(entry)
     return found
 

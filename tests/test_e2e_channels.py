@@ -14,8 +14,8 @@ import amqpstorm
 import pika
 import pytest
 
-from gateway.amqp import frames
-from gateway.amqp import methods as m
+from warren.gateway.amqp import frames
+from warren.gateway.amqp import methods as m
 
 from .rawclient import RawClient
 

@@ -257,8 +257,8 @@ def test_consumer_priority_and_exclusive_consumer(broker):
 
 
 def test_slow_auto_ack_consumer_is_held_back_not_buffered(fresh_broker):
-    from gateway.amqp import frames
-    from gateway.amqp import methods as m
+    from warren.gateway.amqp import frames
+    from warren.gateway.amqp import methods as m
 
     from .rawclient import RawClient
     from .test_e2e_memory import pss_bytes
@@ -292,7 +292,7 @@ def test_slow_auto_ack_consumer_is_held_back_not_buffered(fresh_broker):
 
 
 def test_missed_heartbeats_requeue_unacked_deliveries(broker):
-    from gateway.amqp import methods as m
+    from warren.gateway.amqp import methods as m
 
     from .rawclient import RawClient
 
@@ -319,8 +319,8 @@ def test_missed_heartbeats_requeue_unacked_deliveries(broker):
 
 
 def test_recover_async_redelivers_without_a_reply(broker):
-    from gateway.amqp import frames
-    from gateway.amqp import methods as m
+    from warren.gateway.amqp import frames
+    from warren.gateway.amqp import methods as m
 
     from .rawclient import RawClient
 

@@ -46,13 +46,13 @@ def fill(data) -> None:
 
 def serve(data, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data", str(data),
+        [sys.executable, "-m", "warren.gateway.cli", "serve", "--port", "0", "--data", str(data),
          "--shards", "2", "--management-port", "0", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 def verify(data) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "inspect", "--verify", str(data)],
+    return subprocess.run([sys.executable, "-m", "warren.gateway.cli", "inspect", "--verify", str(data)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
@@ -248,7 +248,7 @@ def as_format_1(data) -> None:
     import lmdb
     import msgspec
 
-    from storage.sealed import unseal
+    from warren.storage.sealed import unseal
 
     for store in ["meta", "shard-0", "shard-1"]:
         env = lmdb.open(str(data / store), subdir=True, max_dbs=16, create=False)

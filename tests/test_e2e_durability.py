@@ -190,8 +190,8 @@ def test_kill_soak(tmp_path, victim, seed):
 
 
 def test_confirms_ack_each_message_once_and_unroutable_mandatory_returns_first(broker):
-    from gateway.amqp import frames
-    from gateway.amqp import methods as m
+    from warren.gateway.amqp import frames
+    from warren.gateway.amqp import methods as m
 
     from .rawclient import RawClient
 

@@ -21,8 +21,8 @@ import urllib.request
 import pika
 import pytest
 
-from gateway.amqp import frames
-from gateway.amqp import methods as m
+from warren.gateway.amqp import frames
+from warren.gateway.amqp import methods as m
 
 from .conftest import RunningBroker, wait_until
 from .rawclient import RawClient

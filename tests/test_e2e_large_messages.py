@@ -9,8 +9,8 @@ import logging
 
 import aio_pika
 
-from gateway.amqp import frames
-from gateway.amqp import methods as m
+from warren.gateway.amqp import frames
+from warren.gateway.amqp import methods as m
 
 from .rawclient import RawClient
 

@@ -11,8 +11,8 @@ import time
 import pika
 import pytest
 
-from gateway.amqp import frames
-from gateway.amqp import methods as m
+from warren.gateway.amqp import frames
+from warren.gateway.amqp import methods as m
 
 from .conftest import wait_until
 from .rawclient import RawClient
@@ -247,7 +247,7 @@ def test_fuzzed_frames_never_hurt_other_clients(broker):
 
 
 def test_channel_flow_pauses_and_resumes_deliveries(broker):
-    from gateway.amqp import frames as f
+    from warren.gateway.amqp import frames as f
 
     client = RawClient(broker.port)
     client.handshake()

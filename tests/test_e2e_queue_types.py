@@ -13,7 +13,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from gateway.amqp import methods as m
+from warren.gateway.amqp import methods as m
 
 from .conftest import RunningBroker, wait_until
 from .rawclient import RawClient

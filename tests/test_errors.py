@@ -2,9 +2,9 @@
 
 import pytest
 
-from gateway.amqp import spec
-from gateway.errors import refusal_error
-from shards.records import Refusal
+from warren.gateway.amqp import spec
+from warren.gateway.errors import refusal_error
+from warren.shards.records import Refusal
 
 
 @pytest.mark.parametrize("refused, code, text", [

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.broker import Broker, QueueMeta, VHost
-from gateway.exchange import EXCHANGE, QUEUE, Exchange, headers_match
-from shards import records as r
+from warren.gateway.broker import Broker, QueueMeta, VHost
+from warren.gateway.exchange import EXCHANGE, QUEUE, Exchange, headers_match
+from warren.shards import records as r
 
 HEADER_CASES = [
     ({"x-match": "all", "a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, True),

@@ -34,11 +34,11 @@ import traceback
 
 import pytest
 
-from gateway.amqp import frames, spec
-from gateway.amqp import methods as m
-from gateway.amqp.frames import FrameReader
-from gateway.broker import Broker
-from gateway.connection import AWAIT_HEADER, CLOSED, Connection
+from warren.gateway.amqp import frames, spec
+from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.frames import FrameReader
+from warren.gateway.broker import Broker
+from warren.gateway.connection import AWAIT_HEADER, CLOSED, Connection
 
 from .amqpfuzz import Case, case_seeds, check_output, make_case
 

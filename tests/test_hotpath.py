@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.amqp import hotpath
-from gateway.amqp import methods as m
+from warren.gateway.amqp import hotpath
+from warren.gateway.amqp import methods as m
 
 short = st.text(max_size=60).filter(lambda t: len(t.encode()) <= 255)
 

@@ -32,7 +32,7 @@ def _env() -> dict[str, str]:
 def test_bench_quick_scenarios(bench_broker):
     scenarios = ["transient-autoack", "persistent-confirm", "confirm-each"]
     result = subprocess.run(
-        [sys.executable, "-m", "loadtest.bench", "--url", bench_broker.url, "--quick",
+        [sys.executable, "-m", "warren.loadtest.bench", "--url", bench_broker.url, "--quick",
          "--scenarios", ",".join(scenarios)],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -15,10 +15,10 @@ import socket
 import pika
 import pytest
 
-from gateway.access import AccessControl
-from gateway.amqp import frames
-from gateway.amqp import methods as m
-from gateway.auth import LoginThrottle
+from warren.gateway.access import AccessControl
+from warren.gateway.amqp import frames
+from warren.gateway.amqp import methods as m
+from warren.gateway.auth import LoginThrottle
 
 from .conftest import RunningBroker
 from .rawclient import RawClient

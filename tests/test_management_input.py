@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from gateway.management.http import MAX_BODY
+from warren.gateway.management.http import MAX_BODY
 
 from .conftest import RunningBroker
 from .test_management_api import call

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway import policies
-from storage.metastore import PolicyDef
+from warren.gateway import policies
+from warren.storage.metastore import PolicyDef
 
 
 def policy(name, pattern, priority=0, apply_to="all", **definition) -> PolicyDef:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shards import records as r
-from shards.queue import Queue, Refused
+from warren.shards import records as r
+from warren.shards.queue import Queue, Refused
 
 
 def make_queue(**arguments) -> Queue:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shards import records as r
-from shards.queue import Destroyed, Persist, Queue, Remove
+from warren.shards import records as r
+from warren.shards.queue import Destroyed, Persist, Queue, Remove
 
 
 def make_queue(durable=False, auto_delete=False) -> Queue:

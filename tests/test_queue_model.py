@@ -8,8 +8,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from shards import records as r
-from shards.queue import Queue
+from warren.shards import records as r
+from warren.shards.queue import Queue
 
 CHANNEL = 900  # the holder id of basic.get deliveries
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shards.ring import Ring
+from warren.shards.ring import Ring
 
 from .conftest import ROOT
 
@@ -144,7 +144,7 @@ def test_matches_a_fifo_model(operations):
 
 PRODUCER = """
 import select, struct, sys, msgspec
-from shards.ring import Ring, RingSpec
+from warren.shards.ring import Ring, RingSpec
 ring = Ring.attach(msgspec.json.decode(sys.argv[1], type=RingSpec))
 total, batch = int(sys.argv[2]), 256
 seq = 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from shards import records as r
-from shards.main import Shard
-from shards.persister import Persister
-from shards.queue import Queue
-from shards.stats import StatsLog
-from storage.shardstore import ShardStore
+from warren.shards import records as r
+from warren.shards.main import Shard
+from warren.shards.persister import Persister
+from warren.shards.queue import Queue
+from warren.shards.stats import StatsLog
+from warren.storage.shardstore import ShardStore
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ pytest.importorskip("matplotlib", reason="matplotlib is not installed (the `spar
 
 import pika  # noqa: E402
 
-from spark import logs, report, synth  # noqa: E402
+from warren.spark import logs, report, synth  # noqa: E402
 
 from .conftest import RunningBroker, wait_until  # noqa: E402
 
@@ -75,7 +75,7 @@ def last_queue_stats(logs: Path) -> dict:
 
 
 def placement(vhost: str, name: str, shards: int) -> int:
-    from gateway.broker import placement as broker_placement
+    from warren.gateway.broker import placement as broker_placement
 
     return broker_placement(vhost, name, shards)
 

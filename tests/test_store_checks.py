@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from shards import persister as persister_module
-from shards.persister import Persister
-from shards.queue import Message
-from storage.sealed import Damaged, seal, unseal
-from storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
-from storage.verify import check_store
+from warren.shards import persister as persister_module
+from warren.shards.persister import Persister
+from warren.shards.queue import Message
+from warren.storage.sealed import Damaged, seal, unseal
+from warren.storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
+from warren.storage.verify import check_store
 
 
 def test_a_sealed_value_reads_back_and_an_altered_one_is_damaged():

@@ -1,6 +1,6 @@
 """A channel's transaction state, in-process."""
 
-from gateway.transaction import PUBLISH, SETTLE, Transaction
+from warren.gateway.transaction import PUBLISH, SETTLE, Transaction
 
 
 def test_commit_hands_back_the_actions_in_order_and_rollback_the_settled_deliveries():

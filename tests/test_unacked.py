@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.amqp import spec
-from gateway.errors import AMQPError
-from gateway.unacked import Delivery, Unacked
+from warren.gateway.amqp import spec
+from warren.gateway.errors import AMQPError
+from warren.gateway.unacked import Delivery, Unacked
 
 
 def delivery(tag: int, holder: int = 1) -> Delivery:

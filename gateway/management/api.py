@@ -11,14 +11,14 @@ import socket
 import time
 from importlib import resources
 
-from shards import records as r
-from storage.metastore import PolicyDef
+from warren.shards import records as r
+from warren.storage.metastore import PolicyDef
 
 from .. import __version__, arguments
 from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
-from .http import HTTPError, Request, Response, bad_request
 from . import definitions, metrics
+from .http import HTTPError, Request, Response, bad_request
 
 COMPATIBLE_RABBITMQ = "3.13.7"  # the management API version Warren's JSON follows
 NODE = f"warren@{socket.gethostname()}"
@@ -740,4 +740,4 @@ def _jsonable(value):
 
 
 def _dashboard() -> bytes:
-    return resources.files("gateway.management").joinpath("dashboard.html").read_bytes()
+    return resources.files("warren.gateway.management").joinpath("dashboard.html").read_bytes()

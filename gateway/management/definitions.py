@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from storage.metastore import PolicyDef
+from warren.storage.metastore import PolicyDef
 
 from .. import __version__, arguments, policies
 from ..errors import AMQPError, exchange_name, queue_name
