@@ -34,10 +34,13 @@ log = logging.getLogger("warren.shard")
 
 COMMAND_RING_BYTES = 16 * 1024 * 1024
 EVENT_RING_BYTES = 16 * 1024 * 1024
-# Publishes a connection may have on their way to one shard (chosen by measurement,
-# see docs/architecture.md): enough to keep a shard busy across a loop turn, few
-# enough that a credit or an ack behind them waits milliseconds, not seconds.
+# Credit of a connection towards one shard, in units of shard work (chosen by
+# measurement, see docs/architecture.md): enough to keep a shard busy across a loop
+# turn, little enough that a consumer's ack behind it waits milliseconds, not
+# seconds. A persistent publish costs the shard a write, a commit and a read back
+# on delivery, so it spends more.
 PUBLISH_CREDIT = 150
+PERSISTENT_COST = 3
 
 
 class ShardLink:
@@ -151,7 +154,8 @@ class ShardLink:
             return
         self._batch.append(record)
         if feeder is not None:  # a publish: it spends its connection's credit
-            self._feeds[feeder] = self._feeds.get(feeder, 0) + 1
+            cost = PERSISTENT_COST if record.persistent else 1
+            self._feeds[feeder] = self._feeds.get(feeder, 0) + cost
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
