@@ -116,6 +116,8 @@ class Connection(asyncio.Protocol):
             link.forget(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return  # lingering after close-ok: dropped
         self._last_received = time.monotonic()
         self.reader.receive_data(data)
         self._handle_input()
@@ -399,7 +401,7 @@ class Connection(asyncio.Protocol):
             self._shutdown()
         elif type(method) is m.ConnectionClose:
             self._send_closing(m.ConnectionCloseOk())
-            self._shutdown()
+            self._linger()
 
     # -- connection class ------------------------------------------------------
 
@@ -423,7 +425,7 @@ class Connection(asyncio.Protocol):
             self._open(method)
         elif kind is m.ConnectionClose:
             self.method(0, m.ConnectionCloseOk())
-            self._shutdown()
+            self._linger()
         else:  # connection.update-secret
             self.method(0, m.ConnectionUpdateSecretOk())
 
@@ -576,4 +578,17 @@ class Connection(asyncio.Protocol):
         self.flush()
         self.state = CLOSED
         self.transport.close()
+
+    def _linger(self) -> None:
+        """After close-ok to the client's connection.close, read and drop what it
+        still sends until it hangs up (or CLOSE_OK_TIMEOUT), as RabbitMQ does:
+        closing with unread data would send the client a reset, not an end."""
+        self.flush()
+        self.state = CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self.transport.close)
+        if self._paused_by:
+            self._paused_by.clear()
+            self.transport.resume_reading()
 

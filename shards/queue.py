@@ -540,8 +540,9 @@ class Queue:
             effects.append(r.Reply(cmd.req, r.Refusal.NOT_EMPTY))
             return
         count = self.ready_count
-        self._destroy(effects)
+        # delete-ok goes out before the consumers' basic.cancel, as RabbitMQ sends them
         effects.append(r.Reply(cmd.req, message_count=count))
+        self._destroy(effects)
 
     def _configure(self, cmd: r.ConfigureQueue, effects: list) -> None:
         self.configure(cmd.arguments)

@@ -294,3 +294,38 @@ def test_an_abrupt_disconnect_is_logged_as_rabbitmq_logs_it(broker):
     client.close()
     wait_until(lambda: f"closing AMQP connection {name} (vhost '/', user 'guest'): client "
                "unexpectedly closed TCP connection" in broker.log_text())
+
+
+def test_frames_after_the_clients_close_are_dropped_and_the_close_stays_clean(broker):
+    """The Go client's TestConcurrentClose sends connection.close from 32 goroutines;
+    amqplib closes behind 2,000 unsent publishes. Warren answered the first close
+    and hung up with the rest unread, so the client got a reset (EPIPE, 'connection
+    reset by peer'). As RabbitMQ does, it now drops what follows close-ok and ends
+    the connection cleanly once the client closes its side."""
+    client = RawClient(broker.port)
+    client.handshake()
+    client.open_channel(1)
+    close = frames.method_frame(0, m.ConnectionClose(reply_code=200, reply_text="bye"))
+    publish = frames.content_frames(1, m.encode_method(m.BasicPublish(routing_key="nowhere")),
+                                    60, b"\x00\x00", b"x" * 1000, 131072)
+    client.send(close * 32 + publish * 200)
+    assert client.next_method() == (0, m.ConnectionCloseOk())
+    client.sock.shutdown(socket.SHUT_WR)
+    client.sock.settimeout(10)
+    assert client.sock.recv(100) == b""  # a clean end: no second close-ok, no reset
+    client.close()
+
+
+def test_queue_delete_ok_comes_before_the_consumers_cancel(broker):
+    """kombu deletes a queue from its consumer's own channel and reads delete-ok;
+    RabbitMQ sends queue.delete-ok first, basic.cancel after."""
+    client = RawClient(broker.port)
+    client.handshake(capabilities={"consumer_cancel_notify": True})
+    client.open_channel(1)
+    client.send_method(1, m.QueueDeclare(queue="delete-order"))
+    client.next_method()
+    client.send_method(1, m.BasicConsume(queue="delete-order", consumer_tag="c1"))
+    assert isinstance(client.next_method()[1], m.BasicConsumeOk)
+    client.send_method(1, m.QueueDelete(queue="delete-order"))
+    assert [type(client.next_method()[1]) for _ in range(2)] == [m.QueueDeleteOk, m.BasicCancel]
+    client.close()
