@@ -116,7 +116,7 @@ class Broker:
         self._next_id = 0
         self._next_qid = 0
         self.stopping = False
-        self.memory_limit = memory_limit  # bytes of bodies in RAM, all shards together
+        self.memory_limit = memory_limit  # bytes of message content in RAM, all shards together
         self.disk_free_limit = disk_free_limit
         self.disk_free = 0  # bytes, as of the last check (free pages of the stores included)
         self.stats_interval = stats_interval

@@ -78,7 +78,7 @@ HELP = {
     "heartbeat": "heartbeat interval offered to clients, seconds (0: off)",
     "channel_max": "most channels per connection",
     "max_message_size": "largest message body accepted, bytes (RabbitMQ's default 128 MiB)",
-    "memory_limit": "message bodies in RAM before publishers are blocked, bytes "
+    "memory_limit": "message content in RAM before publishers are blocked, bytes "
                     "(-1: 40%% of the machine's memory)",
     "disk_free_limit": "free disk below which publishers are blocked, bytes",
     "consumer_timeout": "default delivery acknowledgement timeout of quorum queues, ms",

@@ -64,7 +64,7 @@ class Shard:
         self.inflight: tuple | None = None
         self.stored_ok = True  # did the last commit succeed (else: the disk alarm)
         self.alarms: set[str] = set()
-        self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # bodies in RAM
+        self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # content in RAM
 
     def take_events(self) -> list:
         """This turn's events but confirms, with stored content read back."""

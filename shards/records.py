@@ -36,7 +36,7 @@ class ShardSpec(msgspec.Struct):
     events: RingSpec
     lifeline_fd: int  # read end of a pipe the gateway holds open; EOF = gateway gone
     stores: list[int]  # store directories DATA/shard-K to open: its own, then adopted ones
-    memory_limit: int = 0  # bytes of message bodies in RAM before publishers are blocked
+    memory_limit: int = 0  # bytes of message content in RAM before publishers are blocked
     stats_interval: float = 5.0  # seconds between statistics records in DATA/logs
     store_map_size: int = 32 << 30  # LMDB map size of each shard store
     log_dir: str = ""  # statistics logs (default DATA/logs)
