@@ -107,13 +107,15 @@ def test_consumer_keeps_its_share_while_a_flood_publishes(broker):
     assert len(seen) == total and duplicates == 0
     # A steady share while the flood ran (before flow control the consumer got
     # 2,000 messages and then nothing): over every tenth of the flood, it received
-    # at least a tenth as many messages as were published.
+    # at least a tenth as many messages as were published. The first tenth is left
+    # out: "sent" counts what the socket took, and the kernel's buffers take tens
+    # of thousands of publishes before the broker has read them.
     tenths = []
     for sent, got in shares:
         if sent >= (len(tenths) + 1) * total // 10 and sent < total:
             tenths.append(got)
-    steps = [later - earlier for earlier, later in zip(tenths, tenths[1:])]
-    assert len(steps) >= 5 and all(step >= total // 100 for step in steps), (tenths, shares[-1])
+    steps = [later - earlier for earlier, later in zip(tenths[1:], tenths[2:])]
+    assert len(steps) >= 4 and all(step >= total // 100 for step in steps), (tenths, shares[-1])
     consumer.close()
     flood.client.close()
 
