@@ -87,7 +87,7 @@ class VHost:
 
 
 def placement(vhost: str, name: str, shards: int) -> int:
-    """A queue's shard, chosen once at declaration (DESIGN.md, placement)."""
+    """A queue's shard, chosen once at declaration (docs/architecture.md, placement)."""
     return xxhash.xxh64_intdigest(f"{vhost}\0{name}".encode()) % shards
 
 

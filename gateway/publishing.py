@@ -1,0 +1,317 @@
+"""A channel's publishing: basic.publish routed to the shards of its queues,
+the properties the broker acts on (expiration, priority, CC/BCC, direct reply-to),
+unroutable returns, lock renewal, publisher confirms and transactions. A mixin
+of Channel."""
+
+from __future__ import annotations
+
+from warren.shards import records as r
+
+from . import replyto
+from .amqp import frames, hotpath, spec
+from .amqp import methods as m
+from .amqp.properties import (
+    PropertiesError,
+    decode_properties,
+    encode_properties,
+    flag_mask,
+    peek_delivery_mode,
+    peek_expiration,
+    peek_priority,
+    peek_reply_to,
+)
+from .assembly import BASIC_CLASS
+from .broker import QueueMeta
+from .confirms import ConfirmTracker
+from .errors import AMQPError, exchange_name
+from .exchange import RENEW_EXCHANGE
+from .transaction import PUBLISH, Transaction
+
+_EXPIRATION = flag_mask("expiration")
+_PRIORITY = flag_mask("priority")
+_REPLY_TO = flag_mask("reply_to")
+_HEADERS = flag_mask("headers")
+_EXTRAS = _EXPIRATION | _PRIORITY | _REPLY_TO | _HEADERS
+
+
+class Publishing:
+    # -- basic: publish and confirms -------------------------------------------
+
+    def _publish(self, method: hotpath.Publish, properties: bytes, body: bytes) -> None:
+        if method.immediate:
+            raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true",
+                            method.CLASS_ID, method.METHOD_ID)
+        vhost = self.vhost
+        exchange = vhost.exchanges.get(method.exchange)
+        if exchange is None:
+            raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
+                            method.CLASS_ID, method.METHOD_ID)
+        self._allow("write", "exchange", exchange.name)
+        if exchange.internal:
+            raise AMQPError(spec.ACCESS_REFUSED,
+                            f"cannot publish to internal {exchange_name(vhost.name, exchange.name)}",
+                            method.CLASS_ID, method.METHOD_ID)
+        if exchange.name == RENEW_EXCHANGE:
+            return self._renew(method.routing_key, properties)
+        expiration, priority, also = -1, 0, ()
+        if len(properties) >= 2 and (properties[0] << 8 | properties[1]) & _EXTRAS:
+            try:
+                expiration, priority, also, properties = self._read_extras(properties)
+            except AMQPError as error:
+                error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
+                raise
+        if not self.conn.has_published or self.broker.alarms:
+            self.conn.note_publish()
+        if self.tx is not None:
+            self.tx.publish(method, properties, body, expiration, priority, also)
+        else:
+            self._route(method, properties, body, expiration, priority, also)
+
+    def _renew(self, consumer_tag: str, properties: bytes) -> None:
+        """Warren's lock renewal: a publish to amq.warren.renew with the consumer tag
+        as routing key and header x-delivery-tag (or x-renew-all = true) extends the
+        lock of those deliveries by the consumer's timeout."""
+        consumer = self.consumers.get(consumer_tag)
+        if consumer is None:
+            raise AMQPError(spec.PRECONDITION_FAILED, f"unknown consumer tag '{consumer_tag}'",
+                            BASIC_CLASS, m.BasicPublish.METHOD_ID)
+        headers = _headers_of(properties)()
+        if headers.get("x-renew-all") is True:
+            seqs = []
+        else:
+            tag = headers.get("x-delivery-tag")
+            delivery = self.unacked.get(tag) if isinstance(tag, int) else None
+            if delivery is None or delivery.holder != consumer.holder:
+                raise AMQPError(spec.PRECONDITION_FAILED, f"unknown delivery tag {tag}",
+                                BASIC_CLASS, m.BasicPublish.METHOD_ID)
+            seqs = [delivery.seq]
+        consumer.link.send(r.Renew(consumer.meta.qid, consumer.holder, seqs))
+        self._confirm_at_once(self._tracker())
+
+    def _confirm_at_once(self, tracker) -> None:
+        """A publish no queue has to store (a renewal, a direct reply) is confirmed
+        right away in confirm mode (and counts in a transaction)."""
+        if tracker is not None:
+            tracker.publish(())
+            self._confirms_changed()
+
+    def _read_extras(self, properties: bytes) -> tuple[int, int, tuple, bytes]:
+        """The properties the broker acts on: expiration (ms, -1 if none), priority,
+        the CC and BCC headers (more routing keys, RabbitMQ's sender-selected
+        distribution; BCC is removed before delivery) and a reply_to of
+        amq.rabbitmq.reply-to, replaced by this channel's address."""
+        flags = properties[0] << 8 | properties[1]
+        also: tuple = ()
+        try:
+            expiration = -1
+            if flags & _EXPIRATION:
+                expiration = _parse_expiration(peek_expiration(properties))
+            priority = peek_priority(properties) or 0 if flags & _PRIORITY else 0
+            props, changed = None, False
+            if flags & _HEADERS:
+                props = decode_properties(properties)
+                headers = props.headers or {}
+                also = tuple(_routing_keys(headers.get("CC")) + _routing_keys(headers.get("BCC")))
+                if "BCC" in headers:
+                    props.headers = {k: v for k, v in headers.items() if k != "BCC"}
+                    changed = True
+            if flags & _REPLY_TO and peek_reply_to(properties) == replyto.REPLY_QUEUE:
+                if self.reply_consumer is None:
+                    raise AMQPError(spec.PRECONDITION_FAILED, "fast reply consumer does not exist")
+                props = props or decode_properties(properties)
+                props.reply_to = self.reply_address
+                changed = True
+            if changed:
+                properties = encode_properties(props)
+        except PropertiesError as error:
+            raise AMQPError(spec.SYNTAX_ERROR, f"malformed content properties: {error}") from None
+        return expiration, priority, also, properties
+
+    def _route(self, method: hotpath.Publish, properties: bytes, body: bytes,
+               expiration: int = -1, priority: int = 0, also: tuple = ()) -> None:
+        """Send a message to the shards of every queue it routes to, in one record each."""
+        vhost = self.vhost
+        exchange = vhost.exchanges.get(method.exchange)
+        routing_key = method.routing_key
+        tracker = self._tracker()
+        if exchange is None:
+            targets = []
+        elif exchange.name == "" and not also:  # the default exchange: the queue named
+            meta = vhost.queues.get(routing_key)
+            if meta is None and routing_key.startswith(replyto.REPLY_QUEUE):
+                return self._route_reply(method, properties, body, tracker)
+            targets = [meta] if meta is not None else []
+        else:
+            headers = _headers_of(properties)
+            targets = self.broker.route(vhost, exchange, routing_key, headers)
+            for key in also:  # CC / BCC routing keys
+                targets = _union(targets, self.broker.route(vhost, exchange, key, headers))
+        try:
+            persistent = peek_delivery_mode(properties) == 2
+        except PropertiesError as error:
+            raise AMQPError(spec.SYNTAX_ERROR, f"malformed content properties: {error}",
+                            method.CLASS_ID, method.METHOD_ID) from None
+        shards = {meta.shard for meta in targets}
+        seq = tracker.publish(shards) if tracker is not None else 0
+        if not targets and method.mandatory:
+            self._return_unroutable(method, properties, body)
+        if targets:
+            self.broker.publish(targets, method.exchange, routing_key, properties, body,
+                                persistent, expiration, priority,
+                                self.id if seq else 0, seq, tracker if seq else None, self.conn)
+        if seq:
+            self._confirms_changed()
+
+    def _route_reply(self, method: hotpath.Publish, properties: bytes, body: bytes,
+                     tracker) -> None:
+        """A reply to a direct reply-to address: straight to that channel."""
+        channel = self.broker.reply_channel(method.routing_key)
+        self._confirm_at_once(tracker)
+        if channel is None:
+            if method.mandatory:
+                self._return_unroutable(method, properties, body)
+            return
+        channel.deliver_reply(method.exchange, method.routing_key, properties, body)
+
+    def _return_unroutable(self, method: hotpath.Publish, properties: bytes, body: bytes) -> None:
+        self.conn.send(frames.content_frames(
+            self.number,
+            m.encode_method(m.BasicReturn(reply_code=spec.NO_ROUTE, reply_text="NO_ROUTE",
+                                          exchange=method.exchange,
+                                          routing_key=method.routing_key)),
+            BASIC_CLASS, properties, body, self.conn.frame_max))
+
+    def deliver_reply(self, exchange: str, routing_key: str, properties: bytes,
+                      body: bytes) -> None:
+        if self.reply_consumer is None or self.closing or self.closed:
+            return
+        tag = self.next_tag
+        self.next_tag += 1
+        self.conn.send(frames.content_frames(
+            self.number,
+            hotpath.deliver_payload(hotpath.shortstr(self.reply_consumer), tag, False, exchange,
+                                    routing_key),
+            BASIC_CLASS, properties, body, self.conn.frame_max))
+        self.conn.schedule_flush()
+
+    def _confirm_select(self, method: m.ConfirmSelect) -> None:
+        if self.tx is not None:
+            raise AMQPError(spec.PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
+        if self.confirms is None:
+            self.confirms = ConfirmTracker()
+        self._reply(m.ConfirmSelectOk(), method.nowait)
+
+    def _tracker(self) -> ConfirmTracker | None:
+        """Who counts the shards' acceptance of publishes: confirm mode's tracker,
+        or a transaction's (commit-ok waits for it)."""
+        if self.confirms is not None:
+            return self.confirms
+        return self.tx.stored if self.tx is not None else None
+
+    def confirmed(self, seq: int, shard: int) -> None:
+        tracker = self._tracker()
+        if tracker is not None and not self.closing:
+            tracker.accept(seq, shard)
+            self._confirms_changed()
+
+    def rejected(self, seq: int, shard: int) -> None:
+        tracker = self._tracker()
+        if tracker is not None and not self.closing:
+            tracker.reject(seq, shard)
+            self._confirms_changed()
+
+    def _confirms_changed(self) -> None:
+        if self.confirms is not None:
+            self.conn.owed_confirms.add(self)
+            self.conn.schedule_flush()
+        elif self.tx is not None and self.tx.committing and not self.tx.stored.outstanding:
+            self.tx.stored.take_replies()
+            self.tx.committing = False
+            self.send(m.TxCommitOk())
+            self._waiting = False
+            self.conn.run_guarded(self, self._drain_backlog)
+
+    # -- transactions ----------------------------------------------------------
+
+    def _tx_select(self, method: m.TxSelect) -> None:
+        if self.confirms is not None:
+            raise AMQPError(spec.PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        if self.tx is None:
+            self.tx = Transaction()
+        self.send(m.TxSelectOk())
+
+    def _tx_commit(self, method: m.TxCommit) -> None:
+        """Carry out the transaction's publishes and settlements in one loop turn, so
+        each shard gets them in one batch and applies them in one commit; answer
+        commit-ok once every shard has stored its part."""
+        if self.tx is None:
+            raise AMQPError(spec.PRECONDITION_FAILED, "channel is not transactional")
+        for kind, args in self.tx.take():
+            if kind == PUBLISH:
+                self._route(*args)
+            else:
+                self._settle_now(*args)
+        if self.tx.stored.outstanding:
+            self.tx.committing = True
+            self._waiting = True  # later frames wait for commit-ok
+        else:
+            self.tx.stored.take_replies()
+            self.send(m.TxCommitOk())
+
+    def _tx_rollback(self, method: m.TxRollback) -> None:
+        if self.tx is None:
+            raise AMQPError(spec.PRECONDITION_FAILED, "channel is not transactional")
+        # Acks of the rolled-back transaction leave their deliveries unacked again.
+        self.unacked.restore(self.tx.rollback())
+        self.send(m.TxRollbackOk())
+
+    def send_confirms(self) -> None:
+        if self.confirms is None or self.closing:
+            return
+        for ack, tag, multiple in self.confirms.take_replies():
+            if ack:
+                self.send(m.BasicAck(delivery_tag=tag, multiple=multiple))
+            else:
+                self.send(m.BasicNack(delivery_tag=tag, multiple=multiple, requeue=False))
+
+
+def _routing_keys(value) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        return [v.decode() if isinstance(v, bytes) else v for v in value
+                if isinstance(v, (str, bytes))]
+    return []
+
+
+def _union(queues: list[QueueMeta], more: list[QueueMeta]) -> list[QueueMeta]:
+    seen = {meta.qid for meta in queues}
+    return queues + [meta for meta in more if meta.qid not in seen]
+
+
+def _headers_of(properties: bytes):
+    """The message headers, decoded only if a headers exchange asks for them."""
+    def headers() -> dict:
+        if len(properties) < 2 or not (properties[0] << 8 | properties[1]) & _HEADERS:
+            return {}
+        try:
+            return decode_properties(properties).headers or {}
+        except PropertiesError:
+            return {}
+    return headers
+
+
+def _parse_expiration(text: str) -> int:
+    """The expiration property as milliseconds, with RabbitMQ's complaints."""
+    digits = text.lstrip("+-")
+    sign_length = len(text) - len(digits)
+    number = digits[:len(digits) - len(digits.lstrip("0123456789"))]
+    if not number or sign_length > 1:
+        raise AMQPError(spec.PRECONDITION_FAILED, f"invalid expiration '{text}': no_integer")
+    if len(text) > sign_length + len(number):
+        rest = text[sign_length + len(number):]
+        raise AMQPError(spec.PRECONDITION_FAILED,
+                        f"invalid expiration '{text}': {{leftover_string,\"{rest}\"}}")
+    value = int(text[:sign_length + len(number)])
+    if value < 0:
+        raise AMQPError(spec.PRECONDITION_FAILED,
+                        f"invalid expiration '{text}': {{value_negative,{value}}}")
+    return value
