@@ -219,7 +219,8 @@ class ShardLink:
             self._loop.call_soon(self._space_available)
 
     def _feeds_in_flight(self) -> set:
-        """Connections with publishes not yet written to the ring."""
+        """Connections with publishes the shard has not worked through yet, in the
+        ring or waiting for it: with the ring full, all who feed this shard wait."""
         return {conn for _, feeds in self._unreturned for conn in feeds}
 
     def _space_available(self) -> None:
