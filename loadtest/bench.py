@@ -40,8 +40,15 @@ from typing import Any
 
 from . import external
 from .fastclient import DEFAULT_URL
-from .output import (OWN_CLIENT, comparison, format_comparison, format_ratios,
-                     format_table, log, print_json)
+from .output import (
+    OWN_CLIENT,
+    comparison,
+    format_comparison,
+    format_ratios,
+    format_table,
+    log,
+    print_json,
+)
 from .scenarios import SCENARIOS, run_scenario
 from .targets import RabbitTarget, Target, WarrenTarget, rabbitmq_missing
 

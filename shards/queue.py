@@ -28,7 +28,6 @@ from warren.gateway.amqp.properties import PropertiesError, peek_expiration, pee
 
 from . import records as r
 
-
 # What a message held in RAM costs beyond its properties and body (its Message,
 # content tuple and queue slot), measured with a transient flood: 100-byte
 # messages took ~455 bytes each. The memory alarm counts it, so memory_limit

@@ -26,7 +26,6 @@ from .shardstore import ShardStore
 from .upgrade import FORMAT, upgrade
 from .verify import StoreReport, check_stores
 
-
 OUTDATED = "written by an earlier Warren (format 1); `warren serve` upgrades it when it starts"
 
 

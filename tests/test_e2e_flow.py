@@ -9,13 +9,13 @@ are on counts, never on timings.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import base64
 import json
 import os
+import shutil
 import signal
 import struct
+import subprocess
 import threading
 import time
 import urllib.request

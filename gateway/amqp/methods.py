@@ -27,6 +27,7 @@ from typing import Any, Callable, ClassVar
 from . import spec
 from .fieldtable import FieldTableError, decode_table, encode_table
 from .spec import ArgSpec, MethodSpec
+from .strings import decode_longstr, decode_shortstr, encode_longstr, encode_shortstr
 
 
 class CodecError(ValueError):
@@ -47,61 +48,22 @@ class MalformedMethod(CodecError):
 
 
 _METHOD_HEADER = Struct(">HH")  # class-id, method-id
-_LONGSTR_LENGTH = Struct(">I")
 
 # Integer arguments are unsigned on the wire.
 _INT_FORMATS = {"octet": "B", "short": "H", "long": "I", "longlong": "Q", "timestamp": "Q"}
 
 
-# --- value helpers called by the generated codecs ---------------------------------
-
-
-def _encode_shortstr(value: Any) -> bytes:
-    if isinstance(value, str):
-        value = value.encode("utf-8")
-    elif not isinstance(value, (bytes, bytearray)):
-        raise TypeError(f"shortstr must be str, not {type(value).__name__}")
-    if len(value) > 255:
-        raise ValueError(f"shortstr longer than 255 bytes: {bytes(value[:40])!r}...")
-    return bytes((len(value),)) + value
-
-
-def _encode_longstr(value: Any) -> bytes:
-    if isinstance(value, str):
-        value = value.encode("utf-8")
-    elif isinstance(value, memoryview):
-        value = value.tobytes()
-    elif not isinstance(value, (bytes, bytearray)):
-        raise TypeError(f"longstr must be bytes or str, not {type(value).__name__}")
-    return _LONGSTR_LENGTH.pack(len(value)) + value
-
-
-def _decode_shortstr(buf: Any, offset: int) -> tuple[str, int]:
-    end = offset + 1 + buf[offset]
-    if end > len(buf):
-        raise MalformedMethod("truncated shortstr")
-    return str(buf[offset + 1 : end], "utf-8"), end
-
-
-def _decode_longstr(buf: Any, offset: int) -> tuple[bytes, int]:
-    start = offset + 4
-    end = start + _LONGSTR_LENGTH.unpack_from(buf, offset)[0]
-    if end > len(buf):
-        raise MalformedMethod("truncated longstr")
-    return bytes(buf[start:end]), end
-
-
 # Variable-length types: spec type -> (encoder, decoder) names in the codec namespace.
 _VARIABLE_CODECS = {
-    "shortstr": ("_encode_shortstr", "_decode_shortstr"),
-    "longstr": ("_encode_longstr", "_decode_longstr"),
+    "shortstr": ("encode_shortstr", "decode_shortstr"),
+    "longstr": ("encode_longstr", "decode_longstr"),
     "table": ("encode_table", "decode_table"),
 }
 _CODEC_GLOBALS = {
-    "_encode_shortstr": _encode_shortstr,
-    "_decode_shortstr": _decode_shortstr,
-    "_encode_longstr": _encode_longstr,
-    "_decode_longstr": _decode_longstr,
+    "encode_shortstr": encode_shortstr,
+    "decode_shortstr": decode_shortstr,
+    "encode_longstr": encode_longstr,
+    "decode_longstr": decode_longstr,
     "encode_table": encode_table,
     "decode_table": decode_table,
     "_new": object.__new__,

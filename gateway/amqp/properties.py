@@ -23,6 +23,13 @@ from typing import Any, Callable
 
 from .fieldtable import FieldTableError, decode_table, encode_table
 from .spec import BASIC_PROPERTIES, ArgSpec
+from .strings import (
+    LONGSTR_LENGTH,
+    decode_longstr,
+    decode_shortstr,
+    encode_longstr,
+    encode_shortstr,
+)
 
 __all__ = [
     "BasicProperties",
@@ -90,41 +97,6 @@ EMPTY_PROPERTIES = _FLAG_WORD.pack(0)
 
 _SHORT_PREFIXED = -1  # 1-byte length + data (shortstr)
 _LONG_PREFIXED = -4  # 4-byte length + data (longstr, table)
-_LONGSTR_LENGTH = Struct(">I")
-
-
-def _text_or_bytes(value: Any) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    raise TypeError(f"expected str or bytes, not {type(value).__name__}")
-
-
-def _write_shortstr(value: Any) -> bytes:
-    raw = _text_or_bytes(value)
-    if len(raw) > 255:
-        raise PropertiesError("shortstr property longer than 255 bytes")
-    return bytes((len(raw),)) + raw
-
-
-def _write_longstr(value: Any) -> bytes:
-    raw = _text_or_bytes(value)
-    return _LONGSTR_LENGTH.pack(len(raw)) + raw
-
-
-def _read_shortstr(buf: Any, offset: int) -> tuple[str, int]:
-    end = offset + 1 + buf[offset]
-    if end > len(buf):
-        raise PropertiesError("truncated shortstr property")
-    return str(buf[offset + 1 : end], "utf-8"), end
-
-
-def _read_longstr(buf: Any, offset: int) -> tuple[bytes, int]:
-    end = offset + 4 + _LONGSTR_LENGTH.unpack_from(buf, offset)[0]
-    if end > len(buf):
-        raise PropertiesError("truncated longstr property")
-    return bytes(buf[offset + 4 : end]), end
 
 
 def _int_codec(fmt: str) -> tuple[Callable[..., Any], Callable[..., Any], int]:
@@ -139,8 +111,8 @@ def _int_codec(fmt: str) -> tuple[Callable[..., Any], Callable[..., Any], int]:
 
 # type -> (write, read, width)
 _CODECS: dict[str, tuple[Callable[..., Any], Callable[..., Any], int]] = {
-    "shortstr": (_write_shortstr, _read_shortstr, _SHORT_PREFIXED),
-    "longstr": (_write_longstr, _read_longstr, _LONG_PREFIXED),
+    "shortstr": (encode_shortstr, decode_shortstr, _SHORT_PREFIXED),
+    "longstr": (encode_longstr, decode_longstr, _LONG_PREFIXED),
     "table": (encode_table, decode_table, _LONG_PREFIXED),
     "octet": _int_codec("B"),
     "short": _int_codec("H"),
@@ -255,7 +227,7 @@ def _skip(raw: Any, offset: int, width: int) -> int:
         return offset + width
     if width == _SHORT_PREFIXED:
         return offset + 1 + raw[offset]
-    return offset + 4 + _LONGSTR_LENGTH.unpack_from(raw, offset)[0]
+    return offset + 4 + LONGSTR_LENGTH.unpack_from(raw, offset)[0]
 
 
 def _peeker(name: str) -> Callable[[Any], Any]:
