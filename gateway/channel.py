@@ -22,11 +22,11 @@ from warren.shards import records as r
 from .amqp import frames, spec
 from .amqp import methods as m
 from .assembly import Assembler
-from .broker import QueueMeta
 from .confirms import ConfirmTracker
 from .consuming import ConsumerState, Consuming
 from .declarations import Declarations
 from .errors import AMQPError, queue_name
+from .gateway import QueueMeta
 from .publishing import Publishing
 from .transaction import Transaction
 from .unacked import Unacked
@@ -43,9 +43,9 @@ class Channel(Declarations, Consuming, Publishing):
     def __init__(self, conn: "Connection", number: int):
         self.conn = conn
         self.number = number
-        self.broker = conn.broker
-        self.id = self.broker.new_id()
-        self.broker.holders[self.id] = self
+        self.gateway = conn.gateway
+        self.id = self.gateway.new_id()
+        self.gateway.holders[self.id] = self
         self.holder_ids = {self.id}  # every holder this channel used, for release
         self.consumers: dict[str, ConsumerState] = {}
         self.by_holder: dict[int, ConsumerState] = {}
@@ -67,7 +67,7 @@ class Channel(Declarations, Consuming, Publishing):
         self.reply_address = ""
         self.closing = False  # we sent channel.close and wait for close-ok
         self.closed = False
-        self.assembler = Assembler(self.broker.config.max_message_size)
+        self.assembler = Assembler(self.gateway.config.max_message_size)
         self._waiting = False
         self._backlog: deque = deque()
 
@@ -176,10 +176,10 @@ class Channel(Declarations, Consuming, Publishing):
 
     def _allow(self, access: str, kind: str, name: str) -> None:
         """403 unless this connection's user has `access` to the resource."""
-        self.broker.access.check(self.conn.user, self.vhost.name, access, kind, name)
+        self.gateway.access.check(self.conn.user, self.vhost.name, access, kind, name)
 
     def _link(self, meta: QueueMeta):
-        return self.broker.links[meta.shard]
+        return self.gateway.shards[meta.shard]
 
     # -- channel class ---------------------------------------------------------
 
@@ -212,10 +212,10 @@ class Channel(Declarations, Consuming, Publishing):
         self.closed = True
         self._stop_replies()
         holders = list(self.holder_ids)
-        for link in self.broker.links:
+        for link in self.gateway.shards:
             link.send(r.ReleaseHolders(holders))
         for holder in holders:
-            self.broker.holders.pop(holder, None)
+            self.gateway.holders.pop(holder, None)
         for consumer in self.consumers.values():
             self.conn.owed_grants.discard(consumer)
         self.consumers.clear()

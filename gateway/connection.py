@@ -59,8 +59,8 @@ AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED =
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, broker, tune: dict | None = None):
-        self.broker = broker
+    def __init__(self, gateway, tune: dict | None = None):
+        self.gateway = gateway
         tune = tune or {}
         self.channel_max = tune.get("channel_max", CHANNEL_MAX)
         self.frame_max = tune.get("frame_max", FRAME_MAX)
@@ -96,7 +96,7 @@ class Connection(asyncio.Protocol):
         local = transport.get_extra_info("sockname") or ("?", 0)
         self.name = f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"  # as RabbitMQ names it
         self.loop = asyncio.get_running_loop()
-        self.broker.connections.add(self)
+        self.gateway.connections.add(self)
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc) -> None:
@@ -110,9 +110,9 @@ class Connection(asyncio.Protocol):
         for channel in list(self.channels.values()):
             channel.release()
         self.channels.clear()
-        self.broker.delete_exclusive_queues(self)
-        self.broker.connections.discard(self)
-        for link in self.broker.links:
+        self.gateway.delete_exclusive_queues(self)
+        self.gateway.connections.discard(self)
+        for link in self.gateway.shards:
             link.forget(self)
 
     def data_received(self, data: bytes) -> None:
@@ -126,7 +126,7 @@ class Connection(asyncio.Protocol):
         """Handle this turn's share of the buffered frames, after the shards' events
         (taken in and written out first); what it produces goes to the shards at once,
         so a consumer's acks are not a loop turn late."""
-        self.broker.poll_shards()
+        self.gateway.poll_shards()
         try:
             if self.state == AWAIT_HEADER and not self._read_protocol_header():
                 return
@@ -147,7 +147,7 @@ class Connection(asyncio.Protocol):
             self.close_with_error(error)
         except Exception as error:
             self.fail(error)
-        self.broker.send_to_shards()
+        self.gateway.shards.send()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -175,7 +175,7 @@ class Connection(asyncio.Protocol):
         turn, or sooner: when the shards' events that produced it are all in."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.broker.flush_soon(self)
+            self.gateway.flush_soon(self)
 
     def flush(self) -> None:
         self._flush_scheduled = False
@@ -194,7 +194,7 @@ class Connection(asyncio.Protocol):
             return
         owed, self.owed_grants = self.owed_grants, set()
         for consumer in owed:
-            channel = self.broker.holders.get(consumer.holder)
+            channel = self.gateway.holders.get(consumer.holder)
             if channel is not None:
                 channel.return_credit(consumer)
 
@@ -238,8 +238,8 @@ class Connection(asyncio.Protocol):
 
     def note_publish(self) -> None:
         self.has_published = True
-        if self.broker.alarms:
-            self.block_publishing(self.broker.alarm_reason())
+        if self.gateway.alarms.active:
+            self.block_publishing(self.gateway.alarms.reason())
 
     def _pause(self, cause) -> None:
         if not self._paused_by and self.state != CLOSED:
@@ -356,8 +356,8 @@ class Connection(asyncio.Protocol):
         if type(method) is not m.ChannelOpen:
             raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'",
                             method.CLASS_ID, method.METHOD_ID)
-        limit = self.broker.access.user_limit(self.user, "max-channels")
-        if 0 <= limit <= sum(len(c.channels) for c in self.broker.connections
+        limit = self.gateway.access.user_limit(self.user, "max-channels")
+        if 0 <= limit <= sum(len(c.channels) for c in self.gateway.connections
                              if c.user == self.user):
             raise AMQPError(spec.NOT_ALLOWED,
                             f"number of channels opened for user '{self.user}' has reached the "
@@ -435,7 +435,7 @@ class Connection(asyncio.Protocol):
         self.capabilities = capabilities if isinstance(capabilities, dict) else {}
         name, password = self._credentials(method.mechanism, method.response)
         peer_host = self.peer[0] if isinstance(self.peer, tuple) else ""
-        user, delay = self.broker.access.login(name, password, peer_host)
+        user, delay = self.gateway.access.login(name, password, peer_host)
         if user is None:
             self._refuse_login(method.mechanism, delay)
             return
@@ -497,20 +497,20 @@ class Connection(asyncio.Protocol):
 
     def _open(self, method: m.ConnectionOpen) -> None:
         name = method.virtual_host
-        vhost = self.broker.vhosts.get(name)
+        vhost = self.gateway.vhosts.get(name)
         refuse = None
         if vhost is None:
             refuse = f"vhost {name} not found"
-        elif not self.broker.access.may_use_vhost(self.user, name):
+        elif not self.gateway.access.may_use_vhost(self.user, name):
             refuse = f"access to vhost '{name}' refused for user '{self.user}'"
         else:
-            limit = self.broker.vhost_limit(name, "max-connections")
-            if 0 <= limit <= sum(1 for c in self.broker.connections
+            limit = self.gateway.vhost_limit(name, "max-connections")
+            if 0 <= limit <= sum(1 for c in self.gateway.connections
                                  if c.vhost is vhost and c.state == OPEN):
                 refuse = (f"access to vhost '{name}' refused for user '{self.user}': "
                           f"connection limit ({limit}) is reached")
-            limit = self.broker.access.user_limit(self.user, "max-connections")
-            if 0 <= limit <= sum(1 for c in self.broker.connections
+            limit = self.gateway.access.user_limit(self.user, "max-connections")
+            if 0 <= limit <= sum(1 for c in self.gateway.connections
                                  if c.user == self.user and c.state == OPEN):
                 refuse = (f"Connection refused for user '{self.user}': user connection limit "
                           f"({limit}) is reached")

@@ -16,8 +16,8 @@ from .amqp.properties import (
     encode_properties,
 )
 from .assembly import BASIC_CLASS
-from .broker import QueueMeta, server_generated_name
 from .errors import AMQPError, queue_name, refusal_error
+from .gateway import QueueMeta, server_generated_name
 from .unacked import Delivery
 
 # Link credit of a consumer outside a channel-wide limit: how many deliveries may
@@ -141,7 +141,7 @@ class Consuming:
             raise AMQPError(spec.PRECONDITION_FAILED,
                             f"invalid arg 'x-priority' for {queue_name(meta.vhost, meta.name)}")
         timeout_ms = self._consumer_timeout(method, meta)
-        holder = self.broker.new_id()
+        holder = self.gateway.new_id()
         link = self._link(meta)
         consumer = ConsumerState(tag, holder, meta, link, method.no_ack, method.exclusive,
                                  self.consumer_prefetch, timeout_ms, method.arguments)
@@ -149,7 +149,7 @@ class Consuming:
         self.consumers[tag] = consumer
         self.by_holder[holder] = consumer
         self.holder_ids.add(holder)
-        self.broker.holders[holder] = self
+        self.gateway.holders[holder] = self
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
@@ -175,7 +175,7 @@ class Consuming:
             return 0
         if own is not None:
             return own
-        return meta.effective.get("x-consumer-timeout") or self.broker.config.consumer_timeout
+        return meta.effective.get("x-consumer-timeout") or self.gateway.config.consumer_timeout
 
     def consumer_timed_out(self, event: r.ConsumerTimedOut) -> None:
         """RabbitMQ 4.3: cancel just that consumer for clients that understand
@@ -216,12 +216,12 @@ class Consuming:
             raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         self.reply_consumer = tag
         self.reply_key, self.reply_address = replyto.new_address()
-        self.broker.reply_channels[self.reply_key] = self
+        self.gateway.reply_channels[self.reply_key] = self
         self._reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
 
     def _stop_replies(self) -> None:
         if self.reply_consumer is not None:
-            self.broker.reply_channels.pop(self.reply_key, None)
+            self.gateway.reply_channels.pop(self.reply_key, None)
             self.reply_consumer = None
 
     def _basic_cancel(self, method: m.BasicCancel) -> None:
@@ -243,7 +243,7 @@ class Consuming:
     def _forget_consumer(self, consumer: ConsumerState) -> None:
         self.consumers.pop(consumer.tag, None)
         self.by_holder.pop(consumer.holder, None)
-        self.broker.holders.pop(consumer.holder, None)
+        self.gateway.holders.pop(consumer.holder, None)
         self.conn.owed_grants.discard(consumer)
         self._deal_credit()  # a limited consumer's credit went with it
 

@@ -9,9 +9,9 @@ from warren.shards import records as r
 from . import arguments, replyto
 from .amqp import methods as m
 from .amqp import spec
-from .broker import QueueMeta, server_generated_name
 from .errors import AMQPError, exchange_name, queue_name, refusal_error
 from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from .gateway import QueueMeta, server_generated_name
 
 
 class Declarations:
@@ -35,7 +35,7 @@ class Declarations:
                 raise AMQPError(spec.ACCESS_REFUSED,
                                 f"exchange name '{name}' contains reserved prefix 'amq.*'")
             arguments.validate(method.arguments, arguments.EXCHANGE_ARGUMENTS, what)
-            self.broker.add_exchange(Exchange(vhost.name, name, method.type, method.durable,
+            self.gateway.add_exchange(Exchange(vhost.name, name, method.type, method.durable,
                                               method.auto_delete, method.internal,
                                               method.arguments))
         else:
@@ -59,7 +59,7 @@ class Declarations:
             if method.if_unused and exchange.bindings:
                 raise AMQPError(spec.PRECONDITION_FAILED,
                                 f"{exchange_name(self.vhost.name, name)} in use")
-            self.broker.delete_exchange(exchange)
+            self.gateway.delete_exchange(exchange)
         self._reply(m.ExchangeDeleteOk(), method.nowait)
 
     def _exchange_bind(self, method: m.ExchangeBind) -> None:
@@ -100,7 +100,7 @@ class Declarations:
             raise AMQPError(spec.NOT_FOUND, f"no {describe(self.vhost.name, name)}")
         if kind == QUEUE:
             self._check_exclusive(target)
-        self.broker.bind(source, destination, routing_key, arguments)
+        self.gateway.bind(source, destination, routing_key, arguments)
 
     def _unbind(self, source_name: str, destination: tuple, routing_key: str,
                 arguments: dict) -> None:
@@ -112,7 +112,7 @@ class Declarations:
             return
         if destination[0] == QUEUE:
             self._check_exclusive(target)
-        self.broker.unbind(source, destination, routing_key, arguments)
+        self.gateway.unbind(source, destination, routing_key, arguments)
 
     # -- queues ----------------------------------------------------------------
 
@@ -120,7 +120,7 @@ class Declarations:
         vhost = self.vhost
         name = method.queue
         if method.passive:
-            if replyto.is_reply_queue(name) and self.broker.reply_channel(name) is not None:
+            if replyto.is_reply_queue(name) and self.gateway.reply_channel(name) is not None:
                 return self._reply(m.QueueDeclareOk(queue=name, message_count=0,
                                                     consumer_count=1), method.nowait)
             meta = self._queue_named(name)
@@ -145,13 +145,13 @@ class Declarations:
         arguments.check_queue_type(method.arguments, durable, method.exclusive,
                                    method.auto_delete, what)
         arguments.validate(method.arguments, arguments.QUEUE_ARGUMENTS, what)
-        limit = self.broker.vhost_limit(vhost.name, "max-queues")
+        limit = self.gateway.vhost_limit(vhost.name, "max-queues")
         if 0 <= limit <= len(vhost.queues):
             raise AMQPError(spec.PRECONDITION_FAILED,
                             f"cannot declare queue '{name}' in vhost '{vhost.name}': vhost queue "
                             f"limit ({limit}) is reached")
         owner = self.conn if method.exclusive else None
-        meta = self.broker.create_queue(vhost, name, durable, owner, method.auto_delete,
+        meta = self.gateway.create_queue(vhost, name, durable, owner, method.auto_delete,
                                         method.arguments)
         self.last_queue = name
         self._reply(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
@@ -211,7 +211,7 @@ class Declarations:
         def answered(reply: r.Reply) -> None:
             if reply.refused:
                 raise refusal_error(reply.refused, meta.vhost, meta.name)
-            self.broker.forget_queue(meta)
+            self.gateway.forget_queue(meta)
             self._reply(m.QueueDeleteOk(message_count=reply.message_count), method.nowait)
 
         self._request(self._link(meta),

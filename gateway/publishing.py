@@ -21,10 +21,10 @@ from .amqp.properties import (
     peek_reply_to,
 )
 from .assembly import BASIC_CLASS
-from .broker import QueueMeta
 from .confirms import ConfirmTracker
 from .errors import AMQPError, exchange_name
 from .exchange import RENEW_EXCHANGE
+from .gateway import QueueMeta
 from .transaction import PUBLISH, Transaction
 
 _EXPIRATION = flag_mask("expiration")
@@ -60,7 +60,7 @@ class Publishing:
             except AMQPError as error:
                 error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
                 raise
-        if not self.conn.has_published or self.broker.alarms:
+        if not self.conn.has_published or self.gateway.alarms.active:
             self.conn.note_publish()
         if self.tx is not None:
             self.tx.publish(method, properties, body, expiration, priority, also)
@@ -143,9 +143,9 @@ class Publishing:
             targets = [meta] if meta is not None else []
         else:
             headers = _headers_of(properties)
-            targets = self.broker.route(vhost, exchange, routing_key, headers)
+            targets = self.gateway.route(vhost, exchange, routing_key, headers)
             for key in also:  # CC / BCC routing keys
-                targets = _union(targets, self.broker.route(vhost, exchange, key, headers))
+                targets = _union(targets, self.gateway.route(vhost, exchange, key, headers))
         try:
             persistent = peek_delivery_mode(properties) == 2
         except PropertiesError as error:
@@ -156,7 +156,7 @@ class Publishing:
         if not targets and method.mandatory:
             self._return_unroutable(method, properties, body)
         if targets:
-            self.broker.publish(targets, method.exchange, routing_key, properties, body,
+            self.gateway.publish(targets, method.exchange, routing_key, properties, body,
                                 persistent, expiration, priority,
                                 self.id if seq else 0, seq, tracker if seq else None, self.conn)
         if seq:
@@ -165,7 +165,7 @@ class Publishing:
     def _route_reply(self, method: hotpath.Publish, properties: bytes, body: bytes,
                      tracker) -> None:
         """A reply to a direct reply-to address: straight to that channel."""
-        channel = self.broker.reply_channel(method.routing_key)
+        channel = self.gateway.reply_channel(method.routing_key)
         self._confirm_at_once(tracker)
         if channel is None:
             if method.mandatory:

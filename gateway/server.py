@@ -21,9 +21,9 @@ import lmdb
 from warren.storage import recovery
 
 from . import management
-from .broker import Broker
 from .config import Config
 from .connection import Connection
+from .gateway import Gateway
 
 log = logging.getLogger("warren")
 
@@ -43,23 +43,19 @@ async def serve(settings: Config) -> None:
     # directory outlives a broker that did not start.
     tls = tls_context(settings) if settings.tls_enabled else None
     data = DataDir(os.path.abspath(settings.data_dir))
-    broker = Broker(data.path, settings.shard_count(),
-                    memory_limit=settings.memory_limit_bytes(),
-                    disk_free_limit=settings.disk_free_limit,
-                    stats_interval=settings.stats_interval,
-                    store_map_size=settings.store_map_size, config=settings)
+    gateway = Gateway(settings)
     tune = {"channel_max": settings.channel_max, "frame_max": settings.frame_max,
             "heartbeat": settings.heartbeat}
     servers = []  # bound, not serving until the broker has started
     try:
         amqp = await _bound(loop.create_server(
-            lambda: Connection(broker, tune), settings.bind, settings.port,
+            lambda: Connection(gateway, tune), settings.bind, settings.port,
             reuse_address=True, start_serving=False), settings.bind, settings.port, "--port")
         servers.append(amqp)
         host, port = amqp.sockets[0].getsockname()[:2]
         if tls is not None:
             amqps = await _bound(loop.create_server(
-                lambda: Connection(broker, tune), settings.bind, settings.tls_port, ssl=tls,
+                lambda: Connection(gateway, tune), settings.bind, settings.tls_port, ssl=tls,
                 reuse_address=True, start_serving=False),
                 settings.bind, settings.tls_port, "--tls-port")
             servers.append(amqps)
@@ -67,12 +63,12 @@ async def serve(settings: Config) -> None:
             listeners = [{"node": management.NODE, "protocol": "amqp", "ip_address": host,
                           "port": port}]
             http = await _bound(management.start(
-                broker, settings.management_bind, settings.management_port, listeners),
+                gateway, settings.management_bind, settings.management_port, listeners),
                 settings.management_bind, settings.management_port, "--management-port",
                 "--management-bind")
             servers.append(http)
         try:
-            await broker.start()
+            await gateway.start()
         except recovery.Refused as error:  # damaged stores: the message says what to do
             raise StartupError(str(error)) from None
         except (OSError, lmdb.Error) as error:
@@ -88,7 +84,7 @@ async def serve(settings: Config) -> None:
 
     for server in servers:
         await server.start_serving()
-    print(f"Warren listening on amqp://{host}:{port} (data {broker.data_dir}, "
+    print(f"Warren listening on amqp://{host}:{port} (data {gateway.data_dir}, "
           f"{settings.shard_count()} shards)", flush=True)
     if tls is not None:
         print(f"Warren listening on amqps://{_address(amqps)}", flush=True)
@@ -96,15 +92,15 @@ async def serve(settings: Config) -> None:
         print(f"Warren management on http://{_address(http)}", flush=True)
 
     await stop.wait()
-    log.info("stopping: closing the listeners and %d connections", len(broker.connections))
+    log.info("stopping: closing the listeners and %d connections", len(gateway.connections))
     for server in servers:
         server.close()
-    for conn in list(broker.connections):
+    for conn in list(gateway.connections):
         conn.close_for_shutdown()
-    await _wait_for(lambda: not broker.connections, timeout=3.0)
-    for conn in list(broker.connections):
+    await _wait_for(lambda: not gateway.connections, timeout=3.0)
+    for conn in list(gateway.connections):
         conn.transport.abort()
-    await broker.stop()
+    await gateway.stop()
     data.release()
     print("Warren stopped", flush=True)
 

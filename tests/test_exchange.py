@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from warren.gateway.broker import Broker, QueueMeta, VHost
+from warren.gateway.config import Config
 from warren.gateway.exchange import EXCHANGE, QUEUE, Exchange, headers_match
+from warren.gateway.gateway import Gateway, QueueMeta, VHost
 from warren.shards import records as r
 
 HEADER_CASES = [
@@ -79,46 +80,46 @@ class RecordingLink:
         self.records.append(record)
 
 
-def make_broker(shards: int) -> tuple[Broker, VHost]:
-    broker = Broker("/nonexistent", shards)
-    broker.vhosts["/"] = VHost("/")
-    broker.links = [RecordingLink(i) for i in range(shards)]
-    return broker, broker.vhosts["/"]
+def make_gateway(shards: int) -> tuple[Gateway, VHost]:
+    gateway = Gateway(Config(data_dir="/nonexistent", shards=shards))
+    gateway.vhosts["/"] = VHost("/")
+    gateway.shards.links = [RecordingLink(i) for i in range(shards)]
+    return gateway, gateway.vhosts["/"]
 
 
-def add_queue(broker: Broker, vhost: VHost, name: str, shard: int) -> QueueMeta:
-    meta = QueueMeta(len(broker.queues_by_qid) + 1, "/", name, shard, False, None, False, {})
-    vhost.queues[name] = broker.queues_by_qid[meta.qid] = meta
+def add_queue(gateway: Gateway, vhost: VHost, name: str, shard: int) -> QueueMeta:
+    meta = QueueMeta(len(gateway.queues_by_qid) + 1, "/", name, shard, False, None, False, {})
+    vhost.queues[name] = gateway.queues_by_qid[meta.qid] = meta
     return meta
 
 
 def test_fanout_to_a_hundred_queues_is_one_record_per_shard():
-    broker, vhost = make_broker(4)
+    gateway, vhost = make_gateway(4)
     fan = Exchange("/", "fan", "fanout", durable=False)
     vhost.exchanges["fan"] = fan
     for i in range(100):
-        meta = add_queue(broker, vhost, f"q{i}", i % 4)
-        broker.bind(fan, (QUEUE, meta.name), "", {})
-    targets = broker.route(vhost, fan, "", dict)
+        meta = add_queue(gateway, vhost, f"q{i}", i % 4)
+        gateway.bind(fan, (QUEUE, meta.name), "", {})
+    targets = gateway.route(vhost, fan, "", dict)
     assert len(targets) == 100
-    broker.publish(targets, "fan", "", b"\x00\x00", b"body", False, -1, 0)
-    for link in broker.links:
+    gateway.publish(targets, "fan", "", b"\x00\x00", b"body", False, -1, 0)
+    for link in gateway.shards:
         [record] = link.records
         assert isinstance(record, r.Publish)
         assert len(record.qids) == 25
 
 
 def test_routing_through_exchange_bindings_and_alternates():
-    broker, vhost = make_broker(1)
+    gateway, vhost = make_gateway(1)
     for name, kind, args in [("front", "topic", {"alternate-exchange": "ae"}),
                              ("back", "direct", {}), ("ae", "fanout", {})]:
         vhost.exchanges[name] = Exchange("/", name, kind, durable=False, arguments=args)
-    add_queue(broker, vhost, "orders", 0)
-    add_queue(broker, vhost, "lost", 0)
-    broker.bind(vhost.exchanges["front"], (EXCHANGE, "back"), "orders.#", {})
-    broker.bind(vhost.exchanges["back"], (QUEUE, "orders"), "orders.new", {})
-    broker.bind(vhost.exchanges["ae"], (QUEUE, "lost"), "", {})
-    route = lambda key: sorted(m.name for m in broker.route(  # noqa: E731
+    add_queue(gateway, vhost, "orders", 0)
+    add_queue(gateway, vhost, "lost", 0)
+    gateway.bind(vhost.exchanges["front"], (EXCHANGE, "back"), "orders.#", {})
+    gateway.bind(vhost.exchanges["back"], (QUEUE, "orders"), "orders.new", {})
+    gateway.bind(vhost.exchanges["ae"], (QUEUE, "lost"), "", {})
+    route = lambda key: sorted(m.name for m in gateway.route(  # noqa: E731
         vhost, vhost.exchanges["front"], key, dict))
     assert route("orders.new") == ["orders"]
     assert route("stock.new") == ["lost"]  # front routes nowhere: its alternate takes it
@@ -126,11 +127,11 @@ def test_routing_through_exchange_bindings_and_alternates():
 
 
 def test_deleting_a_queue_removes_its_bindings_and_auto_deletes_the_exchange():
-    broker, vhost = make_broker(1)
+    gateway, vhost = make_gateway(1)
     x = Exchange("/", "ad", "direct", durable=False, auto_delete=True)
     vhost.exchanges["ad"] = x
-    meta = add_queue(broker, vhost, "q", 0)
-    broker.bind(x, (QUEUE, "q"), "k", {})
-    broker.forget_queue(meta)
+    meta = add_queue(gateway, vhost, "q", 0)
+    gateway.bind(x, (QUEUE, "q"), "k", {})
+    gateway.forget_queue(meta)
     assert "ad" not in vhost.exchanges
     assert not vhost.inbound

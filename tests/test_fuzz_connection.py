@@ -1,6 +1,6 @@
 """Fuzz the connection state machine in-process (issue 17).
 
-One Broker with one real shard process runs inside this module's asyncio loop;
+One Gateway with one real shard process runs inside this module's asyncio loop;
 each fuzz case (tests/amqpfuzz.py) is fed to a fresh gateway.connection.Connection
 over a fake transport. Properties, per case:
 
@@ -37,8 +37,9 @@ import pytest
 from warren.gateway.amqp import frames, spec
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.frames import FrameReader
-from warren.gateway.broker import Broker
+from warren.gateway.config import Config
 from warren.gateway.connection import AWAIT_HEADER, CLOSED, Connection
+from warren.gateway.gateway import Gateway
 
 from .amqpfuzz import Case, case_seeds, check_output, make_case
 
@@ -105,9 +106,9 @@ async def _until(condition, timeout: float) -> bool:
 
 
 class Harness:
-    def __init__(self, loop: asyncio.AbstractEventLoop, broker: Broker):
+    def __init__(self, loop: asyncio.AbstractEventLoop, gateway: Gateway):
         self.loop = loop
-        self.broker = broker
+        self.gateway = gateway
         self.errors: list[str] = []
         self.current = "setup"
         self.last_verdict = None
@@ -128,7 +129,7 @@ class Harness:
         self.errors.append(f"during {self.current}: {context.get('message')}\n{text}")
 
     def _quiet(self, conn: Connection) -> bool:
-        links = self.broker.links
+        links = self.gateway.shards
         return (not conn._flush_scheduled
                 and not any(ch._waiting and not ch.closed for ch in conn.channels.values())
                 and not any(link._waiters or link._batch for link in links))
@@ -138,7 +139,7 @@ class Harness:
         self.current = f"case seed {case.seed}"
         errors_before = len(self.errors)
         problems: list[str] = []
-        conn = Connection(self.broker)
+        conn = Connection(self.gateway)
         # A loopback address of its own: the broker's throttle of refused logins
         # (per address) would otherwise change how later cases are answered.
         transport = FakeTransport(conn, (f"127.{case.seed >> 16 & 255}.{case.seed >> 8 & 255}."
@@ -186,7 +187,7 @@ class Harness:
                 problems.append(f"no close-ok for the client's connection.close (state "
                                 f"{conn.state}, output {bytes(transport.written[before:])[:80]!r})")
         transport.close()  # the client goes away
-        await _until(lambda: conn.state == CLOSED and conn not in self.broker.connections, 1.0)
+        await _until(lambda: conn.state == CLOSED and conn not in self.gateway.connections, 1.0)
         await asyncio.sleep(0)
         problems += self._leftovers(conn)
         if transport.writes_after_close:
@@ -196,12 +197,12 @@ class Harness:
 
     def _leftovers(self, conn: Connection) -> list[str]:
         problems = []
-        if conn in self.broker.connections:
+        if conn in self.gateway.connections:
             problems.append("the connection is still listed after connection_lost")
-        held = [h for h, ch in self.broker.holders.items() if ch.conn is conn]
+        held = [h for h, ch in self.gateway.holders.items() if ch.conn is conn]
         if held:
             problems.append(f"holders {held} of a closed connection are still registered")
-        owned = [q.name for q in self.broker.queues_by_qid.values() if q.owner is conn]
+        owned = [q.name for q in self.gateway.queues_by_qid.values() if q.owner is conn]
         if owned:
             problems.append(f"exclusive queues {owned} outlive their connection")
         return problems
@@ -209,7 +210,7 @@ class Harness:
     async def healthy_roundtrip(self, label: str) -> None:
         """A well-behaved client: declare, publish, confirm, get. Raises AssertionError."""
         self.current = f"health check {label}"
-        client = InProcessClient(self.broker)
+        client = InProcessClient(self.gateway)
         await client.expect(frames.PROTOCOL_HEADER, m.ConnectionStart)
         await client.expect(frames.method_frame(0, m.ConnectionStartOk(
             client_properties={"capabilities": {}}, mechanism="PLAIN",
@@ -243,8 +244,8 @@ def _buffered(conn: Connection) -> bool:
 
 
 class InProcessClient:
-    def __init__(self, broker: Broker):
-        self.conn = Connection(broker)
+    def __init__(self, gateway: Gateway):
+        self.conn = Connection(gateway)
         self.transport = FakeTransport(self.conn)
         self.conn.connection_made(self.transport)
         self.reader = FrameReader(1 << 30)
@@ -286,16 +287,16 @@ class InProcessClient:
 
 @contextlib.contextmanager
 def running_harness(data_dir):
-    """A Broker with one shard process in an asyncio loop of its own."""
+    """A Gateway with one shard process in an asyncio loop of its own."""
     quiet = logging.getLogger("warren")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # refused logins and closes by the thousand
     loop = asyncio.new_event_loop()
     os.makedirs(data_dir, exist_ok=True)  # the caller's to create, as gateway/server.py does
-    broker = Broker(str(data_dir), 1, disk_free_limit=0, stats_interval=60.0,
-                    store_map_size=1 << 30)
-    loop.run_until_complete(broker.start())
-    harness = Harness(loop, broker)
+    gateway = Gateway(Config(data_dir=str(data_dir), shards=1, disk_free_limit=0,
+                             stats_interval=60.0, store_map_size=1 << 30, memory_limit=0))
+    loop.run_until_complete(gateway.start())
+    harness = Harness(loop, gateway)
     recorder = logging.Handler(logging.ERROR)
     recorder.emit = harness._log_error
     quiet.addHandler(recorder)
@@ -303,7 +304,7 @@ def running_harness(data_dir):
         yield harness
     finally:
         quiet.removeHandler(recorder)
-        loop.run_until_complete(broker.stop())
+        loop.run_until_complete(gateway.stop())
         loop.close()
         quiet.setLevel(level)
 

@@ -9,6 +9,6 @@ from .http import start_server
 __all__ = ["NODE", "Management", "start"]
 
 
-async def start(broker, host: str, port: int, listeners: list[dict]):
+async def start(gateway, host: str, port: int, listeners: list[dict]):
     """The listener, bound; it serves once its start_serving() is awaited."""
-    return await start_server(Management(broker, listeners).handle, host, port)
+    return await start_server(Management(gateway, listeners).handle, host, port)

@@ -59,8 +59,8 @@ def flag(body: dict, name: str, default: bool) -> bool:
 
 
 class Management:
-    def __init__(self, broker, listeners: list[dict] | None = None):
-        self.broker = broker
+    def __init__(self, gateway, listeners: list[dict] | None = None):
+        self.gateway = gateway
         self.started = time.time()
         self.listeners = listeners or []
         self._previous: dict[int, tuple[float, list[int]]] = {}  # qid -> (time, figures)
@@ -73,7 +73,7 @@ class Management:
         """Per qid: ready, unacked, consumers, bytes, counters, and their rates."""
         loop = asyncio.get_running_loop()
         futures = []
-        for link in self.broker.links:
+        for link in self.gateway.shards:
             future = loop.create_future()
             futures.append((link.index, future))
             link.request(lambda req: r.QueueInfo(req, []),
@@ -112,7 +112,7 @@ class Management:
                      else {"WWW-Authenticate": 'Basic realm="Warren management"'})
         if credentials is None:
             raise HTTPError(401, "not_authorised", "Not_Authorized", challenge)
-        user, delay = self.broker.access.login(*credentials, request.peer)
+        user, delay = self.gateway.access.login(*credentials, request.peer)
         if user is None:
             if delay:  # throttled: answer later; the loop serves everyone else meanwhile
                 loop = asyncio.get_running_loop()
@@ -140,16 +140,16 @@ class Management:
         """The vhosts whose queues, exchanges, bindings and policies a user sees:
         all for administrators, the ones it has permissions on for the others
         (monitoring users too)."""
-        names = sorted(self.broker.vhosts)
+        names = sorted(self.gateway.vhosts)
         if is_admin(request.user):
             return names
-        return [v for v in names if self.broker.access.may_use_vhost(request.user.name, v)]
+        return [v for v in names if self.gateway.access.may_use_vhost(request.user.name, v)]
 
     def _vhost_named(self, request: Request, name: str):
-        vhost = self.broker.vhosts.get(name)
+        vhost = self.gateway.vhosts.get(name)
         if vhost is None:
             raise not_found()
-        if not is_admin(request.user) and not self.broker.access.may_use_vhost(
+        if not is_admin(request.user) and not self.gateway.access.may_use_vhost(
                 request.user.name, name):
             raise not_authorised("User not authorised to access virtual host")
         return vhost
@@ -159,7 +159,7 @@ class Management:
         """A change through the API needs the AMQP permission the same change over
         AMQP would (RabbitMQ makes it over an internal AMQP connection)."""
         try:
-            self.broker.access.check(request.user.name, vhost.name, access, kind, name)
+            self.gateway.access.check(request.user.name, vhost.name, access, kind, name)
         except AMQPError:
             raise not_authorised("Access refused.") from None
 
@@ -191,12 +191,12 @@ class Management:
 
     async def api_overview(self, request: Request, rest: list[str]) -> Response:
         figures = await self.queue_figures()
-        broker = self.broker
+        gateway = self.gateway
         # Monitors see global totals, the node and its listeners; the others totals
         # of their vhosts and connections.
         monitor = is_monitor(request.user)
-        vhosts = (list(broker.vhosts.values()) if monitor else
-                  [broker.vhosts[name] for name in self.permitted_vhosts(request)])
+        vhosts = (list(gateway.vhosts.values()) if monitor else
+                  [gateway.vhosts[name] for name in self.permitted_vhosts(request)])
         queues = [meta.qid for vhost in vhosts for meta in vhost.queues.values()]
         figures = [figures[qid] for qid in queues if qid in figures]
         connections = self.visible_connections(request)
@@ -234,55 +234,56 @@ class Management:
         return Response.json([node])
 
     def _node(self) -> dict:
-        broker = self.broker
+        gateway = self.gateway
         pids = [os.getpid(), *self.shard_pids().values()]
         return {
             "name": NODE, "type": "disc", "running": True,
             "mem_used": sum(metrics.rss(pid) for pid in pids),
-            "mem_limit": broker.memory_limit,
-            "mem_alarm": any(resource == "memory" for _, resource in broker.alarms),
-            "disk_free": broker.disk_free, "disk_free_limit": broker.disk_free_limit,
-            "disk_free_alarm": any(resource == "disk" for _, resource in broker.alarms),
+            "mem_limit": gateway.config.memory_limit_bytes(),
+            "mem_alarm": gateway.alarms.on("memory"),
+            "disk_free": gateway.alarms.disk_free,
+            "disk_free_limit": gateway.alarms.disk_free_limit,
+            "disk_free_alarm": gateway.alarms.on("disk"),
             "fd_used": len(os.listdir("/proc/self/fd")),
             "proc_used": len(pids), "processors": os.cpu_count(),
             "uptime": int((time.time() - self.started) * 1000),
             "partitions": [], "run_queue": 0,
-            "shards": broker.shard_count,
-            "failing_shards": _failing_shards(broker),
+            "shards": gateway.shards.count,
+            "failing_shards": _failing_shards(gateway),
         }
 
     def shard_pids(self) -> dict[int, int]:
-        return {link.index: link.process.pid for link in self.broker.links
+        return {link.index: link.process.pid for link in self.gateway.shards
                 if link.process is not None and link.process.poll() is None}
 
     # -- vhosts, users, permissions ---------------------------------------------------------
 
     async def api_vhosts(self, request: Request, rest: list[str]) -> Response:
-        broker = self.broker
+        gateway = self.gateway
         if not rest:
-            names = sorted(broker.vhosts) if is_monitor(request.user) \
+            names = sorted(gateway.vhosts) if is_monitor(request.user) \
                 else self.permitted_vhosts(request)
             return Response.json([self._vhost(name) for name in names])
         self.require_admin(request)
         name = rest[0]
         if request.method == "GET":
-            if name not in broker.vhosts:
+            if name not in gateway.vhosts:
                 raise not_found()
             return Response.json(self._vhost(name))
         if request.method == "PUT":
             body = request.json({"description": str})
-            created = name not in broker.vhosts
-            broker.add_vhost(name, body.get("description", ""),
-                             (broker.vhost_defs.get(name).limits if not created else {}))
+            created = name not in gateway.vhosts
+            gateway.add_vhost(name, body.get("description", ""),
+                             (gateway.vhost_defs.get(name).limits if not created else {}))
             return Response(201 if created else 204)
         if request.method == "DELETE":
-            if not broker.delete_vhost(name):
+            if not gateway.delete_vhost(name):
                 raise not_found()
             return Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
 
     def _vhost(self, name: str) -> dict:
-        definition = self.broker.vhost_defs.get(name)
+        definition = self.gateway.vhost_defs.get(name)
         return {"name": name, "description": definition.description if definition else "",
                 "tags": [], "default_queue_type": "classic", "tracing": False,
                 "limits": definition.limits if definition else {},
@@ -291,7 +292,7 @@ class Management:
 
     async def api_users(self, request: Request, rest: list[str]) -> Response:
         self.require_admin(request)  # password hashes are for administrators' eyes
-        access = self.broker.access
+        access = self.gateway.access
         if not rest:
             return Response.json([_user(u) for _, u in sorted(access.users.items())])
         name = rest[0]
@@ -327,7 +328,7 @@ class Management:
 
     async def api_permissions(self, request: Request, rest: list[str]) -> Response:
         self.require_admin(request)
-        access = self.broker.access
+        access = self.gateway.access
         if not rest:
             return Response.json([_permission(p) for _, p in sorted(access.permissions.items())])
         if len(rest) != 2:
@@ -339,7 +340,7 @@ class Management:
                 raise not_found()
             return Response.json(_permission(permission))
         if request.method == "PUT":
-            if vhost not in self.broker.vhosts or user not in access.users:
+            if vhost not in self.gateway.vhosts or user not in access.users:
                 raise not_found()
             body = request.json({"configure": str, "write": str, "read": str})
             values = [body.get(k, "") for k in ("configure", "write", "read")]
@@ -389,7 +390,7 @@ class Management:
                 arguments.validate(args, arguments.QUEUE_ARGUMENTS, what)
             except AMQPError as error:
                 raise bad_request(error.text) from None
-            self.broker.create_queue(vhost, name, durable, None, auto_delete, args)
+            self.gateway.create_queue(vhost, name, durable, None, auto_delete, args)
             return Response(201)
         if request.method == "DELETE":
             if meta is None:
@@ -398,13 +399,13 @@ class Management:
             await self._shard_request(meta, lambda req: r.DeleteQueue(
                 req, meta.qid, request.query.get("if-unused") == "true",
                 request.query.get("if-empty") == "true"))
-            self.broker.forget_queue(meta)
+            self.gateway.forget_queue(meta)
             return Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
 
     async def _shard_request(self, meta, make) -> r.Reply:
         future = asyncio.get_running_loop().create_future()
-        self.broker.links[meta.shard].request(make, lambda reply: future.done()
+        self.gateway.shards[meta.shard].request(make, lambda reply: future.done()
                                               or future.set_result(reply))
         reply = await asyncio.wait_for(future, 10.0)
         if reply.refused:
@@ -420,7 +421,7 @@ class Management:
             "auto_delete": meta.auto_delete, "exclusive": meta.owner is not None,
             "arguments": meta.arguments, "type": meta.queue_type, "node": NODE,
             "state": ("running" if figure else
-                      "crashed" if meta.shard in self.broker.failing_shards else "down"),
+                      "crashed" if meta.shard in self.gateway.shards.failing else "down"),
             "shard": meta.shard,
             "messages": ready + unacked, "messages_ready": ready,
             "messages_unacknowledged": unacked, "consumers": figure.get("consumers", 0),
@@ -436,12 +437,12 @@ class Management:
         """The vhost a path names (rest[0]), or all the user sees when it names none."""
         if rest:
             return [self._vhost_named(request, rest[0])]
-        return [self.broker.vhosts[name] for name in self.permitted_vhosts(request)]
+        return [self.gateway.vhosts[name] for name in self.permitted_vhosts(request)]
 
     # -- exchanges and bindings -----------------------------------------------------------------
 
     async def api_exchanges(self, request: Request, rest: list[str]) -> Response:
-        broker = self.broker
+        gateway = self.gateway
         vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
             return Response.json([_exchange(x) for vhost in vhosts
@@ -472,7 +473,7 @@ class Management:
                 return Response(204)
             if name.startswith("amq.") or name == "":
                 raise HTTPError(403, "access_refused", f"exchange name '{name}' is reserved")
-            broker.add_exchange(Exchange(vhost.name, name, kind, durable, auto_delete, internal,
+            gateway.add_exchange(Exchange(vhost.name, name, kind, durable, auto_delete, internal,
                                          args))
             return Response(201)
         if request.method == "DELETE":
@@ -481,7 +482,7 @@ class Management:
             if name == "" or name.startswith("amq."):
                 raise HTTPError(403, "access_refused", f"cannot delete exchange '{name}'")
             self.check_permission(request, vhost, "configure", EXCHANGE, name)
-            broker.delete_exchange(exchange)
+            gateway.delete_exchange(exchange)
             return Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
 
@@ -500,7 +501,7 @@ class Management:
             self.check_permission(request, vhost, "write", kind, rest[4])
             self.check_permission(request, vhost, "read", EXCHANGE, rest[2])
             body = request.json({"routing_key": str, "arguments": dict})
-            self.broker.bind(source, (kind, rest[4]), body.get("routing_key", ""),
+            self.gateway.bind(source, (kind, rest[4]), body.get("routing_key", ""),
                              body.get("arguments", {}))
             return Response(201)
         raise not_found()
@@ -508,7 +509,7 @@ class Management:
     # -- connections, channels, consumers -------------------------------------------------------
 
     def _connections(self) -> list:
-        return [c for c in self.broker.connections if c.vhost is not None]
+        return [c for c in self.gateway.connections if c.vhost is not None]
 
     async def api_connections(self, request: Request, rest: list[str]) -> Response:
         if not rest:
@@ -542,19 +543,19 @@ class Management:
     # -- policies and definitions -------------------------------------------------------------
 
     async def api_policies(self, request: Request, rest: list[str]) -> Response:
-        broker = self.broker
+        gateway = self.gateway
         if len(rest) <= 1:
             return Response.json([_policy(p) for vhost in self._vhosts_in(request, rest)
-                                  for _, p in sorted(broker.policies.get(vhost.name, {}).items())])
+                                  for _, p in sorted(gateway.policies.get(vhost.name, {}).items())])
         vhost, name = rest[0], rest[1]
         # a single policy, even to read: administrators, or policymakers in their vhosts
         if not is_admin(request.user) and not (
-                is_policymaker(request.user) and (vhost not in broker.vhosts or
-                                                  broker.access.may_use_vhost(request.user.name,
+                is_policymaker(request.user) and (vhost not in gateway.vhosts or
+                                                  gateway.access.may_use_vhost(request.user.name,
                                                                               vhost))):
             raise not_authorised("User not authorised to access object")
         if request.method == "GET":
-            policy = broker.policies.get(vhost, {}).get(name)
+            policy = gateway.policies.get(vhost, {}).get(name)
             if policy is None:
                 raise not_found()
             return Response.json(_policy(policy))
@@ -562,14 +563,14 @@ class Management:
             body = request.json({"pattern": str, "apply-to": str, "priority": int,
                                  "definition": dict})
             try:
-                broker.put_policy(PolicyDef(vhost, name, body.get("pattern", ""),
+                gateway.put_policy(PolicyDef(vhost, name, body.get("pattern", ""),
                                             body.get("apply-to", "all"),
                                             body.get("priority", 0), body.get("definition", {})))
             except ValueError as error:
                 raise bad_request(str(error)) from None
             return Response(201)
         if request.method == "DELETE":
-            if not broker.delete_policy(vhost, name):
+            if not gateway.delete_policy(vhost, name):
                 raise not_found()
             return Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
@@ -577,10 +578,10 @@ class Management:
     async def api_definitions(self, request: Request, rest: list[str]) -> Response:
         self.require_admin(request)
         if request.method == "GET":
-            return Response.json(definitions.export(self.broker))
+            return Response.json(definitions.export(self.gateway))
         if request.method == "POST":
             try:
-                definitions.import_(self.broker, request.json())
+                definitions.import_(self.gateway, request.json())
             except definitions.Invalid as error:
                 return Response.json({"error": "bad_request",
                                       "reason": "invalid definitions, nothing imported",
@@ -599,10 +600,10 @@ class Management:
         return self._health()
 
     def _health(self) -> Response:
-        broker = self.broker
+        gateway = self.gateway
         alarms = [{"node": NODE, "resource": resource}
-                  for resource in sorted({resource for _, resource in broker.alarms})]
-        shards = _failing_shards(broker)
+                  for resource in sorted({resource for _, resource in gateway.alarms.active})]
+        shards = _failing_shards(gateway)
         if not alarms and not shards:
             return Response.json({"status": "ok"})
         reasons = (["resource alarm(s) in effect in the cluster"] if alarms else []) + [
@@ -621,9 +622,9 @@ class Management:
 _COUNTED = ("published", "delivered", "redelivered", "acked")
 
 
-def _failing_shards(broker) -> list[dict]:
+def _failing_shards(gateway) -> list[dict]:
     return [{"shard": index, **failure}
-            for index, failure in sorted(broker.failing_shards.items())]
+            for index, failure in sorted(gateway.shards.failing.items())]
 
 
 def _message_stats(figures) -> dict:

@@ -18,10 +18,10 @@ from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 COMPATIBLE_RABBITMQ = "3.13.7"
 SHA256 = "rabbit_password_hashing_sha256"
 
-def export(broker) -> dict:
-    access = broker.access
+def export(gateway) -> dict:
+    access = gateway.access
     queues, exchanges, bindings = [], [], []
-    for vhost_name, vhost in sorted(broker.vhosts.items()):
+    for vhost_name, vhost in sorted(gateway.vhosts.items()):
         for name, meta in sorted(vhost.queues.items()):
             if meta.owner is None and meta.durable:
                 queues.append({"name": name, "vhost": vhost_name, "durable": True,
@@ -47,7 +47,7 @@ def export(broker) -> dict:
                    "limits": u.limits} for _, u in sorted(access.users.items())],
         "vhosts": [{"name": name, "description": d.description, "limits": d.limits,
                     "metadata": {"description": d.description, "tags": []}}
-                   for name, d in sorted(broker.vhost_defs.items())],
+                   for name, d in sorted(gateway.vhost_defs.items())],
         "permissions": [{"user": p.user, "vhost": p.vhost, "configure": p.configure,
                          "write": p.write, "read": p.read}
                         for _, p in sorted(access.permissions.items())],
@@ -55,7 +55,7 @@ def export(broker) -> dict:
         "policies": [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
                       "apply-to": p.apply_to, "definition": p.definition,
                       "priority": p.priority}
-                     for v in sorted(broker.policies) for _, p in sorted(broker.policies[v].items())],
+                     for v in sorted(gateway.policies) for _, p in sorted(gateway.policies[v].items())],
         "queues": queues, "exchanges": exchanges, "bindings": bindings,
     }
 
@@ -171,40 +171,40 @@ class Invalid(Exception):
         self.problems = problems
 
 
-def import_(broker, data) -> None:
+def import_(gateway, data) -> None:
     """Create what the definitions name and Warren lacks (existing objects stay;
     users, permissions and policies are set). Raises Invalid, having changed
     nothing, when the document has problems."""
     if not isinstance(data, dict):
         raise Invalid(["the definitions: expected an object"])
     loaded, problems = _load(data)
-    problems += _unresolved(broker, data, loaded)
+    problems += _unresolved(gateway, data, loaded)
     if problems:
         raise Invalid(problems)
-    access = broker.access
+    access = gateway.access
     for _, v in loaded["vhosts"]:
-        if v.name not in broker.vhosts:
-            broker.add_vhost(v.name, v.description or v.metadata.description, v.limits or {})
+        if v.name not in gateway.vhosts:
+            gateway.add_vhost(v.name, v.description or v.metadata.description, v.limits or {})
     for _, u in loaded["users"]:
         tags = [t for t in u.tags.split(",") if t] if isinstance(u.tags, str) else u.tags
         access.put_user(u.name, None, tags, u.password_hash, u.limits or {})
     for _, p in loaded["permissions"]:
         access.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
     for _, p in loaded["policies"]:
-        broker.put_policy(_policy(p))
+        gateway.put_policy(_policy(p))
     for _, x in loaded["exchanges"]:
-        vhost = broker.vhosts[x.vhost]
+        vhost = gateway.vhosts[x.vhost]
         if x.name not in vhost.exchanges:
-            broker.add_exchange(Exchange(x.vhost, x.name, x.type, x.durable, x.auto_delete,
+            gateway.add_exchange(Exchange(x.vhost, x.name, x.type, x.durable, x.auto_delete,
                                          x.internal, x.arguments))
     for _, q in loaded["queues"]:
-        vhost = broker.vhosts[q.vhost]
+        vhost = gateway.vhosts[q.vhost]
         if q.name not in vhost.queues:
-            broker.create_queue(vhost, q.name, q.durable, None, q.auto_delete,
+            gateway.create_queue(vhost, q.name, q.durable, None, q.auto_delete,
                                 _queue_arguments(q))
     for _, b in loaded["bindings"]:
-        vhost = broker.vhosts[b.vhost]
-        broker.bind(vhost.exchanges[b.source], (_KINDS[b.destination_type], b.destination),
+        vhost = gateway.vhosts[b.vhost]
+        gateway.bind(vhost.exchanges[b.source], (_KINDS[b.destination_type], b.destination),
                     b.routing_key, b.arguments)
 
 
@@ -248,15 +248,15 @@ def _shape_problems(item, kind) -> list[str]:
     return problems
 
 
-def _unresolved(broker, data: dict, loaded: dict[str, list]) -> list[str]:
+def _unresolved(gateway, data: dict, loaded: dict[str, list]) -> list[str]:
     """What the well-formed items name and neither Warren nor the document has,
     and values Warren would refuse."""
     problems = []
-    vhosts = set(broker.vhosts) | {name for name, in _declared(data, "vhosts", "name")}
-    users = set(broker.access.users) | {name for name, in _declared(data, "users", "name")}
+    vhosts = set(gateway.vhosts) | {name for name, in _declared(data, "vhosts", "name")}
+    users = set(gateway.access.users) | {name for name, in _declared(data, "users", "name")}
     exchanges = _declared(data, "exchanges", "vhost", "name")
     queues = _declared(data, "queues", "vhost", "name")
-    for vhost in broker.vhosts.values():
+    for vhost in gateway.vhosts.values():
         exchanges |= {(vhost.name, name) for name in vhost.exchanges}
         queues |= {(vhost.name, name) for name in vhost.queues}
     for section in ("permissions", "policies", "exchanges", "queues", "bindings"):

@@ -22,7 +22,7 @@ def _label(value: str) -> str:
 
 
 async def render(management) -> str:
-    broker = management.broker
+    gateway = management.gateway
     figures = await management.queue_figures()
     lines: list[str] = []
 
@@ -33,7 +33,7 @@ async def render(management) -> str:
             text = ",".join(f'{k}="{_label(str(v))}"' for k, v in labels.items())
             lines.append(f"{name}{{{text}}} {value}" if text else f"{name} {value}")
 
-    queues = [(meta, figures.get(meta.qid, {})) for vhost in broker.vhosts.values()
+    queues = [(meta, figures.get(meta.qid, {})) for vhost in gateway.vhosts.values()
               for meta in vhost.queues.values()]
 
     def per_queue(key: str):
@@ -59,7 +59,7 @@ async def render(management) -> str:
     family("warren_shard_written_records_total", "counter", "Records written by those commits",
            [({"shard": k}, v[1]) for k, v in sorted(management.shard_fsyncs.items())])
     rings = []
-    for link in broker.links:
+    for link in gateway.shards:
         if link.alive:
             for ring_name in ("commands", "events"):
                 ring = getattr(link, ring_name)

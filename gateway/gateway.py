@@ -1,5 +1,7 @@
-"""The gateway's view of the broker: vhosts, exchanges, bindings, queue placement,
-the shard links, and the routing of shard events back to channels.
+"""The gateway process's state: vhosts, exchanges, bindings and queue placement
+(the catalogue every connection shares), the connections and consumers, and the
+routing of shard events back to their channels. Alarms (alarms.py) and the shard
+processes (shardpool.py) are parts of it.
 
 Queues live in shards; the gateway keeps their metadata (id, shard, flags) so it
 can route a publish to the right shards without asking anyone.
@@ -12,7 +14,6 @@ import datetime
 import logging
 import os
 import secrets
-import shutil
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -27,14 +28,15 @@ from warren.storage.metastore import (
     QueueDef,
     VHostDef,
 )
-from warren.storage.shardstore import reusable_bytes
 
 from . import deadletter, policies, replyto
 from .access import AccessControl
+from .alarms import Alarms
 from .amqp.properties import PropertiesError, decode_properties, encode_properties
 from .config import Config
 from .exchange import EXCHANGE, QUEUE, RENEW_EXCHANGE, Exchange, arguments_key
 from .shardlink import ShardLink
+from .shardpool import ShardPool
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -42,7 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("warren")
 
 TRANSIENT_QIDS = 1 << 62  # transient queue ids start here; durable ones come from the metastore
-SHARD_STABLE = 10.0  # seconds a restarted shard must stay up to count as recovered
 
 
 class QueueMeta:
@@ -95,18 +96,17 @@ def server_generated_name(prefix: str) -> str:
     return prefix + secrets.token_urlsafe(16)
 
 
-class Broker:
-    def __init__(self, data_dir: str, shard_count: int, memory_limit: int = 0,
-                 disk_free_limit: int = 50_000_000, stats_interval: float = 5.0,
-                 store_map_size: int = 32 << 30, config: Config | None = None):
-        self.data_dir = data_dir
-        self.shard_count = shard_count
-        self.config = config or Config()
-        self.access = AccessControl(None, self.config.loopback_users)
+class Gateway:
+    def __init__(self, config: Config):
+        self.config = config
+        self.data_dir = os.path.abspath(config.data_dir)
+        self.access = AccessControl(None, config.loopback_users)
         self.vhosts: dict[str, VHost] = {}
         self.vhost_defs: dict[str, VHostDef] = {}
         self.policies: dict[str, dict[str, PolicyDef]] = {}  # vhost -> name -> policy
-        self.links: list[ShardLink] = []
+        self.shards = ShardPool(config, self._on_events, self._redeclare_queues,
+                                self._shard_lost)
+        self.alarms = Alarms(self._alarm_changed)
         self._dirty: list = []  # connections with output to write this turn
         self._flush_pending = False
         self.connections: set = set()
@@ -116,20 +116,12 @@ class Broker:
         self._next_id = 0
         self._next_qid = 0
         self.stopping = False
-        self.memory_limit = memory_limit  # bytes of message content in RAM, all shards together
-        self.disk_free_limit = disk_free_limit
-        self.disk_free = 0  # bytes, as of the last check (free pages of the stores included)
-        self.stats_interval = stats_interval
-        self.store_map_size = store_map_size
-        self.alarms: set[tuple] = set()  # (source, resource) of active resource alarms
-        # shard -> {"restarts", "exit_code"} while it keeps dying: health checks report it
-        self.failing_shards: dict[int, dict] = {}
 
     async def start(self) -> None:
         """Check the data directory (recovery.Refused if it is damaged), open the
         metastore and start the shards; if that fails, what had started is stopped
         again."""
-        ready = recovery.prepare(self.data_dir, self.shard_count,
+        ready = recovery.prepare(self.data_dir, self.shards.count,
                                  self.config.quarantine_damaged, self.config.rebuild_definitions)
         for line in ready.upgraded:
             log.warning("%s", line)
@@ -139,43 +131,18 @@ class Broker:
         self.access.meta = self.meta
         try:
             self._load_definitions(ready.rebuilt)
-            for index in range(self.shard_count):
-                self.links.append(self._start_shard(index))
+            self.shards.start()
         except BaseException:
             await self.stop()
             raise
-        self._check_disk()
+        self.alarms.watch_disk(self.data_dir, self.config.disk_free_limit)
 
-    def _check_disk(self) -> None:
-        """Block publishers while free disk is under the limit (RabbitMQ's disk alarm).
-        LMDB files never shrink: what consumers and purges free stays in the shard
-        stores as free pages, which they fill before growing, so those count as free
-        too, and the alarm clears once the data is gone."""
-        if self.stopping:
-            return
-        self.disk_free = shutil.disk_usage(self.data_dir).free + sum(
-            reusable_bytes(os.path.join(self.data_dir, entry))
-            for entry in os.listdir(self.data_dir)
-            if entry.startswith("shard-") and entry[6:].isdigit())
-        self.set_alarm(("gateway", "disk"), self.disk_free < self.disk_free_limit)
-        asyncio.get_running_loop().call_later(1.0, self._check_disk)
-
-    def set_alarm(self, key: tuple, active: bool) -> None:
-        if active == (key in self.alarms):
-            return
-        was_on = bool(self.alarms)
-        (self.alarms.add if active else self.alarms.discard)(key)
-        log.warning("resource alarm %s %s: %s", key[1], "on" if active else "off", key)
-        if self.alarms and not was_on:
-            for conn in self.connections:
-                conn.block_publishing(self.alarm_reason())
-        elif not self.alarms and was_on:
-            for conn in self.connections:
+    def _alarm_changed(self, reason: str) -> None:
+        for conn in self.connections:
+            if reason:
+                conn.block_publishing(reason)
+            else:
                 conn.unblock_publishing()
-
-    def alarm_reason(self) -> str:
-        resources = sorted({resource for _, resource in self.alarms})
-        return " and ".join(f"low on {r}" for r in resources) or ""
 
     def _load_definitions(self, rebuilt: bool = False) -> None:
         """Durable vhosts, exchanges, queues (with their placement) and bindings."""
@@ -197,7 +164,7 @@ class Broker:
             vhost = self.vhosts.setdefault(q.vhost, VHost(q.vhost))
             # A queue recorded on a shard that no longer exists lives on in its old
             # store, which shard (K mod N) adopts.
-            meta = QueueMeta(q.qid, q.vhost, q.name, q.shard % self.shard_count, True, None,
+            meta = QueueMeta(q.qid, q.vhost, q.name, q.shard % self.shards.count, True, None,
                              q.auto_delete, q.arguments)
             vhost.queues[q.name] = self.queues_by_qid[q.qid] = meta
         for p in defs.policies:
@@ -211,43 +178,20 @@ class Broker:
                 self._add_binding(vhost, exchange, (b.destination_type, b.destination),
                                   b.routing_key, b.arguments)
 
-    def _stores_of(self, index: int) -> list[int]:
-        """Store directories shard `index` opens: its own, and any left by a larger
-        shard count before (shard-K with K >= N goes to shard K mod N)."""
-        adopted = []
-        for entry in os.listdir(self.data_dir):
-            if entry.startswith("shard-") and entry[6:].isdigit():
-                k = int(entry[6:])
-                if k >= self.shard_count and k % self.shard_count == index:
-                    adopted.append(k)
-        return [index, *sorted(adopted)]
-
-    def _log_dir(self) -> str:
-        """Where shards write their statistics logs (config log_dir, else DATA/logs)."""
-        return os.path.abspath(self.config.log_dir) if self.config.log_dir else os.path.join(
-            self.data_dir, "logs")
-
-    def _start_shard(self, index: int) -> ShardLink:
-        link = ShardLink(index, self.data_dir, self._stores_of(index),
-                         self.memory_limit // self.shard_count, self.stats_interval,
-                         self.store_map_size, self._on_events,
-                         self._on_shard_exit, self._log_dir())
-        link.start()
-        asyncio.get_running_loop().call_later(SHARD_STABLE, self._shard_stable, index, link)
-        # Declare its durable queues again: one whose declaration the shard had not
-        # committed when it died (or the broker stopped) would otherwise be missing
-        # from its store. Queues it recovered ignore this.
+    def _redeclare_queues(self, link: ShardLink) -> None:
+        """A shard (re)started: declare its durable queues again. One whose declaration
+        it had not committed when it died (or the broker stopped) would otherwise be
+        missing from its store; queues it recovered ignore this."""
         for meta in self.queues_by_qid.values():
-            if meta.shard == index and self._stored(meta):
+            if meta.shard == link.index and self._stored(meta):
                 link.send(r.CreateQueue(0, meta.qid, meta.vhost, meta.name, True, False,
                                         meta.auto_delete, meta.effective))
                 link.send(r.ConfigureQueue(meta.qid, meta.effective))
-        return link
 
     async def stop(self) -> None:
         self.stopping = True
-        for link in self.links:
-            await link.stop()
+        self.alarms.stop()
+        await self.shards.stop()
         self.meta.close()
 
     # -- vhosts ------------------------------------------------------------------
@@ -267,7 +211,7 @@ class Broker:
         for conn in [c for c in self.connections if c.vhost is vhost]:
             conn.close_forced(f"vhost '{name}' is deleted")
         for meta in list(vhost.queues.values()):
-            self.links[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
+            self.shards[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
             self.queues_by_qid.pop(meta.qid, None)
         self.vhost_defs.pop(name, None)
         self.policies.pop(name, None)
@@ -302,7 +246,7 @@ class Broker:
             before = meta.effective
             self._set_queue_policy(meta)
             if send and meta.effective != before:
-                self.links[meta.shard].send(r.ConfigureQueue(meta.qid, meta.effective))
+                self.shards[meta.shard].send(r.ConfigureQueue(meta.qid, meta.effective))
         for exchange in vhost.exchanges.values():
             self._set_exchange_policy(exchange)
 
@@ -343,7 +287,7 @@ class Broker:
             # Transient queues die with the broker: ids from a range of their own.
             self._next_qid += 1
             qid = TRANSIENT_QIDS + self._next_qid
-        meta = QueueMeta(qid, vhost.name, name, placement(vhost.name, name, self.shard_count),
+        meta = QueueMeta(qid, vhost.name, name, placement(vhost.name, name, self.shards.count),
                          durable, owner, auto_delete, arguments)
         self._set_queue_policy(meta)
         if stored:
@@ -352,7 +296,7 @@ class Broker:
         vhost.queues[name] = self.queues_by_qid[qid] = meta
         if owner is not None:
             owner.exclusive_queues.add(meta)
-        self.links[meta.shard].send(r.CreateQueue(0, meta.qid, vhost.name, name, durable,
+        self.shards[meta.shard].send(r.CreateQueue(0, meta.qid, vhost.name, name, durable,
                                                   owner is not None, auto_delete, meta.effective))
         return meta
 
@@ -450,7 +394,7 @@ class Broker:
     def delete_exclusive_queues(self, owner) -> None:
         for meta in list(owner.exclusive_queues):
             self.forget_queue(meta)
-            self.links[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
+            self.shards[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
 
     # -- routing ---------------------------------------------------------------
 
@@ -491,16 +435,9 @@ class Broker:
     def poll_shards(self) -> None:
         """Take in the shards' waiting events (deliveries, confirms, credit) and
         write out what they produced, now."""
-        for link in self.links:
-            link.poll()
+        self.shards.poll()
         if self._dirty:
             self.flush_output()
-
-    def send_to_shards(self) -> None:
-        """Hand the records gathered so far to the shards now, not at the turn's end."""
-        for link in self.links:
-            if link.has_batch():
-                link.flush()
 
     def flush_soon(self, conn) -> None:
         """Write `conn`'s output at the end of this loop turn (or at the next poll)."""
@@ -548,7 +485,7 @@ class Broker:
                     if channel is not None:
                         channel.consumer_cancelled_by_broker(event.holder)
                 elif kind is r.Alarm:
-                    self.set_alarm((link.index, event.resource), event.active)
+                    self.alarms.set((link.index, event.resource), event.active)
                 elif kind is r.QueueDeleted:
                     self._queue_deleted_by_shard(link.index, event.qid)
                 elif kind is r.DeadLettered:
@@ -601,7 +538,7 @@ class Broker:
             for meta in targets:
                 by_shard.setdefault(meta.shard, []).append(meta.qid)
         for shard, qids in by_shard.items():
-            link = self.links[shard]
+            link = self.shards[shard]
             if not link.alive:  # between a shard's death and its restart
                 if tracker is not None:
                     tracker.reject(seq, shard)
@@ -614,33 +551,14 @@ class Broker:
         if meta is not None and meta.shard == shard:
             self.forget_queue(meta)
 
-    def _on_shard_exit(self, link: ShardLink, returncode: int) -> None:
-        if self.stopping:
-            return
-        # A shard that keeps dying is restarted less and less often (at most once a
-        # minute), and reported by the health checks until it stays up.
-        failure = self.failing_shards.setdefault(link.index, {"restarts": 0})
-        failure["restarts"] += 1
-        failure["exit_code"] = returncode
-        delay = 0.0 if failure["restarts"] == 1 else min(0.1 * 2 ** failure["restarts"], 60.0)
-        log.error("shard %d exited with code %s (failure %d in a row); restarting it in "
-                  "%.1f s", link.index, returncode, failure["restarts"], delay)
-        # Its transient queues died with it; durable ones come back from its store.
+    def _shard_lost(self, link: ShardLink) -> None:
+        """A shard died. Its transient queues died with it (durable ones come back
+        from its store), its alarms are off, its consumers are cancelled and its
+        unconfirmed publishes nacked."""
         for vhost in self.vhosts.values():
             for meta in [m for m in vhost.queues.values()
                          if m.shard == link.index and not m.durable]:
                 self.forget_queue(meta)
-        for key in [k for k in self.alarms if k[0] == link.index]:
-            self.set_alarm(key, False)
-        # Its consumers are cancelled and its unconfirmed publishes nacked.
+        self.alarms.clear_source(link.index)
         for channel in set(self.holders.values()):
             channel.shard_lost(link)
-        asyncio.get_running_loop().call_later(delay, self._restart_shard, link.index)
-
-    def _restart_shard(self, index: int) -> None:
-        if not self.stopping:
-            self.links[index] = self._start_shard(index)
-
-    def _shard_stable(self, index: int, link: ShardLink) -> None:
-        if self.links[index] is link and link.alive and self.failing_shards.pop(index, None):
-            log.warning("shard %d is up again", index)

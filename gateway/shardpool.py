@@ -1,0 +1,100 @@
+"""The shard processes, seen from the gateway: their links, supervision (a shard
+that dies is restarted, less and less often while it keeps dying) and the rings'
+traffic of each loop turn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+
+from .config import Config
+from .shardlink import ShardLink
+
+log = logging.getLogger("warren")
+
+SHARD_STABLE = 10.0  # seconds a restarted shard must stay up to count as recovered
+
+
+class ShardPool:
+    def __init__(self, config: Config, on_events: Callable, on_started: Callable,
+                 on_lost: Callable):
+        self.config = config
+        self.data_dir = os.path.abspath(config.data_dir)
+        self.count = config.shard_count()
+        self.links: list[ShardLink] = []
+        # shard -> {"restarts", "exit_code"} while it keeps dying: health checks report it
+        self.failing: dict[int, dict] = {}
+        self.stopping = False
+        self._on_events = on_events  # (link, events) -> None
+        self._on_started = on_started  # (link) -> None: declare its durable queues again
+        self._on_lost = on_lost  # (link) -> None: forget what died with it
+
+    def __getitem__(self, index: int) -> ShardLink:
+        return self.links[index]
+
+    def __iter__(self):
+        return iter(self.links)
+
+    def start(self) -> None:
+        for index in range(self.count):
+            self.links.append(self._start(index))
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for link in self.links:
+            await link.stop()
+
+    def poll(self) -> None:
+        """Take in the shards' waiting events (deliveries, confirms, credit)."""
+        for link in self.links:
+            link.poll()
+
+    def send(self) -> None:
+        """Hand the records gathered so far to the shards now, not at the turn's end."""
+        for link in self.links:
+            if link.has_batch():
+                link.flush()
+
+    def _stores_of(self, index: int) -> list[int]:
+        """Store directories shard `index` opens: its own, and any left by a larger
+        shard count before (shard-K with K >= N goes to shard K mod N)."""
+        adopted = []
+        for entry in os.listdir(self.data_dir):
+            if entry.startswith("shard-") and entry[6:].isdigit():
+                k = int(entry[6:])
+                if k >= self.count and k % self.count == index:
+                    adopted.append(k)
+        return [index, *sorted(adopted)]
+
+    def _start(self, index: int) -> ShardLink:
+        config = self.config
+        link = ShardLink(index, self.data_dir, self._stores_of(index),
+                         config.memory_limit_bytes() // self.count, config.stats_interval,
+                         config.store_map_size, self._on_events, self._exited,
+                         os.path.abspath(config.logs_dir()))
+        link.start()
+        asyncio.get_running_loop().call_later(SHARD_STABLE, self._stable, index, link)
+        self._on_started(link)
+        return link
+
+    def _exited(self, link: ShardLink, returncode: int) -> None:
+        if self.stopping:
+            return
+        failure = self.failing.setdefault(link.index, {"restarts": 0})
+        failure["restarts"] += 1
+        failure["exit_code"] = returncode
+        delay = 0.0 if failure["restarts"] == 1 else min(0.1 * 2 ** failure["restarts"], 60.0)
+        log.error("shard %d exited with code %s (failure %d in a row); restarting it in "
+                  "%.1f s", link.index, returncode, failure["restarts"], delay)
+        self._on_lost(link)
+        asyncio.get_running_loop().call_later(delay, self._restart, link.index)
+
+    def _restart(self, index: int) -> None:
+        if not self.stopping:
+            self.links[index] = self._start(index)
+
+    def _stable(self, index: int, link: ShardLink) -> None:
+        if self.links[index] is link and link.alive and self.failing.pop(index, None):
+            log.warning("shard %d is up again", index)
