@@ -1,72 +1,376 @@
-"""The web dashboard in headless Chromium: it signs in, fetches the API and shows
-the queues, connections and consumers. Debian's chromium is installed by this
-test when it is missing and the machine allows it; otherwise the test is skipped
-and says why."""
+"""The web dashboard in a real headless Chromium, driven by Playwright, against a
+real broker and real clients (pika): signing in and out, a queue's charts moving
+while a publisher runs, purging, tables sorted and filtered, the forms and the
+per-queue and per-connection pages.
+
+The browser is Playwright's own build when `python -m playwright install
+chromium` could fetch it, otherwise a system Chromium (Debian's `chromium`,
+installed here with apt-get when the machine allows it); the tests are skipped,
+saying why, only when there is none."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 
 import pika
 import pytest
 
 from .conftest import RunningBroker, wait_until
 
-CHROMIUM = "/usr/bin/chromium"
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="Playwright is not installed (pip install -e '.[test]')")
+expect = sync_api.expect
+
+TIMEOUT_MS = 30_000  # each wait for the page; it refreshes every 2 s in these tests
+# Chromium flags for a machine without a network or a GPU (and as root: no sandbox)
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
 
 
-def chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip("Chromium is not installed and this test cannot install it "
-                    "(needs root and apt-get for Debian's chromium package)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-    result = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
-    if result.returncode != 0:
-        subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=300)
-        result = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
-    found = shutil.which("chromium")
+def system_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def find_browser(playwright) -> str | None:
+    """The executable to launch: None for Playwright's own build, else a system
+    Chromium's path. Tries to install one of them first when neither exists."""
+    if os.path.exists(playwright.chromium.executable_path):
+        return None
+    if system_chromium():
+        return system_chromium()
+    subprocess.run([sys.executable, "-m", "playwright", "install", "chromium"],
+                   check=False, capture_output=True, timeout=600)
+    if os.path.exists(playwright.chromium.executable_path):
+        return None
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+        def run(command):
+            return subprocess.run(command, check=False, capture_output=True, env=env,
+                                  timeout=900).returncode
+        if run(install):
+            run(["apt-get", "update"])
+            run(install)
+    found = system_chromium()
     if not found:
-        pytest.skip(f"installing Debian's chromium failed: {result.stderr[-300:]}")
+        pytest.skip("no Chromium: Playwright's download (python -m playwright install "
+                    "chromium) failed and no system chromium is installed or installable")
     return found
 
 
-def headless(browser: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
-                           "--disable-dev-shm-usage", "--hide-scrollbars",
-                           "--virtual-time-budget=8000", *args],
-                          capture_output=True, text=True, timeout=timeout)
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=find_browser(playwright),
+                                              args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
 
 
-def test_dashboard_shows_queues_connections_and_consumers(tmp_path):
-    browser = chromium()
-    broker = RunningBroker(tmp_path / "data", management=True).start()
+@pytest.fixture(scope="module")
+def warren(tmp_path_factory):
+    running = RunningBroker(tmp_path_factory.mktemp("dashboard") / "data",
+                            management=True).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def page(browser, warren, tmp_path):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    context.add_init_script("localStorage.setItem('warren-refresh', '2000')")
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.on("dialog", lambda dialog: dialog.accept())  # "Purge …?", "Close …?"
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    page.screenshot(path=str(tmp_path / "last-page.png"), full_page=True)
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def sign_in(page, warren, password: str = "guest", where: str = "") -> None:
+    page.goto(warren.http_url + "/" + where)
+    page.fill("#user", "guest")
+    page.fill("#password", password)
+    page.click("#login button[type=submit]")
+
+
+def http(warren, method: str, path: str, body=None) -> tuple[int, object]:
+    request = urllib.request.Request(
+        warren.http_url + path, method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+                 "Content-Type": "application/json"})
     try:
-        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as error:
+        return error.code, None
+
+
+def ready(warren, queue: str) -> int:
+    return http(warren, "GET", f"/api/queues/%2F/{queue}")[1]["messages_ready"]
+
+
+def declare(warren, queue: str, messages: int = 0, durable: bool = False) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(warren.url))
+    ch = conn.channel()
+    ch.queue_declare(queue, durable=durable)
+    ch.confirm_delivery()
+    for _ in range(messages):
+        ch.basic_publish("", queue, b"m")
+    conn.close()
+    wait_until(lambda: ready(warren, queue) == messages, timeout=10)
+
+
+def series(page, chart: str, key: str) -> list[float]:
+    values = page.get_attribute(f"#{chart} polyline[data-series={key}]", "data-values") or ""
+    return [float(v) for v in values.split(",") if v]
+
+
+class Publisher(threading.Thread):
+    """Publishes to a queue, about 1000 messages a second, until stopped (or for
+    two minutes at most)."""
+
+    def __init__(self, url: str, queue: str):
+        super().__init__(daemon=True)
+        self.url, self.queue = url, queue
+        self.stopping = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        conn = pika.BlockingConnection(pika.URLParameters(self.url))
         ch = conn.channel()
-        ch.queue_declare("dashboard-orders")
-        ch.confirm_delivery()
-        for _ in range(3):
-            ch.basic_publish("", "dashboard-orders", b"x")
-        ch.queue_declare("dashboard-audit")
-        ch.basic_consume("dashboard-audit", lambda *a: None, consumer_tag="auditor")
-        url = broker.http_url + "/#guest:guest"
-        dom = headless(browser, "--dump-dom", url).stdout
-        assert "dashboard-orders" in dom and "dashboard-audit" in dom
-        assert "auditor" in dom  # the consumers table
-        assert "<td>guest</td>" in dom  # the connections table
-        shot = tmp_path / "dashboard.png"
-        headless(browser, f"--screenshot={shot}", "--window-size=1280,900", url)
-        wait_until(lambda: shot.exists() and shot.stat().st_size > 10_000, timeout=30)
-        print(f"dashboard screenshot: {shot}")
-        # without credentials the page asks for them instead of showing data
-        login = headless(browser, "--dump-dom", broker.http_url + "/").stdout
-        assert "Sign in" in login and "dashboard-orders" not in login
+        deadline = time.monotonic() + 120
+        while not self.stopping.is_set() and time.monotonic() < deadline:
+            for _ in range(50):
+                ch.basic_publish("", self.queue, b"x" * 100)
+            self.sent += 50
+            conn.process_data_events(0)
+            self.stopping.wait(0.05)  # paces the publisher; nothing waits on a condition here
         conn.close()
+
+
+def test_wrong_password_is_refused_with_an_error_then_sign_in_and_out(page, warren):
+    sign_in(page, warren, password="not-the-password")
+    expect(page.locator("#login-error")).to_have_text(
+        "Login failed: wrong user name or password.")
+    expect(page.locator("#app")).to_be_hidden()
+    page.fill("#password", "guest")
+    page.click("#login button[type=submit]")
+    expect(page.locator("#login-error")).to_have_text("")
+    expect(page.locator("#user-name")).to_contain_text("guest")
+    expect(page.locator("#totals [data-card=Exchanges] b")).not_to_have_text("–")
+    expect(page.locator("#nodes [data-field=mem_used]")).to_contain_text("iB")
+    expect(page.locator("#nodes [data-field=disk_free_alarm]")).to_have_text("no alarm")
+    page.click("#logout")
+    expect(page.locator("#login")).to_be_visible()
+    expect(page.locator("#app")).to_be_hidden()
+    page.reload()  # the session is gone, not only hidden
+    expect(page.locator("#login")).to_be_visible()
+    expect(page.locator("#totals")).to_have_count(0)
+
+
+def test_queue_charts_move_while_publishing_and_purge_empties_it(page, warren):
+    declare(warren, "dash-orders")
+    publisher = Publisher(warren.url, "dash-orders")
+    sign_in(page, warren, where="#/queues/%2F/dash-orders")
+    expect(page.locator("#view h2").first).to_have_text("Queue dash-orders in /")
+    publisher.start()
+    try:
+        # the rate chart rises above zero and the depth chart grows, sample by sample
+        wait_until(lambda: max(series(page, "queue-rates", "publish"), default=0) > 0,
+                   timeout=30, interval=0.2, message="publish rate on the chart")
+        def depth_grows():
+            ready = series(page, "queue-depth", "ready")
+            return len(ready) >= 2 and ready[-1] > ready[0]
+        wait_until(depth_grows, timeout=30, interval=0.2, message="growing depth on the chart")
+        legend = page.locator("#queue-rates .legend [data-series=publish]")
+        expect(legend).not_to_have_attribute("data-value", "0")
     finally:
-        broker.stop()
+        publisher.stopping.set()
+        publisher.join(timeout=30)
+    wait_until(lambda: ready(warren, "dash-orders") == publisher.sent, timeout=30)
+    expect(page.locator("#queue-details [data-field=messages_ready]")).to_have_text(
+        f"{publisher.sent:,}")
+    page.click("#purge")
+    expect(page.locator("#flash")).to_have_text("Queue dash-orders purged.")
+    expect(page.locator("#queue-details [data-field=messages_ready]")).to_have_text("0")
+    wait_until(lambda: series(page, "queue-depth", "ready")[-1:] == [0.0], timeout=30,
+               interval=0.2, message="the depth chart back at zero")
+    assert ready(warren, "dash-orders") == 0
+
+
+def test_queue_table_sorts_and_filters(page, warren):
+    declare(warren, "sort-alpha-1", messages=3)
+    declare(warren, "sort-alpha-2", messages=1)
+    declare(warren, "sort-beta", messages=2)
+    sign_in(page, warren, where="#/queues")
+    names = page.locator("#queues tbody tr td:nth-child(2)")
+    expect(names.filter(has_text="sort-beta")).to_have_count(1)
+    page.fill(".filter", "sort-alpha")
+    expect(names).to_have_text(["sort-alpha-1", "sort-alpha-2"])
+    expect(page.locator(".count")).to_contain_text("2 of ")
+    page.click("#queues th:text-is('Ready')")  # numbers sort largest first
+    expect(names).to_have_text(["sort-alpha-1", "sort-alpha-2"])
+    page.click("#queues th:text-is('Ready')")
+    expect(names).to_have_text(["sort-alpha-2", "sort-alpha-1"])
+    page.fill(".filter", "^sort-(beta|alpha-2)$")
+    page.check(".toolbar input[type=checkbox]")
+    expect(names).to_have_text(["sort-alpha-2", "sort-beta"])
+    page.fill(".filter", "no-such-queue")
+    expect(page.locator("#queues tbody")).to_have_text("No item matches the filter.")
+
+
+def test_forms_add_an_exchange_a_queue_and_a_binding(page, warren):
+    sign_in(page, warren, where="#/exchanges")
+    form = page.locator("#add-exchange")
+    form.locator("[name=name]").fill("dash-events")
+    form.locator("[name=type]").select_option("topic")
+    form.locator("[name=arguments]").fill("not json")
+    form.locator("button").click()
+    expect(page.locator("#flash")).to_contain_text("Arguments must be a JSON object")
+    form.locator("[name=arguments]").fill("")
+    form.locator("button").click()
+    expect(page.locator("#flash")).to_have_text("Exchange dash-events added.")
+    expect(page.locator("#exchanges a", has_text="dash-events")).to_have_count(1)
+    assert http(warren, "GET", "/api/exchanges/%2F/dash-events")[1]["type"] == "topic"
+
+    page.click("#tabs a[data-tab=queues]")
+    form = page.locator("#add-queue")
+    form.locator("[name=name]").fill("dash-audit")
+    form.locator("[name=arguments]").fill('{"x-max-length": 5}')
+    form.locator("button").click()
+    expect(page.locator("#flash")).to_have_text("Queue dash-audit added.")
+    page.click("#queues a:text-is('dash-audit')")
+    expect(page.locator("#queue-details")).to_contain_text('"x-max-length": 5')
+
+    form = page.locator("#add-binding")
+    form.locator("[name=source]").fill("dash-events")
+    form.locator("[name=routing_key]").fill("audit.#")
+    form.locator("button").click()
+    expect(page.locator("#flash")).to_have_text("Bound dash-events to dash-audit.")
+    expect(page.locator("#queue-bindings tbody tr", has_text="audit.#")).to_have_count(1)
+    bindings = http(warren, "GET", "/api/bindings/%2F")[1]
+    assert {"source": "dash-events", "destination": "dash-audit", "routing_key": "audit.#"} in [
+        {k: b[k] for k in ("source", "destination", "routing_key")} for b in bindings]
+
+    page.click("#delete-queue")
+    expect(page.locator("#flash")).to_have_text("Queue dash-audit deleted.")
+    assert http(warren, "GET", "/api/queues/%2F/dash-audit")[0] == 404
+
+
+def test_connection_page_lists_channels_and_closes_the_connection(page, warren):
+    conn = pika.BlockingConnection(pika.URLParameters(warren.url))
+    conn.channel()
+    conn.channel().confirm_delivery()
+    try:
+        sign_in(page, warren, where="#/connections")
+        page.locator("#connections tbody a").first.click()
+        expect(page.locator("#connection-channels tbody tr")).to_have_count(2)
+        expect(page.locator("#connection-channels tbody")).to_contain_text("confirm")
+        page.fill("[name=reason]", "closed from the dashboard test")
+        page.click("#close-connection")
+        expect(page.locator("#flash")).to_contain_text("closed.")
+
+        def closed_by_broker():
+            try:
+                conn.process_data_events(0)
+            except pika.exceptions.ConnectionClosedByBroker as error:
+                return error
+            return None
+        error = wait_until(closed_by_broker, timeout=15, interval=0.05)
+        assert error.reply_code == 320 and "closed from the dashboard test" in error.reply_text
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_definitions_export_and_import(page, warren, tmp_path):
+    declare(warren, "dash-exported", durable=True)  # definitions hold durable queues
+    sign_in(page, warren, where="#/admin")
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = json.loads(download.value.path().read_text())
+    assert "dash-exported" in [q["name"] for q in exported["queues"]]
+    expect(page.locator("#flash")).to_contain_text("Definitions exported")
+
+    bad = tmp_path / "broken.json"
+    bad.write_text("{not json")
+    page.set_input_files("#import [name=file]", str(bad))
+    page.click("#import button")
+    expect(page.locator("#flash")).to_have_text(
+        "Importing definitions failed: broken.json is not a JSON file")
+
+    good = tmp_path / "definitions.json"
+    good.write_text(json.dumps({"queues": [{
+        "name": "dash-imported", "vhost": "/", "durable": True, "auto_delete": False,
+        "arguments": {}}]}))
+    page.set_input_files("#import [name=file]", str(good))
+    page.click("#import button")
+    expect(page.locator("#flash")).to_have_text("Definitions imported from definitions.json.")
+    assert http(warren, "GET", "/api/queues/%2F/dash-imported")[0] == 200
+
+
+# -- actions on endpoints another change adds (issue 20, point 7) -------------------------------
+
+def require_endpoint(warren, method: str, path: str, body: dict) -> None:
+    """Skip, naming the endpoint, while the broker answers it 404 or 405."""
+    status, _ = http(warren, method, path, body)
+    if status in (404, 405):
+        pytest.skip(f"the broker does not serve {method} {path} yet (HTTP {status}); "
+                    "the dashboard's form for it is written to RabbitMQ's API")
+
+
+def test_publish_and_get_a_message_from_the_queue_page(page, warren):
+    declare(warren, "dash-inbox")
+    require_endpoint(warren, "POST", "/api/exchanges/%2F/amq.default/publish",
+                     {"routing_key": "dash-no-such-queue", "payload": "",
+                      "payload_encoding": "string", "properties": {}})
+    require_endpoint(warren, "POST", "/api/queues/%2F/dash-inbox/get",
+                     {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
+    sign_in(page, warren, where="#/queues/%2F/dash-inbox")
+    publish = page.locator("#publish")
+    publish.locator("[name=payload]").fill("hello from the dashboard")
+    publish.locator("[name=headers]").fill('{"origin": "test"}')
+    publish.locator("button").click()
+    expect(page.locator("#flash")).to_have_text("Message published.")
+    expect(page.locator("#queue-details [data-field=messages_ready]")).to_have_text("1")
+
+    get = page.locator("#get-messages")
+    get.locator("[name=ackmode]").select_option("ack_requeue_false")
+    get.locator("button").click()
+    expect(page.locator("#messages .payload")).to_have_text("hello from the dashboard")
+    expect(page.locator("#messages")).to_contain_text('"origin": "test"')
+    expect(page.locator("#queue-details [data-field=messages_ready]")).to_have_text("0")
+    get.locator("button").click()
+    expect(page.locator("#messages")).to_have_text("Queue is empty.")
+
+
+def test_publish_from_an_exchange_page_says_when_nothing_was_routed(page, warren):
+    require_endpoint(warren, "POST", "/api/exchanges/%2F/amq.direct/publish",
+                     {"routing_key": "dash-nowhere", "payload": "", "payload_encoding": "string",
+                      "properties": {}})
+    sign_in(page, warren, where="#/exchanges/%2F/amq.direct")
+    publish = page.locator("#publish")
+    publish.locator("[name=routing_key]").fill("dash-nowhere")
+    publish.locator("[name=payload]").fill("lost")
+    publish.locator("button").click()
+    expect(page.locator("#flash")).to_have_text("Message published, but not routed.")
