@@ -188,6 +188,16 @@ def test_wrong_password_is_refused_with_an_error_then_sign_in_and_out(page, warr
     expect(page.locator("#totals")).to_have_count(0)
 
 
+def test_a_user_without_management_tags_is_told_why(page, warren):
+    assert http(warren, "PUT", "/api/users/dash-app", {"password": "pw", "tags": ""})[0] == 201
+    page.goto(warren.http_url + "/")
+    page.fill("#user", "dash-app")
+    page.fill("#password", "pw")
+    page.click("#login button[type=submit]")
+    expect(page.locator("#login-error")).to_have_text("Login refused: Not management user")
+    expect(page.locator("#app")).to_be_hidden()
+
+
 def test_queue_charts_move_while_publishing_and_purge_empties_it(page, warren):
     declare(warren, "dash-orders")
     publisher = Publisher(warren.url, "dash-orders")
@@ -374,3 +384,22 @@ def test_publish_from_an_exchange_page_says_when_nothing_was_routed(page, warren
     publish.locator("[name=payload]").fill("lost")
     publish.locator("button").click()
     expect(page.locator("#flash")).to_have_text("Message published, but not routed.")
+
+
+def test_overview_shows_a_disk_alarm_and_the_node_details(browser, tmp_path):
+    # a free-disk limit larger than any disk: the alarm is on from the start
+    alarmed = RunningBroker(tmp_path / "data", management=True,
+                            extra_args=["--disk-free-limit", str(10**18)]).start()
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        sign_in(page, alarmed)
+        expect(page.locator("#alarms")).to_contain_text("Disk alarm on ")
+        expect(page.locator("#alarms")).to_contain_text("Publishers are blocked.")
+        expect(page.locator("#nodes [data-field=disk_free_alarm]")).to_have_text(
+            "ALARM: publishers blocked")
+        expect(page.locator("#nodes [data-field=mem_alarm]")).to_have_text("no alarm")
+    finally:
+        context.close()
+        alarmed.stop()
