@@ -31,6 +31,7 @@ sync_api = pytest.importorskip(
 expect = sync_api.expect
 
 TIMEOUT_MS = 30_000  # each wait for the page; it refreshes every 2 s in these tests
+expect.set_options(timeout=TIMEOUT_MS)
 # Chromium flags for a machine without a network or a GPU (and as root: no sandbox)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update",
@@ -125,8 +126,8 @@ def http(warren, method: str, path: str, body=None) -> tuple[int, object]:
         return error.code, None
 
 
-def ready(warren, queue: str) -> int:
-    return http(warren, "GET", f"/api/queues/%2F/{queue}")[1]["messages_ready"]
+def ready(warren, queue: str) -> int | None:
+    return http(warren, "GET", f"/api/queues/%2F/{queue}")[1].get("messages_ready")
 
 
 def declare(warren, queue: str, messages: int = 0, durable: bool = False) -> None:
@@ -291,6 +292,8 @@ def test_connection_page_lists_channels_and_closes_the_connection(page, warren):
     conn = pika.BlockingConnection(pika.URLParameters(warren.url))
     conn.channel()
     conn.channel().confirm_delivery()
+    wait_until(lambda: len(http(warren, "GET", "/api/connections")[1]) == 1, timeout=10,
+               message="(only this test's connection open)")
     try:
         sign_in(page, warren, where="#/connections")
         page.locator("#connections tbody a").first.click()
