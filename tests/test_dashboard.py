@@ -352,18 +352,26 @@ def require_endpoint(warren, method: str, path: str, body: dict) -> None:
                     "the dashboard's form for it is written to RabbitMQ's API")
 
 
+def require_publish(warren, exchange: str) -> None:
+    require_endpoint(warren, "POST", f"/api/exchanges/%2F/{exchange}/publish",
+                     {"routing_key": "dash-nowhere", "payload": "", "payload_encoding": "string",
+                      "properties": {}})
+
+
+def publish_with_form(page, **fields: str) -> None:
+    form = page.locator("#publish")
+    for name, value in fields.items():
+        form.locator(f"[name={name}]").fill(value)
+    form.locator("button").click()
+
+
 def test_publish_and_get_a_message_from_the_queue_page(page, warren):
     declare(warren, "dash-inbox")
-    require_endpoint(warren, "POST", "/api/exchanges/%2F/amq.default/publish",
-                     {"routing_key": "dash-no-such-queue", "payload": "",
-                      "payload_encoding": "string", "properties": {}})
+    require_publish(warren, "amq.default")
     require_endpoint(warren, "POST", "/api/queues/%2F/dash-inbox/get",
                      {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
     sign_in(page, warren, where="#/queues/%2F/dash-inbox")
-    publish = page.locator("#publish")
-    publish.locator("[name=payload]").fill("hello from the dashboard")
-    publish.locator("[name=headers]").fill('{"origin": "test"}')
-    publish.locator("button").click()
+    publish_with_form(page, payload="hello from the dashboard", headers='{"origin": "test"}')
     expect(page.locator("#flash")).to_have_text("Message published.")
     expect(page.locator("#queue-details [data-field=messages_ready]")).to_have_text("1")
 
@@ -378,14 +386,9 @@ def test_publish_and_get_a_message_from_the_queue_page(page, warren):
 
 
 def test_publish_from_an_exchange_page_says_when_nothing_was_routed(page, warren):
-    require_endpoint(warren, "POST", "/api/exchanges/%2F/amq.direct/publish",
-                     {"routing_key": "dash-nowhere", "payload": "", "payload_encoding": "string",
-                      "properties": {}})
+    require_publish(warren, "amq.direct")
     sign_in(page, warren, where="#/exchanges/%2F/amq.direct")
-    publish = page.locator("#publish")
-    publish.locator("[name=routing_key]").fill("dash-nowhere")
-    publish.locator("[name=payload]").fill("lost")
-    publish.locator("button").click()
+    publish_with_form(page, routing_key="dash-nowhere", payload="lost")
     expect(page.locator("#flash")).to_have_text("Message published, but not routed.")
 
 
