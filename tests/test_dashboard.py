@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pika
@@ -197,6 +198,30 @@ def test_a_user_without_management_tags_is_told_why(page, warren):
     page.click("#login button[type=submit]")
     expect(page.locator("#login-error")).to_have_text("Login refused: Not management user")
     expect(page.locator("#app")).to_be_hidden()
+
+
+def test_a_management_user_sees_what_it_may_and_stays_signed_in(page, warren):
+    assert http(warren, "PUT", "/api/users/dash-viewer",
+                {"password": "pw", "tags": "management"})[0] == 201
+    assert http(warren, "PUT", "/api/permissions/%2F/dash-viewer",
+                {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    conn = pika.BlockingConnection(pika.URLParameters(warren.url))  # guest's, not its own
+    try:
+        name = wait_until(lambda: http(warren, "GET", "/api/connections")[1])[0]["name"]
+        page.goto(warren.http_url + "/")
+        page.fill("#user", "dash-viewer")
+        page.fill("#password", "pw")
+        page.click("#login button[type=submit]")
+        expect(page.locator("#nodes")).to_have_text(
+            "Node details are shown to users tagged monitoring or administrator.")
+        page.goto(warren.http_url + "/#/connections/" + urllib.parse.quote(name, safe=""))
+        # refused that one page (401 "not authorised"), but still signed in
+        expect(page.locator("#updated")).to_have_text(
+            "refresh failed: User not authorised to access object")
+        expect(page.locator("#app")).to_be_visible()
+        expect(page.locator("#user-name")).to_have_text("dash-viewer (management)")
+    finally:
+        conn.close()
 
 
 def test_queue_charts_move_while_publishing_and_purge_empties_it(page, warren):
