@@ -313,6 +313,18 @@ def test_forms_add_an_exchange_a_queue_and_a_binding(page, warren):
     assert http(warren, "GET", "/api/queues/%2F/dash-audit")[0] == 404
 
 
+def test_default_exchange_page_lists_its_implicit_bindings(page, warren):
+    declare(warren, "dash-direct-target")
+    sign_in(page, warren, where="#/exchanges")
+    page.click("#exchanges a:text-is('(AMQP default)')")
+    expect(page.locator("#view h2").first).to_have_text("Exchange (AMQP default) in /")
+    expect(page.locator("#view dl.details")).to_contain_text("direct")
+    rows = page.locator("#exchange-bindings tbody tr")
+    expect(rows.filter(has_text="dash-direct-target")).to_have_count(1)
+    expect(page.locator("#add-binding")).to_have_count(0)  # nothing binds to it
+    expect(page.locator("#delete-exchange")).to_have_count(0)
+
+
 def test_connection_page_lists_channels_and_closes_the_connection(page, warren):
     conn = pika.BlockingConnection(pika.URLParameters(warren.url))
     conn.channel()
