@@ -271,6 +271,11 @@ def test_queue_table_sorts_and_filters(page, warren):
     page.fill(".filter", "^sort-(beta|alpha-2)$")
     page.check(".toolbar input[type=checkbox]")
     expect(names).to_have_text(["sort-alpha-2", "sort-beta"])
+    # the filter and the order stay while one visits a queue and comes back
+    page.click("#queues a:text-is('sort-beta')")
+    expect(page.locator("#view h2").first).to_have_text("Queue sort-beta in /")
+    page.go_back()
+    expect(names).to_have_text(["sort-alpha-2", "sort-beta"])
     page.fill(".filter", "no-such-queue")
     expect(page.locator("#queues tbody")).to_have_text("No item matches the filter.")
 
