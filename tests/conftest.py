@@ -14,6 +14,8 @@ import pytest
 
 from warren.loadtest.procs import read_line
 
+from .inproc import InProcessGateway, running_gateway
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -140,3 +142,20 @@ def fresh_broker(tmp_path):
     running = RunningBroker(tmp_path / "data", shards=2)
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="module")
+def inproc_gateway(tmp_path_factory):
+    """A Gateway with one shard process in this process's own asyncio loop (tests/inproc.py)."""
+    with running_gateway(tmp_path_factory.mktemp("inproc") / "data") as server:
+        yield server
+
+
+@pytest.fixture
+def inproc(inproc_gateway, request) -> InProcessGateway:
+    """The module's in-process broker for one test: `inproc.client()` connects; the
+    clients are hung up afterwards, and the broker must have logged no error."""
+    inproc_gateway.begin_test(request.node.name)
+    yield inproc_gateway
+    errors = inproc_gateway.end_test()
+    assert not errors, "\n".join(errors)

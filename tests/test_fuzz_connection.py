@@ -25,9 +25,6 @@ completes declare / publish / confirm / get on that same broker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import os
 import struct
 import time
 import traceback
@@ -36,97 +33,25 @@ import pytest
 
 from warren.gateway.amqp import frames, spec
 from warren.gateway.amqp import methods as m
-from warren.gateway.amqp.frames import FrameReader
-from warren.gateway.config import Config
 from warren.gateway.connection import AWAIT_HEADER, CLOSED, Connection
-from warren.gateway.gateway import Gateway
 
 from .amqpfuzz import Case, case_seeds, check_output, make_case
+from .inproc import TIMEOUT as SETTLE_TIMEOUT
+from .inproc import Client, FakeTransport, InProcessGateway, running_gateway, until
 
-SETTLE_TIMEOUT = 10.0  # a shard round trip takes far less; longer means a wedge
 HEALTH_EVERY = 500
 
 
-class FakeTransport(asyncio.Transport):
-    """What Connection uses of an asyncio transport; closing calls connection_lost
-    on the next loop turn, as a socket transport does."""
-
-    def __init__(self, protocol: Connection, peer: tuple = ("127.0.0.1", 40000)):
-        super().__init__()
-        self.protocol = protocol
-        self.peer = peer
-        self.written = bytearray()
-        self.closed = False
-        self.aborted = False
-        self.paused = False
-        self.writes_after_close = 0
-
-    def write(self, data) -> None:
-        if self.closed:
-            self.writes_after_close += 1
-            return
-        self.written += data
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
-
-    def abort(self) -> None:
-        self.aborted = True
-        self.close()
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
-
-    def is_reading(self) -> bool:
-        return not self.paused
-
-    def get_extra_info(self, name, default=None):
-        return {"peername": self.peer, "sockname": ("127.0.0.1", 5999)}.get(name, default)
-
-
-async def _until(condition, timeout: float) -> bool:
-    """Run the loop until `condition()` holds (True) or the deadline passes (False)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    spins = 0
-    while not condition():
-        if loop.time() > deadline:
-            return False
-        spins += 1
-        await asyncio.sleep(0 if spins < 200 else 0.001)
-    return True
-
-
 class Harness:
-    def __init__(self, loop: asyncio.AbstractEventLoop, gateway: Gateway):
-        self.loop = loop
-        self.gateway = gateway
-        self.errors: list[str] = []
-        self.current = "setup"
+    """Fuzz cases against an InProcessGateway, whose errors count as the case's."""
+
+    def __init__(self, server: InProcessGateway):
+        self.server = server
+        self.loop = server.loop
+        self.gateway = server.gateway
+        self.errors = server.errors
         self.last_verdict = None
         self.notes = 0  # oddities check_output noted but does not count as failures
-        loop.set_exception_handler(self._loop_error)
-
-    def _log_error(self, record: logging.LogRecord) -> None:
-        """The broker's ERROR logs: a bug its safety nets caught (an internal error
-        that closed a connection with 541), a shard that died."""
-        text = f"during {self.current}: logged {record.getMessage()}"
-        if record.exc_info:
-            text += "\n" + "".join(traceback.format_exception(*record.exc_info))
-        self.errors.append(text)
-
-    def _loop_error(self, loop, context: dict) -> None:
-        error = context.get("exception")
-        text = "".join(traceback.format_exception(error)) if error else ""
-        self.errors.append(f"during {self.current}: {context.get('message')}\n{text}")
 
     def _quiet(self, conn: Connection) -> bool:
         links = self.gateway.shards
@@ -136,7 +61,7 @@ class Harness:
 
     async def run_case(self, case: Case) -> list[str]:
         """Feed one case to a fresh connection; the problems found."""
-        self.current = f"case seed {case.seed}"
+        self.server.current = f"case seed {case.seed}"
         errors_before = len(self.errors)
         problems: list[str] = []
         conn = Connection(self.gateway)
@@ -148,7 +73,7 @@ class Harness:
         for piece in case.pieces():
             if transport.closed:
                 break
-            if transport.paused and not await _until(
+            if transport.paused and not await until(
                     lambda: not transport.paused or transport.closed, SETTLE_TIMEOUT):
                 problems.append(f"reading stayed paused for {SETTLE_TIMEOUT}s")
                 break
@@ -159,7 +84,7 @@ class Harness:
                                 + "".join(traceback.format_exception(error)))
                 break
             await asyncio.sleep(0)  # shard answers may come between two reads
-        if not await _until(lambda: self._quiet(conn), SETTLE_TIMEOUT):
+        if not await until(lambda: self._quiet(conn), SETTLE_TIMEOUT):
             waiting = [n for n, ch in conn.channels.items() if ch._waiting and not ch.closed]
             problems.append(f"not quiet after {SETTLE_TIMEOUT}s: channels {waiting} wait "
                             "for a shard (a wedged shard link?)")
@@ -181,13 +106,13 @@ class Harness:
                 problems.append("exception escaped data_received (closing):\n"
                                 + "".join(traceback.format_exception(error)))
             # close-ok, then the broker drops what follows until the client hangs up
-            await _until(lambda: conn.state == CLOSED, 1.0)
+            await until(lambda: conn.state == CLOSED, 1.0)
             after = check_output(bytes(transport.written[before:]))
             if not (conn.state == CLOSED and after.has(m.ConnectionCloseOk)):
                 problems.append(f"no close-ok for the client's connection.close (state "
                                 f"{conn.state}, output {bytes(transport.written[before:])[:80]!r})")
         transport.close()  # the client goes away
-        await _until(lambda: conn.state == CLOSED and conn not in self.gateway.connections, 1.0)
+        await until(lambda: conn.state == CLOSED and conn not in self.gateway.connections, 1.0)
         await asyncio.sleep(0)
         problems += self._leftovers(conn)
         if transport.writes_after_close:
@@ -207,120 +132,40 @@ class Harness:
             problems.append(f"exclusive queues {owned} outlive their connection")
         return problems
 
-    async def healthy_roundtrip(self, label: str) -> None:
+    def healthy_roundtrip(self, label: str) -> None:
         """A well-behaved client: declare, publish, confirm, get. Raises AssertionError."""
-        self.current = f"health check {label}"
-        client = InProcessClient(self.gateway)
-        await client.expect(frames.PROTOCOL_HEADER, m.ConnectionStart)
-        await client.expect(frames.method_frame(0, m.ConnectionStartOk(
-            client_properties={"capabilities": {}}, mechanism="PLAIN",
-            response=b"\0guest\0guest", locale="en_US")), m.ConnectionTune)
-        await client.expect(
-            frames.method_frame(0, m.ConnectionTuneOk(channel_max=0, frame_max=131072,
-                                                      heartbeat=0))
-            + frames.method_frame(0, m.ConnectionOpen(virtual_host="/")), m.ConnectionOpenOk)
-        await client.expect(frames.method_frame(1, m.ChannelOpen()), m.ChannelOpenOk)
-        await client.expect(frames.method_frame(1, m.ConfirmSelect()), m.ConfirmSelectOk)
-        declared = await client.expect(frames.method_frame(1, m.QueueDeclare(
-            queue="", exclusive=True)), m.QueueDeclareOk)
+        self.server.current = f"health check {label}"
+        client = Client(self.server)
+        client.handshake()
+        client.open_channel(1)
+        client.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
+        declared = client.call(1, m.QueueDeclare(queue="", exclusive=True), m.QueueDeclareOk)
         body = f"healthy {label}".encode()
-        publish = m.encode_method(m.BasicPublish(exchange="", routing_key=declared.queue))
-        ack = await client.expect(frames.content_frames(1, publish, 60, b"\x00\x00", body,
-                                                        131072), m.BasicAck)
-        assert ack.delivery_tag == 1, ack
-        await client.expect(frames.method_frame(1, m.BasicGet(queue=declared.queue,
-                                                              no_ack=True)), m.BasicGetOk)
-        got = await client.content()
+        client.publish(1, declared.queue, body)
+        assert client.expect(1, m.BasicAck).delivery_tag == 1
+        client.call(1, m.BasicGet(queue=declared.queue, no_ack=True), m.BasicGetOk)
+        got = client.content()[1]
         assert got == body, (got, body)
-        await client.expect(frames.method_frame(0, m.ConnectionClose(reply_code=200,
-                                                                     reply_text="ok")),
-                            m.ConnectionCloseOk)
-        client.transport.close()
-        await asyncio.sleep(0)
+        client.call(0, m.ConnectionClose(reply_code=200, reply_text="ok"), m.ConnectionCloseOk)
+        client.close()
 
 
 def _buffered(conn: Connection) -> bool:
     return len(conn.reader._buffer) > conn.reader._offset
 
 
-class InProcessClient:
-    def __init__(self, gateway: Gateway):
-        self.conn = Connection(gateway)
-        self.transport = FakeTransport(self.conn)
-        self.conn.connection_made(self.transport)
-        self.reader = FrameReader(1 << 30)
-        self.seen = 0
-
-    async def next_frame(self, timeout: float = SETTLE_TIMEOUT):
-        def ready():
-            if len(self.transport.written) > self.seen:
-                self.reader.receive_data(bytes(self.transport.written[self.seen:]))
-                self.seen = len(self.transport.written)
-            self.frame = self.reader.next_frame()
-            return self.frame is not None or self.transport.closed
-
-        assert await _until(ready, timeout), f"no answer within {timeout}s"
-        return self.frame
-
-    async def expect(self, data: bytes, kind: type):
-        self.conn.data_received(data)
-        while True:
-            got = await self.next_frame()
-            assert got is not None, f"connection closed while waiting for {kind.NAME}"
-            frame_type, _, payload = got
-            if frame_type == frames.FRAME_METHOD:
-                method = m.decode_method(payload)
-                assert type(method) is kind, method
-                return method
-
-    async def content(self) -> bytes:
-        frame_type, _, payload = await self.next_frame()
-        assert frame_type == frames.FRAME_HEADER
-        size = struct.unpack_from(">Q", payload, 4)[0]
-        body = b""
-        while len(body) < size:
-            frame_type, _, payload = await self.next_frame()
-            assert frame_type == frames.FRAME_BODY
-            body += payload
-        return body
-
-
-@contextlib.contextmanager
-def running_harness(data_dir):
-    """A Gateway with one shard process in an asyncio loop of its own."""
-    quiet = logging.getLogger("warren")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # refused logins and closes by the thousand
-    loop = asyncio.new_event_loop()
-    os.makedirs(data_dir, exist_ok=True)  # the caller's to create, as gateway/server.py does
-    gateway = Gateway(Config(data_dir=str(data_dir), shards=1, disk_free_limit=0,
-                             stats_interval=60.0, store_map_size=1 << 30, memory_limit=0))
-    loop.run_until_complete(gateway.start())
-    harness = Harness(loop, gateway)
-    recorder = logging.Handler(logging.ERROR)
-    recorder.emit = harness._log_error
-    quiet.addHandler(recorder)
-    try:
-        yield harness
-    finally:
-        quiet.removeHandler(recorder)
-        loop.run_until_complete(gateway.stop())
-        loop.close()
-        quiet.setLevel(level)
-
-
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
     """One broker for the module's fuzz runs."""
-    with running_harness(tmp_path_factory.mktemp("fuzz") / "data") as harness:
-        yield harness
+    with running_gateway(tmp_path_factory.mktemp("fuzz") / "data", quiet=True) as server:
+        yield Harness(server)
 
 
 @pytest.fixture
 def fresh_harness(tmp_path):
     """A broker of its own, for a regression case that may break it."""
-    with running_harness(tmp_path / "data") as harness:
-        yield harness
+    with running_gateway(tmp_path / "data", quiet=True) as server:
+        yield Harness(server)
 
 
 def run_fuzz(harness: Harness, seeds: list[int]) -> None:
@@ -328,11 +173,11 @@ def run_fuzz(harness: Harness, seeds: list[int]) -> None:
     unhealthy: list[str] = []
     ran = []
 
-    async def fuzz() -> None:
-        await harness.healthy_roundtrip("before")
+    def fuzz() -> None:
+        harness.healthy_roundtrip("before")
         checked = seeds[0] if seeds else 0
         for n, seed in enumerate(seeds, 1):
-            problems = await harness.run_case(make_case(seed))
+            problems = harness.loop.run_until_complete(harness.run_case(make_case(seed)))
             ran.append(seed)
             if problems:
                 failures.append((seed, problems))
@@ -340,8 +185,8 @@ def run_fuzz(harness: Harness, seeds: list[int]) -> None:
             # must still get its work done; a broken broker ends the run.
             if problems or n % HEALTH_EVERY == 0 or n == len(seeds):
                 try:
-                    await harness.healthy_roundtrip(f"after seed {seed}")
-                except AssertionError as error:
+                    harness.healthy_roundtrip(f"after seed {seed}")
+                except (AssertionError, TimeoutError) as error:
                     unhealthy.append(f"after seeds {checked}..{seed}: {error!r}")
                     return
                 checked = seed + 1
@@ -349,7 +194,7 @@ def run_fuzz(harness: Harness, seeds: list[int]) -> None:
                 return
 
     started = time.monotonic()
-    harness.loop.run_until_complete(fuzz())
+    fuzz()
     elapsed = time.monotonic() - started
     print(f"\nfuzz: {len(ran)} of {len(seeds)} in-process cases from seed "
           f"{seeds[0] if seeds else '-'} in {elapsed:.1f}s "
@@ -410,7 +255,7 @@ def run_regression(harness: Harness, data: bytes):
     Returns what the broker wrote (a Verdict)."""
     problems = harness.loop.run_until_complete(harness.run_case(Case(0, data, [])))
     assert not problems, "\n".join(problems)
-    harness.loop.run_until_complete(harness.healthy_roundtrip("after the regression case"))
+    harness.healthy_roundtrip("after the regression case")
     return harness.last_verdict
 
 

@@ -1,0 +1,309 @@
+"""The broker in-process, for protocol tests that run in milliseconds.
+
+A Gateway with one real shard process runs in an asyncio loop of the test
+process; each Client is a real gateway.connection.Connection over a FakeTransport,
+driven through the project's codec. Client mirrors tests/rawclient.py's RawClient
+(send_method, next_method, handshake, open_channel, ...), so a protocol test reads
+the same in-process as over TCP; its waits run the loop until the answer is there
+or a deadline passes, so they feel synchronous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import struct
+import traceback
+
+from warren.gateway.amqp import frames
+from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.frames import FrameReader
+from warren.gateway.config import Config
+from warren.gateway.connection import Connection
+from warren.gateway.gateway import Gateway
+
+TIMEOUT = 10.0  # a shard round trip takes far less; longer means a wedge
+
+
+class FakeTransport(asyncio.Transport):
+    """What Connection uses of an asyncio transport; closing calls connection_lost
+    on the next loop turn, as a socket transport does."""
+
+    def __init__(self, protocol: Connection, peer: tuple = ("127.0.0.1", 40000)):
+        super().__init__()
+        self.protocol = protocol
+        self.peer = peer
+        self.written = bytearray()
+        self.closed = False
+        self.aborted = False
+        self.paused = False
+        self.writes_after_close = 0
+
+    def write(self, data) -> None:
+        if self.closed:
+            self.writes_after_close += 1
+            return
+        self.written += data
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.close()
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_reading(self) -> bool:
+        return not self.paused
+
+    def get_extra_info(self, name, default=None):
+        return {"peername": self.peer, "sockname": ("127.0.0.1", 5999)}.get(name, default)
+
+
+async def until(condition, timeout: float) -> bool:
+    """Run the loop until `condition()` holds (True) or the deadline passes (False)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    spins = 0
+    while not condition():
+        if loop.time() > deadline:
+            return False
+        spins += 1
+        await asyncio.sleep(0 if spins < 200 else 0.001)
+    return True
+
+
+class InProcessGateway:
+    """A Gateway with one shard process in an asyncio loop of its own, and a record
+    of what should never happen: an exception reaching the loop's handler, an
+    ERROR logged (the broker's safety nets turn a bug into a logged 541 close)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gateway: Gateway):
+        self.loop = loop
+        self.gateway = gateway
+        self.errors: list[str] = []
+        self.current = "setup"  # what ran when an error came, for its report
+        self._clients: list[Client] = []
+        self._errors_before = 0
+        loop.set_exception_handler(self._loop_error)
+
+    def _log_error(self, record: logging.LogRecord) -> None:
+        text = f"during {self.current}: logged {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info))
+        self.errors.append(text)
+
+    def _loop_error(self, loop, context: dict) -> None:
+        error = context.get("exception")
+        text = "".join(traceback.format_exception(error)) if error else ""
+        self.errors.append(f"during {self.current}: {context.get('message')}\n{text}")
+
+    def run(self, condition, timeout: float = TIMEOUT) -> bool:
+        """Run the loop until `condition()` holds (True) or the deadline passes."""
+        return self.loop.run_until_complete(until(condition, timeout))
+
+    def settle(self, timeout: float = TIMEOUT) -> None:
+        """Run the loop until no connection waits for a shard or has output pending."""
+        def quiet() -> bool:
+            return (not any(conn._flush_scheduled or any(
+                        ch._waiting and not ch.closed for ch in conn.channels.values())
+                        for conn in self.gateway.connections)
+                    and not any(link._waiters or link._batch for link in self.gateway.shards))
+
+        assert self.run(quiet, timeout), f"the broker did not settle within {timeout}s"
+
+    def client(self) -> "Client":
+        """A new client connection, hung up by end_test."""
+        client = Client(self)
+        self._clients.append(client)
+        return client
+
+    def end_test(self) -> list[str]:
+        """Hang up the test's clients; the errors recorded since begin_test."""
+        clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+        return self.errors[self._errors_before:]
+
+    def begin_test(self, name: str) -> None:
+        self.current = name
+        self._errors_before = len(self.errors)
+
+
+@contextlib.contextmanager
+def running_gateway(data_dir, quiet: bool = False):
+    """An InProcessGateway over `data_dir`, stopped at the end of the block. `quiet`
+    silences the broker's logs below ERROR (a fuzzer's refused logins by the thousand)."""
+    logger = logging.getLogger("warren")
+    level = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    loop = asyncio.new_event_loop()
+    os.makedirs(data_dir, exist_ok=True)  # the caller's to create, as gateway/server.py does
+    gateway = Gateway(Config(data_dir=str(data_dir), shards=1, disk_free_limit=0,
+                             stats_interval=60.0, store_map_size=1 << 30, memory_limit=0))
+    loop.run_until_complete(gateway.start())
+    server = InProcessGateway(loop, gateway)
+    recorder = logging.Handler(logging.ERROR)
+    recorder.emit = server._log_error
+    logger.addHandler(recorder)
+    try:
+        yield server
+    finally:
+        logger.removeHandler(recorder)
+        loop.run_until_complete(gateway.stop())
+        loop.close()
+        logger.setLevel(level)
+
+
+_peers = itertools.count(1)
+
+
+class Client:
+    """A client connection to an InProcessGateway, on the project's codec."""
+
+    def __init__(self, server: InProcessGateway, peer: tuple | None = None):
+        self.server = server
+        self.conn = Connection(server.gateway)
+        # A loopback address of its own: the broker throttles refused logins per address.
+        n = next(_peers)
+        self.transport = FakeTransport(
+            self.conn, peer or (f"127.1.{n >> 8 & 255}.{n & 255}", 40000 + n % 20000))
+        self.reader = FrameReader(1 << 30)
+        self._seen = 0
+
+        async def connect() -> None:
+            self.conn.connection_made(self.transport)
+        server.loop.run_until_complete(connect())
+
+    # -- input to the broker ---------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Hand bytes to the connection as its socket would: in the loop (input
+        buffered while the broker holds reading is read when it resumes)."""
+        async def received() -> None:
+            self.conn.data_received(data)
+        if not self.transport.closed:
+            self.server.loop.run_until_complete(received())
+
+    def send_method(self, channel: int, method) -> None:
+        self.send(frames.method_frame(channel, method))
+
+    def send_frame(self, frame_type: int, channel: int, payload: bytes, end: int = 0xCE) -> None:
+        self.send(struct.pack(">BHI", frame_type, channel, len(payload)) + payload + bytes((end,)))
+
+    def publish(self, channel: int, routing_key: str, body: bytes, exchange: str = "",
+                mandatory: bool = False, properties: bytes = b"\x00\x00") -> None:
+        method = m.encode_method(m.BasicPublish(exchange=exchange, routing_key=routing_key,
+                                                mandatory=mandatory))
+        self.send(frames.content_frames(channel, method, 60, properties, body,
+                                        self.conn.frame_max))
+
+    # -- output of the broker ----------------------------------------------------------
+
+    def _frame_ready(self):
+        if len(self.transport.written) > self._seen:
+            self.reader.receive_data(bytes(self.transport.written[self._seen:]))
+            self._seen = len(self.transport.written)
+        frame = self.reader.next_frame()
+        if frame is not None:
+            self._frame = frame
+            return True
+        if self.transport.closed:  # and everything it wrote is read
+            self._frame = None
+            return True
+        return False
+
+    def next_frame(self, timeout: float = TIMEOUT):
+        """The next frame, or None once the broker closed the connection."""
+        if not self.server.run(self._frame_ready, timeout):
+            raise TimeoutError(f"no frame from the broker within {timeout}s")
+        return self._frame
+
+    def next_method(self, timeout: float = TIMEOUT):
+        """The next (channel, method), skipping heartbeats and content; None at close."""
+        while True:
+            frame = self.next_frame(timeout)
+            if frame is None:
+                return None
+            frame_type, channel, payload = frame
+            if frame_type == frames.FRAME_METHOD:
+                return channel, m.decode_method(payload)
+
+    def expect(self, channel: int, kind: type):
+        """The next method, which must be a `kind` on `channel`."""
+        got = self.next_method()
+        assert got is not None, f"the broker closed the connection instead of {kind.NAME}"
+        assert got[0] == channel and type(got[1]) is kind, got
+        return got[1]
+
+    def content(self) -> tuple[bytes, bytes]:
+        """(properties, body) of the content that follows a delivery or get-ok."""
+        frame_type, _, payload = self.next_frame()
+        assert frame_type == frames.FRAME_HEADER, (frame_type, payload)
+        size = struct.unpack_from(">Q", payload, 4)[0]
+        properties, body = payload[12:], b""
+        while len(body) < size:
+            frame_type, _, payload = self.next_frame()
+            assert frame_type == frames.FRAME_BODY, (frame_type, payload)
+            body += payload
+        return properties, body
+
+    def pending(self) -> list:
+        """Once the broker has settled (nothing in flight): the frames it wrote that
+        were not read yet. For asserting that nothing came."""
+        self.server.settle()
+        taken = []
+        while self._frame_ready() and self._frame is not None:
+            taken.append(self._frame)
+        return taken
+
+    # -- conversations -------------------------------------------------------------------
+
+    def handshake(self, capabilities: dict | None = None, user: str = "guest",
+                  password: str = "guest", heartbeat: int = 0,
+                  channel_max: int | None = None) -> None:
+        self.send(frames.PROTOCOL_HEADER)
+        self.expect(0, m.ConnectionStart)
+        self.send_method(0, m.ConnectionStartOk(
+            client_properties={"product": "inproc", "capabilities": capabilities or {}},
+            mechanism="PLAIN", response=b"\0" + user.encode() + b"\0" + password.encode(),
+            locale="en_US"))
+        tune = self.expect(0, m.ConnectionTune)
+        self.send_method(0, m.ConnectionTuneOk(channel_max=channel_max or tune.channel_max,
+                                               frame_max=tune.frame_max, heartbeat=heartbeat))
+        self.send_method(0, m.ConnectionOpen(virtual_host="/"))
+        self.expect(0, m.ConnectionOpenOk)
+
+    def open_channel(self, number: int = 1) -> None:
+        self.send_method(number, m.ChannelOpen())
+        self.expect(number, m.ChannelOpenOk)
+
+    def call(self, channel: int, method, kind: type):
+        """Send a method and return its answer, which must be a `kind`."""
+        self.send_method(channel, method)
+        return self.expect(channel, kind)
+
+    def close(self) -> None:
+        """Hang up (as a client closing its socket) and let the broker clean up."""
+        if not self.transport.closed:
+            async def hang_up() -> None:
+                self.transport.close()
+            self.server.loop.run_until_complete(hang_up())
+        self.server.run(lambda: self.conn not in self.server.gateway.connections)
+
+
+__all__ = ["Client", "FakeTransport", "InProcessGateway", "running_gateway", "until"]
