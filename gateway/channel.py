@@ -183,6 +183,9 @@ class Channel(Declarations, Consuming, Publishing):
 
     # -- channel class ---------------------------------------------------------
 
+    def _channel_open(self, method: m.ChannelOpen) -> None:
+        raise AMQPError(spec.CHANNEL_ERROR, "second 'channel.open' seen")  # RabbitMQ's 504
+
     def _channel_flow(self, method: m.ChannelFlow) -> None:
         self.flow_active = method.active
         self.send(m.ChannelFlowOk(active=method.active))
@@ -236,6 +239,7 @@ class Channel(Declarations, Consuming, Publishing):
 
 
 Channel._handlers = {
+    m.ChannelOpen: Channel._channel_open,
     m.ChannelFlow: Channel._channel_flow,
     m.ChannelClose: Channel._channel_close,
     m.ChannelCloseOk: Channel._channel_close_ok,

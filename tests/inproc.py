@@ -16,13 +16,14 @@ import itertools
 import logging
 import os
 import struct
+import time
 import traceback
 
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.frames import FrameReader
 from warren.gateway.config import Config
-from warren.gateway.connection import Connection
+from warren.gateway.connection import CLOSE_OK_TIMEOUT, Connection
 from warren.gateway.gateway import Gateway
 
 TIMEOUT = 10.0  # a shard round trip takes far less; longer means a wedge
@@ -94,6 +95,10 @@ class InProcessGateway:
     def __init__(self, loop: asyncio.AbstractEventLoop, gateway: Gateway):
         self.loop = loop
         self.gateway = gateway
+        # The loop's clock runs with time.monotonic() but can be moved on (advance),
+        # so a test need not wait out the broker's timers in real time.
+        self._ahead = 0.0
+        loop.time = lambda: time.monotonic() + self._ahead
         self.errors: list[str] = []
         self.current = "setup"  # what ran when an error came, for its report
         self._clients: list[Client] = []
@@ -114,6 +119,12 @@ class InProcessGateway:
     def run(self, condition, timeout: float = TIMEOUT) -> bool:
         """Run the loop until `condition()` holds (True) or the deadline passes."""
         return self.loop.run_until_complete(until(condition, timeout))
+
+    def advance(self, seconds: float) -> None:
+        """Move the loop's clock on: timers due by then (close-ok timeouts, the
+        login throttle's delays) run now."""
+        self._ahead += seconds
+        self.loop.run_until_complete(asyncio.sleep(0))
 
     def settle(self, timeout: float = TIMEOUT) -> None:
         """Run the loop until no connection waits for a shard or has output pending."""
@@ -296,6 +307,23 @@ class Client:
         """Send a method and return its answer, which must be a `kind`."""
         self.send_method(channel, method)
         return self.expect(channel, kind)
+
+    def expect_connection_close(self, code: int) -> m.ConnectionClose:
+        """The broker's connection.close with `code`; answered with close-ok, after
+        which the broker hangs up. Returns the close for its text."""
+        close = self.expect(0, m.ConnectionClose)
+        assert close.reply_code == code, close
+        self.answer_close()
+        return close
+
+    def answer_close(self) -> None:
+        """Answer the broker's connection.close; it must hang up (at once, or once
+        its close-ok timeout has passed where it can no longer read frames)."""
+        self.send_method(0, m.ConnectionCloseOk())
+        self.server.settle()
+        if not self.transport.closed:
+            self.server.advance(CLOSE_OK_TIMEOUT)
+        assert self.next_frame(timeout=1.0) is None
 
     def close(self) -> None:
         """Hang up (as a client closing its socket) and let the broker clean up."""

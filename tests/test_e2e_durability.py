@@ -189,48 +189,7 @@ def test_kill_soak(tmp_path, victim, seed):
     _kill_round(tmp_path, seed, victim)
 
 
-def test_confirms_ack_each_message_once_and_unroutable_mandatory_returns_first(broker):
-    from warren.gateway.amqp import frames
-    from warren.gateway.amqp import methods as m
-
-    from .rawclient import RawClient
-
-    client = RawClient(broker.port)
-    client.handshake()
-    client.open_channel(1)
-    client.send_method(1, m.ConfirmSelect(nowait=True))  # no select-ok with nowait
-    client.send_method(1, m.QueueDeclare(queue="", exclusive=True))
-    _, ok = client.next_method()
-    assert isinstance(ok, m.QueueDeclareOk)
-    publish = m.encode_method(m.BasicPublish(exchange="", routing_key=ok.queue))
-    unroutable = m.encode_method(m.BasicPublish(exchange="", routing_key="nowhere",
-                                                mandatory=True))
-    data = b"".join(frames.content_frames(1, publish, 60, b"\x00\x00", b"x", 131072)
-                    for _ in range(9))
-    data += frames.content_frames(1, unroutable, 60, b"\x00\x00", b"lost", 131072)
-    client.send(data)
-    answered = set()
-    seen_return = False
-    while len(answered) < 10:
-        _, method = client.next_method()
-        if isinstance(method, m.BasicReturn):
-            assert method.reply_code == 312 and method.reply_text == "NO_ROUTE"
-            assert 10 not in answered  # basic.return goes out before the ack
-            seen_return = True
-            continue
-        assert isinstance(method, m.BasicAck), method
-        if method.multiple:  # everything not yet answered up to the tag
-            tags = [t for t in range(1, method.delivery_tag + 1) if t not in answered]
-        else:
-            tags = [method.delivery_tag]
-        for tag in tags:
-            assert tag not in answered
-            answered.add(tag)
-    assert answered == set(range(1, 11)) and seen_return
-    client.close()
-
-
-def test_transactions_commit_rollback_and_mode_exclusivity(broker):
+def test_transactions_commit_rollback_with_pika(broker):
     conn = connect(broker)
     ch = conn.channel()
     q = ch.queue_declare("", exclusive=True).method.queue
@@ -248,14 +207,8 @@ def test_transactions_commit_rollback_and_mode_exclusivity(broker):
     ch.basic_ack(method.delivery_tag)  # and can be acked again, then committed
     ch.tx_commit()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-        ch.confirm_delivery()
+        ch.confirm_delivery()  # the modes exclude each other (test_channel_protocol.py)
     assert info.value.reply_code == 406
-    assert info.value.reply_text == "PRECONDITION_FAILED - cannot switch from tx to confirm mode"
-    ch = conn.channel()
-    ch.confirm_delivery()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-        ch.tx_select()
-    assert info.value.reply_text == "PRECONDITION_FAILED - cannot switch from confirm to tx mode"
     conn.close()
 
 
