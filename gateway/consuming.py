@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from warren.shards import records as r
 
-from . import replyto
+from . import prefetch, replyto
 from .amqp import frames, hotpath, spec
 from .amqp import methods as m
 from .amqp.properties import (
@@ -58,12 +58,9 @@ class ConsumerState:
         self.timed_out = False  # a timeout hit it (it stays listed until cancelled)
         self.arguments = arguments or {}
 
-    def useful_credit(self) -> int | None:
+    def room(self) -> int | None:
         """Credit it could use under its own limit; None when it has none."""
-        if self.no_ack or not self.prefetch:
-            return None
-        return max(self.prefetch - self.unacked - max(self.credit, 0), 0)
-
+        return None if self.no_ack else prefetch.room(self.prefetch, self.unacked, self.credit)
 
 
 class Consuming:
@@ -107,23 +104,9 @@ class Consuming:
         limited = [c for c in self.consumers.values() if not c.no_ack]
         if not limited:
             return
-        free = (self.channel_prefetch - self.consumer_unacked
-                - sum(max(c.credit, 0) for c in limited))
-        if free <= 0:
-            return
-        # Never deal a consumer more than its own prefetch lets it use: that credit
-        # would sit idle while another consumer of the channel could use it.
-        room = {c: c.useful_credit() for c in limited}
-        grants = dict.fromkeys(limited, 0)
-        limited.sort(key=lambda c: c.credit)
-        while free > 0:
-            takers = [c for c in limited if room[c] is None or room[c] > grants[c]]
-            if not takers:
-                break
-            for consumer in takers[:free]:
-                grants[consumer] += 1
-            free -= min(free, len(takers))
-        for consumer, credit in grants.items():
+        grants = prefetch.deal(self.channel_prefetch, self.consumer_unacked,
+                               [c.credit for c in limited], [c.room() for c in limited])
+        for consumer, credit in zip(limited, grants):
             if credit:
                 consumer.credit += credit
                 consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, credit))
@@ -327,11 +310,12 @@ class Consuming:
         groups: dict[tuple, list[int]] = {}
         if self.timed_out:
             self._settled_timed_out({tag for tag, _ in taken})
-        for _tag, (link, qid, holder, seq) in taken:
-            groups.setdefault((link, qid, holder), []).append(seq)
-            if holder != self.id:
+        for _tag, delivery in taken:
+            groups.setdefault((delivery.link, delivery.qid, delivery.holder), []).append(
+                delivery.seq)
+            if delivery.holder != self.id:
                 self.consumer_unacked -= 1
-                consumer = self.by_holder.get(holder)
+                consumer = self.by_holder.get(delivery.holder)
                 if consumer is not None:
                     consumer.unacked -= 1
         for (link, qid, holder), seqs in groups.items():

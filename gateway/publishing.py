@@ -25,7 +25,7 @@ from .confirms import ConfirmTracker
 from .errors import AMQPError, exchange_name
 from .exchange import RENEW_EXCHANGE
 from .gateway import QueueMeta
-from .transaction import PUBLISH, Transaction
+from .transaction import Transaction, TxPublish
 
 _EXPIRATION = flag_mask("expiration")
 _PRIORITY = flag_mask("priority")
@@ -63,7 +63,7 @@ class Publishing:
         if not self.conn.has_published or self.gateway.alarms.active:
             self.conn.note_publish()
         if self.tx is not None:
-            self.tx.publish(method, properties, body, expiration, priority, also)
+            self.tx.publish(TxPublish(method, properties, body, expiration, priority, also))
         else:
             self._route(method, properties, body, expiration, priority, also)
 
@@ -224,9 +224,7 @@ class Publishing:
         if self.confirms is not None:
             self.conn.owed_confirms.add(self)
             self.conn.schedule_flush()
-        elif self.tx is not None and self.tx.committing and not self.tx.stored.outstanding:
-            self.tx.stored.take_replies()
-            self.tx.committing = False
+        elif self.tx is not None and self.tx.stored_all():
             self.send(m.TxCommitOk())
             self._waiting = False
             self.conn.run_guarded(self, self._drain_backlog)
@@ -246,17 +244,15 @@ class Publishing:
         commit-ok once every shard has stored its part."""
         if self.tx is None:
             raise AMQPError(spec.PRECONDITION_FAILED, "channel is not transactional")
-        for kind, args in self.tx.take():
-            if kind == PUBLISH:
-                self._route(*args)
+        for action in self.tx.take():
+            if type(action) is TxPublish:
+                self._route(*action)
             else:
-                self._settle_now(*args)
-        if self.tx.stored.outstanding:
-            self.tx.committing = True
-            self._waiting = True  # later frames wait for commit-ok
-        else:
-            self.tx.stored.take_replies()
+                self._settle_now(action.taken, action.outcome)
+        if self.tx.carried_out():
             self.send(m.TxCommitOk())
+        else:
+            self._waiting = True  # later frames wait for commit-ok
 
     def _tx_rollback(self, method: m.TxRollback) -> None:
         if self.tx is None:

@@ -198,6 +198,43 @@ def test_queue_delete_ok_comes_before_the_consumers_cancel(inproc):
     assert client.expect(1, m.BasicCancel).consumer_tag == "c1"
 
 
+# -- basic.qos -----------------------------------------------------------------------------
+
+def deliveries(client, queue: str) -> list[m.BasicDeliver]:
+    """The deliveries the broker sends until it has answered a passive declare of
+    `queue` on channel 2 (its shard has then dealt out what it could), and after."""
+    client.send_method(2, m.QueueDeclare(queue=queue, passive=True))
+    delivered = []
+    while True:
+        channel, method = client.next_method()
+        if type(method) is m.QueueDeclareOk:
+            break
+        assert (channel, type(method)) == (1, m.BasicDeliver), method
+        delivered.append(method)
+    return delivered + [m.decode_method(payload) for kind, _, payload in client.pending()
+                        if kind == frames.FRAME_METHOD]
+
+
+def test_a_channel_wide_prefetch_is_shared_by_its_consumers(inproc):
+    client = connected(inproc)
+    client.open_channel(1)
+    client.open_channel(2)
+    first, second = declare_works(client, 1), declare_works(client, 1)
+    client.call(1, m.BasicQos(prefetch_count=3, global_=True), m.BasicQosOk)
+    for queue in (first, second):
+        client.call(1, m.BasicConsume(queue=queue), m.BasicConsumeOk)
+    for queue in (first, second):
+        for n in range(5):
+            client.publish(1, queue, b"%d" % n)
+    delivered = deliveries(client, second)
+    assert len(delivered) == 3  # of 10 ready, across both consumers
+    client.send_method(1, m.BasicAck(delivery_tag=delivered[-1].delivery_tag, multiple=True))
+    assert len(deliveries(client, second)) == 3  # three settled, three more
+    client.send_method(1, m.BasicQos(prefetch_count=0, global_=True))
+    client.expect(1, m.BasicQosOk)
+    assert len(deliveries(client, second)) == 4  # no limit: the rest
+
+
 # -- publisher confirms ---------------------------------------------------------------
 
 def test_confirms_ack_each_message_once_and_unroutable_mandatory_returns_first(inproc):
