@@ -58,9 +58,7 @@ class Assembler:
 
     def _method_frame(self, payload: bytes) -> tuple | None:
         if self._method is not None:
-            raise AMQPError(spec.UNEXPECTED_FRAME,
-                            f"expected content {'header' if self._awaiting_header else 'body'}"
-                            f" for class {BASIC_CLASS}, got non content frame instead")
+            raise self._out_of_turn()
         if payload[:4] == hotpath.PUBLISH_IDS:
             try:
                 method = hotpath.parse_publish(payload)
@@ -79,11 +77,12 @@ class Assembler:
 
     def _header(self, payload: bytes) -> tuple | None:
         if not self._awaiting_header:
-            raise AMQPError(spec.UNEXPECTED_FRAME, "unexpected content header frame")
+            raise self._out_of_turn()
         class_id, size, properties = frames.parse_content_header(payload)
         if class_id != BASIC_CLASS:
             raise AMQPError(spec.UNEXPECTED_FRAME,
-                            f"content header for class {class_id}, expected {BASIC_CLASS}")
+                            f"expected content header for class {BASIC_CLASS}, got one for "
+                            f"class {class_id} instead", BASIC_CLASS, m.BasicPublish.METHOD_ID)
         self._awaiting_header = False
         if size > self.max_size:
             self._method = AMQPError(
@@ -97,13 +96,26 @@ class Assembler:
 
     def _body(self, payload: bytes) -> tuple | None:
         if self._method is None or self._awaiting_header:
-            raise AMQPError(spec.UNEXPECTED_FRAME, "unexpected content body frame")
+            raise self._out_of_turn()
         self._received += len(payload)
         if self._received > self._size:
             raise AMQPError(spec.FRAME_ERROR, "content body larger than its header announced")
         if type(self._method) is not AMQPError:
             self._parts.append(payload)
         return self._complete() if self._received == self._size else None
+
+    def _out_of_turn(self) -> AMQPError:
+        """A frame of the wrong type for the state, in RabbitMQ's words
+        (rabbit_command_assembler); inside a publish's content, naming the publish."""
+        if self._method is None:
+            return AMQPError(spec.UNEXPECTED_FRAME,
+                             "expected method frame, got non method frame instead")
+        if self._awaiting_header:
+            text = (f"expected content header for class {BASIC_CLASS}, got non content header "
+                    "frame instead")
+        else:
+            text = "expected content body, got non content body frame instead"
+        return AMQPError(spec.UNEXPECTED_FRAME, text, BASIC_CLASS, m.BasicPublish.METHOD_ID)
 
     def _complete(self) -> tuple:
         parts = self._parts

@@ -15,16 +15,16 @@ import contextlib
 import itertools
 import logging
 import os
-import struct
 import time
 import traceback
 
-from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.frames import FrameReader
 from warren.gateway.config import Config
 from warren.gateway.connection import CLOSE_OK_TIMEOUT, Connection
 from warren.gateway.gateway import Gateway
+
+from .rawclient import Conversation
 
 TIMEOUT = 10.0  # a shard round trip takes far less; longer means a wedge
 
@@ -183,8 +183,9 @@ def running_gateway(data_dir, quiet: bool = False):
 _peers = itertools.count(1)
 
 
-class Client:
-    """A client connection to an InProcessGateway, on the project's codec."""
+class Client(Conversation):
+    """A Conversation (tests/rawclient.py) with an InProcessGateway: a real
+    Connection over a FakeTransport."""
 
     def __init__(self, server: InProcessGateway, peer: tuple | None = None):
         self.server = server
@@ -210,19 +211,6 @@ class Client:
         if not self.transport.closed:
             self.server.loop.run_until_complete(received())
 
-    def send_method(self, channel: int, method) -> None:
-        self.send(frames.method_frame(channel, method))
-
-    def send_frame(self, frame_type: int, channel: int, payload: bytes, end: int = 0xCE) -> None:
-        self.send(struct.pack(">BHI", frame_type, channel, len(payload)) + payload + bytes((end,)))
-
-    def publish(self, channel: int, routing_key: str, body: bytes, exchange: str = "",
-                mandatory: bool = False, properties: bytes = b"\x00\x00") -> None:
-        method = m.encode_method(m.BasicPublish(exchange=exchange, routing_key=routing_key,
-                                                mandatory=mandatory))
-        self.send(frames.content_frames(channel, method, 60, properties, body,
-                                        self.conn.frame_max))
-
     # -- output of the broker ----------------------------------------------------------
 
     def _frame_ready(self):
@@ -238,40 +226,12 @@ class Client:
             return True
         return False
 
-    def next_frame(self, timeout: float = TIMEOUT):
+    def next_frame(self, timeout: float | None = None):
         """The next frame, or None once the broker closed the connection."""
+        timeout = timeout or TIMEOUT
         if not self.server.run(self._frame_ready, timeout):
             raise TimeoutError(f"no frame from the broker within {timeout}s")
         return self._frame
-
-    def next_method(self, timeout: float = TIMEOUT):
-        """The next (channel, method), skipping heartbeats and content; None at close."""
-        while True:
-            frame = self.next_frame(timeout)
-            if frame is None:
-                return None
-            frame_type, channel, payload = frame
-            if frame_type == frames.FRAME_METHOD:
-                return channel, m.decode_method(payload)
-
-    def expect(self, channel: int, kind: type):
-        """The next method, which must be a `kind` on `channel`."""
-        got = self.next_method()
-        assert got is not None, f"the broker closed the connection instead of {kind.NAME}"
-        assert got[0] == channel and type(got[1]) is kind, got
-        return got[1]
-
-    def content(self) -> tuple[bytes, bytes]:
-        """(properties, body) of the content that follows a delivery or get-ok."""
-        frame_type, _, payload = self.next_frame()
-        assert frame_type == frames.FRAME_HEADER, (frame_type, payload)
-        size = struct.unpack_from(">Q", payload, 4)[0]
-        properties, body = payload[12:], b""
-        while len(body) < size:
-            frame_type, _, payload = self.next_frame()
-            assert frame_type == frames.FRAME_BODY, (frame_type, payload)
-            body += payload
-        return properties, body
 
     def pending(self) -> list:
         """Once the broker has settled (nothing in flight): the frames it wrote that
@@ -281,32 +241,6 @@ class Client:
         while self._frame_ready() and self._frame is not None:
             taken.append(self._frame)
         return taken
-
-    # -- conversations -------------------------------------------------------------------
-
-    def handshake(self, capabilities: dict | None = None, user: str = "guest",
-                  password: str = "guest", heartbeat: int = 0,
-                  channel_max: int | None = None) -> None:
-        self.send(frames.PROTOCOL_HEADER)
-        self.expect(0, m.ConnectionStart)
-        self.send_method(0, m.ConnectionStartOk(
-            client_properties={"product": "inproc", "capabilities": capabilities or {}},
-            mechanism="PLAIN", response=b"\0" + user.encode() + b"\0" + password.encode(),
-            locale="en_US"))
-        tune = self.expect(0, m.ConnectionTune)
-        self.send_method(0, m.ConnectionTuneOk(channel_max=channel_max or tune.channel_max,
-                                               frame_max=tune.frame_max, heartbeat=heartbeat))
-        self.send_method(0, m.ConnectionOpen(virtual_host="/"))
-        self.expect(0, m.ConnectionOpenOk)
-
-    def open_channel(self, number: int = 1) -> None:
-        self.send_method(number, m.ChannelOpen())
-        self.expect(number, m.ChannelOpenOk)
-
-    def call(self, channel: int, method, kind: type):
-        """Send a method and return its answer, which must be a `kind`."""
-        self.send_method(channel, method)
-        return self.expect(channel, kind)
 
     def expect_connection_close(self, code: int) -> m.ConnectionClose:
         """The broker's connection.close with `code`; answered with close-ok, after

@@ -47,32 +47,52 @@ def test_frame_on_unopened_channel_is_504(inproc):
     client = inproc.client()
     client.handshake()
     client.send_method(5, m.QueueDeclare(queue="x"))
-    assert client.expect_connection_close(504).reply_text.startswith("CHANNEL_ERROR")
+    close = client.expect_connection_close(504)
+    assert (close.reply_text, close.class_id, close.method_id) == (
+        "CHANNEL_ERROR - expected 'channel.open'", 50, 10)
 
 
-def test_content_body_without_header_is_505(inproc):
+def publish_then(*frames_after) -> list[tuple[int, bytes]]:
+    return [(frames.FRAME_METHOD, m.encode_method(m.BasicPublish(exchange="", routing_key="x"))),
+            *frames_after]
+
+
+HEADER = (frames.FRAME_HEADER, struct.pack(">HHQH", 60, 0, 10, 0))
+QOS = (frames.FRAME_METHOD, m.encode_method(m.BasicQos(prefetch_count=1)))
+CONTENT_HEADER_EXPECTED = ("UNEXPECTED_FRAME - expected content header for class 60, got non "
+                           "content header frame instead", 60, 40)
+CONTENT_BODY_EXPECTED = ("UNEXPECTED_FRAME - expected content body, got non content body frame "
+                         "instead", 60, 40)
+
+
+@pytest.mark.parametrize("sent, close", [
+    (publish_then((frames.FRAME_BODY, b"body first")), CONTENT_HEADER_EXPECTED),
+    (publish_then(QOS), CONTENT_HEADER_EXPECTED),
+    (publish_then(HEADER, QOS), CONTENT_BODY_EXPECTED),
+    (publish_then(HEADER, HEADER), CONTENT_BODY_EXPECTED),
+    (publish_then((frames.FRAME_HEADER, struct.pack(">HHQH", 50, 0, 10, 0))),
+     ("UNEXPECTED_FRAME - expected content header for class 60, got one for class 50 instead",
+      60, 40)),
+    ([(frames.FRAME_BODY, b"x")],
+     ("UNEXPECTED_FRAME - expected method frame, got non method frame instead", 0, 0)),
+], ids=["body-without-header", "method-instead-of-header", "method-instead-of-body",
+        "header-instead-of-body", "header-of-another-class", "body-without-publish"])
+def test_frames_out_of_turn_are_505_in_rabbitmqs_words(inproc, sent, close):
     client = inproc.client()
     client.handshake()
     client.open_channel(1)
-    client.send_method(1, m.BasicPublish(exchange="", routing_key="x"))
-    client.send_frame(frames.FRAME_BODY, 1, b"body first")
-    assert client.expect_connection_close(505).reply_text.startswith("UNEXPECTED_FRAME")
-
-
-def test_method_instead_of_content_header_is_505(inproc):
-    client = inproc.client()
-    client.handshake()
-    client.open_channel(1)
-    client.send_method(1, m.BasicPublish(exchange="", routing_key="x"))
-    client.send_method(1, m.BasicQos(prefetch_count=1))
-    assert client.expect_connection_close(505).reply_text.startswith("UNEXPECTED_FRAME")
+    for frame_type, payload in sent:
+        client.send_frame(frame_type, 1, payload)
+    got = client.expect_connection_close(505)
+    assert (got.reply_text, got.class_id, got.method_id) == close
 
 
 def test_bad_frame_end_is_501(inproc):
     client = inproc.client()
     client.handshake()
     client.send_frame(frames.FRAME_METHOD, 0, m.encode_method(m.ChannelOpen()), end=0x00)
-    assert client.expect_connection_close(501).reply_text.startswith("FRAME_ERROR")
+    assert client.expect_connection_close(501).reply_text == (
+        "FRAME_ERROR - type 1, all octets = <<0,20,0,10,0>>: {invalid_frame_end_marker,0}")
 
 
 def test_frame_over_frame_max_is_501(inproc):
@@ -82,7 +102,8 @@ def test_frame_over_frame_max_is_501(inproc):
     client.send_method(1, m.BasicPublish(exchange="", routing_key="x"))
     client.send_frame(frames.FRAME_HEADER, 1, struct.pack(">HHQH", 60, 0, 200_000, 0))
     client.send_frame(frames.FRAME_BODY, 1, b"x" * 200_000)
-    assert client.expect_connection_close(501).reply_text.startswith("FRAME_ERROR")
+    assert client.expect_connection_close(501).reply_text == (
+        "FRAME_ERROR - type 3, all octets = <<>>: {frame_too_large,200000,131064}")
 
 
 def test_undecodable_arguments_are_501_as_on_rabbitmq(inproc):

@@ -75,9 +75,10 @@ class FrameReader:
         end = offset + 7 + size
         if len(buf) <= end:
             return None
-        if buf[end] != FRAME_END:
-            raise FrameError(f"type {frame_type}, bad frame end octet {buf[end]}")
         payload = bytes(buf[offset + 7:end])
+        if buf[end] != FRAME_END:
+            raise FrameError(f"type {frame_type}, all octets = {erlang_binary(payload)}: "
+                             f"{{invalid_frame_end_marker,{buf[end]}}}")
         if frame_type == FRAME_METHOD and size < 4:  # not even class-id and method-id
             raise FrameError(f"type {frame_type}, all octets = {erlang_binary(payload)}: "
                              "unknown_frame")
