@@ -70,6 +70,7 @@ class Channel(Declarations, Consuming, Publishing):
         self.assembler = Assembler(self.gateway.config.max_message_size)
         self._waiting = False
         self._backlog: deque = deque()
+        self._running = None  # the method being handled (a shard request's errors name it)
 
     @property
     def vhost(self):
@@ -105,24 +106,34 @@ class Channel(Declarations, Consuming, Publishing):
         if handler is None:
             raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME}",
                             method.CLASS_ID, method.METHOD_ID)
+        self._running = method
         try:
             handler(self, method)
         except AMQPError as error:
-            if not error.class_id:
-                error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
+            _name(error, method)
             raise
 
     # -- waiting for a shard ---------------------------------------------------
 
     def _request(self, link, make, on_reply) -> None:
-        """Send a request to a shard; park the channel until `on_reply(reply)` ran."""
+        """Send a request to a shard; park the channel until `on_reply(reply)` ran.
+        An error it raises names the method that asked, as RabbitMQ's do."""
         self._waiting = True
+        asking = self._running
+
+        def answer(reply) -> None:
+            try:
+                on_reply(reply)
+            except AMQPError as error:
+                _name(error, asking)
+                raise
+            self._drain_backlog()
 
         def answered(reply) -> None:
             if self.closed or self.closing:
                 return
             self._waiting = False
-            self.conn.run_guarded(self, lambda: (on_reply(reply), self._drain_backlog()))
+            self.conn.run_guarded(self, lambda: answer(reply))
 
         link.request(make, answered)
 
@@ -236,6 +247,12 @@ class Channel(Declarations, Consuming, Publishing):
             self.confirms.fail_shard(link.index)
             self.conn.owed_confirms.add(self)
             self.conn.schedule_flush()
+
+
+def _name(error: AMQPError, method) -> None:
+    """Name the method an error answers, unless the error names one already."""
+    if not error.class_id:
+        error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
 
 
 Channel._handlers = {

@@ -116,32 +116,6 @@ def test_reject_without_requeue_discards(broker):
     conn.close()
 
 
-@pytest.mark.parametrize("mistake", ["twice", "unknown", "other channel"])
-def test_bad_delivery_tag_is_406_with_rabbitmq_text(broker, mistake):
-    conn = connect(broker)
-    ch = conn.channel()
-    fill(ch, "badtag", 2)
-    method = pump_until(conn, lambda: ch.basic_get("badtag")[0])
-    assert method.delivery_tag == 1  # tags start at 1 per channel
-    if mistake == "twice":
-        ch.basic_ack(1)
-        ch.basic_ack(1)
-        bad = 1
-    elif mistake == "unknown":
-        ch.basic_ack(99)
-        bad = 99
-    else:
-        other = conn.channel()
-        other.basic_ack(1)  # tag 1 exists only on the first channel
-        ch = other
-        bad = 1
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-        ch.queue_declare("badtag", passive=True)
-    assert info.value.reply_code == 406
-    assert info.value.reply_text == f"PRECONDITION_FAILED - unknown delivery tag {bad}"
-    conn.close()
-
-
 def test_unacked_requeued_on_channel_error_and_on_connection_close(broker):
     conn = connect(broker)
     holder = conn.channel()
@@ -228,16 +202,7 @@ def test_prefetch_zero_is_unlimited_and_get_ignores_prefetch(broker):
     conn.close()
 
 
-def test_prefetch_size_is_refused_as_rabbitmq_does(broker):
-    conn = connect(broker)
-    ch = conn.channel()
-    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
-        ch.basic_qos(prefetch_size=1000, prefetch_count=1)
-    assert info.value.reply_code == 540
-    assert info.value.reply_text == "NOT_IMPLEMENTED - prefetch_size!=0 (1000)"
-
-
-def test_consumer_priority_and_exclusive_consumer(broker):
+def test_consumer_priority(broker):
     conn = connect(broker)
     ch = conn.channel()
     ch.queue_declare("prio", exclusive=True)
@@ -246,13 +211,7 @@ def test_consumer_priority_and_exclusive_consumer(broker):
     for i in range(5):
         ch.basic_publish("", "prio", str(i).encode())
     pump_until(conn, lambda: len(high) == 5)
-    assert low == []
-    ch.queue_declare("excl", exclusive=True)
-    ch.basic_consume("excl", lambda *a: None, exclusive=True)
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-        ch.basic_consume("excl", lambda *a: None)
-    assert info.value.reply_code == 403
-    assert info.value.reply_text == "ACCESS_REFUSED - queue 'excl' in vhost '/' in exclusive use"
+    assert low == []  # an exclusive consumer's 403: test_channel_errors.py
     conn.close()
 
 

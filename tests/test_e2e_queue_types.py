@@ -48,43 +48,6 @@ def pump(conn, seconds: float) -> None:
         conn.process_data_events(time_limit=0.02)
 
 
-# -- quorum queue declaration -------------------------------------------------------
-
-
-def test_quorum_queue_declaration_rules(broker):
-    conn = connect(broker)
-    try:
-        for kwargs, text in [
-            (dict(durable=False), "invalid property 'non-durable' for queue '{q}' in vhost '/'"),
-            (dict(durable=True, exclusive=True),
-             "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
-            (dict(durable=True, auto_delete=True),
-             "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
-            # RabbitMQ's order: auto-delete, then exclusive, then non-durable
-            (dict(durable=False, exclusive=True, auto_delete=True),
-             "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
-            (dict(durable=False, exclusive=True),
-             "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
-        ]:
-            name = unique("bad")
-            ch = conn.channel()
-            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
-                ch.queue_declare(name, arguments={"x-queue-type": "quorum"}, **kwargs)
-            assert raised.value.reply_code == 406
-            assert raised.value.reply_text == "PRECONDITION_FAILED - " + text.format(q=name)
-        ch = conn.channel()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
-            ch.queue_declare(unique("s"), durable=True, arguments={"x-queue-type": "stream"})
-        assert "stream queues are not supported" in raised.value.reply_text
-        ch = conn.channel()
-        name = quorum(ch)
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
-            ch.queue_declare(name, durable=True)  # redeclared as classic
-        assert "inequivalent arg 'x-queue-type'" in raised.value.reply_text
-    finally:
-        conn.close()
-
-
 # -- delivery counting --------------------------------------------------------------
 
 
@@ -295,18 +258,6 @@ def test_lock_renewal_keeps_a_message_past_its_timeout(broker, renew_all):
     wait_until(lambda: (conn.process_data_events(0.02), len(tags) == 2)[1])
     renew(ch, "worker", tags[1])
     wait_until(lambda: (conn.process_data_events(0.02), cancelled)[1], timeout=5)
-    conn.close()
-
-
-def test_renewal_of_an_unknown_delivery_is_an_error(broker):
-    conn = connect(broker)
-    ch = conn.channel()
-    queue = quorum(ch)
-    ch.basic_consume(queue, lambda *a: None, consumer_tag="w")
-    renew(ch, "w", 999)
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
-        ch.queue_declare(queue, passive=True)
-    assert raised.value.reply_text == "PRECONDITION_FAILED - unknown delivery tag 999"
     conn.close()
 
 

@@ -205,90 +205,6 @@ def locked(queue: str) -> str:
             "exclusive property value does not match that of the original declaration.")
 
 
-def test_default_and_system_exchanges_are_protected(broker):
-    """Every operation on the default exchange, a passive declaration included, and
-    the creation or deletion of amq.* names answer as RabbitMQ 3.10 does."""
-    default = "ACCESS_REFUSED - operation not permitted on the default exchange"
-    missing = unique("amq.missing")
-    conn = connect(broker)
-    queue = conn.channel().queue_declare("", exclusive=True).method.queue
-    cases = [
-        (lambda ch: ch.exchange_declare("", passive=True), 403, default),
-        (lambda ch: ch.exchange_declare("", "direct"), 403, default),
-        (lambda ch: ch.exchange_delete(""), 403, default),
-        (lambda ch: ch.queue_bind(queue, ""), 403, default),
-        (lambda ch: ch.queue_unbind(queue, ""), 403, default),
-        (lambda ch: ch.exchange_bind("amq.fanout", ""), 403, default),
-        (lambda ch: ch.exchange_bind("", "amq.fanout"), 403, default),
-        (lambda ch: ch.exchange_unbind("amq.fanout", ""), 403, default),
-        (lambda ch: ch.exchange_unbind("", "amq.fanout"), 403, default),
-        (lambda ch: ch.exchange_delete("amq.headers"), 403,
-         "ACCESS_REFUSED - deletion of system exchange 'amq.headers' in vhost '/' not allowed"),
-        (lambda ch: ch.exchange_delete(missing), 403,
-         f"ACCESS_REFUSED - deletion of system exchange '{missing}' in vhost '/' not allowed"),
-        (lambda ch: ch.exchange_declare("amq.mine", "direct"), 403,
-         "ACCESS_REFUSED - exchange name 'amq.mine' contains reserved prefix 'amq.*'"),
-        (lambda ch: ch.exchange_declare("amq.mine", passive=True), 404,
-         "NOT_FOUND - no exchange 'amq.mine' in vhost '/'"),
-        (lambda ch: ch.queue_declare("amq.mine"), 403,
-         "ACCESS_REFUSED - queue name 'amq.mine' contains reserved prefix 'amq.*'"),
-        (lambda ch: ch.exchange_declare("amq.direct", "fanout", durable=True), 406,
-         "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'amq.direct' in vhost '/': "
-         "received 'fanout' but current is 'direct'"),
-    ]
-    try:
-        for action, code, text in cases:
-            ch = conn.channel()
-            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
-                action(ch)
-            assert (raised.value.reply_code, raised.value.reply_text) == (code, text)
-        ch = conn.channel()
-        ch.exchange_declare("amq.direct", passive=True)
-        ch.exchange_declare("amq.direct", "direct", durable=True)  # as it is: fine
-        # The exchange type is checked first: an unknown one closes the connection.
-        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
-            ch.exchange_declare("", "no-such-type")
-        assert (raised.value.reply_code, raised.value.reply_text) == (
-            503, "COMMAND_INVALID - unknown exchange type 'no-such-type'")
-    finally:
-        if conn.is_open:
-            conn.close()
-
-
-def test_exclusive_queue_redeclared_or_used_elsewhere_is_locked(broker):
-    """RabbitMQ's strict check on redeclaration: the exclusive flag must match even on
-    the owning connection; other connections cannot use the queue at all."""
-    owner, other = connect(broker), connect(broker)
-    exclusive, shared = unique("excl"), unique("shared")
-    try:
-        ch = owner.channel()
-        ch.queue_declare(exclusive, exclusive=True)
-        ch.queue_declare(shared, auto_delete=True)
-        ch.queue_declare(exclusive, exclusive=True)  # the owner, flags as they are: fine
-        ch.queue_declare(exclusive, exclusive=True, durable=True)  # durable is ignored
-        ch.queue_declare(exclusive, passive=True)
-        cases = [
-            (owner, lambda ch: ch.queue_declare(exclusive), exclusive),
-            (owner, lambda ch: ch.queue_declare(shared, exclusive=True, auto_delete=True), shared),
-            (other, lambda ch: ch.queue_declare(exclusive, exclusive=True), exclusive),
-            (other, lambda ch: ch.queue_declare(exclusive), exclusive),
-            (other, lambda ch: ch.queue_declare(exclusive, passive=True), exclusive),
-            (other, lambda ch: ch.queue_bind(exclusive, "amq.direct", "k"), exclusive),
-            (other, lambda ch: ch.queue_purge(exclusive), exclusive),
-            (other, lambda ch: ch.queue_delete(exclusive), exclusive),
-            (other, lambda ch: ch.basic_consume(exclusive, lambda *a: None), exclusive),
-        ]
-        for conn, action, name in cases:
-            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
-                action(conn.channel())
-            assert (raised.value.reply_code, raised.value.reply_text) == (405, locked(name))
-        ch = owner.channel()
-        assert ch.queue_declare(exclusive, passive=True).method.queue == exclusive  # still there
-    finally:
-        owner.close()
-        other.close()
-
-
 def test_unbinding_what_does_not_exist_succeeds(broker):
     """RabbitMQ 3.10 answers unbind-ok when the binding, its queue or its exchange does
     not exist; binding to something missing and purging a missing queue stay 404."""
@@ -431,16 +347,6 @@ def test_per_message_expiration(channel):
     ch.basic_publish("", queue, b"forever")
     time.sleep(0.3)
     assert get_bodies(ch, queue, 2) == [b"long", b"forever"]
-
-
-def test_invalid_expiration_closes_the_channel(channel):
-    ch = channel
-    queue = ch.queue_declare(unique("exp")).method.queue
-    ch.basic_publish("", queue, b"x", pika.BasicProperties(expiration="soon"))
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
-        ch.queue_declare(queue, passive=True)
-    assert raised.value.reply_code == 406
-    assert raised.value.reply_text == "PRECONDITION_FAILED - invalid expiration 'soon': no_integer"
 
 
 def test_ttl_zero_reaches_a_waiting_consumer_only(channel):
@@ -697,23 +603,6 @@ def test_direct_reply_to_rpc(broker):
         for conn in (server_conn, client_conn):
             if conn.is_open:
                 conn.close()
-
-
-def test_direct_reply_to_errors(broker):
-    conn = connect(broker)
-    try:
-        ch = conn.channel()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
-            ch.basic_consume("amq.rabbitmq.reply-to", lambda *a: None, auto_ack=False)
-        assert raised.value.reply_text == "PRECONDITION_FAILED - reply consumer cannot acknowledge"
-        ch = conn.channel()
-        ch.basic_publish("", "anything", b"x",
-                         pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
-            ch.queue_declare("", exclusive=True)
-        assert raised.value.reply_text == "PRECONDITION_FAILED - fast reply consumer does not exist"
-    finally:
-        conn.close()
 
 
 # -- RPC as the client libraries teach it ---------------------------------------------
