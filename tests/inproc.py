@@ -126,15 +126,17 @@ class InProcessGateway:
         self._ahead += seconds
         self.loop.run_until_complete(asyncio.sleep(0))
 
-    def settle(self, timeout: float = TIMEOUT) -> None:
-        """Run the loop until no connection waits for a shard or has output pending."""
-        def quiet() -> bool:
-            return (not any(conn._flush_scheduled or any(
-                        ch._waiting and not ch.closed for ch in conn.channels.values())
-                        for conn in self.gateway.connections)
-                    and not any(link._waiters or link._batch for link in self.gateway.shards))
+    def quiet(self, connections=None) -> bool:
+        """No shard request or batch in flight, and none of `connections` (all by
+        default) has a channel waiting for a shard or output to flush."""
+        return (not any(conn._flush_scheduled or any(
+                    ch._waiting and not ch.closed for ch in conn.channels.values())
+                    for conn in (self.gateway.connections if connections is None else connections))
+                and not any(link._waiters or link._batch for link in self.gateway.shards))
 
-        assert self.run(quiet, timeout), f"the broker did not settle within {timeout}s"
+    def settle(self, timeout: float = TIMEOUT) -> None:
+        """Run the loop until the broker is quiet."""
+        assert self.run(self.quiet, timeout), f"the broker did not settle within {timeout}s"
 
     def client(self) -> "Client":
         """A new client connection, hung up by end_test."""

@@ -53,12 +53,6 @@ class Harness:
         self.last_verdict = None
         self.notes = 0  # oddities check_output noted but does not count as failures
 
-    def _quiet(self, conn: Connection) -> bool:
-        links = self.gateway.shards
-        return (not conn._flush_scheduled
-                and not any(ch._waiting and not ch.closed for ch in conn.channels.values())
-                and not any(link._waiters or link._batch for link in links))
-
     async def run_case(self, case: Case) -> list[str]:
         """Feed one case to a fresh connection; the problems found."""
         self.server.current = f"case seed {case.seed}"
@@ -84,7 +78,7 @@ class Harness:
                                 + "".join(traceback.format_exception(error)))
                 break
             await asyncio.sleep(0)  # shard answers may come between two reads
-        if not await until(lambda: self._quiet(conn), SETTLE_TIMEOUT):
+        if not await until(lambda: self.server.quiet([conn]), SETTLE_TIMEOUT):
             waiting = [n for n, ch in conn.channels.items() if ch._waiting and not ch.closed]
             problems.append(f"not quiet after {SETTLE_TIMEOUT}s: channels {waiting} wait "
                             "for a shard (a wedged shard link?)")
