@@ -130,7 +130,7 @@ def next_close(client) -> m.ConnectionClose:
     (b"\x00\x32", "FRAME_ERROR - type 1, all octets = <<0,50>>: unknown_frame"),
     (b"", "FRAME_ERROR - type 1, all octets = <<>>: unknown_frame"),
     (b"\x00\x32\x00\x0a\x00", "FRAME_ERROR - cannot decode <<0>>"),
-])
+], ids=["class-id-only", "empty", "cut-arguments"])
 def test_malformed_frame_behind_a_waiting_declare_closes_only_its_sender(inproc, bad_payload,
                                                                          text):
     """Issue 17.1: a method frame too short to decode, sent while its channel waits for
