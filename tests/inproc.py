@@ -21,7 +21,7 @@ import traceback
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.frames import FrameReader
 from warren.gateway.config import Config
-from warren.gateway.connection import CLOSE_OK_TIMEOUT, Connection
+from warren.gateway.connection import CLOSE_OK_TIMEOUT, OPEN, Connection
 from warren.gateway.gateway import Gateway
 
 from .rawclient import Conversation
@@ -262,7 +262,12 @@ class Client(Conversation):
         assert self.next_frame(timeout=1.0) is None
 
     def close(self) -> None:
-        """Hang up (as a client closing its socket) and let the broker clean up."""
+        """Close the connection (politely if it is open), hang up as a client closing
+        its socket, and let the broker clean up."""
+        if self.conn.state == OPEN and not self.transport.closed:
+            self.send_method(0, m.ConnectionClose(reply_code=200, reply_text="bye"))
+            while (got := self.next_method()) is not None and got != (0, m.ConnectionCloseOk()):
+                pass  # what the broker sent before its close-ok
         if not self.transport.closed:
             async def hang_up() -> None:
                 self.transport.close()
