@@ -13,7 +13,8 @@ from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 
 FULL = "NOT_ALLOWED - number of channels opened ({n}) has reached the negotiated channel_max ({n})"
-CLOSE_406 = m.ChannelClose(reply_code=406, reply_text="PRECONDITION_FAILED - unknown delivery tag 99",
+CLOSE_406 = m.ChannelClose(reply_code=406,
+                           reply_text="PRECONDITION_FAILED - unknown delivery tag 99",
                            class_id=60, method_id=80)
 
 
