@@ -425,7 +425,8 @@ BAD_DEFINITIONS_PROBLEMS = [
     "users[1].hashing_algorithm: rabbit_password_hashing_md5 is not supported "
     "(only rabbit_password_hashing_sha256)",
     "permissions[0].user: no user 'nobody'",
-    "policies[0]: unrecognised policy key 'colour'",
+    "policies[0].definition.colour: policy key 'colour' is not supported (policy 'p' in "
+    "vhost 'defs-bad')",
     "exchanges[0].type: unknown exchange type 'fancy'",
     "queues[3]: PRECONDITION_FAILED - invalid arg 'x-max-length' for queue 'q3' in vhost "
     "'defs-bad': "
@@ -621,3 +622,61 @@ def test_consumer_timeout_policy_level_of_the_precedence(managed):
     finally:
         call(managed, "DELETE", "/api/policies/%2F/ct")
         conn.close()
+
+
+def test_vhost_and_user_limits_and_binding_deletion_as_rabbitmq_has_them(managed):
+    assert call(managed, "PUT", "/api/vhosts/lim-v", {})[0] == 201
+    try:
+        assert call(managed, "PUT", "/api/vhost-limits/lim-v/max-queues", {"value": 5})[0] == 204
+        assert get(managed, "/api/vhost-limits/lim-v") == [
+            {"vhost": "lim-v", "value": {"max-queues": 5}}]
+        assert {"vhost": "lim-v", "value": {"max-queues": 5}} in get(managed,
+                                                                     "/api/vhost-limits")
+        assert get(managed, "/api/vhosts/lim-v")["limits"] == {"max-queues": 5}
+        status, body = call(managed, "PUT", "/api/vhost-limits/lim-v/max-bogus", {"value": 1})
+        assert status == 400 and "unrecognised limit(s) 'max-bogus'" in body["reason"]
+        status, body = call(managed, "PUT", "/api/vhost-limits/lim-v/max-queues",
+                            {"value": "x"})
+        assert status == 400 and body["reason"] == "max-queues should be an integer, got 'x'"
+        assert call(managed, "PUT", "/api/vhost-limits/nowhere/max-queues", {"value": 1}) == (
+            404, {"error": "not_found", "reason": "vhost_not_found"})
+        assert call(managed, "DELETE", "/api/vhost-limits/lim-v/max-queues")[0] == 204
+        assert get(managed, "/api/vhost-limits/lim-v") == []
+        assert call(managed, "PUT", "/api/user-limits/guest/max-channels", {"value": 50})[0] == 204
+        assert get(managed, "/api/user-limits/guest") == [
+            {"user": "guest", "value": {"max-channels": 50}}]
+        assert call(managed, "DELETE", "/api/user-limits/guest/max-channels")[0] == 204
+        assert get(managed, "/api/user-limits") == []
+        # a binding goes by its properties_key, as RabbitMQ's DELETE takes it
+        assert call(managed, "PUT", "/api/permissions/lim-v/guest",
+                    {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+        assert call(managed, "PUT", "/api/exchanges/lim-v/x", {"type": "direct"})[0] == 201
+        assert call(managed, "PUT", "/api/queues/lim-v/q", {})[0] == 201
+        assert call(managed, "POST", "/api/bindings/lim-v/e/x/q/q",
+                    {"routing_key": "k", "arguments": {"a": 1}})[0] == 201
+        [binding] = [b for b in get(managed, "/api/bindings/lim-v") if b["source"] == "x"]
+        path = f"/api/bindings/lim-v/e/x/q/q/{quote(binding['properties_key'], safe='')}"
+        assert call(managed, "DELETE", path)[0] == 204
+        assert call(managed, "DELETE", path)[0] == 404
+        assert not [b for b in get(managed, "/api/bindings/lim-v") if b["source"] == "x"]
+    finally:
+        call(managed, "DELETE", "/api/vhosts/lim-v")
+
+
+def test_definitions_import_refuses_unsupported_unless_told_to_skip(managed):
+    document = {"vhosts": [{"name": "skip-v"}],
+                "topic_permissions": [{"user": "guest", "vhost": "skip-v",
+                                       "exchange": "amq.topic", "write": ".*", "read": ".*"}],
+                "parameters": [{"vhost": "skip-v", "component": "vhost-limits",
+                                "name": "limits", "value": {"max-connections": 4}}]}
+    unsupported = ["topic_permissions[0]: topic permissions are not supported (user 'guest', "
+                   "vhost 'skip-v', exchange 'amq.topic')"]
+    status, body = call(managed, "POST", "/api/definitions", document)
+    assert status == 400 and body["unsupported"] == body["problems"] == unsupported
+    assert call(managed, "GET", "/api/vhosts/skip-v")[0] == 404
+    try:
+        assert call(managed, "POST", "/api/definitions?skip-unsupported=true", document) == (
+            200, {"skipped": unsupported})
+        assert get(managed, "/api/vhosts/skip-v")["limits"] == {"max-connections": 4}
+    finally:
+        call(managed, "DELETE", "/api/vhosts/skip-v")

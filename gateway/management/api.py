@@ -17,7 +17,7 @@ from warren.storage.metastore import PolicyDef
 from .. import __version__, arguments
 from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
-from . import definitions, metrics
+from . import definitions, limits, metrics
 from .http import HTTPError, Request, Response, bad_request
 
 COMPATIBLE_RABBITMQ = "3.13.7"  # the management API version Warren's JSON follows
@@ -504,6 +504,20 @@ class Management:
             self.gateway.bind(source, (kind, rest[4]), body.get("routing_key", ""),
                              body.get("arguments", {}))
             return Response(201)
+        # DELETE /api/bindings/{vhost}/e/{source}/q|e/{destination}/{properties_key}
+        if len(rest) == 6 and request.method == "DELETE" and rest[1] == "e" and rest[3] in "qe":
+            vhost = vhosts[0]
+            source = vhost.exchanges.get(rest[2])
+            kind = QUEUE if rest[3] == "q" else EXCHANGE
+            found = [(key, args) for (destination, key, _), args in
+                     (source.bindings.items() if source is not None else ())
+                     if destination == (kind, rest[4]) and properties_key(key, args) == rest[5]]
+            if not found:
+                raise not_found()
+            self.check_permission(request, vhost, "write", kind, rest[4])
+            self.check_permission(request, vhost, "read", EXCHANGE, rest[2])
+            self.gateway.unbind(source, (kind, rest[4]), *found[0])
+            return Response(204)
         raise not_found()
 
     # -- connections, channels, consumers -------------------------------------------------------
@@ -580,14 +594,25 @@ class Management:
         if request.method == "GET":
             return Response.json(definitions.export(self.gateway))
         if request.method == "POST":
+            # skip-unsupported=true: import what Warren supports, list what it skipped
+            skip = request.query.get("skip-unsupported") == "true"
             try:
-                definitions.import_(self.gateway, request.json())
+                skipped = definitions.import_(self.gateway, request.json(), skip)
             except definitions.Invalid as error:
-                return Response.json({"error": "bad_request",
-                                      "reason": "invalid definitions, nothing imported",
-                                      "problems": error.problems}, 400)
-            return Response(204)
+                reason = ("invalid definitions, nothing imported" if error.problems else
+                          "the definitions hold what Warren does not support, nothing "
+                          "imported (skip-unsupported=true imports the rest)")
+                return Response.json({"error": "bad_request", "reason": reason,
+                                      "problems": error.problems + error.unsupported,
+                                      "unsupported": error.unsupported}, 400)
+            return Response.json({"skipped": skipped}) if skipped else Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
+
+    async def api_vhost_limits(self, request: Request, rest: list[str]) -> Response:
+        return await limits.vhost_limits(self, request, rest)
+
+    async def api_user_limits(self, request: Request, rest: list[str]) -> Response:
+        return await limits.user_limits(self, request, rest)
 
     async def api_healthchecks(self, request: Request, rest: list[str]) -> Response:
         return self._health()

@@ -14,6 +14,7 @@ from warren.storage.metastore import PolicyDef
 from .. import __version__, arguments, policies
 from ..errors import AMQPError, exchange_name, queue_name
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from . import limits, supported
 
 COMPATIBLE_RABBITMQ = "3.13.7"
 SHA256 = "rabbit_password_hashing_sha256"
@@ -51,7 +52,11 @@ def export(gateway) -> dict:
         "permissions": [{"user": p.user, "vhost": p.vhost, "configure": p.configure,
                          "write": p.write, "read": p.read}
                         for _, p in sorted(access.permissions.items())],
-        "topic_permissions": [], "parameters": [], "global_parameters": [],
+        "topic_permissions": [], "global_parameters": [],
+        # vhost limits where RabbitMQ keeps them (its import reads them there)
+        "parameters": [{"value": d.limits, "vhost": name, "component": "vhost-limits",
+                        "name": "limits"} for name, d in sorted(gateway.vhost_defs.items())
+                       if d.limits],
         "policies": [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
                       "apply-to": p.apply_to, "definition": p.definition,
                       "priority": p.priority}
@@ -80,6 +85,8 @@ class UserItem(_Item):
 
 class VHostMetadata(msgspec.Struct, frozen=True):  # open: RabbitMQ adds keys over versions
     description: str = ""
+    tags: list[str] = []
+    default_queue_type: str = "classic"
 
 
 class VHostItem(_Item):
@@ -166,25 +173,34 @@ ABOUT = {"rabbit_version", "rabbitmq_version", "product_name", "product_version"
 
 
 class Invalid(Exception):
-    def __init__(self, problems: list[str]):
-        super().__init__(f"{len(problems)} problem(s)")
+    """The document has problems, or holds what Warren does not support (and the
+    import was not told to skip that): nothing was changed."""
+
+    def __init__(self, problems: list[str], unsupported: list[str] = ()):
+        super().__init__(f"{len(problems)} problem(s), {len(unsupported)} unsupported")
         self.problems = problems
+        self.unsupported = list(unsupported)
 
 
-def import_(gateway, data) -> None:
+def import_(gateway, data, skip_unsupported: bool = False) -> list[str]:
     """Create what the definitions name and Warren lacks (existing objects stay;
-    users, permissions and policies are set). Raises Invalid, having changed
-    nothing, when the document has problems."""
+    users, permissions, policies and limits are set). Returns what was skipped as
+    unsupported. Raises Invalid, having changed nothing, when the document has
+    problems, or unsupported items and skip_unsupported is false."""
     if not isinstance(data, dict):
         raise Invalid(["the definitions: expected an object"])
     loaded, problems = _load(data)
+    unsupported = supported.unsupported(loaded)
+    supported.drop(loaded)  # what is left is checked: each problem is reported once
     problems += _unresolved(gateway, data, loaded)
-    if problems:
-        raise Invalid(problems)
+    if problems or (unsupported and not skip_unsupported):
+        raise Invalid(problems, [] if skip_unsupported else unsupported)
     access = gateway.access
     for _, v in loaded["vhosts"]:
         if v.name not in gateway.vhosts:
             gateway.add_vhost(v.name, v.description or v.metadata.description, v.limits or {})
+    for _, p in loaded["parameters"]:  # vhost-limits, as RabbitMQ sets them: the whole set
+        gateway.add_vhost(p.vhost, gateway.vhost_defs[p.vhost].description, p.value)
     for _, u in loaded["users"]:
         tags = [t for t in u.tags.split(",") if t] if isinstance(u.tags, str) else u.tags
         access.put_user(u.name, None, tags, u.password_hash, u.limits or {})
@@ -206,6 +222,7 @@ def import_(gateway, data) -> None:
         vhost = gateway.vhosts[b.vhost]
         gateway.bind(vhost.exchanges[b.source], (_KINDS[b.destination_type], b.destination),
                     b.routing_key, b.arguments)
+    return unsupported if skip_unsupported else []
 
 
 _KINDS = {"queue": QUEUE, "exchange": EXCHANGE}
@@ -269,6 +286,19 @@ def _unresolved(gateway, data: dict, loaded: dict[str, list]) -> list[str]:
     for i, p in loaded["permissions"]:
         if p.user not in users:
             problems.append(f"permissions[{i}].user: no user '{p.user}'")
+    for i, p in loaded["parameters"]:
+        if p.component != supported.VHOST_LIMITS:
+            continue  # reported as unsupported
+        if p.vhost not in vhosts:
+            problems.append(f"parameters[{i}].vhost: no vhost '{p.vhost}'")
+        problem = limits.problem(p.value, limits.VHOST_LIMITS)
+        if problem:
+            problems.append(f"parameters[{i}].value: {problem}")
+    for section, known in (("vhosts", limits.VHOST_LIMITS), ("users", limits.USER_LIMITS)):
+        for i, item in loaded[section]:
+            problem = limits.problem(item.limits or {}, known)
+            if problem:
+                problems.append(f"{section}[{i}].limits: {problem}")
     for i, p in loaded["policies"]:
         problem = policies.problems(_policy(p))
         if problem:

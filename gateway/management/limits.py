@@ -1,0 +1,83 @@
+"""Vhost and user limits, as RabbitMQ has them: which exist, what values they
+take, and RabbitMQ's /api/vhost-limits and /api/user-limits over them."""
+
+from __future__ import annotations
+
+from .http import HTTPError, Request, Response, bad_request
+
+VHOST_LIMITS = ("max-connections", "max-queues")
+USER_LIMITS = ("max-connections", "max-channels")
+
+
+def problem(limits, known: tuple[str, ...]) -> str | None:
+    """Why a set of limits cannot be set, or None. A negative value is no limit."""
+    if not isinstance(limits, dict):
+        return "expected an object of limits"
+    unknown = [name for name in limits if name not in known]
+    if unknown:
+        return (f"unrecognised limit(s) {', '.join(map(repr, unknown))} "
+                f"(known: {', '.join(known)})")
+    for name, value in limits.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"{name} should be an integer, got {value!r}"
+    return None
+
+
+def _limit_value(request: Request, name: str, known: tuple[str, ...]) -> int:
+    value = request.json().get("value")
+    reason = problem({name: value}, known)
+    if reason:
+        raise bad_request(reason)
+    return value
+
+
+async def vhost_limits(management, request: Request, rest: list[str]) -> Response:
+    """GET /api/vhost-limits[/{vhost}], PUT and DELETE /api/vhost-limits/{vhost}/{name}."""
+    gateway = management.gateway
+    if len(rest) <= 1:
+        names = [management._vhost_named(request, rest[0]).name] if rest \
+            else management.permitted_vhosts(request)
+        return Response.json([{"vhost": name, "value": gateway.vhost_defs[name].limits}
+                              for name in names if gateway.vhost_defs[name].limits])
+    if len(rest) != 2:
+        raise HTTPError(404, "Object Not Found", "Not Found")
+    management.require_admin(request)
+    vhost, name = rest
+    definition = gateway.vhost_defs.get(vhost)
+    if definition is None:
+        raise HTTPError(404, "not_found", "vhost_not_found")
+    limits = dict(definition.limits)
+    if request.method == "PUT":
+        limits[name] = _limit_value(request, name, VHOST_LIMITS)
+    elif request.method == "DELETE":
+        limits.pop(name, None)
+    else:
+        raise HTTPError(405, "method_not_allowed", request.method)
+    gateway.add_vhost(vhost, definition.description, limits)
+    return Response(204)
+
+
+async def user_limits(management, request: Request, rest: list[str]) -> Response:
+    """GET /api/user-limits[/{user}], PUT and DELETE /api/user-limits/{user}/{name}."""
+    management.require_admin(request)
+    access = management.gateway.access
+    if len(rest) <= 1:
+        if rest and rest[0] not in access.users:
+            raise HTTPError(404, "Object Not Found", "Not Found")
+        users = [access.users[rest[0]]] if rest else [u for _, u in sorted(access.users.items())]
+        return Response.json([{"user": u.name, "value": u.limits} for u in users if u.limits])
+    if len(rest) != 2:
+        raise HTTPError(404, "Object Not Found", "Not Found")
+    name, limit = rest
+    user = access.users.get(name)
+    if user is None:
+        raise HTTPError(404, "not_found", "user_not_found")
+    limits = dict(user.limits)
+    if request.method == "PUT":
+        limits[limit] = _limit_value(request, limit, USER_LIMITS)
+    elif request.method == "DELETE":
+        limits.pop(limit, None)
+    else:
+        raise HTTPError(405, "method_not_allowed", request.method)
+    access.put_user(name, None, user.tags, None, limits)
+    return Response(204)
