@@ -1,90 +1,64 @@
-"""`warren ctl`: the management API from the command line (tables by default,
---json for scripts), as rabbitmqctl/rabbitmqadmin are used with RabbitMQ."""
+"""`warren ctl`: the management API from the command line, as rabbitmqadmin and
+rabbitmqctl are used with RabbitMQ: rabbitmqadmin's verbs (list, show, declare,
+delete, close, purge, export, import; `name=value` arguments work too) and
+rabbitmqctl's (add-user, set-permissions, set-vhost-limits...). A change prints
+what it did; an error prints the API's reason and exits 1."""
 
 from __future__ import annotations
 
 import argparse
-import base64
 import functools
 import json
+import re
 import sys
-import urllib.error
-import urllib.request
-from urllib.parse import quote
 
-COLUMNS = {
-    "queues": ["vhost", "name", "type", "durable", "messages_ready",
-               "messages_unacknowledged", "consumers", "policy"],
-    "exchanges": ["vhost", "name", "type", "durable", "auto_delete", "internal"],
-    "bindings": ["vhost", "source", "destination", "destination_type", "routing_key"],
-    "connections": ["name", "user", "vhost", "channels", "state"],
-    "channels": ["name", "user", "vhost", "consumer_count", "messages_unacknowledged",
-                 "prefetch_count", "confirm"],
-    "consumers": ["queue", "consumer_tag", "channel", "ack_required", "prefetch_count",
-                  "activity_status", "consumer_timeout"],
-    "users": ["name", "tags"],
-    "vhosts": ["name", "description"],
-    "permissions": ["user", "vhost", "configure", "write", "read"],
-    "policies": ["vhost", "name", "pattern", "apply-to", "priority", "definition"],
+from . import ctlclient
+from .ctlclient import Client, CtlError, render, segment
+
+# what `list` shows, its default columns, and whether the API lists it per vhost
+LISTS = {
+    "queues": (["vhost", "name", "type", "durable", "messages_ready",
+                "messages_unacknowledged", "consumers", "policy"], True),
+    "exchanges": (["vhost", "name", "type", "durable", "auto_delete", "internal"], True),
+    "bindings": (["vhost", "source", "destination", "destination_type", "routing_key",
+                  "properties_key"], True),
+    "connections": (["name", "user", "vhost", "channels", "state"], False),
+    "channels": (["name", "user", "vhost", "consumer_count", "messages_unacknowledged",
+                  "prefetch_count", "confirm"], False),
+    "consumers": (["queue", "consumer_tag", "channel", "ack_required", "prefetch_count",
+                   "activity_status", "consumer_timeout"], True),
+    "users": (["name", "tags"], False),
+    "vhosts": (["name", "description", "limits"], False),
+    "permissions": (["user", "vhost", "configure", "write", "read"], False),
+    "policies": (["vhost", "name", "pattern", "apply-to", "priority", "definition"], True),
+    "nodes": (["name", "type", "mem_used", "mem_limit", "disk_free", "disk_free_limit"], False),
+    "vhost_limits": (["vhost", "value"], True),
+    "user_limits": (["user", "value"], False),
 }
+# lists the API has for all vhosts only: --vhost filters them by this field
+VHOST_FIELD = {"connections": "vhost", "channels": "vhost", "permissions": "vhost",
+               "vhosts": "name"}
+GLOBAL_DEFAULTS = {"url": None, "user": None, "password": None, "config": None,
+                   "vhost": None, "format": "table"}
 
 
-class CtlError(Exception):
-    pass
+def _boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-class Client:
-    def __init__(self, url: str, user: str, password: str):
-        self.url = url.rstrip("/")
-        self.auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-    def call(self, method: str, path: str, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + "/api/" + path, data=data, method=method,
-                                         headers={"Authorization": self.auth,
-                                                  "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as error:
-            try:
-                body = json.loads(error.read())
-            except ValueError:
-                body = {}
-            problems = "".join(f"\n  {problem}" for problem in body.get("problems", []))
-            raise CtlError(f"{method} {path}: {error.code} {body.get('reason', error.reason)}"
-                           f"{problems}") from None
-        except urllib.error.URLError as error:
-            raise CtlError(f"cannot reach {self.url}: {error.reason}") from None
-        return json.loads(raw) if raw else None
-
-
-def _v(vhost: str) -> str:
-    return quote(vhost, safe="")
-
-
-def _cell(row: dict, column: str) -> str:
-    value = row.get(column)
-    if column == "queue" and isinstance(value, dict):
-        value = value.get("name")
-    if column == "channel" and "channel_details" in row:
-        value = row["channel_details"].get("name")
-    if isinstance(value, (dict, list)):
-        value = json.dumps(value) if isinstance(value, dict) else ",".join(map(str, value))
-    return "" if value is None else str(value)
-
-
-def table(rows: list[dict], columns: list[str]) -> str:
-    cells = [[_cell(row, c) for c in columns] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-GLOBAL_DEFAULTS = {"url": "http://127.0.0.1:15672", "user": "guest", "password": "guest",
-                   "vhost": "/", "json": False}
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not JSON: {text}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text}")
+    return value
 
 
 def _global_options() -> argparse.ArgumentParser:
@@ -92,109 +66,429 @@ def _global_options() -> argparse.ArgumentParser:
     Their defaults are SUPPRESS so that a command's parser, which sees them again,
     leaves a value given before the command as it is; main() supplies the defaults."""
     options = argparse.ArgumentParser(add_help=False)
-    for name in ("url", "user", "password", "vhost"):
-        options.add_argument(f"--{name}", default=argparse.SUPPRESS,
-                             help=f"default: {GLOBAL_DEFAULTS[name]}")
-    options.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                         help="JSON output, for scripts")
+    group = options.add_argument_group("target and output (before or after the command)")
+    add = functools.partial(group.add_argument, default=argparse.SUPPRESS)
+    add("--url", help=f"management API, e.g. http://host:15672 (default: ${ctlclient.URL_VARIABLE}, "
+                      "else the configuration file's management_bind and management_port, "
+                      "else http://127.0.0.1:15672)")
+    add("-u", "--user", help=f"user (default: ${ctlclient.USER_VARIABLE}, else the configuration "
+                             "file's default_user, else guest)")
+    add("-p", "--password", help=f"password (default: ${ctlclient.PASSWORD_VARIABLE}, else the "
+                                 "configuration file's default_pass, else guest)")
+    add("-c", "--config", metavar="FILE",
+        help=f"the broker's warren.toml to find the API in (default: ${ctlclient.CONFIG_VARIABLE}, "
+             "else ./warren.toml when present)")
+    add("-V", "--vhost", help="vhost: what list shows (default: all) and what changes "
+                              "apply to (default: /)")
+    add("-f", "--format", choices=ctlclient.FORMATS, help="output format (default: table)")
+    add("--json", dest="format", action="store_const", const="json",
+        help="the same as --format json")
     return options
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     options = _global_options()
-    parser = argparse.ArgumentParser(prog="warren ctl", parents=[options],
-                                     description="manage a Warren broker over its HTTP API")
-    commands = parser.add_subparsers(dest="command", required=True)
-    add_parser = functools.partial(commands.add_parser, parents=[options])
-    listing = add_parser("list", help="list objects")
-    listing.add_argument("what", choices=sorted(COLUMNS))
-    add_user = add_parser("add-user")
-    add_user.add_argument("name")
-    add_user.add_argument("new_password", metavar="password")
-    add_user.add_argument("--tags", default="")
-    add_parser("delete-user").add_argument("name")
-    add_parser("add-vhost").add_argument("name")
-    add_parser("delete-vhost").add_argument("name")
-    perms = add_parser("set-permissions")
-    for name in ("perm_user", "configure", "write", "read"):
-        perms.add_argument(name, metavar=name.replace("perm_", ""))
-    add_parser("clear-permissions").add_argument("perm_user", metavar="user")
-    policy = add_parser("set-policy")
-    policy.add_argument("name")
-    policy.add_argument("pattern")
-    policy.add_argument("definition", help="JSON object, e.g. '{\"max-length\": 100}'")
-    policy.add_argument("--apply-to", default="all",
+    parser = argparse.ArgumentParser(
+        prog="warren ctl", parents=[options],
+        description="Manage a Warren broker over its management HTTP API, as rabbitmqadmin "
+                    "and rabbitmqctl manage RabbitMQ.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    command = functools.partial(_command, commands, options)
+
+    listing = command("list", "list objects as a table, TSV or JSON")
+    listing.add_argument("what", choices=sorted(LISTS), type=lambda s: s.replace("-", "_"),
+                         help="what to list")
+    listing.add_argument("column", nargs="*", help="columns to show, as rabbitmqadmin's "
+                                                   "`list queues name messages`")
+    listing.add_argument("--columns", help="comma-separated columns to show, e.g. "
+                                           "name,messages_ready (dotted: message_stats.publish)")
+    command("show", "show the broker's overview").add_argument(
+        "what", choices=["overview"], help="what to show")
+
+    _objects(command("declare", "create a queue, exchange or binding (rabbitmqadmin's "
+                                "declare; name=value arguments work too)"), options, DECLARE)
+    _objects(command("delete", "delete a queue, exchange or binding"), options, DELETE)
+    _objects(command("close", "close a client connection"), options, CLOSE)
+    _objects(command("purge", "remove a queue's ready messages"), options, PURGE)
+
+    add_user = command("add-user", "create a user (or set an existing one's password and tags)")
+    add_user.add_argument("name", help="user name")
+    add_user.add_argument("new_password", metavar="password", help="password")
+    add_user.add_argument("--tags", default="", help="comma-separated tags, e.g. administrator")
+    change = command("change-password", "set a user's password (its tags stay)")
+    change.add_argument("name", help="user name")
+    change.add_argument("new_password", metavar="password", help="new password")
+    command("delete-user", "delete a user").add_argument("name", help="user name")
+    command("add-vhost", "create a vhost").add_argument("name", help="vhost name")
+    command("delete-vhost", "delete a vhost and everything in it").add_argument(
+        "name", help="vhost name")
+    perms = command("set-permissions", "set a user's permissions in --vhost")
+    perms.add_argument("perm_user", metavar="user", help="user name")
+    for name in ("configure", "write", "read"):
+        perms.add_argument(name, help=f"regular expression of the resources it may {name}")
+    command("clear-permissions", "remove a user's permissions in --vhost").add_argument(
+        "perm_user", metavar="user", help="user name")
+    policy = command("set-policy", "set a policy in --vhost")
+    policy.add_argument("name", help="policy name")
+    policy.add_argument("pattern", help="regular expression of the queue/exchange names")
+    policy.add_argument("definition", type=_json_object,
+                        help="JSON object, e.g. '{\"max-length\": 100}'")
+    policy.add_argument("--apply-to", default="all", help="what it applies to",
                         choices=["queues", "classic_queues", "quorum_queues", "exchanges", "all"])
-    policy.add_argument("--priority", type=int, default=0)
-    add_parser("clear-policy").add_argument("name")
-    add_parser("purge-queue").add_argument("name")
-    add_parser("delete-queue").add_argument("name")
-    add_parser("export").add_argument("file", help="a path, or - for stdout")
-    add_parser("import").add_argument("file", help="a path, or - for stdin")
-    args = parser.parse_args(argv, argparse.Namespace(**GLOBAL_DEFAULTS))
-    client = Client(args.url, args.user, args.password)
+    policy.add_argument("--priority", type=int, default=0,
+                        help="the highest-priority matching policy wins (default 0)")
+    command("clear-policy", "remove a policy from --vhost").add_argument(
+        "name", help="policy name")
+    limits = command("set-vhost-limits", "set limits of --vhost (the others stay)")
+    limits.add_argument("limits", type=_json_object,
+                        help='JSON object, e.g. \'{"max-connections": 10, "max-queues": 50}\'')
+    clear = command("clear-vhost-limits", "remove limits of --vhost")
+    clear.add_argument("names", nargs="*", metavar="limit",
+                       help="limits to remove, e.g. max-connections (default: all)")
+    user_limits = command("set-user-limits", "set a user's limits (the others stay)")
+    user_limits.add_argument("name", help="user name")
+    user_limits.add_argument("limits", type=_json_object,
+                             help='JSON object, e.g. \'{"max-connections": 5, '
+                                  '"max-channels": 20}\'')
+    clear = command("clear-user-limits", "remove a user's limits")
+    clear.add_argument("name", help="user name")
+    clear.add_argument("names", nargs="*", metavar="limit",
+                       help="limits to remove, e.g. max-channels (default: all)")
+    command("purge-queue", "remove a queue's ready messages").add_argument(
+        "name", help="queue name")
+    command("delete-queue", "delete a queue").add_argument("name", help="queue name")
+    command("export", "write the definitions (users, vhosts, permissions, policies, "
+                      "durable queues, exchanges, bindings) as JSON").add_argument(
+        "file", help="a path, or - for stdout")
+    importing = command("import", "load definitions, e.g. a RabbitMQ export; nothing changes "
+                                  "if the file has problems")
+    importing.add_argument("file", help="a path, or - for stdin")
+    importing.add_argument("--skip-unsupported", action="store_true",
+                           help="import what Warren supports and list what it skipped "
+                                "(default: refuse a file holding anything unsupported)")
+    return parser
+
+
+def _command(commands, options, name: str, help: str) -> argparse.ArgumentParser:
+    return commands.add_parser(name, parents=[options], help=help, description=help)
+
+
+# rabbitmqadmin's object arguments: (option, help, keywords for add_argument)
+_NAME = ("name", "name", {"required": True})
+_ARGUMENTS = ("arguments", "JSON object of x- arguments, e.g. '{\"x-max-length\": 10}'",
+              {"type": _json_object, "default": {}})
+_BINDING = [("source", "exchange the binding is from", {"required": True}),
+            ("destination", "queue or exchange it leads to", {"required": True}),
+            ("destination_type", "queue or exchange (default queue)",
+             {"choices": ["queue", "exchange"], "default": "queue"})]
+DECLARE = {
+    "queue": ("declare a queue in --vhost", [
+        _NAME, ("durable", "survives a restart (default true)", {"type": _boolean,
+                                                                  "default": True}),
+        ("auto_delete", "deleted when its last consumer goes (default false)",
+         {"type": _boolean, "default": False}),
+        ("queue_type", "classic or quorum (sets x-queue-type)", {}), _ARGUMENTS]),
+    "exchange": ("declare an exchange in --vhost", [
+        _NAME, ("type", "direct, fanout, topic or headers", {"required": True}),
+        ("durable", "survives a restart (default true)", {"type": _boolean, "default": True}),
+        ("auto_delete", "deleted when its last binding goes (default false)",
+         {"type": _boolean, "default": False}),
+        ("internal", "clients cannot publish to it (default false)",
+         {"type": _boolean, "default": False}), _ARGUMENTS]),
+    "binding": ("bind a queue or exchange to an exchange in --vhost", [
+        *_BINDING, ("routing_key", "routing key (default empty)", {"default": ""}),
+        _ARGUMENTS]),
+}
+DELETE = {
+    "queue": ("delete a queue in --vhost", [
+        _NAME, ("if_unused", "only if it has no consumers", {"type": _boolean, "default": False}),
+        ("if_empty", "only if it has no messages", {"type": _boolean, "default": False})]),
+    "exchange": ("delete an exchange in --vhost", [_NAME]),
+    "binding": (("delete a binding in --vhost: by its properties_key (see `list bindings`), "
+                 "or by its routing key and arguments"), [
+                    *_BINDING, ("properties_key", "the binding's properties_key", {}),
+                    ("routing_key", "routing key (default empty)", {"default": ""}),
+                    _ARGUMENTS]),
+}
+CLOSE = {"connection": ("close a client connection (its clients see 320 CONNECTION_FORCED)", [
+    ("name", "connection name (see `list connections`)", {"required": True}),
+    ("reason", "what the client is told (default: Closed via management plugin)", {})])}
+PURGE = {"queue": ("remove a queue's ready messages", [_NAME])}
+
+
+def _objects(parser, options, table: dict) -> None:
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="OBJECT")
+    for kind, (help, fields) in table.items():
+        sub = kinds.add_parser(kind, parents=[options], help=help, description=help)
+        for field, field_help, keywords in fields:
+            sub.add_argument(f"--{field.replace('_', '-')}", dest=field, help=field_help,
+                             **keywords)
+
+
+def _rabbitmqadmin_style(argv: list[str]) -> list[str]:
+    """`declare queue name=q durable=false` as `declare queue --name=q --durable=false`."""
+    verbs = ("declare", "delete", "close", "purge")
+    verb = next((i for i, word in enumerate(argv) if word in verbs), None)
+    if verb is None:
+        return argv
+    rewritten = argv[:verb + 2]
+    for word in argv[verb + 2:]:
+        key, equals, value = word.partition("=")
+        rewritten.append(f"--{key.replace('_', '-')}={value}"
+                         if equals and re.fullmatch(r"[a-z][a-z_-]*", key) else word)
+    return rewritten
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = _rabbitmqadmin_style(sys.argv[1:] if argv is None else list(argv))
+    args = _parser().parse_args(argv, argparse.Namespace(**GLOBAL_DEFAULTS))
     try:
-        return run(client, args)
+        client = Client(*ctlclient.target(args.url, args.user, args.password, args.config))
+        message = run(client, args)
     except CtlError as error:
         print(f"warren ctl: {error}", file=sys.stderr)
         return 1
-
-
-def run(client: Client, args) -> int:
-    vhost = _v(args.vhost)
-    command = args.command
-    if command == "list":
-        rows = client.call("GET", args.what)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print(table(rows, COLUMNS[args.what]))
-        return 0
-    if command == "add-user":
-        tags = [t for t in args.tags.split(",") if t]
-        client.call("PUT", f"users/{quote(args.name, safe='')}",
-                    {"password": args.new_password, "tags": tags})
-    elif command == "delete-user":
-        client.call("DELETE", f"users/{quote(args.name, safe='')}")
-    elif command == "add-vhost":
-        client.call("PUT", f"vhosts/{_v(args.name)}", {})
-    elif command == "delete-vhost":
-        client.call("DELETE", f"vhosts/{_v(args.name)}")
-    elif command == "set-permissions":
-        client.call("PUT", f"permissions/{vhost}/{quote(args.perm_user, safe='')}",
-                    {"configure": args.configure, "write": args.write, "read": args.read})
-    elif command == "clear-permissions":
-        client.call("DELETE", f"permissions/{vhost}/{quote(args.perm_user, safe='')}")
-    elif command == "set-policy":
-        try:
-            definition = json.loads(args.definition)
-        except ValueError:
-            raise CtlError(f"the definition is not JSON: {args.definition}") from None
-        client.call("PUT", f"policies/{vhost}/{quote(args.name, safe='')}",
-                    {"pattern": args.pattern, "definition": definition,
-                     "apply-to": args.apply_to, "priority": args.priority})
-    elif command == "clear-policy":
-        client.call("DELETE", f"policies/{vhost}/{quote(args.name, safe='')}")
-    elif command == "purge-queue":
-        client.call("DELETE", f"queues/{vhost}/{quote(args.name, safe='')}/contents")
-    elif command == "delete-queue":
-        client.call("DELETE", f"queues/{vhost}/{quote(args.name, safe='')}")
-    elif command == "export":
-        data = json.dumps(client.call("GET", "definitions"), indent=2)
-        if args.file == "-":
-            print(data)
-        else:
-            with open(args.file, "w") as f:
-                f.write(data + "\n")
-    elif command == "import":
-        text = sys.stdin.read() if args.file == "-" else open(args.file).read()
-        try:
-            client.call("POST", "definitions", json.loads(text))
-        except ValueError:
-            raise CtlError(f"{args.file} is not JSON") from None
-    if args.json:
-        print(json.dumps({"ok": True}))
+    if message:
+        print(json.dumps({"ok": True, "message": message}) if args.format == "json"
+              else message)
     return 0
+
+
+def run(client: Client, args) -> str | None:
+    """Carry out a command; what it changed, to tell the operator."""
+    handler = globals()[f"_{args.command.replace('-', '_')}"]
+    return handler(client, args, args.vhost or "/")
+
+
+def _list(client: Client, args, vhost: str) -> None:
+    what = args.what
+    default, per_vhost = LISTS[what]
+    path = what.replace("_", "-")
+    if args.vhost is not None and per_vhost:
+        path += "/" + segment(args.vhost)
+    rows = client.call("GET", path, what=f"list {what}")
+    if args.vhost is not None and what in VHOST_FIELD:
+        rows = [row for row in rows if row.get(VHOST_FIELD[what]) == args.vhost]
+    columns = [c for c in (args.columns or "").split(",") if c] + args.column
+    print(render(rows, columns or default, args.format, whole_rows=not columns))
+
+
+def _show(client: Client, args, vhost: str) -> None:
+    overview = client.call("GET", "overview", what="show overview")
+    if args.format == "json":
+        print(json.dumps(overview, indent=2))
+        return
+    rows = [{"key": key, "value": value} for key, value in sorted(overview.items())]
+    print(render(rows, ["key", "value"], args.format, whole_rows=False))
+
+
+def _declare(client: Client, args, vhost: str) -> str:
+    v = segment(vhost)
+    if args.kind == "queue":
+        arguments = dict(args.arguments)
+        if args.queue_type:
+            arguments["x-queue-type"] = args.queue_type
+        client.call("PUT", f"queues/{v}/{segment(args.name)}",
+                    {"durable": args.durable, "auto_delete": args.auto_delete,
+                     "arguments": arguments}, what=f"queue '{args.name}'")
+        return f"queue '{args.name}' declared in vhost '{vhost}'"
+    if args.kind == "exchange":
+        client.call("PUT", f"exchanges/{v}/{segment(args.name)}",
+                    {"type": args.type, "durable": args.durable, "auto_delete": args.auto_delete,
+                     "internal": args.internal, "arguments": args.arguments},
+                    what=f"exchange '{args.name}'")
+        return f"exchange '{args.name}' declared in vhost '{vhost}'"
+    binding = _binding_text(args, vhost)
+    client.call("POST", f"bindings/{v}/e/{segment(args.source)}/{args.destination_type[0]}/"
+                        f"{segment(args.destination)}",
+                {"routing_key": args.routing_key, "arguments": args.arguments}, what=binding)
+    return f"{binding} declared"
+
+
+def _binding_text(args, vhost: str) -> str:
+    return (f"binding from exchange '{args.source}' to {args.destination_type} "
+            f"'{args.destination}' in vhost '{vhost}'")
+
+
+def _delete(client: Client, args, vhost: str) -> str:
+    v = segment(vhost)
+    if args.kind in ("queue", "exchange"):
+        params = ({"if-unused": str(args.if_unused).lower(),
+                   "if-empty": str(args.if_empty).lower()} if args.kind == "queue" else None)
+        client.call("DELETE", f"{args.kind}s/{v}/{segment(args.name)}", params=params,
+                    what=f"{args.kind} '{args.name}' in vhost '{vhost}'")
+        return f"{args.kind} '{args.name}' deleted from vhost '{vhost}'"
+    binding = _binding_text(args, vhost)
+    between = (f"bindings/{v}/e/{segment(args.source)}/{args.destination_type[0]}/"
+               f"{segment(args.destination)}")
+    key = args.properties_key
+    if key is None:  # find it by routing key and arguments
+        rows = client.call("GET", f"bindings/{v}", what=f"bindings of vhost '{vhost}'")
+        key = next((row["properties_key"] for row in rows
+                    if (row["source"], row["destination"], row["destination_type"],
+                        row["routing_key"], row["arguments"]) ==
+                    (args.source, args.destination, args.destination_type, args.routing_key,
+                     args.arguments)), None)
+        if key is None:
+            raise CtlError(f"{binding}: no such binding with routing key "
+                           f"'{args.routing_key}' and arguments {json.dumps(args.arguments)}")
+    client.call("DELETE", f"{between}/{segment(key)}", what=binding)
+    return f"{binding} deleted"
+
+
+def _close(client: Client, args, vhost: str) -> str:
+    headers = {"X-Reason": args.reason} if args.reason else None
+    client.call("DELETE", f"connections/{segment(args.name)}", headers=headers,
+                what=f"connection '{args.name}'")
+    return f"connection '{args.name}' closed"
+
+
+def _purge_queue(client: Client, args, vhost: str) -> str:
+    client.call("DELETE", f"queues/{segment(vhost)}/{segment(args.name)}/contents",
+                what=f"queue '{args.name}' in vhost '{vhost}'")
+    return f"queue '{args.name}' purged in vhost '{vhost}'"
+
+
+_purge = _purge_queue  # `purge queue name=q`, as rabbitmqadmin's
+
+
+def _delete_queue(client: Client, args, vhost: str) -> str:
+    client.call("DELETE", f"queues/{segment(vhost)}/{segment(args.name)}",
+                what=f"queue '{args.name}' in vhost '{vhost}'")
+    return f"queue '{args.name}' deleted from vhost '{vhost}'"
+
+
+def _add_user(client: Client, args, vhost: str) -> str:
+    tags = [t for t in args.tags.split(",") if t]
+    client.call("PUT", f"users/{segment(args.name)}",
+                {"password": args.new_password, "tags": tags}, what=f"user '{args.name}'")
+    return f"user '{args.name}' added" + (f" with tags {','.join(tags)}" if tags else "")
+
+
+def _change_password(client: Client, args, vhost: str) -> str:
+    what = f"user '{args.name}'"
+    user = client.call("GET", f"users/{segment(args.name)}", what=what)
+    client.call("PUT", f"users/{segment(args.name)}",
+                {"password": args.new_password, "tags": user["tags"]}, what=what)
+    return f"password of user '{args.name}' changed"
+
+
+def _delete_user(client: Client, args, vhost: str) -> str:
+    client.call("DELETE", f"users/{segment(args.name)}", what=f"user '{args.name}'")
+    return f"user '{args.name}' deleted"
+
+
+def _add_vhost(client: Client, args, vhost: str) -> str:
+    client.call("PUT", f"vhosts/{segment(args.name)}", {}, what=f"vhost '{args.name}'")
+    return f"vhost '{args.name}' added"
+
+
+def _delete_vhost(client: Client, args, vhost: str) -> str:
+    client.call("DELETE", f"vhosts/{segment(args.name)}", what=f"vhost '{args.name}'")
+    return f"vhost '{args.name}' deleted"
+
+
+def _set_permissions(client: Client, args, vhost: str) -> str:
+    client.call("PUT", f"permissions/{segment(vhost)}/{segment(args.perm_user)}",
+                {"configure": args.configure, "write": args.write, "read": args.read},
+                what=f"permissions of user '{args.perm_user}' in vhost '{vhost}'")
+    return f"permissions of user '{args.perm_user}' in vhost '{vhost}' set"
+
+
+def _clear_permissions(client: Client, args, vhost: str) -> str:
+    client.call("DELETE", f"permissions/{segment(vhost)}/{segment(args.perm_user)}",
+                what=f"permissions of user '{args.perm_user}' in vhost '{vhost}'")
+    return f"permissions of user '{args.perm_user}' in vhost '{vhost}' cleared"
+
+
+def _set_policy(client: Client, args, vhost: str) -> str:
+    client.call("PUT", f"policies/{segment(vhost)}/{segment(args.name)}",
+                {"pattern": args.pattern, "definition": args.definition,
+                 "apply-to": args.apply_to, "priority": args.priority},
+                what=f"policy '{args.name}' in vhost '{vhost}'")
+    return f"policy '{args.name}' set in vhost '{vhost}'"
+
+
+def _clear_policy(client: Client, args, vhost: str) -> str:
+    client.call("DELETE", f"policies/{segment(vhost)}/{segment(args.name)}",
+                what=f"policy '{args.name}' in vhost '{vhost}'")
+    return f"policy '{args.name}' cleared in vhost '{vhost}'"
+
+
+def _set_limits(client: Client, base: str, limits: dict, what: str) -> str:
+    for name, value in limits.items():
+        client.call("PUT", f"{base}/{segment(name)}", {"value": value}, what=f"{what} {name}")
+    return ", ".join(f"{name}={value}" for name, value in limits.items())
+
+
+def _clear_limits(client: Client, base: str, names: list[str], what: str) -> str:
+    if not names:
+        rows = client.call("GET", base, what=what)
+        names = sorted(rows[0]["value"]) if rows else []
+    for name in names:
+        client.call("DELETE", f"{base}/{segment(name)}", what=f"{what} {name}")
+    return ", ".join(names) or "none were set"
+
+
+def _set_vhost_limits(client: Client, args, vhost: str) -> str:
+    done = _set_limits(client, f"vhost-limits/{segment(vhost)}", args.limits,
+                       f"limit of vhost '{vhost}':")
+    return f"limits of vhost '{vhost}' set: {done}"
+
+
+def _clear_vhost_limits(client: Client, args, vhost: str) -> str:
+    done = _clear_limits(client, f"vhost-limits/{segment(vhost)}", args.names,
+                         f"limits of vhost '{vhost}'")
+    return f"limits of vhost '{vhost}' cleared: {done}"
+
+
+def _set_user_limits(client: Client, args, vhost: str) -> str:
+    done = _set_limits(client, f"user-limits/{segment(args.name)}", args.limits,
+                       f"limit of user '{args.name}':")
+    return f"limits of user '{args.name}' set: {done}"
+
+
+def _clear_user_limits(client: Client, args, vhost: str) -> str:
+    done = _clear_limits(client, f"user-limits/{segment(args.name)}", args.names,
+                         f"limits of user '{args.name}'")
+    return f"limits of user '{args.name}' cleared: {done}"
+
+
+def _export(client: Client, args, vhost: str) -> str | None:
+    data = json.dumps(client.call("GET", "definitions", what="export"), indent=2)
+    if args.file == "-":
+        print(data)
+        return None
+    try:
+        with open(args.file, "w") as f:
+            f.write(data + "\n")
+    except OSError as error:
+        raise CtlError(f"{args.file}: cannot write: {error.strerror}") from None
+    return f"definitions exported to {args.file}"
+
+
+def _import(client: Client, args, vhost: str) -> str:
+    try:
+        if args.file == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.file) as f:
+                text = f.read()
+    except OSError as error:
+        raise CtlError(f"{args.file}: cannot read: {error.strerror}") from None
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise CtlError(f"{args.file} is not JSON") from None
+    params = {"skip-unsupported": "true"} if args.skip_unsupported else None
+    answer = client.call("POST", "definitions", document, params=params,
+                         what=f"import of {args.file}")
+    skipped = (answer or {}).get("skipped", [])
+    message = f"definitions imported from {args.file}"
+    if skipped:
+        message += f"; skipped, as Warren does not support them ({len(skipped)}):"
+        message += "".join(f"\n  {item}" for item in skipped)
+    return message
 
 
 if __name__ == "__main__":
