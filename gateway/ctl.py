@@ -35,6 +35,8 @@ LISTS = {
     "vhost_limits": (["vhost", "value"], True),
     "user_limits": (["user", "value"], False),
 }
+OVERVIEW = ["product_name", "product_version", "cluster_name", "queue_totals.messages",
+            "object_totals.queues", "object_totals.connections", "object_totals.consumers"]
 # lists the API has for all vhosts only: --vhost filters them by this field
 VHOST_FIELD = {"connections": "vhost", "channels": "vhost", "permissions": "vhost",
                "vhosts": "name"}
@@ -98,12 +100,10 @@ def _parser() -> argparse.ArgumentParser:
     listing = command("list", "list objects as a table, TSV or JSON")
     listing.add_argument("what", choices=sorted(LISTS), type=lambda s: s.replace("-", "_"),
                          help="what to list")
-    listing.add_argument("column", nargs="*", help="columns to show, as rabbitmqadmin's "
-                                                   "`list queues name messages`")
-    listing.add_argument("--columns", help="comma-separated columns to show, e.g. "
-                                           "name,messages_ready (dotted: message_stats.publish)")
-    command("show", "show the broker's overview").add_argument(
-        "what", choices=["overview"], help="what to show")
+    _columns(listing)
+    show = command("show", "show the broker's overview (all of it with --format json)")
+    show.add_argument("what", choices=["overview"], help="what to show")
+    _columns(show)
 
     _objects(command("declare", "create a queue, exchange or binding (rabbitmqadmin's "
                                 "declare; name=value arguments work too)"), options, DECLARE)
@@ -169,11 +169,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _columns(parser) -> None:
+    parser.add_argument("column", nargs="*", help="columns to show, as rabbitmqadmin's "
+                                                  "`list queues name messages`")
+    parser.add_argument("--columns", help="comma-separated columns to show, e.g. "
+                                          "name,messages_ready (dotted: message_stats.publish)")
+
+
 def _command(commands, options, name: str, help: str) -> argparse.ArgumentParser:
     return commands.add_parser(name, parents=[options], help=help, description=help)
 
 
-# rabbitmqadmin's object arguments: (option, help, keywords for add_argument)
+# rabbitmqadmin's objects and their name=value arguments: (option, help, keywords)
 _NAME = ("name", "name", {"required": True})
 _ARGUMENTS = ("arguments", "JSON object of x- arguments, e.g. '{\"x-max-length\": 10}'",
               {"type": _json_object, "default": {}})
@@ -181,6 +188,9 @@ _BINDING = [("source", "exchange the binding is from", {"required": True}),
             ("destination", "queue or exchange it leads to", {"required": True}),
             ("destination_type", "queue or exchange (default queue)",
              {"choices": ["queue", "exchange"], "default": "queue"})]
+# user= and password= (rabbitmqadmin's) would be the global --user and --password
+_PERM_USER = ("perm_user", "the user (user=... in rabbitmqadmin's form)", {"required": True})
+RENAMED = {"user": "perm-user", "password": "new-password"}
 DECLARE = {
     "queue": ("declare a queue in --vhost", [
         _NAME, ("durable", "survives a restart (default true)", {"type": _boolean,
@@ -198,6 +208,25 @@ DECLARE = {
     "binding": ("bind a queue or exchange to an exchange in --vhost", [
         *_BINDING, ("routing_key", "routing key (default empty)", {"default": ""}),
         _ARGUMENTS]),
+    "vhost": ("create a vhost", [_NAME]),
+    "user": ("create a user (or set an existing one's password and tags)", [
+        _NAME, ("new_password", "password (password=... in rabbitmqadmin's form)",
+                {"required": True}),
+        ("tags", "comma-separated tags, e.g. administrator", {"default": ""})]),
+    "permission": ("set a user's permissions in --vhost", [
+        _PERM_USER, *[(access, f"regular expression of the resources it may {access}",
+                       {"required": True}) for access in ("configure", "write", "read")]]),
+    "policy": ("set a policy in --vhost", [
+        _NAME, ("pattern", "regular expression of the queue/exchange names", {"required": True}),
+        ("definition", "JSON object, e.g. '{\"max-length\": 100}'",
+         {"type": _json_object, "required": True}),
+        ("priority", "the highest-priority matching policy wins (default 0)",
+         {"type": int, "default": 0}),
+        ("apply_to", "queues, classic_queues, quorum_queues, exchanges or all (default)",
+         {"default": "all"})]),
+    "vhost_limit": ("set a limit of --vhost", [
+        ("name", "max-connections or max-queues", {"required": True}),
+        ("value", "the limit (negative: none)", {"type": int, "required": True})]),
 }
 DELETE = {
     "queue": ("delete a queue in --vhost", [
@@ -209,6 +238,12 @@ DELETE = {
                     *_BINDING, ("properties_key", "the binding's properties_key", {}),
                     ("routing_key", "routing key (default empty)", {"default": ""}),
                     _ARGUMENTS]),
+    "vhost": ("delete a vhost and everything in it", [_NAME]),
+    "user": ("delete a user", [_NAME]),
+    "permission": ("remove a user's permissions in --vhost", [_PERM_USER]),
+    "policy": ("remove a policy from --vhost", [_NAME]),
+    "vhost_limit": ("remove a limit of --vhost", [
+        ("name", "max-connections or max-queues", {"required": True})]),
 }
 CLOSE = {"connection": ("close a client connection (its clients see 320 CONNECTION_FORCED)", [
     ("name", "connection name (see `list connections`)", {"required": True}),
@@ -234,8 +269,10 @@ def _rabbitmqadmin_style(argv: list[str]) -> list[str]:
     rewritten = argv[:verb + 2]
     for word in argv[verb + 2:]:
         key, equals, value = word.partition("=")
-        rewritten.append(f"--{key.replace('_', '-')}={value}"
-                         if equals and re.fullmatch(r"[a-z][a-z_-]*", key) else word)
+        if equals and re.fullmatch(r"[a-z][a-z_-]*", key):
+            key = key.replace("_", "-")
+            word = f"--{RENAMED.get(key, key)}={value}"
+        rewritten.append(word)
     return rewritten
 
 
@@ -256,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(client: Client, args) -> str | None:
     """Carry out a command; what it changed, to tell the operator."""
-    handler = globals()[f"_{args.command.replace('-', '_')}"]
+    handler = globals()[f"_{args.command}_{args.kind}" if hasattr(args, "kind")
+                        else f"_{args.command.replace('-', '_')}"]
     return handler(client, args, args.vhost or "/")
 
 
@@ -275,34 +313,35 @@ def _list(client: Client, args, vhost: str) -> None:
 
 def _show(client: Client, args, vhost: str) -> None:
     overview = client.call("GET", "overview", what="show overview")
-    if args.format == "json":
+    columns = [c for c in (args.columns or "").split(",") if c] + args.column
+    if args.format == "json" and not columns:
         print(json.dumps(overview, indent=2))
         return
-    rows = [{"key": key, "value": value} for key, value in sorted(overview.items())]
-    print(render(rows, ["key", "value"], args.format, whole_rows=False))
+    print(render([overview], columns or OVERVIEW, args.format, whole_rows=False))
 
 
-def _declare(client: Client, args, vhost: str) -> str:
-    v = segment(vhost)
-    if args.kind == "queue":
-        arguments = dict(args.arguments)
-        if args.queue_type:
-            arguments["x-queue-type"] = args.queue_type
-        client.call("PUT", f"queues/{v}/{segment(args.name)}",
-                    {"durable": args.durable, "auto_delete": args.auto_delete,
-                     "arguments": arguments}, what=f"queue '{args.name}'")
-        return f"queue '{args.name}' declared in vhost '{vhost}'"
-    if args.kind == "exchange":
-        client.call("PUT", f"exchanges/{v}/{segment(args.name)}",
-                    {"type": args.type, "durable": args.durable, "auto_delete": args.auto_delete,
-                     "internal": args.internal, "arguments": args.arguments},
-                    what=f"exchange '{args.name}'")
-        return f"exchange '{args.name}' declared in vhost '{vhost}'"
-    binding = _binding_text(args, vhost)
-    client.call("POST", f"bindings/{v}/e/{segment(args.source)}/{args.destination_type[0]}/"
-                        f"{segment(args.destination)}",
-                {"routing_key": args.routing_key, "arguments": args.arguments}, what=binding)
-    return f"{binding} declared"
+def _declare_queue(client: Client, args, vhost: str) -> str:
+    arguments = dict(args.arguments)
+    if args.queue_type:
+        arguments["x-queue-type"] = args.queue_type
+    what = f"queue '{args.name}' in vhost '{vhost}'"
+    client.call("PUT", f"queues/{segment(vhost)}/{segment(args.name)}",
+                {"durable": args.durable, "auto_delete": args.auto_delete,
+                 "arguments": arguments}, what=what)
+    return f"{what} declared"
+
+
+def _declare_exchange(client: Client, args, vhost: str) -> str:
+    what = f"exchange '{args.name}' in vhost '{vhost}'"
+    client.call("PUT", f"exchanges/{segment(vhost)}/{segment(args.name)}",
+                {"type": args.type, "durable": args.durable, "auto_delete": args.auto_delete,
+                 "internal": args.internal, "arguments": args.arguments}, what=what)
+    return f"{what} declared"
+
+
+def _binding_path(args, vhost: str) -> str:
+    return (f"bindings/{segment(vhost)}/e/{segment(args.source)}/"
+            f"{args.destination_type[0]}/{segment(args.destination)}")
 
 
 def _binding_text(args, vhost: str) -> str:
@@ -310,20 +349,25 @@ def _binding_text(args, vhost: str) -> str:
             f"'{args.destination}' in vhost '{vhost}'")
 
 
-def _delete(client: Client, args, vhost: str) -> str:
-    v = segment(vhost)
-    if args.kind in ("queue", "exchange"):
-        params = ({"if-unused": str(args.if_unused).lower(),
-                   "if-empty": str(args.if_empty).lower()} if args.kind == "queue" else None)
-        client.call("DELETE", f"{args.kind}s/{v}/{segment(args.name)}", params=params,
-                    what=f"{args.kind} '{args.name}' in vhost '{vhost}'")
-        return f"{args.kind} '{args.name}' deleted from vhost '{vhost}'"
+def _declare_binding(client: Client, args, vhost: str) -> str:
     binding = _binding_text(args, vhost)
-    between = (f"bindings/{v}/e/{segment(args.source)}/{args.destination_type[0]}/"
-               f"{segment(args.destination)}")
+    client.call("POST", _binding_path(args, vhost),
+                {"routing_key": args.routing_key, "arguments": args.arguments}, what=binding)
+    return f"{binding} declared"
+
+
+def _delete_exchange(client: Client, args, vhost: str) -> str:
+    what = f"exchange '{args.name}' in vhost '{vhost}'"
+    client.call("DELETE", f"exchanges/{segment(vhost)}/{segment(args.name)}", what=what)
+    return f"{what} deleted"
+
+
+def _delete_binding(client: Client, args, vhost: str) -> str:
+    binding = _binding_text(args, vhost)
     key = args.properties_key
     if key is None:  # find it by routing key and arguments
-        rows = client.call("GET", f"bindings/{v}", what=f"bindings of vhost '{vhost}'")
+        rows = client.call("GET", f"bindings/{segment(vhost)}",
+                           what=f"bindings of vhost '{vhost}'")
         key = next((row["properties_key"] for row in rows
                     if (row["source"], row["destination"], row["destination_type"],
                         row["routing_key"], row["arguments"]) ==
@@ -332,11 +376,11 @@ def _delete(client: Client, args, vhost: str) -> str:
         if key is None:
             raise CtlError(f"{binding}: no such binding with routing key "
                            f"'{args.routing_key}' and arguments {json.dumps(args.arguments)}")
-    client.call("DELETE", f"{between}/{segment(key)}", what=binding)
+    client.call("DELETE", f"{_binding_path(args, vhost)}/{segment(key)}", what=binding)
     return f"{binding} deleted"
 
 
-def _close(client: Client, args, vhost: str) -> str:
+def _close_connection(client: Client, args, vhost: str) -> str:
     headers = {"X-Reason": args.reason} if args.reason else None
     client.call("DELETE", f"connections/{segment(args.name)}", headers=headers,
                 what=f"connection '{args.name}'")
@@ -346,16 +390,17 @@ def _close(client: Client, args, vhost: str) -> str:
 def _purge_queue(client: Client, args, vhost: str) -> str:
     client.call("DELETE", f"queues/{segment(vhost)}/{segment(args.name)}/contents",
                 what=f"queue '{args.name}' in vhost '{vhost}'")
-    return f"queue '{args.name}' purged in vhost '{vhost}'"
+    return f"queue '{args.name}' in vhost '{vhost}' purged"
 
 
-_purge = _purge_queue  # `purge queue name=q`, as rabbitmqadmin's
 
 
 def _delete_queue(client: Client, args, vhost: str) -> str:
-    client.call("DELETE", f"queues/{segment(vhost)}/{segment(args.name)}",
-                what=f"queue '{args.name}' in vhost '{vhost}'")
-    return f"queue '{args.name}' deleted from vhost '{vhost}'"
+    what = f"queue '{args.name}' in vhost '{vhost}'"
+    conditions = {f"if-{c}": "true" for c in ("unused", "empty") if getattr(args, f"if_{c}", 0)}
+    client.call("DELETE", f"queues/{segment(vhost)}/{segment(args.name)}", params=conditions,
+                what=what)
+    return f"{what} deleted"
 
 
 def _add_user(client: Client, args, vhost: str) -> str:
@@ -452,6 +497,27 @@ def _clear_user_limits(client: Client, args, vhost: str) -> str:
     done = _clear_limits(client, f"user-limits/{segment(args.name)}", args.names,
                          f"limits of user '{args.name}'")
     return f"limits of user '{args.name}' cleared: {done}"
+
+
+def _declare_vhost_limit(client: Client, args, vhost: str) -> str:
+    done = _set_limits(client, f"vhost-limits/{segment(vhost)}", {args.name: args.value},
+                       f"limit of vhost '{vhost}':")
+    return f"limit of vhost '{vhost}' set: {done}"
+
+
+def _delete_vhost_limit(client: Client, args, vhost: str) -> str:
+    _clear_limits(client, f"vhost-limits/{segment(vhost)}", [args.name],
+                  f"limits of vhost '{vhost}'")
+    return f"limit {args.name} of vhost '{vhost}' removed"
+
+
+# rabbitmqadmin's names for what rabbitmqctl's do
+_declare_vhost = _add_vhost
+_declare_user = _add_user
+_declare_permission = _set_permissions
+_delete_permission = _clear_permissions
+_declare_policy = _set_policy
+_delete_policy = _clear_policy
 
 
 def _export(client: Client, args, vhost: str) -> str | None:

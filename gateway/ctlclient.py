@@ -137,10 +137,11 @@ def cell(row: dict, column: str):
 def text(value) -> str:
     if value is None:
         return ""
-    if isinstance(value, dict):
+    if isinstance(value, dict) or (isinstance(value, list) and not all(
+            isinstance(item, (str, int, float)) for item in value)):
         return json.dumps(value, sort_keys=True)
     if isinstance(value, list):
-        return ",".join(map(str, value))
+        return ",".join(map(str, value))  # tags
     return str(value)
 
 

@@ -210,9 +210,9 @@ def test_target_from_option_environment_or_config_file(managed, tmp_path):
 def test_declare_and_delete_as_rabbitmqadmin_does(managed):
     declared = ctl(managed, "declare", "queue", "name=adm-q", "durable=false",
                    'arguments={"x-max-length": 2}')
-    assert declared.stdout == "queue 'adm-q' declared in vhost '/'\n"
+    assert declared.stdout == "queue 'adm-q' in vhost '/' declared\n"
     assert ctl(managed, "declare", "exchange", "--name", "adm-x", "--type", "topic"
-               ).stdout == "exchange 'adm-x' declared in vhost '/'\n"
+               ).stdout == "exchange 'adm-x' in vhost '/' declared\n"
     assert ctl(managed, "declare", "binding", "source=adm-x", "destination=adm-q",
                "routing_key=a.*").stdout == (
         "binding from exchange 'adm-x' to queue 'adm-q' in vhost '/' declared\n")
@@ -230,7 +230,7 @@ def test_declare_and_delete_as_rabbitmqadmin_does(managed):
     ch.basic_publish("adm-x", "a.b", b"unrouted")
     assert ch.queue_declare("adm-q", passive=True).method.message_count == 1
     assert ctl(managed, "purge", "queue", "name=adm-q"
-               ).stdout == "queue 'adm-q' purged in vhost '/'\n"
+               ).stdout == "queue 'adm-q' in vhost '/' purged\n"
     assert ch.queue_declare("adm-q", passive=True).method.message_count == 0
     conn.close()
     gone = ctl(managed, "delete", "binding", "source=adm-x", "destination=adm-q",
@@ -238,15 +238,59 @@ def test_declare_and_delete_as_rabbitmqadmin_does(managed):
     assert gone.returncode == 1 and "no such binding with routing key 'a.*'" in gone.stderr
     bad = ctl(managed, "declare", "exchange", "name=adm-bad", "type=fancy", check=False)
     assert (bad.returncode, bad.stdout) == (1, "")
-    assert bad.stderr == ("warren ctl: exchange 'adm-bad': unknown exchange type 'fancy' "
-                          "[400 bad_request]\n")
+    assert bad.stderr == ("warren ctl: exchange 'adm-bad' in vhost '/': unknown exchange type "
+                          "'fancy' [400 bad_request]\n")
     assert ctl(managed, "delete", "exchange", "name=adm-x"
-               ).stdout == "exchange 'adm-x' deleted from vhost '/'\n"
+               ).stdout == "exchange 'adm-x' in vhost '/' deleted\n"
     assert ctl(managed, "delete", "queue", "name=adm-q"
-               ).stdout == "queue 'adm-q' deleted from vhost '/'\n"
+               ).stdout == "queue 'adm-q' in vhost '/' deleted\n"
     assert "adm-q" not in ctl(managed, "list", "queues").stdout
     usage = ctl(managed, "declare", "queue", "durable=false", check=False)
     assert usage.returncode == 2 and "the following arguments are required: --name" in usage.stderr
+
+
+def test_rabbitmqadmin_declare_and_delete_for_vhosts_users_permissions_policies(managed):
+    """rabbitmqadmin's spelling works as typed (`user=`/`password=` name the object,
+    not the credentials); each change says what it did."""
+    steps = [
+        (["declare", "vhost", "name=adm-v"], "vhost 'adm-v' added"),
+        (["declare", "user", "name=adm-u", "password=s3cret", "tags=monitoring"],
+         "user 'adm-u' added with tags monitoring"),
+        (["declare", "permission", "vhost=adm-v", "user=adm-u", "configure=.*", "write=.*",
+          "read=^r"], "permissions of user 'adm-u' in vhost 'adm-v' set"),
+        (["declare", "policy", "vhost=adm-v", "name=cap", "pattern=^c",
+          'definition={"max-length": 3}', "apply-to=queues", "priority=2"],
+         "policy 'cap' set in vhost 'adm-v'"),
+        (["declare", "vhost_limit", "vhost=adm-v", "name=max-queues", "value=4"],
+         "limit of vhost 'adm-v' set: max-queues=4"),
+    ]
+    for args, said in steps:
+        assert ctl(managed, *args).stdout == said + "\n"
+    try:
+        assert json.loads(ctl(managed, "list", "permissions", "-V", "adm-v", "--json").stdout
+                          ) == [{"user": "adm-u", "vhost": "adm-v", "configure": ".*",
+                                 "write": ".*", "read": "^r"}]
+        assert json.loads(ctl(managed, "list", "policies", "-V", "adm-v", "--json").stdout
+                          ) == [{"vhost": "adm-v", "name": "cap", "pattern": "^c",
+                                 "apply-to": "queues", "definition": {"max-length": 3},
+                                 "priority": 2}]
+        assert "adm-v\t{\"max-queues\": 4}" in ctl(managed, "list", "vhosts", "name", "limits",
+                                                  "-f", "tsv").stdout
+        # the user signs in with the password given as password=
+        assert ctl(managed, "show", "overview", "cluster_name", "-f", "tsv", "-u", "adm-u",
+                   "-p", "s3cret").stdout.startswith("cluster_name\nwarren@")
+    finally:
+        for args, said in [
+                (["delete", "vhost_limit", "vhost=adm-v", "name=max-queues"],
+                 "limit max-queues of vhost 'adm-v' removed"),
+                (["delete", "policy", "vhost=adm-v", "name=cap"],
+                 "policy 'cap' cleared in vhost 'adm-v'"),
+                (["delete", "permission", "vhost=adm-v", "user=adm-u"],
+                 "permissions of user 'adm-u' in vhost 'adm-v' cleared"),
+                (["delete", "user", "name=adm-u"], "user 'adm-u' deleted"),
+                (["delete", "vhost", "name=adm-v"], "vhost 'adm-v' deleted")]:
+            assert ctl(managed, *args).stdout == said + "\n"
+    assert "adm-v" not in ctl(managed, "list", "vhosts").stdout
 
 
 def test_vhost_filters_lists(managed):
