@@ -127,7 +127,7 @@ def build(file_values: dict, overrides: dict, source: str = "warren.toml") -> Co
             if field_type == "list[str]":
                 value = [part for part in text.split(",") if part]
             elif field_type == "bool":
-                value = _boolean(text)
+                value = parse_boolean(text)
             else:
                 value = msgspec.convert(text, {"int": int, "float": float, "str": str}[field_type],
                                         strict=False)
@@ -139,7 +139,8 @@ def build(file_values: dict, overrides: dict, source: str = "warren.toml") -> Co
     return config
 
 
-def _boolean(text: str) -> bool:
+def parse_boolean(text: str) -> bool:
+    """true/false, 1/0, yes/no, on/off (ValueError otherwise)."""
     lowered = text.lower()
     if lowered in ("true", "1", "yes", "on"):
         return True

@@ -12,7 +12,7 @@ import json
 import re
 import sys
 
-from . import ctlclient
+from . import config, ctlclient
 from .ctlclient import Client, CtlError, render, segment
 
 # what `list` shows, its default columns, and whether the API lists it per vhost
@@ -45,12 +45,10 @@ GLOBAL_DEFAULTS = {"url": None, "user": None, "password": None, "config": None,
 
 
 def _boolean(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("true", "yes", "1", "on"):
-        return True
-    if lowered in ("false", "no", "0", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    try:
+        return config.parse_boolean(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}") from None
 
 
 def _json_object(text: str) -> dict:
@@ -320,50 +318,66 @@ def _show(client: Client, args, vhost: str) -> None:
     print(render([overview], columns or OVERVIEW, args.format, whole_rows=False))
 
 
+def _change(client: Client, method: str, path: str, what: str, done: str, body=None,
+            **request) -> str:
+    """Make one change; the sentence that confirms it ("queue 'q' in vhost '/' declared")."""
+    client.call(method, path, body, what=what, **request)
+    return f"{what} {done}"
+
+
+def _queue(args, vhost: str) -> tuple[str, str]:
+    return (f"queues/{segment(vhost)}/{segment(args.name)}",
+            f"queue '{args.name}' in vhost '{vhost}'")
+
+
 def _declare_queue(client: Client, args, vhost: str) -> str:
     arguments = dict(args.arguments)
     if args.queue_type:
         arguments["x-queue-type"] = args.queue_type
-    what = f"queue '{args.name}' in vhost '{vhost}'"
-    client.call("PUT", f"queues/{segment(vhost)}/{segment(args.name)}",
-                {"durable": args.durable, "auto_delete": args.auto_delete,
-                 "arguments": arguments}, what=what)
-    return f"{what} declared"
+    return _change(client, "PUT", *_queue(args, vhost), "declared",
+                   {"durable": args.durable, "auto_delete": args.auto_delete,
+                    "arguments": arguments})
+
+
+def _delete_queue(client: Client, args, vhost: str) -> str:
+    conditions = {f"if-{c}": "true" for c in ("unused", "empty") if getattr(args, f"if_{c}", 0)}
+    return _change(client, "DELETE", *_queue(args, vhost), "deleted", params=conditions)
+
+
+def _purge_queue(client: Client, args, vhost: str) -> str:
+    path, what = _queue(args, vhost)
+    return _change(client, "DELETE", f"{path}/contents", what, "purged")
+
+
+def _exchange(args, vhost: str) -> tuple[str, str]:
+    return (f"exchanges/{segment(vhost)}/{segment(args.name)}",
+            f"exchange '{args.name}' in vhost '{vhost}'")
 
 
 def _declare_exchange(client: Client, args, vhost: str) -> str:
-    what = f"exchange '{args.name}' in vhost '{vhost}'"
-    client.call("PUT", f"exchanges/{segment(vhost)}/{segment(args.name)}",
-                {"type": args.type, "durable": args.durable, "auto_delete": args.auto_delete,
-                 "internal": args.internal, "arguments": args.arguments}, what=what)
-    return f"{what} declared"
+    return _change(client, "PUT", *_exchange(args, vhost), "declared",
+                   {"type": args.type, "durable": args.durable, "auto_delete": args.auto_delete,
+                    "internal": args.internal, "arguments": args.arguments})
 
 
-def _binding_path(args, vhost: str) -> str:
+def _delete_exchange(client: Client, args, vhost: str) -> str:
+    return _change(client, "DELETE", *_exchange(args, vhost), "deleted")
+
+
+def _binding(args, vhost: str) -> tuple[str, str]:
     return (f"bindings/{segment(vhost)}/e/{segment(args.source)}/"
-            f"{args.destination_type[0]}/{segment(args.destination)}")
-
-
-def _binding_text(args, vhost: str) -> str:
-    return (f"binding from exchange '{args.source}' to {args.destination_type} "
+            f"{args.destination_type[0]}/{segment(args.destination)}",
+            f"binding from exchange '{args.source}' to {args.destination_type} "
             f"'{args.destination}' in vhost '{vhost}'")
 
 
 def _declare_binding(client: Client, args, vhost: str) -> str:
-    binding = _binding_text(args, vhost)
-    client.call("POST", _binding_path(args, vhost),
-                {"routing_key": args.routing_key, "arguments": args.arguments}, what=binding)
-    return f"{binding} declared"
-
-
-def _delete_exchange(client: Client, args, vhost: str) -> str:
-    what = f"exchange '{args.name}' in vhost '{vhost}'"
-    client.call("DELETE", f"exchanges/{segment(vhost)}/{segment(args.name)}", what=what)
-    return f"{what} deleted"
+    return _change(client, "POST", *_binding(args, vhost), "declared",
+                   {"routing_key": args.routing_key, "arguments": args.arguments})
 
 
 def _delete_binding(client: Client, args, vhost: str) -> str:
-    binding = _binding_text(args, vhost)
+    path, what = _binding(args, vhost)
     key = args.properties_key
     if key is None:  # find it by routing key and arguments
         rows = client.call("GET", f"bindings/{segment(vhost)}",
@@ -374,141 +388,122 @@ def _delete_binding(client: Client, args, vhost: str) -> str:
                     (args.source, args.destination, args.destination_type, args.routing_key,
                      args.arguments)), None)
         if key is None:
-            raise CtlError(f"{binding}: no such binding with routing key "
+            raise CtlError(f"{what}: no such binding with routing key "
                            f"'{args.routing_key}' and arguments {json.dumps(args.arguments)}")
-    client.call("DELETE", f"{_binding_path(args, vhost)}/{segment(key)}", what=binding)
-    return f"{binding} deleted"
+    return _change(client, "DELETE", f"{path}/{segment(key)}", what, "deleted")
 
 
 def _close_connection(client: Client, args, vhost: str) -> str:
-    headers = {"X-Reason": args.reason} if args.reason else None
-    client.call("DELETE", f"connections/{segment(args.name)}", headers=headers,
-                what=f"connection '{args.name}'")
-    return f"connection '{args.name}' closed"
-
-
-def _purge_queue(client: Client, args, vhost: str) -> str:
-    client.call("DELETE", f"queues/{segment(vhost)}/{segment(args.name)}/contents",
-                what=f"queue '{args.name}' in vhost '{vhost}'")
-    return f"queue '{args.name}' in vhost '{vhost}' purged"
-
-
-
-
-def _delete_queue(client: Client, args, vhost: str) -> str:
-    what = f"queue '{args.name}' in vhost '{vhost}'"
-    conditions = {f"if-{c}": "true" for c in ("unused", "empty") if getattr(args, f"if_{c}", 0)}
-    client.call("DELETE", f"queues/{segment(vhost)}/{segment(args.name)}", params=conditions,
-                what=what)
-    return f"{what} deleted"
+    return _change(client, "DELETE", f"connections/{segment(args.name)}",
+                   f"connection '{args.name}'", "closed",
+                   headers={"X-Reason": args.reason} if args.reason else None)
 
 
 def _add_user(client: Client, args, vhost: str) -> str:
     tags = [t for t in args.tags.split(",") if t]
-    client.call("PUT", f"users/{segment(args.name)}",
-                {"password": args.new_password, "tags": tags}, what=f"user '{args.name}'")
-    return f"user '{args.name}' added" + (f" with tags {','.join(tags)}" if tags else "")
+    return _change(client, "PUT", f"users/{segment(args.name)}", f"user '{args.name}'",
+                   "added" + (f" with tags {','.join(tags)}" if tags else ""),
+                   {"password": args.new_password, "tags": tags})
 
 
 def _change_password(client: Client, args, vhost: str) -> str:
-    what = f"user '{args.name}'"
-    user = client.call("GET", f"users/{segment(args.name)}", what=what)
-    client.call("PUT", f"users/{segment(args.name)}",
-                {"password": args.new_password, "tags": user["tags"]}, what=what)
-    return f"password of user '{args.name}' changed"
+    path, what = f"users/{segment(args.name)}", f"user '{args.name}'"
+    user = client.call("GET", path, what=what)  # to keep its tags
+    return _change(client, "PUT", path, f"password of {what}", "changed",
+                   {"password": args.new_password, "tags": user["tags"]})
 
 
 def _delete_user(client: Client, args, vhost: str) -> str:
-    client.call("DELETE", f"users/{segment(args.name)}", what=f"user '{args.name}'")
-    return f"user '{args.name}' deleted"
+    return _change(client, "DELETE", f"users/{segment(args.name)}", f"user '{args.name}'",
+                   "deleted")
 
 
 def _add_vhost(client: Client, args, vhost: str) -> str:
-    client.call("PUT", f"vhosts/{segment(args.name)}", {}, what=f"vhost '{args.name}'")
-    return f"vhost '{args.name}' added"
+    return _change(client, "PUT", f"vhosts/{segment(args.name)}", f"vhost '{args.name}'",
+                   "added", {})
 
 
 def _delete_vhost(client: Client, args, vhost: str) -> str:
-    client.call("DELETE", f"vhosts/{segment(args.name)}", what=f"vhost '{args.name}'")
-    return f"vhost '{args.name}' deleted"
+    return _change(client, "DELETE", f"vhosts/{segment(args.name)}", f"vhost '{args.name}'",
+                   "deleted")
+
+
+def _permissions(args, vhost: str) -> tuple[str, str]:
+    return (f"permissions/{segment(vhost)}/{segment(args.perm_user)}",
+            f"permissions of user '{args.perm_user}' in vhost '{vhost}'")
 
 
 def _set_permissions(client: Client, args, vhost: str) -> str:
-    client.call("PUT", f"permissions/{segment(vhost)}/{segment(args.perm_user)}",
-                {"configure": args.configure, "write": args.write, "read": args.read},
-                what=f"permissions of user '{args.perm_user}' in vhost '{vhost}'")
-    return f"permissions of user '{args.perm_user}' in vhost '{vhost}' set"
+    return _change(client, "PUT", *_permissions(args, vhost), "set",
+                   {"configure": args.configure, "write": args.write, "read": args.read})
 
 
 def _clear_permissions(client: Client, args, vhost: str) -> str:
-    client.call("DELETE", f"permissions/{segment(vhost)}/{segment(args.perm_user)}",
-                what=f"permissions of user '{args.perm_user}' in vhost '{vhost}'")
-    return f"permissions of user '{args.perm_user}' in vhost '{vhost}' cleared"
+    return _change(client, "DELETE", *_permissions(args, vhost), "cleared")
+
+
+def _policy(args, vhost: str) -> tuple[str, str]:
+    return (f"policies/{segment(vhost)}/{segment(args.name)}",
+            f"policy '{args.name}' in vhost '{vhost}'")
 
 
 def _set_policy(client: Client, args, vhost: str) -> str:
-    client.call("PUT", f"policies/{segment(vhost)}/{segment(args.name)}",
-                {"pattern": args.pattern, "definition": args.definition,
-                 "apply-to": args.apply_to, "priority": args.priority},
-                what=f"policy '{args.name}' in vhost '{vhost}'")
-    return f"policy '{args.name}' set in vhost '{vhost}'"
+    return _change(client, "PUT", *_policy(args, vhost), "set",
+                   {"pattern": args.pattern, "definition": args.definition,
+                    "apply-to": args.apply_to, "priority": args.priority})
 
 
 def _clear_policy(client: Client, args, vhost: str) -> str:
-    client.call("DELETE", f"policies/{segment(vhost)}/{segment(args.name)}",
-                what=f"policy '{args.name}' in vhost '{vhost}'")
-    return f"policy '{args.name}' cleared in vhost '{vhost}'"
+    return _change(client, "DELETE", *_policy(args, vhost), "cleared")
 
 
-def _set_limits(client: Client, base: str, limits: dict, what: str) -> str:
+def _set_limits(client: Client, base: str, what: str, limits: dict) -> str:
+    """Set each limit (PUT {base}/{name}); the sentence saying so."""
     for name, value in limits.items():
         client.call("PUT", f"{base}/{segment(name)}", {"value": value}, what=f"{what} {name}")
-    return ", ".join(f"{name}={value}" for name, value in limits.items())
+    return f"{what} set: " + ", ".join(f"{name}={value}" for name, value in limits.items())
 
 
-def _clear_limits(client: Client, base: str, names: list[str], what: str) -> str:
+def _clear_limits(client: Client, base: str, what: str, names: list[str]) -> str:
+    """Remove the limits named, or all there are; the sentence saying so."""
     if not names:
         rows = client.call("GET", base, what=what)
         names = sorted(rows[0]["value"]) if rows else []
     for name in names:
         client.call("DELETE", f"{base}/{segment(name)}", what=f"{what} {name}")
-    return ", ".join(names) or "none were set"
+    return f"{what} cleared: " + (", ".join(names) or "none were set")
+
+
+def _of_vhost(vhost: str) -> tuple[str, str]:
+    return f"vhost-limits/{segment(vhost)}", f"limits of vhost '{vhost}'"
+
+
+def _of_user(args) -> tuple[str, str]:
+    return f"user-limits/{segment(args.name)}", f"limits of user '{args.name}'"
 
 
 def _set_vhost_limits(client: Client, args, vhost: str) -> str:
-    done = _set_limits(client, f"vhost-limits/{segment(vhost)}", args.limits,
-                       f"limit of vhost '{vhost}':")
-    return f"limits of vhost '{vhost}' set: {done}"
+    return _set_limits(client, *_of_vhost(vhost), args.limits)
 
 
 def _clear_vhost_limits(client: Client, args, vhost: str) -> str:
-    done = _clear_limits(client, f"vhost-limits/{segment(vhost)}", args.names,
-                         f"limits of vhost '{vhost}'")
-    return f"limits of vhost '{vhost}' cleared: {done}"
-
-
-def _set_user_limits(client: Client, args, vhost: str) -> str:
-    done = _set_limits(client, f"user-limits/{segment(args.name)}", args.limits,
-                       f"limit of user '{args.name}':")
-    return f"limits of user '{args.name}' set: {done}"
-
-
-def _clear_user_limits(client: Client, args, vhost: str) -> str:
-    done = _clear_limits(client, f"user-limits/{segment(args.name)}", args.names,
-                         f"limits of user '{args.name}'")
-    return f"limits of user '{args.name}' cleared: {done}"
+    return _clear_limits(client, *_of_vhost(vhost), args.names)
 
 
 def _declare_vhost_limit(client: Client, args, vhost: str) -> str:
-    done = _set_limits(client, f"vhost-limits/{segment(vhost)}", {args.name: args.value},
-                       f"limit of vhost '{vhost}':")
-    return f"limit of vhost '{vhost}' set: {done}"
+    return _set_limits(client, *_of_vhost(vhost), {args.name: args.value})
 
 
 def _delete_vhost_limit(client: Client, args, vhost: str) -> str:
-    _clear_limits(client, f"vhost-limits/{segment(vhost)}", [args.name],
-                  f"limits of vhost '{vhost}'")
-    return f"limit {args.name} of vhost '{vhost}' removed"
+    return _clear_limits(client, *_of_vhost(vhost), [args.name])
+
+
+def _set_user_limits(client: Client, args, vhost: str) -> str:
+    return _set_limits(client, *_of_user(args), args.limits)
+
+
+def _clear_user_limits(client: Client, args, vhost: str) -> str:
+    return _clear_limits(client, *_of_user(args), args.names)
 
 
 # rabbitmqadmin's names for what rabbitmqctl's do

@@ -260,9 +260,9 @@ def test_rabbitmqadmin_declare_and_delete_for_vhosts_users_permissions_policies(
           "read=^r"], "permissions of user 'adm-u' in vhost 'adm-v' set"),
         (["declare", "policy", "vhost=adm-v", "name=cap", "pattern=^c",
           'definition={"max-length": 3}', "apply-to=queues", "priority=2"],
-         "policy 'cap' set in vhost 'adm-v'"),
+         "policy 'cap' in vhost 'adm-v' set"),
         (["declare", "vhost_limit", "vhost=adm-v", "name=max-queues", "value=4"],
-         "limit of vhost 'adm-v' set: max-queues=4"),
+         "limits of vhost 'adm-v' set: max-queues=4"),
     ]
     for args, said in steps:
         assert ctl(managed, *args).stdout == said + "\n"
@@ -282,9 +282,9 @@ def test_rabbitmqadmin_declare_and_delete_for_vhosts_users_permissions_policies(
     finally:
         for args, said in [
                 (["delete", "vhost_limit", "vhost=adm-v", "name=max-queues"],
-                 "limit max-queues of vhost 'adm-v' removed"),
+                 "limits of vhost 'adm-v' cleared: max-queues"),
                 (["delete", "policy", "vhost=adm-v", "name=cap"],
-                 "policy 'cap' cleared in vhost 'adm-v'"),
+                 "policy 'cap' in vhost 'adm-v' cleared"),
                 (["delete", "permission", "vhost=adm-v", "user=adm-u"],
                  "permissions of user 'adm-u' in vhost 'adm-v' cleared"),
                 (["delete", "user", "name=adm-u"], "user 'adm-u' deleted"),

@@ -23,12 +23,24 @@ def problem(limits, known: tuple[str, ...]) -> str | None:
     return None
 
 
-def _limit_value(request: Request, name: str, known: tuple[str, ...]) -> int:
-    value = request.json().get("value")
-    reason = problem({name: value}, known)
-    if reason:
-        raise bad_request(reason)
-    return value
+def _changed(request: Request, limits: dict, name: str, known: tuple[str, ...]) -> dict:
+    """The limits after a PUT {"value": n} or a DELETE of the one named."""
+    limits = dict(limits)
+    if request.method == "PUT":
+        value = request.json().get("value")
+        reason = problem({name: value}, known)
+        if reason:
+            raise bad_request(reason)
+        limits[name] = value
+    elif request.method == "DELETE":
+        limits.pop(name, None)
+    else:
+        raise HTTPError(405, "method_not_allowed", request.method)
+    return limits
+
+
+def _not_found() -> HTTPError:
+    return HTTPError(404, "Object Not Found", "Not Found")
 
 
 async def vhost_limits(management, request: Request, rest: list[str]) -> Response:
@@ -40,20 +52,13 @@ async def vhost_limits(management, request: Request, rest: list[str]) -> Respons
         return Response.json([{"vhost": name, "value": gateway.vhost_defs[name].limits}
                               for name in names if gateway.vhost_defs[name].limits])
     if len(rest) != 2:
-        raise HTTPError(404, "Object Not Found", "Not Found")
+        raise _not_found()
     management.require_admin(request)
-    vhost, name = rest
-    definition = gateway.vhost_defs.get(vhost)
+    definition = gateway.vhost_defs.get(rest[0])
     if definition is None:
         raise HTTPError(404, "not_found", "vhost_not_found")
-    limits = dict(definition.limits)
-    if request.method == "PUT":
-        limits[name] = _limit_value(request, name, VHOST_LIMITS)
-    elif request.method == "DELETE":
-        limits.pop(name, None)
-    else:
-        raise HTTPError(405, "method_not_allowed", request.method)
-    gateway.add_vhost(vhost, definition.description, limits)
+    gateway.add_vhost(rest[0], definition.description,
+                      _changed(request, definition.limits, rest[1], VHOST_LIMITS))
     return Response(204)
 
 
@@ -63,21 +68,14 @@ async def user_limits(management, request: Request, rest: list[str]) -> Response
     access = management.gateway.access
     if len(rest) <= 1:
         if rest and rest[0] not in access.users:
-            raise HTTPError(404, "Object Not Found", "Not Found")
+            raise _not_found()
         users = [access.users[rest[0]]] if rest else [u for _, u in sorted(access.users.items())]
         return Response.json([{"user": u.name, "value": u.limits} for u in users if u.limits])
     if len(rest) != 2:
-        raise HTTPError(404, "Object Not Found", "Not Found")
-    name, limit = rest
-    user = access.users.get(name)
+        raise _not_found()
+    user = access.users.get(rest[0])
     if user is None:
         raise HTTPError(404, "not_found", "user_not_found")
-    limits = dict(user.limits)
-    if request.method == "PUT":
-        limits[limit] = _limit_value(request, limit, USER_LIMITS)
-    elif request.method == "DELETE":
-        limits.pop(limit, None)
-    else:
-        raise HTTPError(405, "method_not_allowed", request.method)
-    access.put_user(name, None, user.tags, None, limits)
+    access.put_user(user.name, None, user.tags, None,
+                    _changed(request, user.limits, rest[1], USER_LIMITS))
     return Response(204)
