@@ -542,8 +542,15 @@ def _import(client: Client, args, vhost: str) -> str:
     except ValueError:
         raise CtlError(f"{args.file} is not JSON") from None
     params = {"skip-unsupported": "true"} if args.skip_unsupported else None
-    answer = client.call("POST", "definitions", document, params=params,
-                         what=f"import of {args.file}")
+    try:
+        answer = client.call("POST", "definitions", document, params=params,
+                             what=f"import of {args.file}")
+    except CtlError as error:
+        unsupported = error.answer.get("unsupported")
+        if unsupported and error.answer.get("problems") == unsupported:  # nothing else wrong
+            raise CtlError(f"{error}\n--skip-unsupported imports the rest and lists what it "
+                           "skips") from None
+        raise
     skipped = (answer or {}).get("skipped", [])
     message = f"definitions imported from {args.file}"
     if skipped:

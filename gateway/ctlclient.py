@@ -23,7 +23,9 @@ FORMATS = ("table", "tsv", "json")
 
 
 class CtlError(Exception):
-    pass
+    def __init__(self, message: str, answer: dict | None = None):
+        super().__init__(message)
+        self.answer = answer or {}  # the API's error body, when it gave one
 
 
 def target(url: str | None, user: str | None, password: str | None,
@@ -83,7 +85,7 @@ class Client:
         except requests.RequestException as error:
             raise CtlError(f"cannot reach {self.url}: {_cause(error)}") from None
         if response.status_code >= 400:
-            raise CtlError(_explain(response, what or f"{method} /api/{path}"))
+            raise CtlError(*_explain(response, what or f"{method} /api/{path}"))
         if not response.content:
             return None
         try:
@@ -102,8 +104,8 @@ def _cause(error: requests.RequestException) -> str:
     return text.split(": ", 1)[-1] if "Errno" not in text else text
 
 
-def _explain(response: requests.Response, what: str) -> str:
-    """RabbitMQ's error body, {"error": ..., "reason": ...}, in a sentence."""
+def _explain(response: requests.Response, what: str) -> tuple[str, dict]:
+    """RabbitMQ's error body, {"error": ..., "reason": ...}, in a sentence; the body."""
     try:
         body = response.json()
     except ValueError:
@@ -117,7 +119,7 @@ def _explain(response: requests.Response, what: str) -> str:
                    f"${PASSWORD_VARIABLE} or the configuration file)")
     lines = [f"{what}: {reason} [{status}]"]
     lines += [f"  {problem}" for problem in body.get("problems", [])]
-    return "\n".join(lines)
+    return "\n".join(lines), body
 
 
 # -- output -------------------------------------------------------------------------------
