@@ -95,13 +95,14 @@ class Client:
                            f"than JSON: is it a management API?") from None
 
 
-def _cause(error: requests.RequestException) -> str:
-    """The innermost reason (requests wraps urllib3's, which wraps the socket's)."""
-    cause: BaseException = error
-    while cause.__context__ is not None and not isinstance(cause, OSError):
-        cause = cause.__context__
-    text = str(cause)
-    return text.split(": ", 1)[-1] if "Errno" not in text else text
+def _cause(error: BaseException) -> str:
+    """The innermost reason: requests wraps urllib3's errors, which wrap the socket's."""
+    while True:
+        inner = (error.__cause__ or error.__context__ or getattr(error, "reason", None)
+                 or next(iter(error.args), None))
+        if not isinstance(inner, BaseException):
+            return str(error)
+        error = inner
 
 
 def _explain(response: requests.Response, what: str) -> tuple[str, dict]:
