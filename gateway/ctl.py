@@ -41,7 +41,7 @@ OVERVIEW = ["product_name", "product_version", "cluster_name", "queue_totals.mes
 VHOST_FIELD = {"connections": "vhost", "channels": "vhost", "permissions": "vhost",
                "vhosts": "name"}
 GLOBAL_DEFAULTS = {"url": None, "user": None, "password": None, "config": None,
-                   "vhost": None, "format": "table"}
+                   "vhost": None, "format": "table", "quiet": False}
 
 
 def _boolean(text: str) -> bool:
@@ -83,6 +83,7 @@ def _global_options() -> argparse.ArgumentParser:
     add("-f", "--format", choices=ctlclient.FORMATS, help="output format (default: table)")
     add("--json", dest="format", action="store_const", const="json",
         help="the same as --format json")
+    add("-q", "--quiet", action="store_true", help="say nothing when a change succeeds")
     return options
 
 
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     except CtlError as error:
         print(f"warren ctl: {error}", file=sys.stderr)
         return 1
-    if message:
+    if message and not args.quiet:
         print(json.dumps({"ok": True, "message": message}) if args.format == "json"
               else message)
     return 0

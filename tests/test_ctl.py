@@ -229,8 +229,8 @@ def test_declare_and_delete_as_rabbitmqadmin_does(managed):
         "binding from exchange 'adm-x' to queue 'adm-q' in vhost '/' deleted\n")
     ch.basic_publish("adm-x", "a.b", b"unrouted")
     assert ch.queue_declare("adm-q", passive=True).method.message_count == 1
-    assert ctl(managed, "purge", "queue", "name=adm-q"
-               ).stdout == "queue 'adm-q' in vhost '/' purged\n"
+    assert json.loads(ctl(managed, "purge", "queue", "name=adm-q", "--json").stdout) == {
+        "ok": True, "message": "queue 'adm-q' in vhost '/' purged"}
     assert ch.queue_declare("adm-q", passive=True).method.message_count == 0
     conn.close()
     gone = ctl(managed, "delete", "binding", "source=adm-x", "destination=adm-q",
@@ -240,8 +240,8 @@ def test_declare_and_delete_as_rabbitmqadmin_does(managed):
     assert (bad.returncode, bad.stdout) == (1, "")
     assert bad.stderr == ("warren ctl: exchange 'adm-bad' in vhost '/': unknown exchange type "
                           "'fancy' [400 bad_request]\n")
-    assert ctl(managed, "delete", "exchange", "name=adm-x"
-               ).stdout == "exchange 'adm-x' in vhost '/' deleted\n"
+    assert ctl(managed, "delete", "exchange", "name=adm-x", "-q").stdout == ""
+    assert "adm-x" not in ctl(managed, "list", "exchanges").stdout
     assert ctl(managed, "delete", "queue", "name=adm-q"
                ).stdout == "queue 'adm-q' in vhost '/' deleted\n"
     assert "adm-q" not in ctl(managed, "list", "queues").stdout
