@@ -259,16 +259,25 @@ def _objects(parser, options, table: dict) -> None:
                              **keywords)
 
 
+_FLAGS = {"--json", "-q", "--quiet", "-h", "--help"}  # the options that take no value
+
+
 def _rabbitmqadmin_style(argv: list[str]) -> list[str]:
-    """`declare queue name=q durable=false` as `declare queue --name=q --durable=false`."""
-    verbs = ("declare", "delete", "close", "purge")
-    verb = next((i for i, word in enumerate(argv) if word in verbs), None)
-    if verb is None:
+    """`declare queue name=q durable=false` as `declare queue --name=q --durable=false`:
+    after those verbs, a `key=value` word that is no option's value."""
+    position = 0
+    while position < len(argv) and argv[position].startswith("-"):  # global options
+        takes_value = argv[position] not in _FLAGS and "=" not in argv[position]
+        position += 2 if takes_value else 1
+    if position >= len(argv) or argv[position] not in ("declare", "delete", "close", "purge"):
         return argv
-    rewritten = argv[:verb + 2]
-    for word in argv[verb + 2:]:
+    rewritten = argv[:position + 2]
+    for word in argv[position + 2:]:
         key, equals, value = word.partition("=")
-        if equals and re.fullmatch(r"[a-z][a-z_-]*", key):
+        previous = rewritten[-1]
+        is_value = (previous.startswith("-") and previous not in _FLAGS
+                    and "=" not in previous)
+        if equals and not is_value and re.fullmatch(r"[a-z][a-z_-]*", key):
             key = key.replace("_", "-")
             word = f"--{RENAMED.get(key, key)}={value}"
         rewritten.append(word)
