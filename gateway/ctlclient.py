@@ -32,13 +32,14 @@ def target(url: str | None, user: str | None, password: str | None,
            config_path: str | None) -> tuple[str, str, str]:
     """The URL, user and password: each from its option, else its environment
     variable, else the broker's configuration file, else RabbitMQ's default."""
-    from_file = _from_config(config_path)
-    chosen = {}
-    for name, given, variable in (("url", url, URL_VARIABLE), ("user", user, USER_VARIABLE),
-                                  ("password", password, PASSWORD_VARIABLE)):
-        chosen[name] = (given or os.environ.get(variable) or from_file.get(name)
-                        or DEFAULTS[name])
-    return chosen["url"], chosen["user"], chosen["password"]
+    chosen = {name: given or os.environ.get(variable)
+              for name, given, variable in (("url", url, URL_VARIABLE),
+                                            ("user", user, USER_VARIABLE),
+                                            ("password", password, PASSWORD_VARIABLE))}
+    # the file only when needed: a broken one must not stop `--url ... -u ... -p ...`
+    from_file = _from_config(config_path) if None in chosen.values() else {}
+    return tuple(chosen[name] or from_file.get(name) or DEFAULTS[name]
+                 for name in ("url", "user", "password"))
 
 
 def _from_config(path: str | None) -> dict:

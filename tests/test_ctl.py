@@ -205,6 +205,13 @@ def test_target_from_option_environment_or_config_file(managed, tmp_path):
     assert wrong.returncode == 1 and "Login failed" in wrong.stderr
     assert run_in(elsewhere, "list", "vhosts", WARREN_MANAGEMENT_URL=managed.http_url,
                   WARREN_MANAGEMENT_PASSWORD="guest").returncode == 0
+    # a broken file is named when it is needed, and not read when it is not
+    (elsewhere / "warren.toml").write_text("not toml [")
+    broken = run_in(elsewhere, "list", "vhosts")
+    assert broken.returncode == 1 and broken.stderr.startswith(
+        "warren ctl: warren.toml: not valid TOML")
+    assert run_in(elsewhere, "list", "vhosts", "--url", managed.http_url, "-u", "guest", "-p",
+                  "guest").returncode == 0
 
 
 def test_declare_and_delete_as_rabbitmqadmin_does(managed):
