@@ -18,6 +18,7 @@ import sys
 
 import lmdb
 
+from warren.shards import logsetup
 from warren.storage import recovery
 
 from . import management
@@ -84,11 +85,15 @@ async def serve(settings: Config) -> None:
 
     for server in servers:
         await server.start_serving()
+    # RabbitMQ's lines in the log; the printed ones are for whoever started it.
+    log.info("started TCP listener on %s:%d", host, port)
     print(f"Warren listening on amqp://{host}:{port} (data {gateway.data_dir}, "
           f"{settings.shard_count()} shards)", flush=True)
     if tls is not None:
+        log.info("started TLS (SSL) listener on %s", _address(amqps))
         print(f"Warren listening on amqps://{_address(amqps)}", flush=True)
     if settings.management_port:
+        log.info("Management plugin: HTTP (non-TLS) listener started on %s", _address(http))
         print(f"Warren management on http://{_address(http)}", flush=True)
 
     await stop.wait()
@@ -221,8 +226,12 @@ async def _wait_for(condition, timeout: float) -> None:
 
 def run(settings: Config) -> int:
     """Serve until a signal; the exit code (1: could not start, said on one line)."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        logsetup.configure(settings.log_settings(), "gateway")
+    except OSError as error:
+        print(f"warren: cannot open log file {settings.log_file} ({_reason(error)}): "
+              f"pick another with --log-file", file=sys.stderr)
+        return 1
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
