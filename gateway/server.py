@@ -28,6 +28,9 @@ from .gateway import Gateway
 
 log = logging.getLogger("warren")
 
+# Seconds a stopping broker waits for its clients' close-ok (RabbitMQ does not wait).
+SHUTDOWN_CLOSE_OK_WAIT = 0.5
+
 
 class StartupError(Exception):
     """Why the broker cannot start, in one line naming the option that fixes it."""
@@ -100,11 +103,15 @@ async def serve(settings: Config) -> None:
     log.info("stopping: closing the listeners and %d connections", len(gateway.connections))
     for server in servers:
         server.close()
+    # As RabbitMQ: every client is sent 320 CONNECTION_FORCED at once, and the broker
+    # does not wait for close-ok beyond a moment for those that answer at once. The
+    # 320 is on the wire by then; a connection's work is already released to the shards.
     for conn in list(gateway.connections):
         conn.close_for_shutdown()
-    await _wait_for(lambda: not gateway.connections, timeout=3.0)
+    await _wait_for(lambda: not gateway.connections, timeout=SHUTDOWN_CLOSE_OK_WAIT)
     for conn in list(gateway.connections):
         conn.transport.abort()
+    await asyncio.sleep(0)  # their connection_lost, before the shards stop
     await gateway.stop()
     data.release()
     print("Warren stopped", flush=True)

@@ -43,8 +43,8 @@ class ShardPool:
 
     async def stop(self) -> None:
         self.stopping = True
-        for link in self.links:
-            await link.stop()
+        # All at once: each shard commits what it holds, then exits.
+        await asyncio.gather(*(link.stop() for link in self.links))
 
     def poll(self) -> None:
         """Take in the shards' waiting events (deliveries, confirms, credit)."""
