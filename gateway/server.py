@@ -25,6 +25,7 @@ from . import management
 from .config import Config
 from .connection import Connection
 from .gateway import Gateway
+from .tlshandshake import TLSHandshake
 
 log = logging.getLogger("warren")
 
@@ -59,8 +60,8 @@ async def serve(settings: Config) -> None:
         host, port = amqp.sockets[0].getsockname()[:2]
         if tls is not None:
             amqps = await _bound(loop.create_server(
-                lambda: Connection(gateway, tune), settings.bind, settings.tls_port, ssl=tls,
-                reuse_address=True, start_serving=False),
+                lambda: TLSHandshake(lambda: Connection(gateway, tune), tls), settings.bind,
+                settings.tls_port, reuse_address=True, start_serving=False),
                 settings.bind, settings.tls_port, "--tls-port")
             servers.append(amqps)
         if settings.management_port:  # 0: no management listener
