@@ -9,7 +9,9 @@ Lines read as RabbitMQ's (`2026-01-01 12:00:00.000001+00:00 [info] <gateway>
 accepting AMQP connection (...)`, a multi-line message repeating the prefix on
 every line), with the process in place of the Erlang pid; or, with format
 "json", one JSON object a line (time, level, logger, msg, process and the
-record's structured fields such as connection, user, vhost).
+record's structured fields such as connection, user, vhost). python-json-logger
+makes those: a well-kept formatter that turns a record's `extra` fields into
+keys and serialises what json cannot (a stdlib Formatter would redo both).
 
 One file for all processes: the gateway writes and rotates it (by size, as
 RabbitMQ's log.file.rotation.size and .count); shards append to the same path
