@@ -14,6 +14,8 @@ import tomllib
 
 import msgspec
 
+from warren.shards.logsetup import FORMATS, LEVELS, LogSettings
+
 MAX_MESSAGE_SIZE_LIMIT = 536_870_912  # RabbitMQ's ceiling for max_message_size
 
 
@@ -36,6 +38,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     disk_free_limit: int = 50_000_000
     consumer_timeout: int = 1_800_000
     log_dir: str = ""
+    log_level: str = "info"
+    log_file: str = "-"
+    log_format: str = "text"
+    log_file_rotation_size: int = 10 << 20
+    log_file_rotation_count: int = 5
     stats_interval: float = 5.0
     store_map_size: int = 32 << 30
     tls_port: int = 5671
@@ -68,6 +75,12 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def logs_dir(self) -> str:
         return self.log_dir or os.path.join(self.data_dir, "logs")
 
+    def log_settings(self) -> LogSettings:
+        """The operator log's settings, which the shards are given too."""
+        path = self.log_file if self.log_file == "-" else os.path.abspath(self.log_file)
+        return LogSettings(self.log_level, path, self.log_format,
+                           self.log_file_rotation_size, self.log_file_rotation_count)
+
 
 HELP = {
     "bind": "address of the AMQP listener",
@@ -83,6 +96,11 @@ HELP = {
     "disk_free_limit": "free disk below which publishers are blocked, bytes",
     "consumer_timeout": "default delivery acknowledgement timeout of quorum queues, ms",
     "log_dir": "directory of the shards' statistics logs (default DATA/logs)",
+    "log_level": "operator log level: debug, info, warning, error or critical",
+    "log_file": "operator log file, rotated by size (-: standard error)",
+    "log_format": "operator log lines: text (as RabbitMQ's) or json (one object a line)",
+    "log_file_rotation_size": "bytes after which the log file is rotated (0: never)",
+    "log_file_rotation_count": "rotated log files kept (FILE.1 ... FILE.N)",
     "stats_interval": "seconds between statistics records",
     "store_map_size": "LMDB map size of each shard store, bytes (sparse)",
     "tls_port": "AMQPS port, used when tls_certfile is set (0: any free port)",
@@ -180,6 +198,14 @@ def check(config: Config) -> None:
         fail("max_message_size", f"must be 1-{MAX_MESSAGE_SIZE_LIMIT}")
     if config.consumer_timeout < 1:
         fail("consumer_timeout", "must be a positive number of milliseconds")
+    if config.log_level not in LEVELS:
+        fail("log_level", f"must be one of {', '.join(LEVELS)}")
+    if config.log_format not in FORMATS:
+        fail("log_format", f"must be one of {', '.join(FORMATS)}")
+    if config.log_file_rotation_size < 0:
+        fail("log_file_rotation_size", "must be 0 (never rotate) or more bytes")
+    if config.log_file_rotation_count < 0:
+        fail("log_file_rotation_count", "must be 0 or more files")
     if config.stats_interval <= 0:
         fail("stats_interval", "must be positive")
     if config.tls_certfile and not config.tls_keyfile:

@@ -56,6 +56,8 @@ CAPABILITIES = {
 
 # Handshake states
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+# RabbitMQ's names of them, in its log lines
+STATE_NAMES = ("pre_init", "starting", "tuning", "opening", "running", "closing", "closed")
 
 
 class Connection(asyncio.Protocol):
@@ -85,6 +87,8 @@ class Connection(asyncio.Protocol):
         self.exclusive_queues: set = set()  # QueueMeta of the exclusive queues it owns
         self._last_received = self._last_sent = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
+        self._received_any = False
+        self._end_logged = False  # why it ended is logged: no plain "closing" line
 
     # -- asyncio.Protocol ------------------------------------------------------
 
@@ -95,15 +99,20 @@ class Connection(asyncio.Protocol):
         peer = self.peer if isinstance(self.peer, tuple) else ("?", 0)
         local = transport.get_extra_info("sockname") or ("?", 0)
         self.name = f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"  # as RabbitMQ names it
+        self.log_name = self.name  # with the client-provided name once known
         self.loop = asyncio.get_running_loop()
         self.gateway.connections.add(self)
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc) -> None:
-        if self.state not in (CLOSING, CLOSED):
-            log.warning("closing AMQP connection %s (vhost '%s', user '%s'): client "
-                        "unexpectedly closed TCP connection", self.name,
-                        self.vhost.name if self.vhost else "", self.user)
+        if not self._received_any:  # a TCP health check, as RabbitMQ sees it
+            log.debug("closing AMQP connection (%s): no data received", self.name,
+                      extra=self._log_fields())
+        elif self.state not in (CLOSING, CLOSED):
+            log.warning("closing AMQP connection (%s):\nclient unexpectedly closed TCP "
+                        "connection", self._describe(), extra=self._log_fields())
+        elif not self._end_logged:
+            log.info("closing AMQP connection (%s)", self._describe(), extra=self._log_fields())
         self.state = CLOSED
         if self._timer is not None:
             self._timer.cancel()
@@ -118,6 +127,9 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.state == CLOSED:
             return  # lingering after close-ok: dropped
+        if not self._received_any:  # RabbitMQ logs a connection once it sends something
+            self._received_any = True
+            log.info("accepting AMQP connection (%s)", self.name, extra=self._log_fields())
         self._last_received = time.monotonic()
         self.reader.receive_data(data)
         self._handle_input()
@@ -271,6 +283,9 @@ class Connection(asyncio.Protocol):
             return False
         if header != frames.PROTOCOL_HEADER:
             # Tell the client which protocol we speak, then hang up (AMQP 0-9-1 §4.2.2).
+            log.error("closing AMQP connection (%s):\nclient did not start with AMQP protocol "
+                      "header: %r", self.name, header, extra=self._log_fields())
+            self._end_logged = True
             self.transport.write(frames.PROTOCOL_HEADER)
             self.state = CLOSED
             self.transport.close()
@@ -336,7 +351,8 @@ class Connection(asyncio.Protocol):
     def fail(self, error: BaseException) -> None:
         """A bug met while serving this connection: log it once and close this
         connection with 541, leaving every other client and the loop running."""
-        log.error("closing connection %s after an internal error", self.peer, exc_info=error)
+        log.error("closing AMQP connection (%s) after an internal error", self._describe(),
+                  exc_info=error, extra=self._log_fields())
         try:
             self.close_with_error(AMQPError(spec.INTERNAL_ERROR, "internal error"))
         except Exception:
@@ -367,6 +383,10 @@ class Connection(asyncio.Protocol):
         self.method(number, m.ChannelOpenOk())
 
     def close_channel_with_error(self, ch: Channel, error: AMQPError) -> None:
+        log.error("Channel error on connection (%s), channel %d:\noperation %s caused a "
+                  "channel exception %s: %s", self._describe(), ch.number, _operation(error),
+                  spec.REPLY_NAMES[error.code].lower(), error.detail,
+                  extra=self._log_fields(channel=ch.number, reply_code=error.code))
         ch.release()
         ch.closing = True
         ch.send(m.ChannelClose(reply_code=error.code, reply_text=error.text[:255],
@@ -433,6 +453,13 @@ class Connection(asyncio.Protocol):
         self.client_properties = method.client_properties
         capabilities = method.client_properties.get("capabilities")
         self.capabilities = capabilities if isinstance(capabilities, dict) else {}
+        given = method.client_properties.get("connection_name")
+        if isinstance(given, bytes):
+            given = given.decode("utf-8", "replace")
+        if isinstance(given, str) and given:
+            log.info("connection (%s) has a client-provided name: %s", self.name, given,
+                     extra=self._log_fields())
+            self.log_name = f"{self.name} - {given}"
         name, password = self._credentials(method.mechanism, method.response)
         peer_host = self.peer[0] if isinstance(self.peer, tuple) else ""
         user, delay = self.gateway.access.login(name, password, peer_host)
@@ -523,13 +550,17 @@ class Connection(asyncio.Protocol):
             self._timer = None
         if self.heartbeat:
             self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+        log.info("connection (%s): user '%s' authenticated and granted access to vhost '%s'",
+                 self.log_name, self.user, name, extra=self._log_fields())
         self.method(0, m.ConnectionOpenOk())
 
     # -- timers ----------------------------------------------------------------
 
     def _handshake_timeout(self) -> None:
         if self.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN):
-            log.warning("handshake timeout from %s", self.peer)
+            log.error("closing AMQP connection (%s):\nhandshake timeout in state %s",
+                      self._describe(), STATE_NAMES[self.state], extra=self._log_fields())
+            self._end_logged = True
             self._shutdown()
 
     def _heartbeat_tick(self) -> None:
@@ -540,8 +571,10 @@ class Connection(asyncio.Protocol):
             # We are not reading: the peer's heartbeats wait in the socket, unseen.
             self._last_received = now
         if now - self._last_received > 2 * self.heartbeat:
-            log.warning("missed heartbeats from client %s, timeout: %ss", self.peer,
-                        self.heartbeat)
+            log.error("closing AMQP connection (%s):\nmissed heartbeats from client, "
+                      "timeout: %ss", self._describe(), self.heartbeat, extra=self._log_fields())
+            self._end_logged = True
+            self.state = CLOSED
             self.transport.abort()
             return
         if now - self._last_sent >= self.heartbeat / 2:
@@ -554,7 +587,7 @@ class Connection(asyncio.Protocol):
         """A hard error: send connection.close and wait (briefly) for close-ok."""
         if self.state in (CLOSING, CLOSED):
             return
-        log.info("closing connection %s: %s", self.peer, error.text)
+        self._log_error(error)
         for channel in list(self.channels.values()):
             channel.release()
         self.method(0, m.ConnectionClose(reply_code=error.code, reply_text=error.text[:255],
@@ -571,6 +604,39 @@ class Connection(asyncio.Protocol):
     def close_for_shutdown(self) -> None:
         self.close_with_error(AMQPError(
             spec.CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'"))
+
+    # -- the operator log ------------------------------------------------------------
+
+    def _describe(self) -> str:
+        """The connection as RabbitMQ's log lines name it: 'peer -> local[ - client's
+        name], vhost: '/', user: 'guest'' (what is known so far)."""
+        parts = [self.log_name]
+        if self.vhost is not None:
+            parts.append(f"vhost: '{self.vhost.name}'")
+        if self.user:
+            parts.append(f"user: '{self.user}'")
+        return ", ".join(parts)
+
+    def _log_fields(self, **more) -> dict:
+        """The structured fields of a connection's log record (JSON lines)."""
+        fields = {"connection": self.log_name, **more}
+        if self.user:
+            fields["user"] = self.user
+        if self.vhost is not None:
+            fields["vhost"] = self.vhost.name
+        return fields
+
+    def _log_error(self, error: AMQPError) -> None:
+        """A connection error in RabbitMQ's words: in the handshake its text alone,
+        once running the operation and the exception's name."""
+        if self.state == OPEN:
+            detail = (f" operation {_operation(error)} caused a connection exception "
+                      f"{spec.REPLY_NAMES[error.code].lower()}: \"{error.detail}\"")
+        else:
+            detail = error.detail
+        log.error("Error on AMQP connection (%s, state: %s):\n%s", self._describe(),
+                  STATE_NAMES[self.state], detail,
+                  extra=self._log_fields(reply_code=error.code))
 
     def _shutdown(self) -> None:
         if self.state == CLOSED:
@@ -592,3 +658,8 @@ class Connection(asyncio.Protocol):
             self._paused_by.clear()
             self.transport.resume_reading()
 
+
+def _operation(error: AMQPError) -> str:
+    """The method an error is about, as RabbitMQ names it ('queue.declare'), or 'none'."""
+    method = spec.METHODS_BY_ID.get((error.class_id, error.method_id))
+    return method.name if method is not None else "none"

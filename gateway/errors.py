@@ -14,6 +14,7 @@ from .amqp import spec
 class AMQPError(Exception):
     def __init__(self, code: int, detail: str, class_id: int = 0, method_id: int = 0):
         self.code = code
+        self.detail = detail
         self.text = f"{spec.REPLY_NAMES[code]} - {detail}"
         self.class_id = class_id
         self.method_id = method_id

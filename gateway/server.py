@@ -18,14 +18,19 @@ import sys
 
 import lmdb
 
+from warren.shards import logsetup
 from warren.storage import recovery
 
 from . import management
 from .config import Config
 from .connection import Connection
 from .gateway import Gateway
+from .tlshandshake import TLSHandshake
 
 log = logging.getLogger("warren")
+
+# Seconds a stopping broker waits for its clients' close-ok (RabbitMQ does not wait).
+SHUTDOWN_CLOSE_OK_WAIT = 0.5
 
 
 class StartupError(Exception):
@@ -55,8 +60,8 @@ async def serve(settings: Config) -> None:
         host, port = amqp.sockets[0].getsockname()[:2]
         if tls is not None:
             amqps = await _bound(loop.create_server(
-                lambda: Connection(gateway, tune), settings.bind, settings.tls_port, ssl=tls,
-                reuse_address=True, start_serving=False),
+                lambda: TLSHandshake(lambda: Connection(gateway, tune), tls), settings.bind,
+                settings.tls_port, reuse_address=True, start_serving=False),
                 settings.bind, settings.tls_port, "--tls-port")
             servers.append(amqps)
         if settings.management_port:  # 0: no management listener
@@ -84,22 +89,30 @@ async def serve(settings: Config) -> None:
 
     for server in servers:
         await server.start_serving()
+    # RabbitMQ's lines in the log; the printed ones are for whoever started it.
+    log.info("started TCP listener on %s:%d", host, port)
     print(f"Warren listening on amqp://{host}:{port} (data {gateway.data_dir}, "
           f"{settings.shard_count()} shards)", flush=True)
     if tls is not None:
+        log.info("started TLS (SSL) listener on %s", _address(amqps))
         print(f"Warren listening on amqps://{_address(amqps)}", flush=True)
     if settings.management_port:
+        log.info("Management plugin: HTTP (non-TLS) listener started on %s", _address(http))
         print(f"Warren management on http://{_address(http)}", flush=True)
 
     await stop.wait()
     log.info("stopping: closing the listeners and %d connections", len(gateway.connections))
     for server in servers:
         server.close()
+    # As RabbitMQ: every client is sent 320 CONNECTION_FORCED at once, and the broker
+    # does not wait for close-ok beyond a moment for those that answer at once. The
+    # 320 is on the wire by then; a connection's work is already released to the shards.
     for conn in list(gateway.connections):
         conn.close_for_shutdown()
-    await _wait_for(lambda: not gateway.connections, timeout=3.0)
+    await _wait_for(lambda: not gateway.connections, timeout=SHUTDOWN_CLOSE_OK_WAIT)
     for conn in list(gateway.connections):
         conn.transport.abort()
+    await asyncio.sleep(0)  # their connection_lost, before the shards stop
     await gateway.stop()
     data.release()
     print("Warren stopped", flush=True)
@@ -221,8 +234,12 @@ async def _wait_for(condition, timeout: float) -> None:
 
 def run(settings: Config) -> int:
     """Serve until a signal; the exit code (1: could not start, said on one line)."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        logsetup.configure(settings.log_settings(), "gateway")
+    except OSError as error:
+        print(f"warren: cannot open log file {settings.log_file} ({_reason(error)}): "
+              f"pick another with --log-file", file=sys.stderr)
+        return 1
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux

@@ -28,6 +28,7 @@ from typing import Callable
 import msgspec
 
 from warren.shards import records as r
+from warren.shards.logsetup import LogSettings
 from warren.shards.ring import Ring
 
 log = logging.getLogger("warren.shard")
@@ -46,9 +47,10 @@ PERSISTENT_COST = 3
 class ShardLink:
     def __init__(self, index: int, data_dir: str, stores: list[int], memory_limit: int,
                  stats_interval: float, store_map_size: int, on_events: Callable,
-                 on_exit: Callable, log_dir: str = ""):
+                 on_exit: Callable, log_dir: str = "", log: LogSettings = LogSettings()):
         self.index = index
         self.log_dir = log_dir
+        self.log = log
         self.data_dir = data_dir
         self.stores = stores
         self.memory_limit = memory_limit
@@ -79,7 +81,7 @@ class ShardLink:
         lifeline_read, self._lifeline_write = os.pipe()
         spec = r.ShardSpec(self.index, self.data_dir, self.commands.spec(), self.events.spec(),
                          lifeline_read, self.stores, self.memory_limit, self.stats_interval,
-                         self.store_map_size, self.log_dir)
+                         self.store_map_size, self.log_dir, self.log)
         fds = [self.commands.spec().data_fd, self.commands.spec().space_fd,
                self.events.spec().data_fd, self.events.spec().space_fd, lifeline_read]
         self.process = subprocess.Popen(

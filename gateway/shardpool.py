@@ -43,8 +43,8 @@ class ShardPool:
 
     async def stop(self) -> None:
         self.stopping = True
-        for link in self.links:
-            await link.stop()
+        # All at once: each shard commits what it holds, then exits.
+        await asyncio.gather(*(link.stop() for link in self.links))
 
     def poll(self) -> None:
         """Take in the shards' waiting events (deliveries, confirms, credit)."""
@@ -73,7 +73,7 @@ class ShardPool:
         link = ShardLink(index, self.data_dir, self._stores_of(index),
                          config.memory_limit_bytes() // self.count, config.stats_interval,
                          config.store_map_size, self._on_events, self._exited,
-                         os.path.abspath(config.logs_dir()))
+                         os.path.abspath(config.logs_dir()), config.log_settings())
         link.start()
         asyncio.get_running_loop().call_later(SHARD_STABLE, self._stable, index, link)
         self._on_started(link)

@@ -22,6 +22,7 @@ import msgspec
 
 from warren.storage.shardstore import ShardStore
 
+from . import logsetup
 from . import records as r
 from .committer import Committer
 from .persister import Persister
@@ -441,6 +442,9 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     spec = msgspec.json.decode(sys.argv[1], type=r.ShardSpec)
+    logsetup.configure(spec.log, f"shard-{spec.index}", rotate=False)  # the gateway rotates
+    log.info("shard %d starting on stores %s", spec.index,
+             ", ".join(f"shard-{k}" for k in spec.stores))
     os.set_blocking(spec.lifeline_fd, False)
     serve(spec)
 

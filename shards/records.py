@@ -19,6 +19,7 @@ import enum
 
 import msgspec
 
+from .logsetup import LogSettings
 from .ring import RingSpec
 
 
@@ -40,6 +41,7 @@ class ShardSpec(msgspec.Struct):
     stats_interval: float = 5.0  # seconds between statistics records in DATA/logs
     store_map_size: int = 32 << 30  # LMDB map size of each shard store
     log_dir: str = ""  # statistics logs (default DATA/logs)
+    log: LogSettings = LogSettings()  # the operator log, configured as the gateway's
 
 
 # --- gateway -> shard --------------------------------------------------------

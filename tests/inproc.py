@@ -19,6 +19,7 @@ import time
 import traceback
 
 from warren.gateway.amqp import methods as m
+from warren.gateway.amqp import spec
 from warren.gateway.amqp.frames import FrameReader
 from warren.gateway.config import Config
 from warren.gateway.connection import CLOSE_OK_TIMEOUT, OPEN, Connection
@@ -106,6 +107,11 @@ class InProcessGateway:
         loop.set_exception_handler(self._loop_error)
 
     def _log_error(self, record: logging.LogRecord) -> None:
+        # Not the errors a client made, which RabbitMQ logs at error level too: a
+        # connection's lines without a traceback and not about a 541.
+        if (record.name == "warren.connection" and not record.exc_info
+                and getattr(record, "reply_code", None) != spec.INTERNAL_ERROR):
+            return
         text = f"during {self.current}: logged {record.getMessage()}"
         if record.exc_info:
             text += "\n" + "".join(traceback.format_exception(*record.exc_info))

@@ -302,6 +302,41 @@ def test_tls_listener_with_pika(tmp_path, certificate):
         broker.stop()
 
 
+def test_failed_tls_handshakes_are_logged_naming_the_client(tmp_path, certificate):
+    """asyncio drops a failed handshake silently; RabbitMQ logs each one."""
+    from .conftest import wait_until
+
+    cert, key = certificate
+    broker = RunningBroker(tmp_path / "data", shards=1, extra_args=[
+        "--tls-port", "0", "--tls-certfile", str(cert), "--tls-keyfile", str(key)]).start()
+    try:
+        port = broker.tls_port
+        names = {}
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:
+            names["wrong version number"] = plain.getsockname()[1]
+            plain.sendall(b"AMQP\x00\x00\x09\x01")  # AMQP, not TLS
+            assert plain.recv(100) == b""  # hung up on
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            names["tlsv1 alert unknown ca"] = raw.getsockname()[1]
+            with pytest.raises(ssl.SSLCertVerificationError):  # does not trust our cert
+                ssl.create_default_context().wrap_socket(raw, server_hostname="localhost")
+        for reason, client_port in names.items():
+            wait_until(lambda: (
+                f"[error] <gateway> Error on AMQP connection (127.0.0.1:{client_port} -> "
+                f"127.0.0.1:{port}):\n") in broker.log_text() and (
+                f"[error] <gateway> TLS handshake failed: {reason}\n") in broker.log_text(),
+                message=broker.log_text()[-2000:])
+        # a client that completes the handshake is served as before
+        context = ssl.create_default_context(cafile=str(cert))
+        conn = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", port, ssl_options=pika.SSLOptions(context, "localhost")))
+        conn.channel().queue_declare("after-failed-handshakes")
+        conn.close()
+        assert "Traceback" not in broker.log_text()
+    finally:
+        broker.stop()
+
+
 def test_log_dir_and_stats_interval_from_the_config_file(tmp_path):
     logs = tmp_path / "elsewhere"
     config = tmp_path / "warren.toml"

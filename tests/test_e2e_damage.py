@@ -223,7 +223,7 @@ def test_a_shard_that_keeps_dying_backs_off_and_is_reported(tmp_path):
         assert node["failing_shards"][0]["shard"] == 1
         delays = [float(line.rsplit("restarting it in ", 1)[1].split()[0])
                   for line in broker.log_text().splitlines()
-                  if "ERROR" in line and "shard 1 exited" in line]
+                  if "[error]" in line and "shard 1 exited" in line]
         assert len(delays) >= 4 and delays == sorted(delays) and delays[3] > delays[1] > 0
 
         shutil.copyfile(saved, store)  # the store is back: the shard stays up
@@ -280,7 +280,7 @@ def test_a_data_directory_of_an_earlier_warren_is_upgraded_not_called_damaged(tm
     try:
         assert counts(broker) == {Q0: MESSAGES, Q1: MESSAGES}
         log = broker.log_text()
-        assert log.count("from format 1 to 2") == 3 and "ERROR" not in log, log
+        assert log.count("from format 1 to 2") == 3 and "[error]" not in log, log
         conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
         ch = conn.channel()
         assert ch.basic_get(Q1, auto_ack=True)[2] == body(0)

@@ -5,6 +5,7 @@ protocol errors themselves are checked in-process (test_protocol_errors.py)."""
 from __future__ import annotations
 
 import random
+import re
 import socket
 import struct
 import time
@@ -130,8 +131,11 @@ def test_an_abrupt_disconnect_is_logged_as_rabbitmq_logs_it(broker):
     client.handshake()
     name = "127.0.0.1:%d -> 127.0.0.1:%d" % (client.sock.getsockname()[1], broker.port)
     client.close()
-    wait_until(lambda: f"closing AMQP connection {name} (vhost '/', user 'guest'): client "
-               "unexpectedly closed TCP connection" in broker.log_text())
+    # RabbitMQ's two lines, each with the line prefix: the connection, then why
+    wait_until(lambda: re.search(
+        rf"\[warning\] <gateway> closing AMQP connection \({re.escape(name)}, vhost: '/', "
+        r"user: 'guest'\):\n.* \[warning\] <gateway> client unexpectedly closed TCP "
+        r"connection\n", broker.log_text()))
 
 
 def test_frames_after_the_clients_close_are_dropped_and_the_close_stays_clean(broker):

@@ -1,0 +1,106 @@
+"""The operator log's configuration, applied the same way in the gateway and in
+every shard process (not the shards' statistics logs: see stats.py).
+
+It lives here, not under gateway/, because shard processes must not import the
+gateway; the gateway already imports warren.shards for the shard protocol, and
+the settings travel to a shard in its ShardSpec (records.py).
+
+Lines read as RabbitMQ's (`2026-01-01 12:00:00.000001+00:00 [info] <gateway>
+accepting AMQP connection (...)`, a multi-line message repeating the prefix on
+every line), with the process in place of the Erlang pid; or, with format
+"json", one JSON object a line (time, level, logger, msg, process and the
+record's structured fields such as connection, user, vhost). python-json-logger
+makes those: a well-kept formatter that turns a record's `extra` fields into
+keys and serialises what json cannot (a stdlib Formatter would redo both).
+
+One file for all processes: the gateway writes and rotates it (by size, as
+RabbitMQ's log.file.rotation.size and .count); shards append to the same path
+through WatchedFileHandler, which reopens it once the gateway has rotated it, so
+a line is never written into a file already rotated away for long, and no two
+processes rotate. Lines are appended whole (O_APPEND), so they do not interleave.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import logging.handlers
+import sys
+
+import msgspec
+from pythonjsonlogger.json import JsonFormatter
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
+FORMATS = ("text", "json")
+STDERR = "-"
+
+
+class LogSettings(msgspec.Struct, frozen=True):
+    level: str = "info"
+    file: str = STDERR  # a path, or "-" for standard error
+    format: str = "text"
+    rotation_size: int = 10 << 20  # bytes before the file is rotated (0: never)
+    rotation_count: int = 5  # rotated files kept: FILE.1 ... FILE.N
+
+
+def configure(settings: LogSettings, process: str, rotate: bool = True) -> None:
+    """Send every logger's records at `settings.level` and above to the configured
+    output, labelled with `process` ('gateway', 'shard-1'). `rotate`: this process
+    rotates the file (the gateway); others only reopen it after a rotation.
+    Raises OSError when the file cannot be opened."""
+    if settings.file == STDERR:
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    elif rotate:
+        handler = logging.handlers.RotatingFileHandler(
+            settings.file, maxBytes=settings.rotation_size,
+            backupCount=settings.rotation_count, encoding="utf-8")
+    else:
+        handler = logging.handlers.WatchedFileHandler(settings.file, encoding="utf-8")
+    handler.setFormatter(JsonLines(process) if settings.format == "json"
+                         else TextLines(process))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    root.setLevel(settings.level.upper())
+
+
+def _time(record: logging.LogRecord) -> str:
+    """Local time with microseconds and offset, as RabbitMQ writes it."""
+    return datetime.datetime.fromtimestamp(record.created).astimezone().isoformat(
+        sep=" ", timespec="microseconds")
+
+
+class TextLines(logging.Formatter):
+    """RabbitMQ's text lines: `TIME [level] <process> message`, each line of a
+    multi-line message (or traceback) with the same prefix, so grep finds it whole."""
+
+    def __init__(self, process: str):
+        super().__init__()
+        self.process = process
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            text = f"{text}\n{record.exc_text}"
+        prefix = f"{_time(record)} [{record.levelname.lower()}] <{self.process}> "
+        return "\n".join(prefix + line for line in text.split("\n"))
+
+
+class JsonLines(JsonFormatter):
+    """python-json-logger's formatter with RabbitMQ's JSON keys (time, level in lower
+    case, msg) plus the logger, the process and the record's `extra` fields."""
+
+    def __init__(self, process: str):
+        super().__init__(["levelname", "name", "message"],
+                         rename_fields={"levelname": "level", "name": "logger",
+                                        "message": "msg"},
+                         static_fields={"process": process}, json_ensure_ascii=False)
+
+    def add_fields(self, log_data: dict, record: logging.LogRecord, message_dict: dict) -> None:
+        log_data["time"] = _time(record)
+        super().add_fields(log_data, record, message_dict)
+        log_data["level"] = record.levelname.lower()
