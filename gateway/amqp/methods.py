@@ -178,7 +178,22 @@ def _make_init(arguments: tuple[ArgSpec, ...]) -> Callable[..., None]:
 # --- the Method base class and its generated subclasses ---------------------------
 
 
-class Method:
+class Fields:
+    """Equal when of one type with equal FIELDS; mutable, so not hashable. Methods
+    and basic properties share it."""
+
+    __slots__ = ()
+    FIELDS: ClassVar[tuple[str, ...]]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self.FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Method(Fields):
     """Base class of all generated method classes."""
 
     __slots__ = ()
@@ -189,17 +204,10 @@ class Method:
     SPEC: ClassVar[MethodSpec]
     SYNCHRONOUS: ClassVar[bool]
     HAS_CONTENT: ClassVar[bool]
-    FIELDS: ClassVar[tuple[str, ...]]  # py names, in wire order
+    # FIELDS: py names, in wire order
     _encode: ClassVar[Callable[[Method], bytes]]
     _decode: ClassVar[Callable[[Any, int], tuple[Method, int]]]
     _CODEC_SOURCE: ClassVar[str]
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in self.FIELDS)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.FIELDS)

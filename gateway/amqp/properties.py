@@ -22,6 +22,7 @@ from struct import error as StructError
 from typing import Any, Callable
 
 from .fieldtable import FieldTableError, decode_table, encode_table
+from .methods import Fields
 from .spec import BASIC_PROPERTIES, ArgSpec
 from .strings import (
     LONGSTR_LENGTH,
@@ -62,7 +63,7 @@ def _flag_position(index: int) -> tuple[int, int]:
 # --- the property class --------------------------------------------------------
 
 
-class BasicProperties:
+class BasicProperties(Fields):
     """Content properties of the basic class; every property defaults to None (absent)."""
 
     __slots__ = tuple(prop.py_name for prop in BASIC_PROPERTIES)
@@ -73,13 +74,6 @@ class BasicProperties:
             setattr(self, name, properties.pop(name, None))
         if properties:
             raise TypeError(f"unknown basic properties: {', '.join(sorted(properties))}")
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in self.FIELDS)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable
 
     def __repr__(self) -> str:
         present = (f"{name}={getattr(self, name)!r}" for name in self.FIELDS if getattr(self, name) is not None)
