@@ -24,6 +24,7 @@ from warren.storage.shardstore import ShardStore
 
 from . import records as r
 from .committer import Committer
+from .groupcommit import GroupCommit
 from .persister import Persister
 from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
 from .ring import Ring
@@ -50,18 +51,12 @@ class Shard:
                     messages=sum(q.ready_count for q in self.queues.values()))
         self.holder_queues: dict[int, set[int]] = {}  # who holds what where, for channel close
         self.outbox: list = []
-        self.confirm_channels: list[int] = []
-        self.confirm_seqs: list[int] = []
-        self.refused_channels: list[int] = []  # publishes a queue turned away (nacks)
-        self.refused_seqs: list[int] = []
-        self._refused = False
+        self.commits = GroupCommit()
         # Queues with timed work (message TTL, x-expires) and the earliest deadline.
         self.timed: set[int] = {q.qid for q in self.queues.values() if _has_timers(q)}
         self.next_timer: float | None = None
         self.running = True
-        # The commit the committer thread is running: (PendingCommit, its confirm
-        # lists, when it started); at most one at a time.
-        self.inflight: tuple | None = None
+        self.pending = None  # the PendingCommit the committer thread runs, at most one
         self.stored_ok = True  # did the last commit succeed (else: the disk alarm)
         self.alarms: set[str] = set()
         self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # content in RAM
@@ -75,25 +70,7 @@ class Shard:
     # -- commits and confirms ------------------------------------------------------
 
     def has_commit_work(self) -> bool:
-        return bool(self.confirm_seqs or self.refused_seqs
-                    or self.persister.writes_due(time.monotonic()))
-
-    def _take_confirm_lists(self) -> tuple:
-        lists = (self.confirm_channels, self.confirm_seqs, self.refused_channels,
-                 self.refused_seqs)
-        self.confirm_channels, self.confirm_seqs = [], []
-        self.refused_channels, self.refused_seqs = [], []
-        return lists
-
-    @staticmethod
-    def _confirm_records(lists: tuple, stored: bool) -> list:
-        channels, seqs, refused_channels, refused_seqs = lists
-        records = []
-        if seqs:
-            records.append((r.Confirmed if stored else r.Rejected)(channels, seqs))
-        if refused_seqs:  # a queue at its limit with x-overflow reject-publish
-            records.append(r.Rejected(refused_channels, refused_seqs))
-        return records
+        return self.commits.has_confirms() or self.persister.writes_due(time.monotonic())
 
     def start_commit(self, committer, now: float) -> list:
         """With no commit in flight: hand the writes gathered so far to the
@@ -101,37 +78,30 @@ class Shard:
         that wrote nothing are returned to be sent at once."""
         if not self.has_commit_work():
             return []
-        lists = self._take_confirm_lists()
         if not self.persister.has_writes():
-            return self._confirm_records(lists, True)
-        pending = self.persister.begin_commit()
-        self.inflight = (pending, lists, now)
-        committer.submit(pending)
+            return self.commits.finished(self.commits.take(now), True, [], now)
+        self.commits.begin(now)
+        self.pending = self.persister.begin_commit()
+        committer.submit(self.pending)
         return []
 
     def finish_commit(self) -> list:
         """The commit in flight is durable (or failed): its confirms, to send."""
-        pending, lists, started = self.inflight
-        self.inflight = None
-        return self._committed(self.persister.finish_commit(pending, self._evict), lists,
-                               started)
+        pending, self.pending = self.pending, None
+        self.persister.finish_commit(pending, self._evict)
+        return self._committed(self.commits.end(), pending)
 
     def commit_now(self, started: float | None = None) -> list:
         """Commit in this thread (no commit in flight) and return the confirms."""
-        lists = self._take_confirm_lists()
-        started = time.monotonic() if started is None else started
-        return self._committed(self.persister.commit(self._evict), lists, started)
+        commit = self.commits.take(time.monotonic() if started is None else started)
+        return self._committed(commit, self.persister.commit(self._evict))
 
-    def _committed(self, stored: bool, lists: tuple, started: float) -> list:
-        """After a commit: its statistics, and its confirms (nacks if it failed)."""
-        self.stored_ok = stored
-        if not stored:  # wake to write what was refused again (persister.retry_at)
+    def _committed(self, commit, pending) -> list:
+        """After a commit: its confirms (nacks if it failed)."""
+        self.stored_ok = pending.ok
+        if not pending.ok:  # wake to write what was refused again (persister.retry_at)
             self.plan_timers()
-        for messages in self.persister.last_commits:
-            self.stats.note_commit(messages)
-        if lists[1]:
-            self.stats.note_confirm_latency(time.monotonic() - started, len(lists[1]))
-        return self._confirm_records(lists, stored)
+        return self.commits.finished(commit, pending.ok, pending.sizes, time.monotonic())
 
     def _evict(self, qid: int, msg) -> None:
         queue = self.queues.get(qid)
@@ -140,17 +110,20 @@ class Shard:
             queue.evict(msg)
             self.ram_bytes += queue.ram_bytes - before
 
-    def _apply(self, queue: Queue, cmd, now: float) -> None:
-        self._step(queue, queue.apply, cmd, now)
+    def _apply(self, queue: Queue, cmd, now: float) -> bool:
+        """Apply a command to a queue; False if the queue refused a publish."""
+        accepted = self._step(queue, queue.apply, cmd, now)
         if _has_timers(queue) and not queue.deleted:
             self.timed.add(queue.qid)
+        return accepted
 
-    def _step(self, queue: Queue, step, *args) -> None:
+    def _step(self, queue: Queue, step, *args) -> bool:
         """Run one step of a queue's state machine, carry out its effects and follow
-        the change in the bodies it holds in RAM."""
+        the change in the bodies it holds in RAM. False if it refused a publish."""
         before = queue.ram_bytes
-        self._effects(step(*args))
+        accepted = self._effects(step(*args))
         self.ram_bytes += queue.ram_bytes - before
+        return accepted
 
     # -- timers ------------------------------------------------------------------
 
@@ -206,24 +179,18 @@ class Shard:
             elif req:
                 self.outbox.append(r.Reply(req, r.Refusal.FAILED))
             elif type(cmd) is r.Publish and cmd.confirm_channel:
-                self.refused_channels.append(cmd.confirm_channel)
-                self.refused_seqs.append(cmd.confirm_seq)
+                self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted=False)
 
     def handle(self, cmd, now: float) -> None:
         kind = type(cmd)
         if kind is r.Publish:
-            self._refused = False
+            accepted = True  # by every queue (x-overflow reject-publish turns it away)
             for qid in cmd.qids:
                 queue = self.queues.get(qid)
-                if queue is not None:
-                    self._apply(queue, cmd, now)
+                if queue is not None and not self._apply(queue, cmd, now):
+                    accepted = False
             if cmd.confirm_channel:
-                if self._refused:  # a queue at its limit with x-overflow reject-publish
-                    self.refused_channels.append(cmd.confirm_channel)
-                    self.refused_seqs.append(cmd.confirm_seq)
-                else:
-                    self.confirm_channels.append(cmd.confirm_channel)
-                    self.confirm_seqs.append(cmd.confirm_seq)
+                self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted)
         elif kind is r.CreateQueue:
             if cmd.qid not in self.queues:
                 queue = self.queues[cmd.qid] = Queue(cmd)
@@ -244,7 +211,7 @@ class Shard:
             wanted = cmd.qids or list(self.queues)
             self.outbox.append(r.QueueInfoReply(cmd.req, [
                 _queue_figures(self.queues[qid]) for qid in wanted if qid in self.queues],
-                self.persister.fsyncs, self.persister.messages))
+                self.commits.fsyncs, self.commits.messages))
         elif kind is r.Stop:
             self.running = False
         else:
@@ -271,8 +238,10 @@ class Shard:
         else:
             self.outbox.append(r.Reply(req, r.Refusal.NO_QUEUE))
 
-    def _effects(self, effects: list) -> None:
+    def _effects(self, effects: list) -> bool:
+        """Carry out a queue's effects; False if it refused a publish."""
         persister = self.persister
+        accepted = True
         for effect in effects:
             kind = type(effect)
             if kind is Persist:
@@ -282,7 +251,7 @@ class Shard:
             elif kind is Delivered:
                 persister.mark_delivered(effect.qid, effect.seq, effect.rich)
             elif kind is Refused:
-                self._refused = True
+                accepted = False
             elif kind is CountsChanged:
                 persister.update_counts(effect.qid, effect.seq, effect.delivery_count,
                                         effect.acquired)
@@ -299,6 +268,7 @@ class Shard:
                                          queue=queue.name, messages=len(effect.seqs),
                                          timeout_ms=effect.timeout_ms)
                 self.outbox.append(effect)
+        return accepted
 
 
 def _queue_figures(queue: Queue) -> list[int]:
@@ -344,7 +314,7 @@ def serve(spec: r.ShardSpec) -> None:
                     _wait(poller, events.spec().space_fd, spec.lifeline_fd)
                     events.clear_space_doorbell()
                 continue
-        if shard.inflight is not None and committer.finished():
+        if shard.pending is not None and committer.finished():
             _send(events, pending, shard.finish_commit())
             shard.check_resources(spec.memory_limit, shard.stored_ok)
             _send(events, pending, shard.take_events())
@@ -352,11 +322,11 @@ def serve(spec: r.ShardSpec) -> None:
         now = time.monotonic()
         timers_due = shard.next_timer is not None and shard.next_timer <= now
         if not batches and not timers_due:
-            if shard.inflight is None and shard.has_commit_work():
+            if shard.pending is None and shard.has_commit_work():
                 # what gathered while the last commit ran goes now
                 _send(events, pending, shard.start_commit(committer, now))
                 continue
-            stats.tick(time.time(), shard.queues.values())
+            stats.tick(time.time(), shard.queues.values(), shard.commits)
             if commands.sleep():
                 # Wake for commands, the end of a commit, at least once an interval
                 # (an idle shard still logs), and in time for the next queue timer.
@@ -379,7 +349,7 @@ def serve(spec: r.ShardSpec) -> None:
         # durable. A commit runs in the committer thread while this loop goes on:
         # what arrives meanwhile gathers into the next one (group commit).
         _send(events, pending, shard.take_events())
-        if shard.inflight is None:
+        if shard.pending is None:
             if commands.is_empty() and not shard.holder_queues:
                 # Nothing else to do meanwhile and nobody to deliver to: commit
                 # here, sparing a lone publisher the two thread hand-offs. With
@@ -389,12 +359,12 @@ def serve(spec: r.ShardSpec) -> None:
                 _send(events, pending, shard.start_commit(committer, now))
         shard.check_resources(spec.memory_limit, shard.stored_ok)
         _send(events, pending, shard.take_events())
-        stats.tick(time.time(), shard.queues.values())
+        stats.tick(time.time(), shard.queues.values(), shard.commits)
         if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
             shard.persister.drop_mapped_pages()
             unmap_at = now + UNMAP_INTERVAL
 
-    if shard.inflight is not None:  # finish the commit in flight, then what is left
+    if shard.pending is not None:  # finish the commit in flight, then what is left
         committer.wait()
         committer.finished()
         _send(events, pending, shard.finish_commit())
@@ -407,7 +377,7 @@ def serve(spec: r.ShardSpec) -> None:
             _wait(poller, events.spec().space_fd, spec.lifeline_fd)
             events.clear_space_doorbell()
     shard.persister.close()
-    stats.tick(time.time(), shard.queues.values(), force=True)
+    stats.tick(time.time(), shard.queues.values(), shard.commits, force=True)
     stats.close()
 
 
