@@ -29,9 +29,11 @@ from .persister import Persister
 from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
 from .ring import Ring
 from .stats import StatsLog
+from .timers import TimerHeap
 
 EVENTS_PER_RECORD = 512
 UNMAP_INTERVAL = 1.0  # seconds between drops of the stores' mapped pages under load
+STORE_RETRY = "store retry"  # the timer for writing again what a full store refused
 
 log = logging.getLogger("warren.shard")
 
@@ -52,9 +54,10 @@ class Shard:
         self.holder_queues: dict[int, set[int]] = {}  # who holds what where, for channel close
         self.outbox: list = []
         self.commits = GroupCommit()
-        # Queues with timed work (message TTL, x-expires) and the earliest deadline.
-        self.timed: set[int] = {q.qid for q in self.queues.values() if _has_timers(q)}
-        self.next_timer: float | None = None
+        # When queues have timed work (message TTL, x-expires, consumer timeouts).
+        self.timers = TimerHeap()
+        for queue in self.queues.values():
+            self._schedule(queue)
         self.running = True
         self.pending = None  # the PendingCommit the committer thread runs, at most one
         self.stored_ok = True  # did the last commit succeed (else: the disk alarm)
@@ -99,8 +102,7 @@ class Shard:
     def _committed(self, commit, pending) -> list:
         """After a commit: its confirms (nacks if it failed)."""
         self.stored_ok = pending.ok
-        if not pending.ok:  # wake to write what was refused again (persister.retry_at)
-            self.plan_timers()
+        self.timers.schedule(STORE_RETRY, self.persister.retry_at)
         return self.commits.finished(commit, pending.ok, pending.sizes, time.monotonic())
 
     def _evict(self, qid: int, msg) -> None:
@@ -113,8 +115,8 @@ class Shard:
     def _apply(self, queue: Queue, cmd, now: float) -> bool:
         """Apply a command to a queue; False if the queue refused a publish."""
         accepted = self._step(queue, queue.apply, cmd, now)
-        if _has_timers(queue) and not queue.deleted:
-            self.timed.add(queue.qid)
+        if _has_timers(queue):
+            self._schedule(queue)
         return accepted
 
     def _step(self, queue: Queue, step, *args) -> bool:
@@ -128,30 +130,19 @@ class Shard:
     # -- timers ------------------------------------------------------------------
 
     def run_timers(self, now: float) -> None:
-        """Give due queues their tick, then find the next deadline."""
-        if self.next_timer is not None and self.next_timer <= now:
-            for qid in list(self.timed):
-                queue = self.queues.get(qid)
-                if queue is None:
-                    continue
-                deadline = queue.next_deadline()
-                if deadline is not None and deadline <= now:
-                    self._step(queue, queue.tick, now)
-        self.plan_timers()
-
-    def plan_timers(self) -> None:
-        deadlines = []
-        for qid in list(self.timed):
-            queue = self.queues.get(qid)
+        """Give the queues whose timers are due their tick. A due store retry only
+        wakes the loop, which then commits."""
+        for key in self.timers.due(now):
+            queue = self.queues.get(key) if key != STORE_RETRY else None
             if queue is None:
-                self.timed.discard(qid)
                 continue
-            deadline = queue.next_deadline()
-            if deadline is not None:
-                deadlines.append(deadline)
-        if self.persister.retry_at is not None:
-            deadlines.append(self.persister.retry_at)
-        self.next_timer = min(deadlines) if deadlines else None
+            deadline = queue.next_deadline()  # the timer may be early (timers.py)
+            if deadline is not None and deadline <= now:
+                self._step(queue, queue.tick, now)
+            self._schedule(queue)
+
+    def _schedule(self, queue: Queue) -> None:
+        self.timers.schedule(queue.qid, None if queue.deleted else queue.next_deadline())
 
     def check_resources(self, memory_limit: int, stored: bool) -> None:
         """Raise or clear this shard's alarms (publishers are blocked while any is on)."""
@@ -258,6 +249,7 @@ class Shard:
             elif kind is Destroyed:
                 queue = self.queues.pop(effect.qid, None)
                 persister.delete_queue(effect.qid)
+                self.timers.cancel(effect.qid)
                 if queue is not None:
                     self.stats.event("queue_deleted", vhost=queue.vhost, queue=queue.name)
             else:
@@ -320,7 +312,8 @@ def serve(spec: r.ShardSpec) -> None:
             _send(events, pending, shard.take_events())
         batches = commands.read_many()
         now = time.monotonic()
-        timers_due = shard.next_timer is not None and shard.next_timer <= now
+        next_timer = shard.timers.next_deadline()
+        timers_due = next_timer is not None and next_timer <= now
         if not batches and not timers_due:
             if shard.pending is None and shard.has_commit_work():
                 # what gathered while the last commit ran goes now
@@ -331,8 +324,8 @@ def serve(spec: r.ShardSpec) -> None:
                 # Wake for commands, the end of a commit, at least once an interval
                 # (an idle shard still logs), and in time for the next queue timer.
                 timeout = spec.stats_interval
-                if shard.next_timer is not None:
-                    timeout = max(0.0, min(timeout, shard.next_timer - now))
+                if next_timer is not None:
+                    timeout = max(0.0, min(timeout, next_timer - now))
                 _wait(poller, None, spec.lifeline_fd, timeout)
                 commands.clear_data_doorbell()
             continue

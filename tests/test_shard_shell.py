@@ -46,3 +46,30 @@ def test_failing_commands_are_answered_and_the_next_ones_served(shard, monkeypat
     (reply,) = shard.take_events()
     assert type(reply) is r.GetReply and reply.req == 4 and not reply.refused and reply.seq
     assert shard.commit_now(0.0) == [r.Confirmed([3], [2])]
+
+
+def test_due_timers_expire_messages_and_then_the_unused_queue(shard):
+    shard.run(r.CreateQueue(2, 8, "/", "ttl", False, False, False,
+                            {"x-message-ttl": 1000, "x-expires": 5000}), 0.0)
+    shard.run(r.Publish([8], "", "ttl", b"\x00\x00", b"body", False), 0.0)
+    shard.take_events()
+    assert shard.timers.next_deadline() == 1.0
+    shard.run_timers(0.5)
+    assert shard.queues[8].ready_count == 1
+    shard.run_timers(1.0)
+    assert shard.queues[8].ready_count == 0  # the message's time to live ran out
+    assert shard.timers.next_deadline() == 5.0  # x-expires: unused since 0.0
+    shard.run_timers(5.0)
+    assert 8 not in shard.queues and shard.take_events() == [r.QueueDeleted(8)]
+    assert shard.timers.next_deadline() is None
+
+
+def test_a_refused_publish_is_nacked_with_the_commit(shard):
+    shard.run(r.CreateQueue(2, 9, "/", "small", False, False, False,
+                            {"x-max-length": 1, "x-overflow": "reject-publish"}), 0.0)
+    for seq in (1, 2):
+        shard.run(r.Publish([7, 9], "", "", b"\x00\x00", b"body", False, confirm_channel=3,
+                            confirm_seq=seq), 0.0)
+    # the second publish reached q but not the full queue: the publisher gets a nack
+    assert shard.start_commit(None, 0.0) == [r.Confirmed([3], [1]), r.Rejected([3], [2])]
+    assert shard.queues[7].ready_count == 2 and shard.queues[9].ready_count == 1
