@@ -18,14 +18,15 @@ LATENCY_SAMPLES = 1000  # confirm latencies kept per commit (enough for percenti
 
 
 class Commit:
-    """The confirms riding on one commit: (channel, seq, accepted) in publish
-    order, and when the commit started."""
+    """One commit: the confirms riding on it, (channel, seq, accepted) in publish
+    order; when it started; and its writes (the persister's PendingCommit)."""
 
-    __slots__ = ("confirms", "started")
+    __slots__ = ("confirms", "started", "writes")
 
-    def __init__(self, confirms: list[tuple[int, int, bool]], started: float):
+    def __init__(self, confirms: list[tuple[int, int, bool]], started: float, writes=None):
         self.confirms = confirms
         self.started = started
+        self.writes = writes
 
 
 class GroupCommit:
@@ -47,14 +48,14 @@ class GroupCommit:
     def has_confirms(self) -> bool:
         return bool(self._gathering)
 
-    def take(self, now: float) -> Commit:
+    def take(self, now: float, writes=None) -> Commit:
         """The confirms gathered so far leave with a commit starting now."""
-        commit, self._gathering = Commit(self._gathering, now), []
+        commit, self._gathering = Commit(self._gathering, now, writes), []
         return commit
 
-    def begin(self, now: float) -> Commit:
-        """Take the gathered confirms for a commit that runs in another thread."""
-        self.inflight = self.take(now)
+    def begin(self, now: float, writes) -> Commit:
+        """The gathered confirms leave with `writes`, committed in another thread."""
+        self.inflight = self.take(now, writes)
         return self.inflight
 
     def end(self) -> Commit:

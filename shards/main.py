@@ -24,14 +24,14 @@ from warren.storage.shardstore import ShardStore
 
 from . import records as r
 from .committer import Committer
-from .groupcommit import GroupCommit
+from .groupcommit import Commit, GroupCommit
+from .outbox import Outbox
 from .persister import Persister
 from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
 from .ring import Ring
 from .stats import StatsLog
 from .timers import TimerHeap
 
-EVENTS_PER_RECORD = 512
 UNMAP_INTERVAL = 1.0  # seconds between drops of the stores' mapped pages under load
 STORE_RETRY = "store retry"  # the timer for writing again what a full store refused
 
@@ -52,21 +52,20 @@ class Shard:
                     queues=len(self.queues),
                     messages=sum(q.ready_count for q in self.queues.values()))
         self.holder_queues: dict[int, set[int]] = {}  # who holds what where, for channel close
-        self.outbox: list = []
+        self.outbox = Outbox()
         self.commits = GroupCommit()
         # When queues have timed work (message TTL, x-expires, consumer timeouts).
         self.timers = TimerHeap()
         for queue in self.queues.values():
             self._schedule(queue)
         self.running = True
-        self.pending = None  # the PendingCommit the committer thread runs, at most one
         self.stored_ok = True  # did the last commit succeed (else: the disk alarm)
         self.alarms: set[str] = set()
         self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # content in RAM
 
     def take_events(self) -> list:
         """This turn's events but confirms, with stored content read back."""
-        events, self.outbox = self.outbox, []
+        events = self.outbox.take()
         self.persister.fill(events)
         return events
 
@@ -83,27 +82,27 @@ class Shard:
             return []
         if not self.persister.has_writes():
             return self.commits.finished(self.commits.take(now), True, [], now)
-        self.commits.begin(now)
-        self.pending = self.persister.begin_commit()
-        committer.submit(self.pending)
+        committer.submit(self.commits.begin(now, self.persister.begin_commit()).writes)
         return []
 
     def finish_commit(self) -> list:
         """The commit in flight is durable (or failed): its confirms, to send."""
-        pending, self.pending = self.pending, None
-        self.persister.finish_commit(pending, self._evict)
-        return self._committed(self.commits.end(), pending)
+        commit = self.commits.end()
+        self.persister.finish_commit(commit.writes, self._evict)
+        return self._committed(commit)
 
     def commit_now(self, started: float | None = None) -> list:
         """Commit in this thread (no commit in flight) and return the confirms."""
         commit = self.commits.take(time.monotonic() if started is None else started)
-        return self._committed(commit, self.persister.commit(self._evict))
+        commit.writes = self.persister.commit(self._evict)
+        return self._committed(commit)
 
-    def _committed(self, commit, pending) -> list:
+    def _committed(self, commit: Commit) -> list:
         """After a commit: its confirms (nacks if it failed)."""
-        self.stored_ok = pending.ok
+        self.stored_ok = commit.writes.ok
         self.timers.schedule(STORE_RETRY, self.persister.retry_at)
-        return self.commits.finished(commit, pending.ok, pending.sizes, time.monotonic())
+        return self.commits.finished(commit, commit.writes.ok, commit.writes.sizes,
+                                     time.monotonic())
 
     def _evict(self, qid: int, msg) -> None:
         queue = self.queues.get(qid)
@@ -153,7 +152,7 @@ class Shard:
     def _alarm(self, resource: str, active: bool) -> None:
         if active != (resource in self.alarms):
             (self.alarms.add if active else self.alarms.discard)(resource)
-            self.outbox.append(r.Alarm(resource, active))
+            self.outbox.add(r.Alarm(resource, active))
             self.stats.event("alarm", resource=resource, state="on" if active else "off",
                              ram_bytes=self.ram_bytes)
 
@@ -166,9 +165,9 @@ class Shard:
             log.exception("shard %d: %s failed", self.index, type(cmd).__name__)
             req = getattr(cmd, "req", 0)
             if type(cmd) is r.Get:
-                self.outbox.append(r.GetReply(req, cmd.qid, refused=r.Refusal.FAILED))
+                self.outbox.add(r.GetReply(req, cmd.qid, refused=r.Refusal.FAILED))
             elif req:
-                self.outbox.append(r.Reply(req, r.Refusal.FAILED))
+                self.outbox.add(r.Reply(req, r.Refusal.FAILED))
             elif type(cmd) is r.Publish and cmd.confirm_channel:
                 self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted=False)
 
@@ -189,7 +188,7 @@ class Shard:
                     self.persister.create_queue(queue)
                 self.stats.event("queue_declared", vhost=cmd.vhost, queue=cmd.name,
                                  durable=cmd.durable)
-            self.outbox.append(r.Reply(cmd.req))
+            self.outbox.add(r.Reply(cmd.req))
         elif kind is r.ReleaseHolders:
             qids: set[int] = set()
             for holder in cmd.holders:
@@ -200,7 +199,7 @@ class Shard:
                     self._apply(queue, cmd, now)
         elif kind is r.QueueInfo:
             wanted = cmd.qids or list(self.queues)
-            self.outbox.append(r.QueueInfoReply(cmd.req, [
+            self.outbox.add(r.QueueInfoReply(cmd.req, [
                 _queue_figures(self.queues[qid]) for qid in wanted if qid in self.queues],
                 self.commits.fsyncs, self.commits.messages))
         elif kind is r.Stop:
@@ -225,9 +224,9 @@ class Shard:
         if req is None:
             return
         if type(cmd) is r.Get:
-            self.outbox.append(r.GetReply(req, cmd.qid, refused=r.Refusal.NO_QUEUE))
+            self.outbox.add(r.GetReply(req, cmd.qid, refused=r.Refusal.NO_QUEUE))
         else:
-            self.outbox.append(r.Reply(req, r.Refusal.NO_QUEUE))
+            self.outbox.add(r.Reply(req, r.Refusal.NO_QUEUE))
 
     def _effects(self, effects: list) -> bool:
         """Carry out a queue's effects; False if it refused a publish."""
@@ -259,7 +258,7 @@ class Shard:
                         self.stats.event("consumer_timed_out", vhost=queue.vhost,
                                          queue=queue.name, messages=len(effect.seqs),
                                          timeout_ms=effect.timeout_ms)
-                self.outbox.append(effect)
+                self.outbox.add(effect)
         return accepted
 
 
@@ -272,11 +271,6 @@ def _queue_figures(queue: Queue) -> list[int]:
 
 def _has_timers(queue: Queue) -> bool:
     return queue.may_expire or queue.expires_after is not None or bool(queue.lock_heap)
-
-
-def _event_records(events: list) -> list[bytes]:
-    return [r.encode_batch(events[i:i + EVENTS_PER_RECORD])
-            for i in range(0, len(events), EVENTS_PER_RECORD)]
 
 
 def serve(spec: r.ShardSpec) -> None:
@@ -292,32 +286,31 @@ def serve(spec: r.ShardSpec) -> None:
     poller.register(spec.commands.data_fd, select.POLLIN)
     poller.register(spec.lifeline_fd, select.POLLIN)
     poller.register(committer.done_fd, select.POLLIN)
-    pending: list[bytes] = []  # encoded event records waiting for ring space
+    outbox = shard.outbox
     records_done = 0  # command ring records worked through (credit flow)
     unmap_at = 0.0
 
     while shard.running:
-        if pending or events.backlogged():
-            written = events.write_many(pending)
+        if outbox.records or events.backlogged():
+            outbox.sent(events.write_many(outbox.records))
             events.flush()
-            del pending[:written]
-            if pending or events.backlogged():
+            if outbox.records or events.backlogged():
                 if events.want_space():
                     _wait(poller, events.spec().space_fd, spec.lifeline_fd)
                     events.clear_space_doorbell()
                 continue
-        if shard.pending is not None and committer.finished():
-            _send(events, pending, shard.finish_commit())
+        if shard.commits.inflight is not None and committer.finished():
+            _send(events, outbox, shard.finish_commit())
             shard.check_resources(spec.memory_limit, shard.stored_ok)
-            _send(events, pending, shard.take_events())
+            _send(events, outbox, shard.take_events())
         batches = commands.read_many()
         now = time.monotonic()
         next_timer = shard.timers.next_deadline()
         timers_due = next_timer is not None and next_timer <= now
         if not batches and not timers_due:
-            if shard.pending is None and shard.has_commit_work():
+            if shard.commits.inflight is None and shard.has_commit_work():
                 # what gathered while the last commit ran goes now
-                _send(events, pending, shard.start_commit(committer, now))
+                _send(events, outbox, shard.start_commit(committer, now))
                 continue
             stats.tick(time.time(), shard.queues.values(), shard.commits)
             if commands.sleep():
@@ -336,37 +329,37 @@ def serve(spec: r.ShardSpec) -> None:
             # Credit back for the publishes in these records, behind this turn's
             # deliveries: a shard that is behind returns credit later.
             records_done += len(batches)
-            shard.outbox.append(r.Progress(records_done))
+            shard.outbox.add(r.Progress(records_done))
         shard.run_timers(now)
         # Deliveries and replies go out at once; confirms only once their commit is
         # durable. A commit runs in the committer thread while this loop goes on:
         # what arrives meanwhile gathers into the next one (group commit).
-        _send(events, pending, shard.take_events())
-        if shard.pending is None:
+        _send(events, outbox, shard.take_events())
+        if shard.commits.inflight is None:
             if commands.is_empty() and not shard.holder_queues:
                 # Nothing else to do meanwhile and nobody to deliver to: commit
                 # here, sparing a lone publisher the two thread hand-offs. With
                 # consumers, deliveries never wait for an fsync.
-                _send(events, pending, shard.commit_now(now))
+                _send(events, outbox, shard.commit_now(now))
             else:
-                _send(events, pending, shard.start_commit(committer, now))
+                _send(events, outbox, shard.start_commit(committer, now))
         shard.check_resources(spec.memory_limit, shard.stored_ok)
-        _send(events, pending, shard.take_events())
+        _send(events, outbox, shard.take_events())
         stats.tick(time.time(), shard.queues.values(), shard.commits)
         if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
             shard.persister.drop_mapped_pages()
             unmap_at = now + UNMAP_INTERVAL
 
-    if shard.pending is not None:  # finish the commit in flight, then what is left
+    if shard.commits.inflight is not None:  # finish the commit in flight, then what is left
         committer.wait()
         committer.finished()
-        _send(events, pending, shard.finish_commit())
-    _send(events, pending, shard.commit_now() + shard.take_events())
+        _send(events, outbox, shard.finish_commit())
+    _send(events, outbox, shard.commit_now() + shard.take_events())
     committer.close()
-    while pending or events.backlogged():  # hand over the last events before exiting
-        del pending[:events.write_many(pending)]
+    while outbox.records or events.backlogged():  # hand over the last events before exiting
+        outbox.sent(events.write_many(outbox.records))
         events.flush()
-        if (pending or events.backlogged()) and events.want_space():
+        if (outbox.records or events.backlogged()) and events.want_space():
             _wait(poller, events.spec().space_fd, spec.lifeline_fd)
             events.clear_space_doorbell()
     shard.persister.close()
@@ -374,10 +367,11 @@ def serve(spec: r.ShardSpec) -> None:
     stats.close()
 
 
-def _send(events: Ring, pending: list[bytes], records: list) -> None:
+def _send(events: Ring, outbox: Outbox, records: list) -> None:
+    """Put these events behind what waits in the outbox and write what fits."""
     if records:
-        pending.extend(_event_records(records))
-        del pending[:events.write_many(pending)]
+        outbox.put(records)
+        outbox.sent(events.write_many(outbox.records))
         events.flush()
 
 

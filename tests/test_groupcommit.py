@@ -50,7 +50,7 @@ def test_a_refused_publish_is_nacked_even_when_the_commit_is_durable():
 def test_confirms_gathered_during_a_commit_wait_for_the_next():
     group = GroupCommit()
     group.confirm(1, 1)
-    group.begin(5.0)
+    group.begin(5.0, None)
     group.confirm(1, 2)
     assert group.inflight is not None
     assert group.finished(group.end(), True, [1], 5.5) == [r.Confirmed([1], [1])]
