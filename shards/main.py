@@ -3,10 +3,13 @@
 One loop turn: read every command batch waiting in the command ring, apply
 them to the queues, then carry out the effects in one go: storage writes, then
 events (deliveries, replies, confirms) to the gateway in one ring write and one
-doorbell. When the command ring is empty the shard sleeps on the ring's
-doorbell; when the event ring is full it stops reading commands, which is the
-backpressure the gateway feels. Started by the gateway as
-`python -m shards.main SPEC_JSON`.
+doorbell. The logic lives elsewhere: the queues (queue.py), which confirms wait
+for which commit (groupcommit.py), what goes to the gateway in which order
+(outbox.py) and when queues have timed work (timers.py).
+
+When the command ring is empty the shard sleeps on the ring's doorbell; when
+the event ring is full it stops reading commands, which is the backpressure the
+gateway feels. Started by the gateway as `python -m warren.shards.main SPEC_JSON`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Group commit for one shard.
+"""Group commit for one shard: the stores' side (groupcommit.py holds the confirms).
 
 The shard's loop turn hands every durable write of the turn to the persister;
 `commit()` then writes each touched store in one LMDB transaction with fsync,
