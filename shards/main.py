@@ -3,10 +3,13 @@
 One loop turn: read every command batch waiting in the command ring, apply
 them to the queues, then carry out the effects in one go: storage writes, then
 events (deliveries, replies, confirms) to the gateway in one ring write and one
-doorbell. When the command ring is empty the shard sleeps on the ring's
-doorbell; when the event ring is full it stops reading commands, which is the
-backpressure the gateway feels. Started by the gateway as
-`python -m shards.main SPEC_JSON`.
+doorbell. The logic lives elsewhere: the queues (queue.py), which confirms wait
+for which commit (groupcommit.py), what goes to the gateway in which order
+(outbox.py) and when queues have timed work (timers.py).
+
+When the command ring is empty the shard sleeps on the ring's doorbell; when
+the event ring is full it stops reading commands, which is the backpressure the
+gateway feels. Started by the gateway as `python -m warren.shards.main SPEC_JSON`.
 """
 
 from __future__ import annotations
@@ -25,13 +28,16 @@ from warren.storage.shardstore import ShardStore
 from . import logsetup
 from . import records as r
 from .committer import Committer
+from .groupcommit import Commit, GroupCommit
+from .outbox import Outbox
 from .persister import Persister
 from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
 from .ring import Ring
 from .stats import StatsLog
+from .timers import TimerHeap
 
-EVENTS_PER_RECORD = 512
 UNMAP_INTERVAL = 1.0  # seconds between drops of the stores' mapped pages under load
+STORE_RETRY = "store retry"  # the timer for writing again what a full store refused
 
 log = logging.getLogger("warren.shard")
 
@@ -50,51 +56,27 @@ class Shard:
                     queues=len(self.queues),
                     messages=sum(q.ready_count for q in self.queues.values()))
         self.holder_queues: dict[int, set[int]] = {}  # who holds what where, for channel close
-        self.outbox: list = []
-        self.confirm_channels: list[int] = []
-        self.confirm_seqs: list[int] = []
-        self.refused_channels: list[int] = []  # publishes a queue turned away (nacks)
-        self.refused_seqs: list[int] = []
-        self._refused = False
-        # Queues with timed work (message TTL, x-expires) and the earliest deadline.
-        self.timed: set[int] = {q.qid for q in self.queues.values() if _has_timers(q)}
-        self.next_timer: float | None = None
+        self.outbox = Outbox()
+        self.commits = GroupCommit()
+        # When queues have timed work (message TTL, x-expires, consumer timeouts).
+        self.timers = TimerHeap()
+        for queue in self.queues.values():
+            self._schedule(queue)
         self.running = True
-        # The commit the committer thread is running: (PendingCommit, its confirm
-        # lists, when it started); at most one at a time.
-        self.inflight: tuple | None = None
         self.stored_ok = True  # did the last commit succeed (else: the disk alarm)
         self.alarms: set[str] = set()
         self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # content in RAM
 
     def take_events(self) -> list:
         """This turn's events but confirms, with stored content read back."""
-        events, self.outbox = self.outbox, []
+        events = self.outbox.take()
         self.persister.fill(events)
         return events
 
     # -- commits and confirms ------------------------------------------------------
 
     def has_commit_work(self) -> bool:
-        return bool(self.confirm_seqs or self.refused_seqs
-                    or self.persister.writes_due(time.monotonic()))
-
-    def _take_confirm_lists(self) -> tuple:
-        lists = (self.confirm_channels, self.confirm_seqs, self.refused_channels,
-                 self.refused_seqs)
-        self.confirm_channels, self.confirm_seqs = [], []
-        self.refused_channels, self.refused_seqs = [], []
-        return lists
-
-    @staticmethod
-    def _confirm_records(lists: tuple, stored: bool) -> list:
-        channels, seqs, refused_channels, refused_seqs = lists
-        records = []
-        if seqs:
-            records.append((r.Confirmed if stored else r.Rejected)(channels, seqs))
-        if refused_seqs:  # a queue at its limit with x-overflow reject-publish
-            records.append(r.Rejected(refused_channels, refused_seqs))
-        return records
+        return self.commits.has_confirms() or self.persister.writes_due(time.monotonic())
 
     def start_commit(self, committer, now: float) -> list:
         """With no commit in flight: hand the writes gathered so far to the
@@ -102,37 +84,29 @@ class Shard:
         that wrote nothing are returned to be sent at once."""
         if not self.has_commit_work():
             return []
-        lists = self._take_confirm_lists()
         if not self.persister.has_writes():
-            return self._confirm_records(lists, True)
-        pending = self.persister.begin_commit()
-        self.inflight = (pending, lists, now)
-        committer.submit(pending)
+            return self.commits.finished(self.commits.take(now), True, [], now)
+        committer.submit(self.commits.begin(now, self.persister.begin_commit()).writes)
         return []
 
     def finish_commit(self) -> list:
         """The commit in flight is durable (or failed): its confirms, to send."""
-        pending, lists, started = self.inflight
-        self.inflight = None
-        return self._committed(self.persister.finish_commit(pending, self._evict), lists,
-                               started)
+        commit = self.commits.end()
+        self.persister.finish_commit(commit.writes, self._evict)
+        return self._committed(commit)
 
     def commit_now(self, started: float | None = None) -> list:
         """Commit in this thread (no commit in flight) and return the confirms."""
-        lists = self._take_confirm_lists()
-        started = time.monotonic() if started is None else started
-        return self._committed(self.persister.commit(self._evict), lists, started)
+        commit = self.commits.take(time.monotonic() if started is None else started)
+        commit.writes = self.persister.commit(self._evict)
+        return self._committed(commit)
 
-    def _committed(self, stored: bool, lists: tuple, started: float) -> list:
-        """After a commit: its statistics, and its confirms (nacks if it failed)."""
-        self.stored_ok = stored
-        if not stored:  # wake to write what was refused again (persister.retry_at)
-            self.plan_timers()
-        for messages in self.persister.last_commits:
-            self.stats.note_commit(messages)
-        if lists[1]:
-            self.stats.note_confirm_latency(time.monotonic() - started, len(lists[1]))
-        return self._confirm_records(lists, stored)
+    def _committed(self, commit: Commit) -> list:
+        """After a commit: its confirms (nacks if it failed)."""
+        self.stored_ok = commit.writes.ok
+        self.timers.schedule(STORE_RETRY, self.persister.retry_at)
+        return self.commits.finished(commit, commit.writes.ok, commit.writes.sizes,
+                                     time.monotonic())
 
     def _evict(self, qid: int, msg) -> None:
         queue = self.queues.get(qid)
@@ -141,45 +115,37 @@ class Shard:
             queue.evict(msg)
             self.ram_bytes += queue.ram_bytes - before
 
-    def _apply(self, queue: Queue, cmd, now: float) -> None:
-        self._step(queue, queue.apply, cmd, now)
-        if _has_timers(queue) and not queue.deleted:
-            self.timed.add(queue.qid)
+    def _apply(self, queue: Queue, cmd, now: float) -> bool:
+        """Apply a command to a queue; False if the queue refused a publish."""
+        accepted = self._step(queue, queue.apply, cmd, now)
+        if _has_timers(queue):
+            self._schedule(queue)
+        return accepted
 
-    def _step(self, queue: Queue, step, *args) -> None:
+    def _step(self, queue: Queue, step, *args) -> bool:
         """Run one step of a queue's state machine, carry out its effects and follow
-        the change in the bodies it holds in RAM."""
+        the change in the bodies it holds in RAM. False if it refused a publish."""
         before = queue.ram_bytes
-        self._effects(step(*args))
+        accepted = self._effects(step(*args))
         self.ram_bytes += queue.ram_bytes - before
+        return accepted
 
     # -- timers ------------------------------------------------------------------
 
     def run_timers(self, now: float) -> None:
-        """Give due queues their tick, then find the next deadline."""
-        if self.next_timer is not None and self.next_timer <= now:
-            for qid in list(self.timed):
-                queue = self.queues.get(qid)
-                if queue is None:
-                    continue
-                deadline = queue.next_deadline()
-                if deadline is not None and deadline <= now:
-                    self._step(queue, queue.tick, now)
-        self.plan_timers()
-
-    def plan_timers(self) -> None:
-        deadlines = []
-        for qid in list(self.timed):
-            queue = self.queues.get(qid)
+        """Give the queues whose timers are due their tick. A due store retry only
+        wakes the loop, which then commits."""
+        for key in self.timers.due(now):
+            queue = self.queues.get(key) if key != STORE_RETRY else None
             if queue is None:
-                self.timed.discard(qid)
                 continue
-            deadline = queue.next_deadline()
-            if deadline is not None:
-                deadlines.append(deadline)
-        if self.persister.retry_at is not None:
-            deadlines.append(self.persister.retry_at)
-        self.next_timer = min(deadlines) if deadlines else None
+            deadline = queue.next_deadline()  # the timer may be early (timers.py)
+            if deadline is not None and deadline <= now:
+                self._step(queue, queue.tick, now)
+            self._schedule(queue)
+
+    def _schedule(self, queue: Queue) -> None:
+        self.timers.schedule(queue.qid, None if queue.deleted else queue.next_deadline())
 
     def check_resources(self, memory_limit: int, stored: bool) -> None:
         """Raise or clear this shard's alarms (publishers are blocked while any is on)."""
@@ -190,7 +156,7 @@ class Shard:
     def _alarm(self, resource: str, active: bool) -> None:
         if active != (resource in self.alarms):
             (self.alarms.add if active else self.alarms.discard)(resource)
-            self.outbox.append(r.Alarm(resource, active))
+            self.outbox.add(r.Alarm(resource, active))
             self.stats.event("alarm", resource=resource, state="on" if active else "off",
                              ram_bytes=self.ram_bytes)
 
@@ -203,28 +169,22 @@ class Shard:
             log.exception("shard %d: %s failed", self.index, type(cmd).__name__)
             req = getattr(cmd, "req", 0)
             if type(cmd) is r.Get:
-                self.outbox.append(r.GetReply(req, cmd.qid, refused=r.Refusal.FAILED))
+                self.outbox.add(r.GetReply(req, cmd.qid, refused=r.Refusal.FAILED))
             elif req:
-                self.outbox.append(r.Reply(req, r.Refusal.FAILED))
+                self.outbox.add(r.Reply(req, r.Refusal.FAILED))
             elif type(cmd) is r.Publish and cmd.confirm_channel:
-                self.refused_channels.append(cmd.confirm_channel)
-                self.refused_seqs.append(cmd.confirm_seq)
+                self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted=False)
 
     def handle(self, cmd, now: float) -> None:
         kind = type(cmd)
         if kind is r.Publish:
-            self._refused = False
+            accepted = True  # by every queue (x-overflow reject-publish turns it away)
             for qid in cmd.qids:
                 queue = self.queues.get(qid)
-                if queue is not None:
-                    self._apply(queue, cmd, now)
+                if queue is not None and not self._apply(queue, cmd, now):
+                    accepted = False
             if cmd.confirm_channel:
-                if self._refused:  # a queue at its limit with x-overflow reject-publish
-                    self.refused_channels.append(cmd.confirm_channel)
-                    self.refused_seqs.append(cmd.confirm_seq)
-                else:
-                    self.confirm_channels.append(cmd.confirm_channel)
-                    self.confirm_seqs.append(cmd.confirm_seq)
+                self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted)
         elif kind is r.CreateQueue:
             if cmd.qid not in self.queues:
                 queue = self.queues[cmd.qid] = Queue(cmd)
@@ -232,7 +192,7 @@ class Shard:
                     self.persister.create_queue(queue)
                 self.stats.event("queue_declared", vhost=cmd.vhost, queue=cmd.name,
                                  durable=cmd.durable)
-            self.outbox.append(r.Reply(cmd.req))
+            self.outbox.add(r.Reply(cmd.req))
         elif kind is r.ReleaseHolders:
             qids: set[int] = set()
             for holder in cmd.holders:
@@ -243,9 +203,9 @@ class Shard:
                     self._apply(queue, cmd, now)
         elif kind is r.QueueInfo:
             wanted = cmd.qids or list(self.queues)
-            self.outbox.append(r.QueueInfoReply(cmd.req, [
+            self.outbox.add(r.QueueInfoReply(cmd.req, [
                 _queue_figures(self.queues[qid]) for qid in wanted if qid in self.queues],
-                self.persister.fsyncs, self.persister.messages))
+                self.commits.fsyncs, self.commits.messages))
         elif kind is r.Stop:
             self.running = False
         else:
@@ -268,12 +228,14 @@ class Shard:
         if req is None:
             return
         if type(cmd) is r.Get:
-            self.outbox.append(r.GetReply(req, cmd.qid, refused=r.Refusal.NO_QUEUE))
+            self.outbox.add(r.GetReply(req, cmd.qid, refused=r.Refusal.NO_QUEUE))
         else:
-            self.outbox.append(r.Reply(req, r.Refusal.NO_QUEUE))
+            self.outbox.add(r.Reply(req, r.Refusal.NO_QUEUE))
 
-    def _effects(self, effects: list) -> None:
+    def _effects(self, effects: list) -> bool:
+        """Carry out a queue's effects; False if it refused a publish."""
         persister = self.persister
+        accepted = True
         for effect in effects:
             kind = type(effect)
             if kind is Persist:
@@ -283,13 +245,14 @@ class Shard:
             elif kind is Delivered:
                 persister.mark_delivered(effect.qid, effect.seq, effect.rich)
             elif kind is Refused:
-                self._refused = True
+                accepted = False
             elif kind is CountsChanged:
                 persister.update_counts(effect.qid, effect.seq, effect.delivery_count,
                                         effect.acquired)
             elif kind is Destroyed:
                 queue = self.queues.pop(effect.qid, None)
                 persister.delete_queue(effect.qid)
+                self.timers.cancel(effect.qid)
                 if queue is not None:
                     self.stats.event("queue_deleted", vhost=queue.vhost, queue=queue.name)
             else:
@@ -299,7 +262,8 @@ class Shard:
                         self.stats.event("consumer_timed_out", vhost=queue.vhost,
                                          queue=queue.name, messages=len(effect.seqs),
                                          timeout_ms=effect.timeout_ms)
-                self.outbox.append(effect)
+                self.outbox.add(effect)
+        return accepted
 
 
 def _queue_figures(queue: Queue) -> list[int]:
@@ -311,11 +275,6 @@ def _queue_figures(queue: Queue) -> list[int]:
 
 def _has_timers(queue: Queue) -> bool:
     return queue.may_expire or queue.expires_after is not None or bool(queue.lock_heap)
-
-
-def _event_records(events: list) -> list[bytes]:
-    return [r.encode_batch(events[i:i + EVENTS_PER_RECORD])
-            for i in range(0, len(events), EVENTS_PER_RECORD)]
 
 
 def serve(spec: r.ShardSpec) -> None:
@@ -331,39 +290,39 @@ def serve(spec: r.ShardSpec) -> None:
     poller.register(spec.commands.data_fd, select.POLLIN)
     poller.register(spec.lifeline_fd, select.POLLIN)
     poller.register(committer.done_fd, select.POLLIN)
-    pending: list[bytes] = []  # encoded event records waiting for ring space
+    outbox = shard.outbox
     records_done = 0  # command ring records worked through (credit flow)
     unmap_at = 0.0
 
     while shard.running:
-        if pending or events.backlogged():
-            written = events.write_many(pending)
+        if outbox.records or events.backlogged():
+            outbox.sent(events.write_many(outbox.records))
             events.flush()
-            del pending[:written]
-            if pending or events.backlogged():
+            if outbox.records or events.backlogged():
                 if events.want_space():
                     _wait(poller, events.spec().space_fd, spec.lifeline_fd)
                     events.clear_space_doorbell()
                 continue
-        if shard.inflight is not None and committer.finished():
-            _send(events, pending, shard.finish_commit())
+        if shard.commits.inflight is not None and committer.finished():
+            _send(events, outbox, shard.finish_commit())
             shard.check_resources(spec.memory_limit, shard.stored_ok)
-            _send(events, pending, shard.take_events())
+            _send(events, outbox, shard.take_events())
         batches = commands.read_many()
         now = time.monotonic()
-        timers_due = shard.next_timer is not None and shard.next_timer <= now
+        next_timer = shard.timers.next_deadline()
+        timers_due = next_timer is not None and next_timer <= now
         if not batches and not timers_due:
-            if shard.inflight is None and shard.has_commit_work():
+            if shard.commits.inflight is None and shard.has_commit_work():
                 # what gathered while the last commit ran goes now
-                _send(events, pending, shard.start_commit(committer, now))
+                _send(events, outbox, shard.start_commit(committer, now))
                 continue
-            stats.tick(time.time(), shard.queues.values())
+            stats.tick(time.time(), shard.queues.values(), shard.commits)
             if commands.sleep():
                 # Wake for commands, the end of a commit, at least once an interval
                 # (an idle shard still logs), and in time for the next queue timer.
                 timeout = spec.stats_interval
-                if shard.next_timer is not None:
-                    timeout = max(0.0, min(timeout, shard.next_timer - now))
+                if next_timer is not None:
+                    timeout = max(0.0, min(timeout, next_timer - now))
                 _wait(poller, None, spec.lifeline_fd, timeout)
                 commands.clear_data_doorbell()
             continue
@@ -374,48 +333,49 @@ def serve(spec: r.ShardSpec) -> None:
             # Credit back for the publishes in these records, behind this turn's
             # deliveries: a shard that is behind returns credit later.
             records_done += len(batches)
-            shard.outbox.append(r.Progress(records_done))
+            shard.outbox.add(r.Progress(records_done))
         shard.run_timers(now)
         # Deliveries and replies go out at once; confirms only once their commit is
         # durable. A commit runs in the committer thread while this loop goes on:
         # what arrives meanwhile gathers into the next one (group commit).
-        _send(events, pending, shard.take_events())
-        if shard.inflight is None:
+        _send(events, outbox, shard.take_events())
+        if shard.commits.inflight is None:
             if commands.is_empty() and not shard.holder_queues:
                 # Nothing else to do meanwhile and nobody to deliver to: commit
                 # here, sparing a lone publisher the two thread hand-offs. With
                 # consumers, deliveries never wait for an fsync.
-                _send(events, pending, shard.commit_now(now))
+                _send(events, outbox, shard.commit_now(now))
             else:
-                _send(events, pending, shard.start_commit(committer, now))
+                _send(events, outbox, shard.start_commit(committer, now))
         shard.check_resources(spec.memory_limit, shard.stored_ok)
-        _send(events, pending, shard.take_events())
-        stats.tick(time.time(), shard.queues.values())
+        _send(events, outbox, shard.take_events())
+        stats.tick(time.time(), shard.queues.values(), shard.commits)
         if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
             shard.persister.drop_mapped_pages()
             unmap_at = now + UNMAP_INTERVAL
 
-    if shard.inflight is not None:  # finish the commit in flight, then what is left
+    if shard.commits.inflight is not None:  # finish the commit in flight, then what is left
         committer.wait()
         committer.finished()
-        _send(events, pending, shard.finish_commit())
-    _send(events, pending, shard.commit_now() + shard.take_events())
+        _send(events, outbox, shard.finish_commit())
+    _send(events, outbox, shard.commit_now() + shard.take_events())
     committer.close()
-    while pending or events.backlogged():  # hand over the last events before exiting
-        del pending[:events.write_many(pending)]
+    while outbox.records or events.backlogged():  # hand over the last events before exiting
+        outbox.sent(events.write_many(outbox.records))
         events.flush()
-        if (pending or events.backlogged()) and events.want_space():
+        if (outbox.records or events.backlogged()) and events.want_space():
             _wait(poller, events.spec().space_fd, spec.lifeline_fd)
             events.clear_space_doorbell()
     shard.persister.close()
-    stats.tick(time.time(), shard.queues.values(), force=True)
+    stats.tick(time.time(), shard.queues.values(), shard.commits, force=True)
     stats.close()
 
 
-def _send(events: Ring, pending: list[bytes], records: list) -> None:
+def _send(events: Ring, outbox: Outbox, records: list) -> None:
+    """Put these events behind what waits in the outbox and write what fits."""
     if records:
-        pending.extend(_event_records(records))
-        del pending[:events.write_many(pending)]
+        outbox.put(records)
+        outbox.sent(events.write_many(outbox.records))
         events.flush()
 
 

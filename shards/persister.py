@@ -1,4 +1,4 @@
-"""Group commit for one shard.
+"""Group commit for one shard: the stores' side (groupcommit.py holds the confirms).
 
 The shard's loop turn hands every durable write of the turn to the persister;
 `commit()` then writes each touched store in one LMDB transaction with fsync,
@@ -35,7 +35,7 @@ class PendingCommit:
         self.batches = batches
         self.written = written  # (qid, message) whose content leaves RAM once committed
         self.ok = ok
-        self.sizes: list[int] = []  # records per store transaction
+        self.sizes: list[int] = []  # records per store transaction (one fsync each)
         self.refused: dict[ShardStore, WriteBatch] = {}  # batches a full store refused
         self.error: Exception | None = None  # what broke it otherwise, for the shard's thread
 
@@ -47,9 +47,6 @@ class Persister:
         self._store_of: dict[int, ShardStore] = {}  # qid -> its store
         self._batches: dict[ShardStore, WriteBatch] = {}
         self._written: list[tuple[int, Message]] = []  # content to drop from RAM once committed
-        self.fsyncs = 0
-        self.messages = 0
-        self.last_commits: list[int] = []  # messages per fsync of the latest commit()
         self.retry_at: float | None = None  # writes were refused for space: try again then
 
     # -- recovery --------------------------------------------------------------
@@ -162,9 +159,6 @@ class Persister:
         to be tried again (and the messages kept in RAM) until there is room."""
         if pending.error is not None:
             raise pending.error
-        self.fsyncs += len(pending.sizes)
-        self.messages += sum(pending.sizes)
-        self.last_commits = pending.sizes
         if pending.ok:
             self.retry_at = None
             for qid, msg in pending.written:
@@ -179,11 +173,12 @@ class Persister:
             self.retry_at = time.monotonic() + RETRY_AFTER
         return pending.ok
 
-    def commit(self, evict) -> bool:
-        """Commit this turn's writes now, in this thread."""
+    def commit(self, evict) -> "PendingCommit":
+        """Commit this turn's writes now, in this thread; `.ok` says if it is durable."""
         pending = self.begin_commit()
         self.run_commit(pending)
-        return self.finish_commit(pending, evict)
+        self.finish_commit(pending, evict)
+        return pending
 
     # -- reading content back --------------------------------------------------
 

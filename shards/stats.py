@@ -42,10 +42,6 @@ class StatsLog:
         self._encode = msgspec.json.Encoder().encode
         self._lines: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self._next_stats = 0.0
-        self._fsyncs = 0
-        self._messages = 0
-        self._batches: dict[int, int] = {}
-        self._latencies: list[float] = []
         self._writer = threading.Thread(target=self._write_lines, name=f"stats-{shard}",
                                         daemon=True)
         self._writer.start()
@@ -56,18 +52,9 @@ class StatsLog:
         self._put({"v": SCHEMA_VERSION, "type": "event", "ts": time.time(), "shard": self.shard,
                    "kind": kind, **fields})
 
-    def note_commit(self, messages: int) -> None:
-        self._fsyncs += 1
-        self._messages += messages
-        bucket = 1 << max(messages - 1, 0).bit_length()
-        self._batches[bucket] = self._batches.get(bucket, 0) + 1
-
-    def note_confirm_latency(self, seconds: float, count: int = 1) -> None:
-        self._latencies.extend([seconds] * min(count, 1000))
-
-    def tick(self, now: float, queues, force: bool = False) -> None:
+    def tick(self, now: float, queues, commits, force: bool = False) -> None:
         """Write the interval's records when the interval has passed (or `force`,
-        on stop); cheap otherwise."""
+        on stop); cheap otherwise. `commits` is the shard's GroupCommit."""
         if now < self._next_stats and not force:
             return
         self._next_stats = now + self.interval
@@ -81,12 +68,11 @@ class StatsLog:
             record.update(ready=q.ready_count, unacked=q.unacked_count,
                           consumers=len(q.consumers), ram_bytes=q.ram_bytes)
             self._put(record)
+        batches, latencies = commits.take_interval()
         self._put({"v": SCHEMA_VERSION, "type": "shard_stats", "ts": now, "shard": self.shard,
-                   "fsyncs": self._fsyncs, "messages": self._messages,
-                   "fsync_batch": {str(k): v for k, v in sorted(self._batches.items())},
-                   "confirm_latency_ms": _percentiles(self._latencies)})
-        self._batches = {}
-        self._latencies = []
+                   "fsyncs": commits.fsyncs, "messages": commits.messages,
+                   "fsync_batch": {str(k): v for k, v in sorted(batches.items())},
+                   "confirm_latency_ms": _percentiles(latencies)})
 
     def close(self) -> None:
         self._lines.put(None)

@@ -98,7 +98,10 @@ def _kill_a_shard(broker: RunningBroker, rng: random.Random, wait: bool = True) 
 
 def _kill_everything(broker: RunningBroker) -> None:
     for pid in [broker.process.pid, *shard_pids(broker)]:
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # gone with the gateway (reaped, or saw it die)
+            pass
     broker.process.wait(10)
 
 

@@ -1,16 +1,19 @@
 """The shard's shell driven in-process: a command that fails is answered, and the
-shard goes on serving the other commands (issue 17.1's class of bug)."""
+shard goes on serving the other commands (issue 17.1's class of bug); confirms
+leave only with the commit that covers them, nacks when it fails; due timers
+expire messages and queues."""
 
 from __future__ import annotations
 
 import pytest
 
+from warren.shards import persister as persister_module
 from warren.shards import records as r
 from warren.shards.main import Shard
 from warren.shards.persister import Persister
 from warren.shards.queue import Queue
 from warren.shards.stats import StatsLog
-from warren.storage.shardstore import ShardStore
+from warren.storage.shardstore import ShardStore, StoreFull
 
 
 @pytest.fixture
@@ -46,3 +49,87 @@ def test_failing_commands_are_answered_and_the_next_ones_served(shard, monkeypat
     (reply,) = shard.take_events()
     assert type(reply) is r.GetReply and reply.req == 4 and not reply.refused and reply.seq
     assert shard.commit_now(0.0) == [r.Confirmed([3], [2])]
+
+
+def test_due_timers_expire_messages_and_then_the_unused_queue(shard):
+    shard.run(r.CreateQueue(2, 8, "/", "ttl", False, False, False,
+                            {"x-message-ttl": 1000, "x-expires": 5000}), 0.0)
+    shard.run(r.Publish([8], "", "ttl", b"\x00\x00", b"body", False), 0.0)
+    shard.take_events()
+    assert shard.timers.next_deadline() == 1.0
+    shard.run_timers(0.5)
+    assert shard.queues[8].ready_count == 1
+    shard.run_timers(1.0)
+    assert shard.queues[8].ready_count == 0  # the message's time to live ran out
+    assert shard.timers.next_deadline() == 5.0  # x-expires: unused since 0.0
+    shard.run_timers(5.0)
+    assert 8 not in shard.queues and shard.take_events() == [r.QueueDeleted(8)]
+    assert shard.timers.next_deadline() is None
+
+
+def test_a_refused_publish_is_nacked_with_the_commit(shard):
+    shard.run(r.CreateQueue(2, 9, "/", "small", False, False, False,
+                            {"x-max-length": 1, "x-overflow": "reject-publish"}), 0.0)
+    for seq in (1, 2):
+        shard.run(r.Publish([7, 9], "", "", b"\x00\x00", b"body", False, confirm_channel=3,
+                            confirm_seq=seq), 0.0)
+    # the second publish reached q but not the full queue: the publisher gets a nack
+    assert shard.start_commit(None, 0.0) == [r.Confirmed([3], [1]), r.Rejected([3], [2])]
+    assert shard.queues[7].ready_count == 2 and shard.queues[9].ready_count == 1
+
+
+class InlineCommitter:
+    """The committer thread's job, run when the test says."""
+
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, pending) -> None:
+        self.submitted.append(pending)
+
+    def run(self) -> None:
+        Persister.run_commit(self.submitted.pop())
+
+
+def durable_publish(seq: int) -> r.Publish:
+    return r.Publish([5], "", "d", b"\x00\x00", b"body", True, confirm_channel=3,
+                     confirm_seq=seq)
+
+
+def test_confirms_wait_for_the_commit_that_covers_them(shard):
+    shard.run(r.CreateQueue(2, 5, "/", "d", True, False, False, {}), 0.0)
+    shard.run(durable_publish(1), 0.0)
+    committer = InlineCommitter()
+    assert shard.start_commit(committer, 0.0) == []  # nothing before the fsync
+    shard.run(durable_publish(2), 0.0)  # arrives while the commit runs
+    committer.run()
+    assert shard.finish_commit() == [r.Confirmed([3], [1])]
+    assert shard.commits.fsyncs == 1
+    assert shard.commit_now(0.0) == [r.Confirmed([3], [2])]
+    assert shard.commits.fsyncs == 2 and shard.commits.messages == 2
+
+
+def test_a_full_store_nacks_and_wakes_the_shard_to_write_again(shard, monkeypatch):
+    shard.run(r.CreateQueue(2, 5, "/", "d", True, False, False, {}), 0.0)
+    shard.commit_now(0.0)
+    store = shard.persister.home
+    real_commit = store.commit
+
+    def full(batch):
+        raise StoreFull("mdb_txn_commit: No space left on device")
+
+    monkeypatch.setattr(store, "commit", full)
+    clock = [100.0]
+    monkeypatch.setattr(persister_module.time, "monotonic", lambda: clock[0])
+    shard.run(durable_publish(1), 100.0)
+    assert shard.commit_now(100.0) == [r.Rejected([3], [1])]
+    assert not shard.stored_ok
+    retry_at = shard.persister.retry_at
+    assert retry_at > 100.0 and shard.timers.next_deadline() == retry_at
+    monkeypatch.setattr(store, "commit", real_commit)
+    clock[0] = retry_at
+    shard.run_timers(retry_at)
+    assert shard.has_commit_work()
+    shard.commit_now(retry_at)  # the kept writes go to the store this time
+    assert shard.stored_ok and shard.timers.next_deadline() is None
+    assert [seq for seq, *_ in store.recover(5)] == [1]

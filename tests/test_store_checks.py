@@ -80,15 +80,15 @@ def test_refused_writes_are_kept_and_written_at_the_retry(tmp_path, monkeypatch)
     monkeypatch.setattr(persister_module.time, "monotonic", lambda: clock[0])
     persister.persist(7, [Message(1, ("", "q", b"", b"one"), True, False)])
     evicted = []
-    assert persister.commit(lambda qid, msg: evicted.append(msg.seq)) is False
+    assert persister.commit(lambda qid, msg: evicted.append(msg.seq)).ok is False
     assert persister.retry_at == 100.0 + persister_module.RETRY_AFTER
     assert not persister.writes_due(clock[0]) and evicted == []
     persister.persist(7, [Message(2, ("", "q", b"", b"two"), True, False)])
-    assert persister.commit(lambda qid, msg: None) is False  # before the retry: no I/O
+    assert persister.commit(lambda qid, msg: None).ok is False  # before the retry: no I/O
     assert len(calls) == 1
     clock[0] = persister.retry_at
     assert persister.writes_due(clock[0])
-    assert persister.commit(lambda qid, msg: evicted.append(msg.seq)) is True
+    assert persister.commit(lambda qid, msg: evicted.append(msg.seq)).ok is True
     assert persister.retry_at is None and sorted(evicted) == [1, 2]
     assert [seq for seq, *_ in store.recover(7)] == [1, 2]
     store.close()

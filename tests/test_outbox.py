@@ -1,0 +1,45 @@
+"""The shard's outbox (shards/outbox.py): events leave in the order they were
+put, in ring records of bounded size, and wait while the ring is full."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from warren.shards import records as r
+from warren.shards.outbox import EVENTS_PER_RECORD, Outbox
+
+
+def decoded(records: list[bytes]) -> list:
+    return [event for record in records for event in r.decode_events(record)]
+
+
+@given(st.lists(st.integers(0, 3 * EVENTS_PER_RECORD), max_size=4),
+       st.lists(st.integers(0, 3), max_size=10))
+def test_events_leave_in_order_whatever_the_ring_takes(puts, ring_room):
+    outbox, ring, n = Outbox(), [], 0
+    expected = []
+    for size in puts:
+        events = [r.Progress(n + i) for i in range(size)]
+        n += size
+        expected += events
+        outbox.put(events)
+        assert all(len(r.decode_events(rec)) <= EVENTS_PER_RECORD for rec in outbox.records)
+        room = ring_room.pop() if ring_room else len(outbox.records)
+        taken = outbox.records[:room]
+        ring += taken
+        outbox.sent(len(taken))
+    ring += outbox.records
+    outbox.sent(len(outbox.records))
+    assert decoded(ring) == expected and outbox.records == []
+
+
+def test_a_turn_events_are_taken_once_and_confirms_join_when_put():
+    outbox = Outbox()
+    outbox.add(r.Reply(1))
+    outbox.add(r.Progress(1))
+    events = outbox.take()
+    assert events == [r.Reply(1), r.Progress(1)] and outbox.take() == []
+    outbox.put(events)
+    outbox.put([r.Confirmed([3], [9])])  # its commit became durable
+    assert decoded(outbox.records) == [r.Reply(1), r.Progress(1), r.Confirmed([3], [9])]
