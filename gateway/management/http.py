@@ -1,6 +1,8 @@
-"""A small HTTP/1.1 server on asyncio streams for the management API: requests
-with JSON bodies, keep-alive, Basic authentication. No framework: the API is a
-handful of routes and runs on the gateway's own event loop."""
+"""The management listener on aiohttp: its low-level server, on the gateway's own
+event loop, hands each request to the API's dispatcher as a Request (path split
+into percent-decoded segments, JSON body helpers) and sends back its Response.
+Malformed HTTP is answered as RabbitMQ's API answers bad input, 400 with
+{"error": "bad_request", "reason": ...}, and logged on one line."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ import asyncio
 import base64
 import json
 import logging
-import re
-from http import HTTPStatus
+import ssl
 from typing import Awaitable, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from aiohttp import web
+from aiohttp.http_exceptions import InvalidURLError
 
 log = logging.getLogger("warren.management")
 
@@ -21,14 +25,14 @@ MAX_BODY = 64 << 20
 class Request:
     __slots__ = ("method", "path", "parts", "query", "headers", "body", "peer", "user")
 
-    def __init__(self, method: str, target: str, headers: dict, body: bytes, peer: str):
+    def __init__(self, method: str, target: str, headers, body: bytes, peer: str):
         url = urlsplit(target)
         self.method = method
         self.path = url.path
         # path segments, percent-decoded one by one (so %2F stays inside a segment)
         self.parts = [unquote(p) for p in url.path.strip("/").split("/") if p != ""]
         self.query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        self.headers = headers
+        self.headers = headers  # case-insensitive
         self.body = body
         self.peer = peer
         self.user = None
@@ -112,94 +116,60 @@ def check_types(value: dict, types: dict, where: str = "") -> None:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-async def start_server(handler: Handler, host: str, port: int) -> asyncio.AbstractServer:
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        peer_host = peer[0] if isinstance(peer, tuple) else ""
+class _Protocol(web.RequestHandler):
+    """aiohttp's connection handler, answering what its parser refuses (a bad
+    request line, header or Content-Length) with RabbitMQ's JSON 400 instead of
+    aiohttp's plain text and logged traceback."""
+
+    def handle_error(self, request, status=500, exc=None, message=None):
+        if status >= 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        # aiohttp's parser message, first line: "Bad status line", "Invalid method
+        # encountered", "Got more than 65536 bytes when reading"...
+        text = (message or (str(exc) if exc else "") or "bad request").strip()
+        reason = text.splitlines()[0].rstrip(":")
+        if isinstance(exc, InvalidURLError):  # its message is the target alone
+            reason = f"malformed request target {reason}"
+        log.info("malformed management request from %s: %s", request.remote, reason)
+        response = web.json_response({"error": "bad_request", "reason": reason},
+                                     status=status)
+        response.force_close()
+        return response
+
+
+async def start_server(handler: Handler, host: str, port: int,
+                       tls: ssl.SSLContext | None = None) -> asyncio.AbstractServer:
+    """The listener, bound, not yet serving (start_serving(), as asyncio's)."""
+
+    async def serve(incoming: web.BaseRequest) -> web.StreamResponse:
         try:
-            while True:
-                try:
-                    request = await _read_request(reader, peer_host)
-                except HTTPError as error:
-                    # malformed: answer, then hang up, as where the next request
-                    # would start is unknown
-                    writer.write(_encode(error.response(), keep_alive=False))
-                    await writer.drain()
-                    break
-                if request is None:
-                    break
-                try:
-                    response = await handler(request)
-                except HTTPError as error:
-                    response = error.response()
-                except Exception:  # a bug must not take the listener down
-                    log.exception("management request %s %s failed", request.method,
-                                  request.path)
-                    response = HTTPError(500, "internal_error", "see the broker log").response()
-                keep_alive = request.headers.get("connection", "").lower() != "close"
-                writer.write(_encode(response, keep_alive))
-                await writer.drain()
-                if not keep_alive:
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away
-        except asyncio.CancelledError:
-            pass  # the broker stops; raised on, Python 3.11's streams log it as a crash
-        finally:
-            writer.close()
+            request = Request(incoming.method, incoming.raw_path, incoming.headers,
+                              await _body(incoming), incoming.remote or "")
+            response = await handler(request)
+        except HTTPError as error:
+            response = error.response()
+        except Exception:  # a bug must not take the listener down
+            log.exception("management request %s %s failed", incoming.method, incoming.path)
+            response = HTTPError(500, "internal_error", "see the broker log").response()
+        return web.Response(status=response.status, body=response.body, headers={
+            "Content-Type": response.content_type, "Cache-Control": "no-cache",
+            **response.headers})
 
-    return await asyncio.start_server(serve, host, port, reuse_address=True,
-                                      start_serving=False)
+    loop = asyncio.get_running_loop()
+    server = web.Server(serve)
+    return await loop.create_server(
+        lambda: _Protocol(server, loop=loop, access_log=None, max_field_size=65536),
+        host, port, ssl=tls, reuse_address=True, start_serving=False)
 
 
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-
-
-async def _read_request(reader: asyncio.StreamReader, peer: str) -> Request | None:
-    """The next request, or None when the client closed between requests;
-    HTTPError 400 when it is malformed."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as error:
-        if error.partial.strip():
-            raise bad_request("incomplete request head") from None
-        return None
-    except asyncio.LimitOverrunError:
-        raise bad_request("request head too large") from None
-    lines = head[:-4].decode("latin-1").split("\r\n")
-    request_line = lines[0].split(" ")
-    if (len(request_line) != 3 or not _TOKEN.fullmatch(request_line[0])
-            or request_line[2] not in ("HTTP/1.0", "HTTP/1.1")):
-        raise bad_request("malformed request line")
-    method, target, _version = request_line
-    headers = {}
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        if not colon or not _TOKEN.fullmatch(name):
-            raise bad_request("malformed header line")
-        name, value = name.lower(), value.strip()
-        if name == "content-length" and headers.get(name, value) != value:
-            raise bad_request("conflicting Content-Length headers")
-        headers[name] = value
-    if "transfer-encoding" in headers:
-        raise bad_request("Transfer-Encoding is not supported; send a Content-Length")
-    length = headers.get("content-length", "0")
-    if not (length.isascii() and length.isdigit()):
-        raise bad_request("bad Content-Length")
-    if int(length) > MAX_BODY:
-        raise bad_request(f"body larger than {MAX_BODY} bytes")
-    body = await reader.readexactly(int(length))
-    try:
-        return Request(method.upper(), target, headers, body, peer)
-    except ValueError:  # urlsplit's, e.g. for "http://[::1"
-        raise bad_request("malformed request target") from None
-
-
-def _encode(response: Response, keep_alive: bool) -> bytes:
-    head = [f"HTTP/1.1 {response.status} {HTTPStatus(response.status).phrase}",
-            f"Content-Type: {response.content_type}",
-            f"Content-Length: {len(response.body)}",
-            "Cache-Control: no-cache",
-            "Connection: keep-alive" if keep_alive else "Connection: close"]
-    head += [f"{name}: {value}" for name, value in response.headers.items()]
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + response.body
+async def _body(request: web.BaseRequest) -> bytes:
+    """The whole body (Content-Length or chunked), refused beyond MAX_BODY."""
+    if (request.content_length or 0) > MAX_BODY:
+        raise HTTPError(413, "bad_request", f"body larger than {MAX_BODY} bytes")
+    parts, size = [], 0
+    async for chunk in request.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise HTTPError(413, "bad_request", f"body larger than {MAX_BODY} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
