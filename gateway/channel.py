@@ -28,6 +28,7 @@ from .declarations import Declarations
 from .errors import AMQPError, queue_name
 from .gateway import QueueMeta
 from .publishing import Publishing
+from .snapshots import ChannelInfo, ConsumerInfo
 from .transaction import Transaction
 from .unacked import Unacked
 
@@ -71,10 +72,27 @@ class Channel(Declarations, Consuming, Publishing):
         self._waiting = False
         self._backlog: deque = deque()
         self._running = None  # the method being handled (a shard request's errors name it)
+        self.gateway.totals.channels_opened += 1
 
     @property
     def vhost(self):
         return self.conn.vhost
+
+    def snapshot(self) -> ChannelInfo:
+        """What the management API and the metrics show of this channel."""
+        consumers = [*((c, False) for c in self.consumers.values()),
+                     *((c, True) for c, _ in self.timed_out.values())]
+        return ChannelInfo(
+            number=self.number,
+            consumers=tuple(ConsumerInfo(
+                tag=c.tag, vhost=c.meta.vhost, queue=c.meta.name, ack_required=not c.no_ack,
+                prefetch_count=c.prefetch, exclusive=c.exclusive, timed_out=timed_out,
+                timeout_ms=c.timeout_ms, arguments=c.arguments) for c, timed_out in consumers),
+            consumer_count=len(self.consumers) + (1 if self.reply_consumer else 0),
+            messages_unacknowledged=len(self.unacked),
+            prefetch_count=self.consumer_prefetch, global_prefetch_count=self.channel_prefetch,
+            confirm=self.confirms is not None, transactional=self.tx is not None,
+            closing=self.closing)
 
     # -- frames in -------------------------------------------------------------
 
@@ -224,6 +242,7 @@ class Channel(Declarations, Consuming, Publishing):
         if self.closed:
             return
         self.closed = True
+        self.gateway.totals.channels_closed += 1
         self._stop_replies()
         holders = list(self.holder_ids)
         for link in self.gateway.shards:

@@ -19,6 +19,7 @@ class ConfirmTracker:
         self._failed: set[int] = set()  # pending seqs that will be nacked
         self._resolved: dict[int, bool] = {}  # seq -> ACK/NACK, not yet sent
         self._low = 1  # lowest seq that may still be pending
+        self.acked = 0  # messages acked by the replies taken so far
 
     def publish(self, shards) -> int:
         """Record a publish that these shards must accept (none: confirm at once)."""
@@ -59,6 +60,7 @@ class ConfirmTracker:
         """(ack?, delivery-tag, multiple) answers to send now, in order."""
         if not self._resolved:
             return []
+        self.acked += sum(self._resolved.values())  # ACK is True
         while self._low < self.next_seq and self._low not in self._pending:
             self._low += 1
         replies: list[tuple[bool, int, bool]] = []

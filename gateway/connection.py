@@ -27,6 +27,7 @@ from .amqp.frames import FrameError, FrameReader
 from .assembly import decode_method
 from .channel import Channel
 from .errors import AMQPError
+from .snapshots import ConnectionInfo
 
 log = logging.getLogger("warren.connection")
 
@@ -89,6 +90,8 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._received_any = False
         self._end_logged = False  # why it ended is logged: no plain "closing" line
+        # socket traffic, as RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
 
     # -- asyncio.Protocol ------------------------------------------------------
 
@@ -102,6 +105,7 @@ class Connection(asyncio.Protocol):
         self.log_name = self.name  # with the client-provided name once known
         self.loop = asyncio.get_running_loop()
         self.gateway.connections.add(self)
+        self.gateway.totals.connections_opened += 1
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc) -> None:
@@ -121,6 +125,7 @@ class Connection(asyncio.Protocol):
         self.channels.clear()
         self.gateway.delete_exclusive_queues(self)
         self.gateway.connections.discard(self)
+        self.gateway.totals.connections_closed += 1
         for link in self.gateway.shards:
             link.forget(self)
 
@@ -131,6 +136,8 @@ class Connection(asyncio.Protocol):
             self._received_any = True
             log.info("accepting AMQP connection (%s)", self.name, extra=self._log_fields())
         self._last_received = time.monotonic()
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         self.reader.receive_data(data)
         self._handle_input()
 
@@ -197,7 +204,10 @@ class Connection(asyncio.Protocol):
                 channel.send_confirms()
         if self._out and self.state != CLOSED:
             out, self._out = self._out, []
-            self.transport.write(b"".join(out))
+            data = b"".join(out)
+            self.transport.write(data)
+            self.send_oct += len(data)
+            self.send_cnt += 1
             self._last_sent = time.monotonic()
         self._grant_credit()
 
@@ -212,6 +222,21 @@ class Connection(asyncio.Protocol):
 
     def method(self, channel: int, method) -> None:
         self.send(frames.method_frame(channel, method))
+
+    def snapshot(self) -> ConnectionInfo:
+        """What the management API and the metrics show of this connection."""
+        peer = self.peer if isinstance(self.peer, tuple) else ("?", 0)
+        local = self.transport.get_extra_info("sockname") or ("?", 0)
+        return ConnectionInfo(
+            name=self.name, user=self.user, vhost=self.vhost.name if self.vhost else "",
+            peer_host=peer[0], peer_port=peer[1], host=local[0], port=local[1],
+            tls=self.transport.get_extra_info("sslcontext") is not None,
+            state=self.flow_state, client_properties=self.client_properties,
+            connected_at=self.connected_at, frame_max=self.frame_max,
+            channel_max=self.channel_max, heartbeat=self.heartbeat,
+            recv_oct=self.recv_oct, recv_cnt=self.recv_cnt, send_oct=self.send_oct,
+            send_cnt=self.send_cnt,
+            channels=tuple(ch.snapshot() for _, ch in sorted(self.channels.items())))
 
     # -- flow control: credit, full shard rings, resource alarms -------------------
 

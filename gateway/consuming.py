@@ -244,6 +244,7 @@ class Consuming:
             return  # cancelled meanwhile; the shard requeues what this holder kept
         tag = self.next_tag
         self.next_tag += 1
+        self.gateway.totals.delivered += 1
         consumer.credit -= 1
         if not consumer.no_ack:
             self.unacked.add(tag, Delivery(link, event.qid, event.holder, event.seq))
@@ -285,6 +286,7 @@ class Consuming:
                 raise refusal_error(reply.refused, meta.vhost, meta.name)
             if reply.seq == 0:
                 return self.send(m.BasicGetEmpty())
+            self.gateway.totals.delivered += 1
             tag = self.next_tag
             self.next_tag += 1
             if not method.no_ack:
@@ -323,7 +325,9 @@ class Consuming:
         self._deal_credit()
 
     def _basic_ack(self, method: m.BasicAck) -> None:
-        self._settle(self.unacked.take(method.delivery_tag, method.multiple), r.SETTLE_ACK)
+        taken = self.unacked.take(method.delivery_tag, method.multiple)
+        self.gateway.totals.acknowledged += len(taken)
+        self._settle(taken, r.SETTLE_ACK)
 
     def _basic_nack(self, method: m.BasicNack) -> None:
         # A nack with requeue is not a failed delivery (RabbitMQ 4.3 counting).

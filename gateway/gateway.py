@@ -37,6 +37,7 @@ from .config import Config
 from .exchange import EXCHANGE, QUEUE, RENEW_EXCHANGE, Exchange, arguments_key
 from .shardlink import ShardLink
 from .shardpool import ShardPool
+from .snapshots import Totals
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -116,6 +117,7 @@ class Gateway:
         self._next_id = 0
         self._next_qid = 0
         self.stopping = False
+        self.totals = Totals()
 
     async def start(self) -> None:
         """Check the data directory (recovery.Refused if it is damaged), open the

@@ -153,9 +153,18 @@ class Publishing:
                             method.CLASS_ID, method.METHOD_ID) from None
         shards = {meta.shard for meta in targets}
         seq = tracker.publish(shards) if tracker is not None else 0
-        if not targets and method.mandatory:
-            self._return_unroutable(method, properties, body)
-        if targets:
+        totals = self.gateway.totals
+        totals.received += 1
+        if seq:
+            totals.received_confirm += 1
+        if not targets:
+            if method.mandatory:
+                totals.unroutable_returned += 1
+                self._return_unroutable(method, properties, body)
+            else:
+                totals.unroutable_dropped += 1
+        else:
+            totals.routed += 1
             self.gateway.publish(targets, method.exchange, routing_key, properties, body,
                                 persistent, expiration, priority,
                                 self.id if seq else 0, seq, tracker if seq else None, self.conn)
@@ -264,7 +273,10 @@ class Publishing:
     def send_confirms(self) -> None:
         if self.confirms is None or self.closing:
             return
-        for ack, tag, multiple in self.confirms.take_replies():
+        acked = self.confirms.acked
+        replies = self.confirms.take_replies()
+        self.gateway.totals.confirmed += self.confirms.acked - acked
+        for ack, tag, multiple in replies:
             if ack:
                 self.send(m.BasicAck(delivery_tag=tag, multiple=multiple))
             else:

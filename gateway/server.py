@@ -65,8 +65,11 @@ async def serve(settings: Config) -> None:
                 settings.bind, settings.tls_port, "--tls-port")
             servers.append(amqps)
         if settings.management_port:  # 0: no management listener
-            listeners = [{"node": management.NODE, "protocol": "amqp", "ip_address": host,
-                          "port": port}]
+            listeners = [{"node": management.NODE, "protocol": protocol, "ip_address": address,
+                          "port": number} for protocol, address, number in (
+                ("amqp", host, port),
+                *((("amqp/ssl", settings.bind, settings.tls_port),) if tls is not None else ()),
+                ("http", settings.management_bind, settings.management_port))]
             http = await _bound(management.start(
                 gateway, settings.management_bind, settings.management_port, listeners),
                 settings.management_bind, settings.management_port, "--management-port",

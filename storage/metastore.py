@@ -94,6 +94,7 @@ _KINDS = {"vhosts": VHostDef, "users": UserDef, "permissions": PermissionDef,
           "policies": PolicyDef}
 _NEXT_QID = b"next_qid"
 _STORES = b"stores"
+_CLUSTER_NAME = b"cluster_name"
 
 
 def _key(*parts: str) -> bytes:
@@ -148,6 +149,14 @@ class MetaStore:
 
     def set_stores(self, stores: set[int]) -> None:
         self._put("counters", _STORES, sorted(stores))
+
+    def cluster_name(self) -> str | None:
+        """The name an operator gave the broker (RabbitMQ's cluster name); None: unset."""
+        with self.env.begin() as txn:
+            return self._counter(txn, _CLUSTER_NAME, None)
+
+    def set_cluster_name(self, name: str) -> None:
+        self._put("counters", _CLUSTER_NAME, name)
 
     def _put(self, kind: str, key: bytes, value) -> None:
         with self.env.begin(write=True) as txn:

@@ -1,6 +1,6 @@
 """The management HTTP API against a real broker: RabbitMQ's JSON field names,
 counts, authentication and tags, changes through PUT/DELETE, policies,
-definitions, connection closing and Prometheus metrics."""
+definitions and connection closing (metrics: test_metrics.py)."""
 
 from __future__ import annotations
 
@@ -520,24 +520,6 @@ def test_deleting_a_connection_closes_it_with_320(managed):
     assert raised.value.reply_code == 320
     assert raised.value.reply_text == ("CONNECTION_FORCED - broker forced connection closure "
                                        f"with reason '{headers_reason}'")
-
-
-def test_prometheus_metrics(managed):
-    conn = connect(managed)
-    ch = conn.channel()
-    ch.queue_declare("metered")
-    ch.confirm_delivery()
-    for _ in range(4):
-        ch.basic_publish("", "metered", b"x")
-    text = urllib.request.urlopen(managed.http_url + "/metrics", timeout=10).read().decode()
-    assert 'warren_queue_messages_ready{vhost="/",queue="metered"} 4' in text
-    assert 'warren_queue_messages_published_total{vhost="/",queue="metered"} 4' in text
-    for family in ("warren_connections", "warren_channels", "warren_consumers",
-                   "warren_shard_fsyncs_total", "warren_shard_ring_used_bytes",
-                   'warren_process_resident_memory_bytes{process="gateway"}',
-                   'warren_process_resident_memory_bytes{process="shard-0"}'):
-        assert family in text
-    conn.close()
 
 
 def test_management_port_zero_turns_it_off(tmp_path):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
-import socket
 import time
 from importlib import resources
 
@@ -17,11 +17,15 @@ from warren.storage.metastore import PolicyDef
 from .. import __version__, arguments
 from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
-from . import definitions, limits, metrics
+from . import definitions, limits, metrics, shapes
 from .http import HTTPError, Request, Response, bad_request
+from .listing import listing
+from .rates import SAMPLE_INTERVAL, Rates
+from .shapes import NODE
+
+log = logging.getLogger("warren.management")
 
 COMPATIBLE_RABBITMQ = "3.13.7"  # the management API version Warren's JSON follows
-NODE = f"warren@{socket.gethostname()}"
 MANAGEMENT_TAGS = {"management", "policymaker", "monitoring", "administrator"}
 
 
@@ -63,14 +67,24 @@ class Management:
         self.gateway = gateway
         self.started = time.time()
         self.listeners = listeners or []
-        self._previous: dict[int, tuple[float, list[int]]] = {}  # qid -> (time, figures)
-        self._rates: dict[int, dict[str, float]] = {}
+        self.rates = Rates()
+        self.compatible_version = COMPATIBLE_RABBITMQ
         self.shard_fsyncs: dict[int, tuple[int, int]] = {}  # shard -> (fsyncs, messages)
 
     # -- figures from the shards -----------------------------------------------------
 
     async def queue_figures(self) -> dict[int, dict]:
         """Per qid: ready, unacked, consumers, bytes, counters, and their rates."""
+        figures = await self._queue_info()
+        now = time.monotonic()
+        for qid, values in figures.items():
+            values["rates"] = self.rates.rate(("queue", qid), now,
+                                              {name: values[name] for name in COUNTED})
+        return figures
+
+    async def _queue_info(self) -> dict[int, dict]:
+        """Per qid, the shards' QueueInfo fields (a shard that is down or does not
+        answer within 2 s leaves its queues out)."""
         loop = asyncio.get_running_loop()
         futures = []
         for link in self.gateway.shards:
@@ -79,28 +93,47 @@ class Management:
             link.request(lambda req: r.QueueInfo(req, []),
                          lambda reply, f=future: f.done() or f.set_result(reply))
         figures: dict[int, dict] = {}
-        now = time.monotonic()
         for index, future in futures:
             try:
                 reply = await asyncio.wait_for(future, 2.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             if type(reply) is not r.QueueInfoReply:
                 continue  # the shard is down
             self.shard_fsyncs[index] = (reply.fsyncs, reply.messages)
             for entry in reply.queues:
                 values = dict(zip(r.QUEUE_INFO_FIELDS, entry))
-                qid = values["qid"]
-                previous = self._previous.get(qid)
-                if previous is not None and now - previous[0] >= 0.5:
-                    elapsed = now - previous[0]
-                    self._rates[qid] = {name: max(0.0, (values[name] - old) / elapsed)
-                                        for name, old in previous[1].items()}
-                if previous is None or now - previous[0] >= 0.5:
-                    self._previous[qid] = (now, {name: values[name] for name in _COUNTED})
-                values["rates"] = self._rates.get(qid, dict.fromkeys(_COUNTED, 0.0))
-                figures[qid] = values
+                figures[values["qid"]] = values
         return figures
+
+    async def sample(self) -> None:
+        """Take one sample of every counter a rate is shown for."""
+        figures = await self._queue_info()
+        counters: dict = {("queue", qid): {name: values[name] for name in COUNTED}
+                          for qid, values in figures.items()}
+        counters["totals"] = totals_of(self.gateway)
+        for conn in self.connections():
+            counters[("connection", conn.name)] = {"recv_oct": conn.recv_oct,
+                                                   "send_oct": conn.send_oct}
+        self.rates.sample(time.monotonic(), counters)
+
+    async def keep_sampling(self) -> None:
+        while True:
+            try:
+                await self.sample()
+            except Exception:  # never stop sampling over one bad turn
+                log.exception("sampling the broker's counters failed")
+            await asyncio.sleep(SAMPLE_INTERVAL)
+
+    def connection_rates(self, name: str) -> dict:
+        conn = next((c for c in self.connections() if c.name == name), None)
+        if conn is None:
+            return {}
+        return self.rates.rate(("connection", name), time.monotonic(),
+                               {"recv_oct": conn.recv_oct, "send_oct": conn.send_oct})
+
+    def totals_rates(self) -> dict:
+        return self.rates.rate("totals", time.monotonic(), totals_of(self.gateway))
 
     # -- authentication ----------------------------------------------------------------
 
@@ -166,8 +199,14 @@ class Management:
     def visible_connections(self, request: Request) -> list:
         """Monitors see every client connection, the others their own."""
         if is_monitor(request.user):
-            return self._connections()
-        return [c for c in self._connections() if c.user == request.user.name]
+            return self.connections()
+        return [c for c in self.connections() if c.user == request.user.name]
+
+    @staticmethod
+    def listed(request: Request, items: list[dict]) -> Response:
+        """A list endpoint's answer, filtered, sorted, paged and cut to columns as
+        the query asks."""
+        return Response.json(listing(items, request.query))
 
     # -- dispatch ------------------------------------------------------------------------
 
@@ -175,9 +214,9 @@ class Management:
         parts = request.parts
         if not parts:
             return Response(200, _dashboard(), "text/html; charset=utf-8")
-        if parts == ["metrics"]:
-            return Response(200, (await metrics.render(self)).encode(),
-                            "text/plain; version=0.0.4; charset=utf-8")
+        if parts in (["metrics"], ["metrics", "per-object"]):  # as rabbitmq_prometheus
+            return Response(200, await metrics.render(self, per_object=len(parts) == 2),
+                            metrics.CONTENT_TYPE_LATEST)
         if parts[0] != "api":
             raise not_found()
         await self.authenticate(request)
@@ -199,14 +238,17 @@ class Management:
                   [gateway.vhosts[name] for name in self.permitted_vhosts(request)])
         queues = [meta.qid for vhost in vhosts for meta in vhost.queues.values()]
         figures = [figures[qid] for qid in queues if qid in figures]
-        connections = self.visible_connections(request)
+        connections = self.snapshots(request)
         ready = sum(f["ready"] for f in figures)
         unacked = sum(f["unacked"] for f in figures)
         overview = {
             "management_version": COMPATIBLE_RABBITMQ,
             "rabbitmq_version": COMPATIBLE_RABBITMQ,
             "product_name": "Warren", "product_version": __version__,
-            "erlang_version": "none (Python)", "cluster_name": NODE,
+            "erlang_version": "none (Python)", "cluster_name": self.cluster_name(),
+            "rates_mode": "basic",
+            "exchange_types": [{"name": kind, "description": f"AMQP {kind} exchange",
+                                "enabled": True} for kind in sorted(EXCHANGE_TYPES)],
             "object_totals": {
                 "connections": len(connections),
                 "channels": sum(len(c.channels) for c in connections),
@@ -215,14 +257,50 @@ class Management:
             },
             "queue_totals": {"messages": ready + unacked, "messages_ready": ready,
                              "messages_unacknowledged": unacked},
-            "message_stats": _message_stats(figures),
+            # the broker's own counts for monitors (what reached no queue included),
+            # the sums over their queues for the others
+            "message_stats": (self._global_stats() if monitor
+                              else shapes.message_stats(figures)),
         }
         if monitor:
             overview["node"] = NODE
             overview["listeners"] = self.listeners
+            overview["contexts"] = [{"node": NODE, "description": "Warren management",
+                                     "path": "/", "port": str(listener["port"])}
+                                    for listener in self.listeners
+                                    if listener["protocol"] in ("http", "https")]
             overview["object_totals"]["consumers"] = sum(
-                len(ch.consumers) for c in connections for ch in c.channels.values())
+                len(ch.consumers) for c in connections for ch in c.channels)
         return Response.json(overview)
+
+    def _global_stats(self) -> dict:
+        totals, rates = totals_of(self.gateway), self.totals_rates()
+        stats = {}
+        for name, key in GLOBAL_STATS:
+            stats[name] = totals[key]
+            stats[f"{name}_details"] = {"rate": round(rates[key], 1)}
+        return stats
+
+    def cluster_name(self) -> str:
+        return self.gateway.meta.cluster_name() or NODE
+
+    async def api_cluster_name(self, request: Request, rest: list[str]) -> Response:
+        if rest:
+            raise not_found()
+        if request.method == "GET":
+            return Response.json({"name": self.cluster_name()})
+        if request.method == "PUT":
+            self.require_admin(request)
+            name = request.json({"name": str}).get("name")
+            if not name:
+                raise bad_request("name is required")
+            self.gateway.meta.set_cluster_name(name)
+            return Response(204)
+        raise HTTPError(405, "method_not_allowed", request.method)
+
+    async def api_extensions(self, request: Request, rest: list[str]) -> Response:
+        """The management UI's plugins: none; the dashboard is one page."""
+        return Response.json([])
 
     async def api_nodes(self, request: Request, rest: list[str]) -> Response:
         self.require_monitor(request)
@@ -231,11 +309,11 @@ class Management:
             if rest[0] != NODE:
                 raise not_found()
             return Response.json(node)
-        return Response.json([node])
+        return self.listed(request, [node])
 
     def _node(self) -> dict:
         gateway = self.gateway
-        pids = [os.getpid(), *self.shard_pids().values()]
+        pids = self.pids()
         return {
             "name": NODE, "type": "disc", "running": True,
             "mem_used": sum(metrics.rss(pid) for pid in pids),
@@ -252,6 +330,16 @@ class Management:
             "failing_shards": _failing_shards(gateway),
         }
 
+    def pids(self) -> list[int]:
+        """The broker's processes: the gateway and its running shards."""
+        return [os.getpid(), *self.shard_pids().values()]
+
+    def permanent_id(self) -> str:
+        """A name for this broker that outlives restarts and renames (its data
+        directory's), as RabbitMQ's cluster_permanent_id."""
+        digest = hashlib.sha1(os.path.abspath(self.gateway.data_dir).encode()).hexdigest()
+        return f"warren-cluster-id-{digest[:22]}"
+
     def shard_pids(self) -> dict[int, int]:
         return {link.index: link.process.pid for link in self.gateway.shards
                 if link.process is not None and link.process.poll() is None}
@@ -263,7 +351,7 @@ class Management:
         if not rest:
             names = sorted(gateway.vhosts) if is_monitor(request.user) \
                 else self.permitted_vhosts(request)
-            return Response.json([self._vhost(name) for name in names])
+            return self.listed(request, [self._vhost(name) for name in names])
         self.require_admin(request)
         name = rest[0]
         if request.method == "GET":
@@ -294,13 +382,13 @@ class Management:
         self.require_admin(request)  # password hashes are for administrators' eyes
         access = self.gateway.access
         if not rest:
-            return Response.json([_user(u) for _, u in sorted(access.users.items())])
+            return self.listed(request, [shapes.user(u) for _, u in sorted(access.users.items())])
         name = rest[0]
         if request.method == "GET":
             user = access.users.get(name)
             if user is None:
                 raise not_found()
-            return Response.json(_user(user))
+            return Response.json(shapes.user(user))
         if request.method == "PUT":
             body = request.json({"password": str, "password_hash": str, "tags": (str, list)})
             tags = body.get("tags", [])
@@ -318,7 +406,7 @@ class Management:
         if request.method == "DELETE":
             if not access.delete_user(name):
                 raise not_found()
-            for conn in [c for c in self._connections() if c.user == name]:
+            for conn in [c for c in self.connections() if c.user == name]:
                 conn.close_forced(f"user '{name}' is deleted")
             return Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
@@ -330,7 +418,8 @@ class Management:
         self.require_admin(request)
         access = self.gateway.access
         if not rest:
-            return Response.json([_permission(p) for _, p in sorted(access.permissions.items())])
+            return self.listed(request, [shapes.permission(p)
+                                         for _, p in sorted(access.permissions.items())])
         if len(rest) != 2:
             raise not_found()
         vhost, user = rest
@@ -338,7 +427,7 @@ class Management:
             permission = access.permissions.get((user, vhost))
             if permission is None:
                 raise not_found()
-            return Response.json(_permission(permission))
+            return Response.json(shapes.permission(permission))
         if request.method == "PUT":
             if vhost not in self.gateway.vhosts or user not in access.users:
                 raise not_found()
@@ -358,7 +447,7 @@ class Management:
         vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
             figures = await self.queue_figures()
-            return Response.json([self._queue(meta, figures.get(meta.qid))
+            return self.listed(request, [self._queue(meta, figures.get(meta.qid))
                                   for vhost in vhosts for _, meta in sorted(vhost.queues.items())])
         vhost = vhosts[0]
         name = rest[1]
@@ -430,7 +519,7 @@ class Management:
             "effective_policy_definition": policy.definition if policy else {},
             "effective_arguments": meta.effective,
             "exclusive_consumer_tag": None,
-            "message_stats": _message_stats([figure]) if figure else {},
+            "message_stats": shapes.message_stats([figure]) if figure else {},
         }
 
     def _vhosts_in(self, request: Request, rest: list[str]) -> list:
@@ -445,7 +534,7 @@ class Management:
         gateway = self.gateway
         vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
-            return Response.json([_exchange(x) for vhost in vhosts
+            return self.listed(request, [shapes.exchange(x) for vhost in vhosts
                                   for _, x in sorted(vhost.exchanges.items())])
         vhost = vhosts[0]
         name = rest[1]
@@ -453,7 +542,7 @@ class Management:
         if request.method == "GET":
             if exchange is None:
                 raise not_found()
-            return Response.json(_exchange(exchange))
+            return Response.json(shapes.exchange(exchange))
         if request.method == "PUT":
             self.check_permission(request, vhost, "configure", EXCHANGE, name)
             body = request.json({"type": str, "arguments": dict})
@@ -489,7 +578,7 @@ class Management:
     async def api_bindings(self, request: Request, rest: list[str]) -> Response:
         vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
-            return Response.json([b for vhost in vhosts for b in bindings_of(vhost)])
+            return self.listed(request, [b for vhost in vhosts for b in shapes.bindings_of(vhost)])
         # POST /api/bindings/{vhost}/e/{source}/q|e/{destination}
         if len(rest) == 5 and request.method == "POST" and rest[1] == "e" and rest[3] in "qe":
             vhost = vhosts[0]
@@ -511,7 +600,8 @@ class Management:
             kind = QUEUE if rest[3] == "q" else EXCHANGE
             found = [(key, args) for (destination, key, _), args in
                      (source.bindings.items() if source is not None else ())
-                     if destination == (kind, rest[4]) and properties_key(key, args) == rest[5]]
+                     if destination == (kind, rest[4])
+                     and shapes.properties_key(key, args) == rest[5]]
             if not found:
                 raise not_found()
             self.check_permission(request, vhost, "write", kind, rest[4])
@@ -522,13 +612,14 @@ class Management:
 
     # -- connections, channels, consumers -------------------------------------------------------
 
-    def _connections(self) -> list:
+    def connections(self) -> list:
         return [c for c in self.gateway.connections if c.vhost is not None]
 
     async def api_connections(self, request: Request, rest: list[str]) -> Response:
         if not rest:
-            return Response.json([_connection(c) for c in self.visible_connections(request)])
-        conn = next((c for c in self._connections() if c.name == rest[0]), None)
+            return self.listed(request, [shapes.connection(c.snapshot(), self.connection_rates(c.name))
+                                  for c in self.visible_connections(request)])
+        conn = next((c for c in self.connections() if c.name == rest[0]), None)
         if conn is None:
             raise not_found()
         # one's own connection, or any to read for monitors and to close for administrators
@@ -536,30 +627,33 @@ class Management:
                 is_admin(request.user) if request.method == "DELETE" else is_monitor(request.user)):
             raise not_authorised("User not authorised to access object")
         if request.method == "GET":
-            return Response.json(_connection(conn))
+            return Response.json(shapes.connection(conn.snapshot(),
+                                                   self.connection_rates(conn.name)))
         if request.method == "DELETE":
             conn.close_forced(request.headers.get("x-reason", "Closed via management plugin"))
             return Response(204)
         raise HTTPError(405, "method_not_allowed", request.method)
 
+    def snapshots(self, request: Request) -> list:
+        """Typed snapshots of the connections the user may see."""
+        return [c.snapshot() for c in self.visible_connections(request)]
+
     async def api_channels(self, request: Request, rest: list[str]) -> Response:
-        return Response.json([_channel(c, ch) for c in self.visible_connections(request)
-                              for _, ch in sorted(c.channels.items())])
+        return self.listed(request, [shapes.channel(c, ch) for c in self.snapshots(request)
+                              for ch in c.channels])
 
     async def api_consumers(self, request: Request, rest: list[str]) -> Response:
         vhost = rest[0] if rest else None
-        return Response.json([
-            _consumer(c, ch, consumer) for c in self.visible_connections(request)
-            if vhost is None or c.vhost.name == vhost
-            for _, ch in sorted(c.channels.items())
-            for consumer in [*ch.consumers.values(), *(t[0] for t in ch.timed_out.values())]])
+        return self.listed(request, [shapes.consumer(c, ch, consumer) for c in self.snapshots(request)
+                              if vhost is None or c.vhost == vhost
+                              for ch in c.channels for consumer in ch.consumers])
 
     # -- policies and definitions -------------------------------------------------------------
 
     async def api_policies(self, request: Request, rest: list[str]) -> Response:
         gateway = self.gateway
         if len(rest) <= 1:
-            return Response.json([_policy(p) for vhost in self._vhosts_in(request, rest)
+            return self.listed(request, [shapes.policy(p) for vhost in self._vhosts_in(request, rest)
                                   for _, p in sorted(gateway.policies.get(vhost.name, {}).items())])
         vhost, name = rest[0], rest[1]
         # a single policy, even to read: administrators, or policymakers in their vhosts
@@ -572,7 +666,7 @@ class Management:
             policy = gateway.policies.get(vhost, {}).get(name)
             if policy is None:
                 raise not_found()
-            return Response.json(_policy(policy))
+            return Response.json(shapes.policy(policy))
         if request.method == "PUT":
             body = request.json({"pattern": str, "apply-to": str, "priority": int,
                                  "definition": dict})
@@ -644,125 +738,21 @@ class Management:
         return Response.json({"status": "ok"})
 
 
-_COUNTED = ("published", "delivered", "redelivered", "acked")
+COUNTED = ("published", "delivered", "redelivered", "acked")  # per queue, with rates
+# the overview's message_stats for monitors, from the broker's totals
+GLOBAL_STATS = (("publish", "received"), ("confirm", "confirmed"), ("deliver_get", "delivered"),
+                ("ack", "acknowledged"), ("drop_unroutable", "unroutable_dropped"),
+                ("return_unroutable", "unroutable_returned"))
+
+
+def totals_of(gateway) -> dict[str, int]:
+    totals = gateway.totals
+    return {name: getattr(totals, name) for name in totals.__slots__}
 
 
 def _failing_shards(gateway) -> list[dict]:
     return [{"shard": index, **failure}
             for index, failure in sorted(gateway.shards.failing.items())]
-
-
-def _message_stats(figures) -> dict:
-    stats = {}
-    for name, key in (("publish", "published"), ("deliver_get", "delivered"), ("ack", "acked"),
-                      ("redeliver", "redelivered")):
-        stats[name] = sum(f.get(key, 0) for f in figures)
-        stats[f"{name}_details"] = {"rate": round(sum(f.get("rates", {}).get(key, 0.0)
-                                                      for f in figures), 1)}
-    return stats
-
-
-def _user(user) -> dict:
-    return {"name": user.name, "password_hash": user.password_hash,
-            "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": user.tags,
-            "limits": user.limits}
-
-
-def _permission(p) -> dict:
-    return {"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write,
-            "read": p.read}
-
-
-def _policy(p) -> dict:
-    return {"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
-            "definition": p.definition, "priority": p.priority}
-
-
-def _exchange(x) -> dict:
-    return {"name": x.name, "vhost": x.vhost, "type": x.type, "durable": x.durable,
-            "auto_delete": x.auto_delete, "internal": x.internal, "arguments": x.arguments,
-            "policy": x.policy.name if x.policy else None, "user_who_performed_action": ""}
-
-
-def properties_key(routing_key: str, args: dict) -> str:
-    if not args:
-        return routing_key or "~"
-    digest = hashlib.sha1(repr(sorted(args.items())).encode()).hexdigest()[:22]
-    return f"{routing_key}~{digest}"
-
-
-def bindings_of(vhost) -> list[dict]:
-    found = [{"source": "", "vhost": vhost.name, "destination": name,
-              "destination_type": "queue", "routing_key": name, "arguments": {},
-              "properties_key": name} for name in sorted(vhost.queues)]
-    for _, exchange in sorted(vhost.exchanges.items()):
-        for (destination, routing_key, _), args in exchange.bindings.items():
-            found.append({"source": exchange.name, "vhost": vhost.name,
-                          "destination": destination[1], "destination_type": destination[0],
-                          "routing_key": routing_key, "arguments": args,
-                          "properties_key": properties_key(routing_key, args)})
-    return found
-
-
-def _connection(conn) -> dict:
-    peer = conn.peer if isinstance(conn.peer, tuple) else ("?", 0)
-    local = conn.transport.get_extra_info("sockname") or ("?", 0)
-    return {"name": conn.name, "user": conn.user, "vhost": conn.vhost.name,
-            "peer_host": peer[0], "peer_port": peer[1], "host": local[0], "port": local[1],
-            "channels": len(conn.channels), "state": conn.flow_state, "protocol": "AMQP 0-9-1",
-            "type": "network", "node": NODE, "auth_mechanism": "PLAIN",
-            "client_properties": _jsonable(conn.client_properties),
-            "connected_at": int(conn.connected_at * 1000),
-            "frame_max": conn.frame_max, "timeout": conn.heartbeat,
-            "channel_max": conn.channel_max,
-            "ssl": conn.transport.get_extra_info("sslcontext") is not None}
-
-
-def _channel_details(conn, ch) -> dict:
-    peer = conn.peer if isinstance(conn.peer, tuple) else ("?", 0)
-    name = conn.name
-    return {"name": f"{name} ({ch.number})", "number": ch.number, "connection_name": name,
-            "peer_host": peer[0], "peer_port": peer[1], "user": conn.user}
-
-
-def _channel(conn, ch) -> dict:
-    details = _channel_details(conn, ch)
-    return {"name": details["name"], "number": ch.number,
-            "connection_details": {"name": details["connection_name"],
-                                   "peer_host": details["peer_host"],
-                                   "peer_port": details["peer_port"]},
-            "user": conn.user, "vhost": conn.vhost.name, "node": NODE,
-            "consumer_count": len(ch.consumers) + (1 if ch.reply_consumer else 0),
-            "messages_unacknowledged": len(ch.unacked),
-            "prefetch_count": ch.consumer_prefetch,
-            "global_prefetch_count": ch.channel_prefetch,
-            "confirm": ch.confirms is not None, "transactional": ch.tx is not None,
-            "state": "closing" if ch.closing else "running"}
-
-
-def _consumer(conn, ch, consumer) -> dict:
-    timed_out = getattr(consumer, "timed_out", False)
-    return {"consumer_tag": consumer.tag,
-            "queue": {"name": consumer.meta.name, "vhost": consumer.meta.vhost},
-            "channel_details": _channel_details(conn, ch),
-            "ack_required": not consumer.no_ack, "prefetch_count": consumer.prefetch,
-            "exclusive": consumer.exclusive,
-            "active": not timed_out, "activity_status": "timed_out" if timed_out else "up",
-            "status": "timed_out" if timed_out else "active",
-            "consumer_timeout": getattr(consumer, "timeout_ms", 0) or None,
-            "arguments": _jsonable(getattr(consumer, "arguments", {}))}
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
 
 
 def _dashboard() -> bytes:

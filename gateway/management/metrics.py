@@ -1,8 +1,78 @@
-"""Prometheus metrics (text exposition format) at /metrics."""
+"""Prometheus metrics with prometheus_client: a collector that reads the broker
+at scrape time and exports RabbitMQ's metric names (those of its
+rabbitmq_prometheus plugin), so RabbitMQ's Grafana dashboards work unchanged:
+totals on /metrics, queue figures per (vhost, queue) on /metrics/per-object;
+the warren_* families are what RabbitMQ has no name for (shards, rings, each
+process's memory)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from .. import __version__
+from .shapes import NODE
+
+__all__ = ["CONTENT_TYPE_LATEST", "render", "rss"]
+
+PROTOCOL = {"protocol": "amqp091"}
+# RabbitMQ's queue types, by the value of x-queue-type
+QUEUE_TYPES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue",
+               "stream": "rabbit_stream_queue"}
+
+# per-queue figures: RabbitMQ's name, the shard's field, help
+QUEUE_GAUGES = (
+    ("rabbitmq_queue_messages_ready", "ready", "Messages ready to be delivered to consumers"),
+    ("rabbitmq_queue_messages_unacked", "unacked",
+     "Messages delivered to consumers but not yet acknowledged"),
+    ("rabbitmq_queue_messages", None, "Sum of ready and unacknowledged messages - total queue "
+     "depth"),
+    ("rabbitmq_queue_messages_ram_bytes", "ram_bytes", "Size of ready and unacknowledged "
+     "messages stored in memory"),
+    ("rabbitmq_queue_consumers", "consumers", "Consumers on a queue"),
+)
+QUEUE_COUNTERS = (
+    ("rabbitmq_queue_messages_published", "published", "Total number of messages published "
+     "to queues"),
+    ("warren_queue_messages_delivered", "delivered", "Messages delivered from the queue "
+     "since its shard started"),
+    ("warren_queue_messages_acked", "acked", "Messages acknowledged from the queue since its "
+     "shard started"),
+    ("warren_queue_messages_redelivered", "redelivered", "Messages redelivered from the "
+     "queue since its shard started"),
+)
+# broker totals: RabbitMQ's name (without _total), the Totals field, help, labels
+GLOBAL_COUNTERS = (
+    ("rabbitmq_connections_opened", "connections_opened", "Total number of connections opened",
+     {}),
+    ("rabbitmq_connections_closed", "connections_closed",
+     "Total number of connections closed or terminated", {}),
+    ("rabbitmq_channels_opened", "channels_opened", "Total number of channels opened", {}),
+    ("rabbitmq_channels_closed", "channels_closed", "Total number of channels closed", {}),
+    ("rabbitmq_global_messages_received", "received",
+     "Total number of messages received from publishers", PROTOCOL),
+    ("rabbitmq_global_messages_received_confirm", "received_confirm",
+     "Total number of messages received from publishers expecting confirmations", PROTOCOL),
+    ("rabbitmq_global_messages_routed", "routed",
+     "Total number of messages routed to queues or streams", PROTOCOL),
+    ("rabbitmq_global_messages_unroutable_dropped", "unroutable_dropped",
+     "Total number of messages published as non-mandatory into an exchange and dropped as "
+     "unroutable", PROTOCOL),
+    ("rabbitmq_global_messages_unroutable_returned", "unroutable_returned",
+     "Total number of messages published as mandatory into an exchange and returned to the "
+     "publisher as unroutable", PROTOCOL),
+    ("rabbitmq_global_messages_confirmed", "confirmed",
+     "Total number of messages confirmed to publishers", PROTOCOL),
+    ("rabbitmq_global_messages_delivered", "delivered",
+     "Total number of messages delivered to consumers", PROTOCOL),
+    ("rabbitmq_global_messages_acknowledged", "acknowledged",
+     "Total number of messages acknowledged by consumers", PROTOCOL),
+)
 
 
 def rss(pid: int) -> int:
@@ -17,58 +87,132 @@ def rss(pid: int) -> int:
     return 0
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class BrokerCollector(Collector):
+    """The broker as Prometheus sees it, read when the registry collects (at
+    scrape time). `figures` are the shards' queue figures fetched for this
+    scrape; `per_object` labels queue figures with vhost and queue instead of
+    summing them."""
+
+    def __init__(self, management, figures: dict[int, dict], per_object: bool):
+        self.management = management
+        self.figures = figures
+        self.per_object = per_object
+
+    def collect(self):
+        management, gateway = self.management, self.management.gateway
+        yield from self._identity()
+        connections = [c.snapshot() for c in management.connections()]
+        channels = [ch for c in connections for ch in c.channels]
+        queues = [meta for vhost in gateway.vhosts.values() for meta in vhost.queues.values()]
+        yield _gauge("rabbitmq_connections", "Connections currently open", len(connections))
+        yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
+        yield _gauge("rabbitmq_consumers", "Consumers currently connected",
+                     sum(len(ch.consumers) for ch in channels))
+        yield _gauge("rabbitmq_queues", "Queues available", len(queues))
+        yield from self._queues(queues)
+        totals = gateway.totals
+        for name, field, text, labels in GLOBAL_COUNTERS:
+            family = CounterMetricFamily(name, text, labels=list(labels))
+            family.add_metric(list(labels.values()), getattr(totals, field))
+            yield family
+        yield from self._resources()
+        yield from self._shards()
+
+    def _identity(self):
+        build = GaugeMetricFamily(
+            "rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info",
+            labels=["rabbitmq_version", "prometheus_plugin_version",
+                    "prometheus_client_version", "erlang_version", "product",
+                    "product_version"])
+        build.add_metric([self.management.compatible_version, __version__,
+                          prometheus_client_version(), "none (Python)", "Warren", __version__],
+                         1)
+        yield build
+        identity = GaugeMetricFamily(
+            "rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
+            labels=["rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id"])
+        identity.add_metric([NODE, self.management.cluster_name(),
+                             self.management.permanent_id()], 1)
+        yield identity
+
+    def _queues(self, queues):
+        labels = ["vhost", "queue"] if self.per_object else []
+        rows = [(meta, self.figures.get(meta.qid, {})) for meta in queues]
+
+        def family(kind, name: str, field: str | None, text: str):
+            metric = kind(name, text, labels=labels)
+            values = [(f.get("ready", 0) + f.get("unacked", 0)) if field is None
+                      else f.get(field, 0) for _, f in rows]
+            if self.per_object:
+                for (meta, _), value in zip(rows, values):
+                    metric.add_metric([meta.vhost, meta.name], value)
+            else:
+                metric.add_metric([], sum(values))
+            return metric
+
+        for name, field, text in QUEUE_GAUGES:
+            yield family(GaugeMetricFamily, name, field, text)
+        for name, field, text in QUEUE_COUNTERS:
+            yield family(CounterMetricFamily, name, field, text)
+
+    def _resources(self):
+        gateway, management = self.management.gateway, self.management
+        yield _gauge("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes",
+                     gateway.config.memory_limit_bytes())
+        yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes",
+                     sum(rss(pid) for pid in management.pids()))
+        yield _gauge("rabbitmq_disk_space_available_limit_bytes",
+                     "Free disk space low watermark in bytes", gateway.alarms.disk_free_limit)
+        yield _gauge("rabbitmq_disk_space_available_bytes", "Disk space available in bytes",
+                     gateway.alarms.disk_free)
+        yield _gauge("rabbitmq_alarms_memory_used_watermark",
+                     "is 1 if VM memory watermark alarm is in effect",
+                     int(gateway.alarms.on("memory")))
+        yield _gauge("rabbitmq_alarms_free_disk_space_watermark",
+                     "is 1 if free disk space watermark alarm is in effect",
+                     int(gateway.alarms.on("disk")))
+        yield _gauge("rabbitmq_alarms_file_descriptor_limit",
+                     "is 1 if file descriptor limit alarm is in effect", 0)
+
+    def _shards(self):
+        management, gateway = self.management, self.management.gateway
+        fsyncs = CounterMetricFamily("warren_shard_fsyncs", "Store commits (one fsync each) "
+                                     "of a shard", labels=["shard"])
+        written = CounterMetricFamily("warren_shard_written_records",
+                                      "Records written by those commits", labels=["shard"])
+        for shard, (commits, records) in sorted(management.shard_fsyncs.items()):
+            fsyncs.add_metric([str(shard)], commits)
+            written.add_metric([str(shard)], records)
+        yield fsyncs
+        yield written
+        rings = GaugeMetricFamily("warren_shard_ring_used_bytes",
+                                  "Bytes waiting in a shard ring", labels=["shard", "ring"])
+        for link in gateway.shards:
+            if link.alive:
+                for ring_name in ("commands", "events"):
+                    ring = getattr(link, ring_name)
+                    rings.add_metric([str(link.index), ring_name],
+                                     ring.spec().capacity - ring.free_space())
+        yield rings
+        memory = GaugeMetricFamily("warren_process_resident_memory_bytes",
+                                   "RSS of each broker process", labels=["process"])
+        memory.add_metric(["gateway"], rss(os.getpid()))
+        for index, pid in sorted(management.shard_pids().items()):
+            memory.add_metric([f"shard-{index}"], rss(pid))
+        yield memory
 
 
-async def render(management) -> str:
-    gateway = management.gateway
+def _gauge(name: str, text: str, value) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
+
+
+def prometheus_client_version() -> str:
+    return importlib.metadata.version("prometheus_client")
+
+
+async def render(management, per_object: bool = False) -> bytes:
+    """The exposition text for one scrape."""
     figures = await management.queue_figures()
-    lines: list[str] = []
-
-    def family(name: str, kind: str, help_text: str, samples) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            text = ",".join(f'{k}="{_label(str(v))}"' for k, v in labels.items())
-            lines.append(f"{name}{{{text}}} {value}" if text else f"{name} {value}")
-
-    queues = [(meta, figures.get(meta.qid, {})) for vhost in gateway.vhosts.values()
-              for meta in vhost.queues.values()]
-
-    def per_queue(key: str):
-        return [({"vhost": m.vhost, "queue": m.name}, f.get(key, 0)) for m, f in queues]
-
-    family("warren_queue_messages_ready", "gauge", "Messages ready for delivery",
-           per_queue("ready"))
-    family("warren_queue_messages_unacked", "gauge", "Messages delivered and not yet settled",
-           per_queue("unacked"))
-    family("warren_queue_consumers", "gauge", "Consumers of the queue", per_queue("consumers"))
-    for key, what in (("published", "published into"), ("delivered", "delivered from"),
-                      ("acked", "acknowledged from"), ("redelivered", "redelivered from")):
-        family(f"warren_queue_messages_{key}_total", "counter",
-               f"Messages {what} the queue since its shard started", per_queue(key))
-    connections = management._connections()
-    family("warren_connections", "gauge", "Open AMQP connections", [({}, len(connections))])
-    family("warren_channels", "gauge", "Open channels",
-           [({}, sum(len(c.channels) for c in connections))])
-    family("warren_consumers", "gauge", "Consumers",
-           [({}, sum(len(ch.consumers) for c in connections for ch in c.channels.values()))])
-    family("warren_shard_fsyncs_total", "counter", "Store commits (one fsync each) of a shard",
-           [({"shard": k}, v[0]) for k, v in sorted(management.shard_fsyncs.items())])
-    family("warren_shard_written_records_total", "counter", "Records written by those commits",
-           [({"shard": k}, v[1]) for k, v in sorted(management.shard_fsyncs.items())])
-    rings = []
-    for link in gateway.shards:
-        if link.alive:
-            for ring_name in ("commands", "events"):
-                ring = getattr(link, ring_name)
-                capacity = ring.spec().capacity
-                rings.append(({"shard": link.index, "ring": ring_name},
-                              capacity - ring.free_space()))
-    family("warren_shard_ring_used_bytes", "gauge", "Bytes waiting in a shard ring", rings)
-    memory = [({"process": "gateway"}, rss(os.getpid()))]
-    memory += [({"process": f"shard-{i}"}, rss(pid))
-               for i, pid in sorted(management.shard_pids().items())]
-    family("warren_process_resident_memory_bytes", "gauge", "RSS of each broker process", memory)
-    return "\n".join(lines) + "\n"
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(management, figures, per_object))
+    return generate_latest(registry)

@@ -1,0 +1,120 @@
+"""/metrics and /metrics/per-object against a real broker, read with
+prometheus_client's parser: RabbitMQ's metric names (those its Grafana
+dashboards query) with the values a client's traffic leaves."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pika
+import pika.exceptions
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import RunningBroker, wait_until
+from .test_management_api import connect
+
+# What RabbitMQ's "RabbitMQ-Overview" Grafana dashboard and the issue name.
+RABBITMQ_NAMES = [
+    "rabbitmq_connections", "rabbitmq_channels", "rabbitmq_consumers", "rabbitmq_queues",
+    "rabbitmq_queue_messages_ready", "rabbitmq_queue_messages_unacked", "rabbitmq_queue_messages",
+    "rabbitmq_global_messages_received_total", "rabbitmq_global_messages_delivered_total",
+    "rabbitmq_global_messages_confirmed_total", "rabbitmq_global_messages_routed_total",
+    "rabbitmq_global_messages_unroutable_dropped_total",
+    "rabbitmq_global_messages_unroutable_returned_total",
+    "rabbitmq_global_messages_received_confirm_total", "rabbitmq_global_messages_acknowledged_total",
+    "rabbitmq_connections_opened_total", "rabbitmq_connections_closed_total",
+    "rabbitmq_channels_opened_total", "rabbitmq_channels_closed_total",
+    "rabbitmq_resident_memory_limit_bytes", "rabbitmq_process_resident_memory_bytes",
+    "rabbitmq_disk_space_available_limit_bytes", "rabbitmq_disk_space_available_bytes",
+    "rabbitmq_alarms_memory_used_watermark", "rabbitmq_alarms_free_disk_space_watermark",
+    "rabbitmq_build_info", "rabbitmq_identity_info",
+]
+
+
+@pytest.fixture(scope="module")
+def metered(tmp_path_factory):
+    broker = RunningBroker(tmp_path_factory.mktemp("metrics") / "data", shards=2,
+                           management=True).start()
+    yield broker
+    broker.stop()
+
+
+def scrape(broker, path: str = "/metrics") -> dict[str, list]:
+    """Sample name -> [(labels, value)]."""
+    with urllib.request.urlopen(broker.http_url + path, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    found = [v for got, v in samples.get(name, []) if labels.items() <= got.items()]
+    assert len(found) == 1, (name, labels, samples.get(name))
+    return found[0]
+
+
+def test_rabbitmq_names_and_values_after_traffic(metered):
+    before = scrape(metered)
+    opened = value(before, "rabbitmq_connections_opened_total")
+    conn = connect(metered)
+    ch = conn.channel()
+    ch.queue_declare("metered")
+    ch.confirm_delivery()
+    for _ in range(4):
+        ch.basic_publish("", "metered", b"x")
+    ch.basic_publish("amq.direct", "nowhere", b"dropped")
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("amq.direct", "nowhere", b"returned", mandatory=True)
+    method, _, _ = ch.basic_get("metered")
+    ch.basic_ack(method.delivery_tag)
+    ch.basic_get("metered")  # left unacknowledged
+
+    def settled():
+        samples = scrape(metered)
+        return samples if value(samples, "rabbitmq_queue_messages_ready") == 2 and value(
+            samples, "rabbitmq_global_messages_acknowledged_total", protocol="amqp091") == 1 \
+            else None
+    samples = wait_until(settled)
+    for name in RABBITMQ_NAMES:
+        assert name in samples, name
+    assert value(samples, "rabbitmq_queue_messages_unacked") == 1
+    assert value(samples, "rabbitmq_queue_messages") == 3
+    assert value(samples, "rabbitmq_queue_messages_published_total") == 4
+    assert value(samples, "rabbitmq_connections") == 1
+    assert value(samples, "rabbitmq_channels") == 1
+    assert value(samples, "rabbitmq_consumers") == 0
+    assert value(samples, "rabbitmq_queues") == 1
+    assert value(samples, "rabbitmq_connections_opened_total") == opened + 1
+    amqp = {"protocol": "amqp091"}
+    assert value(samples, "rabbitmq_global_messages_received_total", **amqp) == 6
+    assert value(samples, "rabbitmq_global_messages_received_confirm_total", **amqp) == 6
+    assert value(samples, "rabbitmq_global_messages_routed_total", **amqp) == 4
+    assert value(samples, "rabbitmq_global_messages_unroutable_dropped_total", **amqp) == 1
+    assert value(samples, "rabbitmq_global_messages_unroutable_returned_total", **amqp) == 1
+    assert value(samples, "rabbitmq_global_messages_confirmed_total", **amqp) == 6
+    assert value(samples, "rabbitmq_global_messages_delivered_total", **amqp) == 2
+    assert value(samples, "rabbitmq_process_resident_memory_bytes") > 0
+    assert value(samples, "rabbitmq_disk_space_available_bytes") > 0
+    assert value(samples, "rabbitmq_alarms_memory_used_watermark") == 0
+    assert value(samples, "rabbitmq_alarms_free_disk_space_watermark") == 0
+    identity = samples["rabbitmq_identity_info"][0][0]
+    assert identity["rabbitmq_node"].startswith("warren@") and identity["rabbitmq_cluster"]
+    assert samples["rabbitmq_build_info"][0][0]["product"] == "Warren"
+    # Warren's own: one series per shard and per process
+    assert {labels["shard"] for labels, _ in samples["warren_shard_fsyncs_total"]} == {"0", "1"}
+    assert {labels["process"] for labels, _ in
+            samples["warren_process_resident_memory_bytes"]} == {"gateway", "shard-0", "shard-1"}
+
+    per_object = scrape(metered, "/metrics/per-object")
+    queue = {"vhost": "/", "queue": "metered"}
+    assert value(per_object, "rabbitmq_queue_messages_ready", **queue) == 2
+    assert value(per_object, "rabbitmq_queue_messages_unacked", **queue) == 1
+    assert value(per_object, "rabbitmq_queue_messages_published_total", **queue) == 4
+    assert value(per_object, "rabbitmq_global_messages_routed_total", **amqp) == 4
+    conn.close()
+    wait_until(lambda: value(scrape(metered), "rabbitmq_connections_closed_total") >= 1)
