@@ -17,7 +17,7 @@ from warren.storage.metastore import PolicyDef
 from .. import __version__, arguments
 from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
-from . import definitions, limits, metrics, shapes
+from . import definitions, limits, messages, metrics, shapes
 from .http import HTTPError, Request, Response, bad_request
 from .listing import listing
 from .rates import SAMPLE_INTERVAL, Rates
@@ -451,6 +451,8 @@ class Management:
                                   for vhost in vhosts for _, meta in sorted(vhost.queues.items())])
         vhost = vhosts[0]
         name = rest[1]
+        if rest[2:] == ["get"] and request.method == "POST":
+            return await messages.get(self.gateway, request, vhost, name)
         meta = vhost.queues.get(name)
         if len(rest) == 3 and rest[2] == "contents" and request.method == "DELETE":
             if meta is None:
@@ -538,6 +540,8 @@ class Management:
                                   for _, x in sorted(vhost.exchanges.items())])
         vhost = vhosts[0]
         name = rest[1]
+        if rest[2:] == ["publish"] and request.method == "POST":
+            return await messages.publish(gateway, request, vhost, name)
         exchange = vhost.exchanges.get(name)
         if request.method == "GET":
             if exchange is None:
