@@ -76,3 +76,6 @@ class Totals:
     def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}

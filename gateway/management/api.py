@@ -112,9 +112,8 @@ class Management:
         counters: dict = {("queue", qid): {name: values[name] for name in COUNTED}
                           for qid, values in figures.items()}
         counters["totals"] = totals_of(self.gateway)
-        for conn in self.connections():
-            counters[("connection", conn.name)] = {"recv_oct": conn.recv_oct,
-                                                   "send_oct": conn.send_oct}
+        for info in (c.snapshot() for c in self.connections()):
+            counters[("connection", info.name)] = _traffic(info)
         self.rates.sample(time.monotonic(), counters)
 
     async def keep_sampling(self) -> None:
@@ -125,12 +124,8 @@ class Management:
                 log.exception("sampling the broker's counters failed")
             await asyncio.sleep(SAMPLE_INTERVAL)
 
-    def connection_rates(self, name: str) -> dict:
-        conn = next((c for c in self.connections() if c.name == name), None)
-        if conn is None:
-            return {}
-        return self.rates.rate(("connection", name), time.monotonic(),
-                               {"recv_oct": conn.recv_oct, "send_oct": conn.send_oct})
+    def connection_rates(self, info) -> dict:
+        return self.rates.rate(("connection", info.name), time.monotonic(), _traffic(info))
 
     def totals_rates(self) -> dict:
         return self.rates.rate("totals", time.monotonic(), totals_of(self.gateway))
@@ -382,7 +377,8 @@ class Management:
         self.require_admin(request)  # password hashes are for administrators' eyes
         access = self.gateway.access
         if not rest:
-            return self.listed(request, [shapes.user(u) for _, u in sorted(access.users.items())])
+            return self.listed(request, [shapes.user(u)
+                                         for _, u in sorted(access.users.items())])
         name = rest[0]
         if request.method == "GET":
             user = access.users.get(name)
@@ -447,8 +443,9 @@ class Management:
         vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
             figures = await self.queue_figures()
-            return self.listed(request, [self._queue(meta, figures.get(meta.qid))
-                                  for vhost in vhosts for _, meta in sorted(vhost.queues.items())])
+            return self.listed(request, [
+                self._queue(meta, figures.get(meta.qid))
+                for vhost in vhosts for _, meta in sorted(vhost.queues.items())])
         vhost = vhosts[0]
         name = rest[1]
         if rest[2:] == ["get"] and request.method == "POST":
@@ -537,7 +534,7 @@ class Management:
         vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
             return self.listed(request, [shapes.exchange(x) for vhost in vhosts
-                                  for _, x in sorted(vhost.exchanges.items())])
+                                         for _, x in sorted(vhost.exchanges.items())])
         vhost = vhosts[0]
         name = rest[1]
         if rest[2:] == ["publish"] and request.method == "POST":
@@ -582,7 +579,8 @@ class Management:
     async def api_bindings(self, request: Request, rest: list[str]) -> Response:
         vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
-            return self.listed(request, [b for vhost in vhosts for b in shapes.bindings_of(vhost)])
+            return self.listed(request, [b for vhost in vhosts
+                                         for b in shapes.bindings_of(vhost)])
         # POST /api/bindings/{vhost}/e/{source}/q|e/{destination}
         if len(rest) == 5 and request.method == "POST" and rest[1] == "e" and rest[3] in "qe":
             vhost = vhosts[0]
@@ -621,8 +619,8 @@ class Management:
 
     async def api_connections(self, request: Request, rest: list[str]) -> Response:
         if not rest:
-            return self.listed(request, [shapes.connection(c.snapshot(), self.connection_rates(c.name))
-                                  for c in self.visible_connections(request)])
+            return self.listed(request, [shapes.connection(info, self.connection_rates(info))
+                                         for info in self.snapshots(request)])
         conn = next((c for c in self.connections() if c.name == rest[0]), None)
         if conn is None:
             raise not_found()
@@ -631,8 +629,8 @@ class Management:
                 is_admin(request.user) if request.method == "DELETE" else is_monitor(request.user)):
             raise not_authorised("User not authorised to access object")
         if request.method == "GET":
-            return Response.json(shapes.connection(conn.snapshot(),
-                                                   self.connection_rates(conn.name)))
+            info = conn.snapshot()
+            return Response.json(shapes.connection(info, self.connection_rates(info)))
         if request.method == "DELETE":
             conn.close_forced(request.headers.get("x-reason", "Closed via management plugin"))
             return Response(204)
@@ -644,21 +642,23 @@ class Management:
 
     async def api_channels(self, request: Request, rest: list[str]) -> Response:
         return self.listed(request, [shapes.channel(c, ch) for c in self.snapshots(request)
-                              for ch in c.channels])
+                                     for ch in c.channels])
 
     async def api_consumers(self, request: Request, rest: list[str]) -> Response:
         vhost = rest[0] if rest else None
-        return self.listed(request, [shapes.consumer(c, ch, consumer) for c in self.snapshots(request)
-                              if vhost is None or c.vhost == vhost
-                              for ch in c.channels for consumer in ch.consumers])
+        return self.listed(request, [
+            shapes.consumer(c, ch, consumer) for c in self.snapshots(request)
+            if vhost is None or c.vhost == vhost
+            for ch in c.channels for consumer in ch.consumers])
 
     # -- policies and definitions -------------------------------------------------------------
 
     async def api_policies(self, request: Request, rest: list[str]) -> Response:
         gateway = self.gateway
         if len(rest) <= 1:
-            return self.listed(request, [shapes.policy(p) for vhost in self._vhosts_in(request, rest)
-                                  for _, p in sorted(gateway.policies.get(vhost.name, {}).items())])
+            return self.listed(request, [
+                shapes.policy(p) for vhost in self._vhosts_in(request, rest)
+                for _, p in sorted(gateway.policies.get(vhost.name, {}).items())])
         vhost, name = rest[0], rest[1]
         # a single policy, even to read: administrators, or policymakers in their vhosts
         if not is_admin(request.user) and not (
@@ -750,8 +750,12 @@ GLOBAL_STATS = (("publish", "received"), ("confirm", "confirmed"), ("deliver_get
 
 
 def totals_of(gateway) -> dict[str, int]:
-    totals = gateway.totals
-    return {name: getattr(totals, name) for name in totals.__slots__}
+    return gateway.totals.as_dict()
+
+
+def _traffic(info) -> dict[str, int]:
+    """A connection's byte counters that rates are shown for."""
+    return {"recv_oct": info.recv_oct, "send_oct": info.send_oct}
 
 
 def _failing_shards(gateway) -> list[dict]:
