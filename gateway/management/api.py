@@ -67,7 +67,7 @@ class Management:
         self.gateway = gateway
         self.started = time.time()
         self.listeners = listeners or []
-        self.rates = Rates()
+        self.rates = Rates(time.monotonic())
         self.compatible_version = COMPATIBLE_RABBITMQ
         self.shard_fsyncs: dict[int, tuple[int, int]] = {}  # shard -> (fsyncs, messages)
 
