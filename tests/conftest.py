@@ -118,6 +118,16 @@ def mounted_tmpfs(path: Path, size: str):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+def managed_broker(tmp_path_factory, name: str, shards: int = 1):
+    """A module's broker with its management listener (yield from it in a
+    fixture); its log must hold no traceback when it stops."""
+    broker = RunningBroker(tmp_path_factory.mktemp(name) / "data", shards=shards,
+                           management=True).start()
+    yield broker
+    broker.stop()
+    assert "Traceback" not in broker.log_text()
+
+
 def wait_until(condition, timeout: float = 10.0, interval: float = 0.01, message: str = ""):
     """Poll `condition` until it returns a truthy value or the deadline passes."""
     deadline = time.monotonic() + timeout

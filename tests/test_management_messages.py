@@ -12,17 +12,13 @@ import pika
 import pytest
 from pyrabbit2.api import Client
 
-from .conftest import RunningBroker, wait_until
+from .conftest import managed_broker, wait_until
 from .test_management_api import call, get
 
 
 @pytest.fixture(scope="module")
 def managed(tmp_path_factory):
-    broker = RunningBroker(tmp_path_factory.mktemp("messages") / "data", shards=2,
-                           management=True).start()
-    yield broker
-    broker.stop()
-    assert "Traceback" not in broker.log_text()
+    yield from managed_broker(tmp_path_factory, "messages", shards=2)
 
 
 def publish(broker, exchange: str, routing_key: str, payload: str, **fields):

@@ -11,7 +11,7 @@ import pika.exceptions
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import RunningBroker, wait_until
+from .conftest import managed_broker, wait_until
 from .test_management_api import connect
 
 # What RabbitMQ's "RabbitMQ-Overview" Grafana dashboard and the issue name.
@@ -34,11 +34,8 @@ RABBITMQ_NAMES = [
 
 
 @pytest.fixture(scope="module")
-def metered(tmp_path_factory):
-    broker = RunningBroker(tmp_path_factory.mktemp("metrics") / "data", shards=2,
-                           management=True).start()
-    yield broker
-    broker.stop()
+def managed(tmp_path_factory):
+    yield from managed_broker(tmp_path_factory, "metrics", shards=2)
 
 
 def scrape(broker, path: str = "/metrics") -> dict[str, list]:
@@ -59,15 +56,15 @@ def value(samples: dict, name: str, **labels) -> float:
     return found[0]
 
 
-def test_rabbitmq_names_and_values_after_traffic(metered):
-    before = scrape(metered)
+def test_rabbitmq_names_and_values_after_traffic(managed):
+    before = scrape(managed)
     opened = value(before, "rabbitmq_connections_opened_total")
-    conn = connect(metered)
+    conn = connect(managed)
     ch = conn.channel()
+    ch.confirm_delivery()  # each publish below returns once the broker confirmed it
     ch.queue_declare("metered")
-    ch.confirm_delivery()
-    for _ in range(4):
-        ch.basic_publish("", "metered", b"x")
+    for body in (b"1", b"2", b"3", b"4"):
+        ch.basic_publish("", "metered", body)
     ch.basic_publish("amq.direct", "nowhere", b"dropped")
     with pytest.raises(pika.exceptions.UnroutableError):
         ch.basic_publish("amq.direct", "nowhere", b"returned", mandatory=True)
@@ -76,7 +73,7 @@ def test_rabbitmq_names_and_values_after_traffic(metered):
     ch.basic_get("metered")  # left unacknowledged
 
     def settled():
-        samples = scrape(metered)
+        samples = scrape(managed)
         return samples if value(samples, "rabbitmq_queue_messages_ready") == 2 and value(
             samples, "rabbitmq_global_messages_acknowledged_total", protocol="amqp091") == 1 \
             else None
@@ -111,11 +108,11 @@ def test_rabbitmq_names_and_values_after_traffic(metered):
     assert {labels["process"] for labels, _ in
             samples["warren_process_resident_memory_bytes"]} == {"gateway", "shard-0", "shard-1"}
 
-    per_object = scrape(metered, "/metrics/per-object")
+    per_object = scrape(managed, "/metrics/per-object")
     queue = {"vhost": "/", "queue": "metered"}
     assert value(per_object, "rabbitmq_queue_messages_ready", **queue) == 2
     assert value(per_object, "rabbitmq_queue_messages_unacked", **queue) == 1
     assert value(per_object, "rabbitmq_queue_messages_published_total", **queue) == 4
     assert value(per_object, "rabbitmq_global_messages_routed_total", **amqp) == 4
     conn.close()
-    wait_until(lambda: value(scrape(metered), "rabbitmq_connections_closed_total") >= 1)
+    wait_until(lambda: value(scrape(managed), "rabbitmq_connections_closed_total") >= 1)
