@@ -68,7 +68,8 @@ async def serve(settings: Config) -> None:
             listeners = [{"node": management.NODE, "protocol": protocol, "ip_address": address,
                           "port": number} for protocol, address, number in (
                 ("amqp", host, port),
-                *((("amqp/ssl", settings.bind, settings.tls_port),) if tls is not None else ()),
+                *((("amqp/ssl", *amqps.sockets[0].getsockname()[:2]),) if tls is not None
+                  else ()),
                 ("http", settings.management_bind, settings.management_port))]
             http = await _bound(management.start(
                 gateway, settings.management_bind, settings.management_port, listeners),

@@ -19,6 +19,7 @@ from warren.gateway.config import ConfigError, build
 from warren.storage.metastore import MetaStore, VHostDef
 
 from .conftest import ROOT, RunningBroker
+from .test_management_api import call
 
 
 def serve(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
@@ -276,7 +277,7 @@ def certificate(tmp_path_factory):
 
 def test_tls_listener_with_pika(tmp_path, certificate):
     cert, key = certificate
-    broker = RunningBroker(tmp_path / "data", extra_args=[
+    broker = RunningBroker(tmp_path / "data", management=True, extra_args=[
         "--tls-port", "0", "--tls-certfile", str(cert), "--tls-keyfile", str(key)])
     broker.start()
     try:
@@ -289,6 +290,12 @@ def test_tls_listener_with_pika(tmp_path, certificate):
         ch.queue_declare("over-tls")
         ch.basic_publish("", "over-tls", b"encrypted")
         assert ch.basic_get("over-tls", auto_ack=True)[2] == b"encrypted"
+        # the management API lists the TLS listener and the connection as TLS
+        overview = call(broker, "GET", "/api/overview")[1]
+        assert {(x["protocol"], x["port"]) for x in overview["listeners"]} >= {
+            ("amqp", broker.port), ("amqp/ssl", tls_port),
+            ("http", broker.listener_port("http"))}
+        assert [c["ssl"] for c in call(broker, "GET", "/api/connections")[1]] == [True]
         conn.close()
         # the plain listener still works beside it, and a plain client on the TLS port fails
         plain = pika.BlockingConnection(pika.URLParameters(broker.url))
