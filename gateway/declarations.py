@@ -117,6 +117,7 @@ class Declarations:
     # -- queues ----------------------------------------------------------------
 
     def _queue_declare(self, method: m.QueueDeclare) -> None:
+        self.gateway.totals.queues_declared += 1
         vhost = self.vhost
         name = method.queue
         if method.passive:

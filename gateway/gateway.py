@@ -300,6 +300,7 @@ class Gateway:
             owner.exclusive_queues.add(meta)
         self.shards[meta.shard].send(r.CreateQueue(0, meta.qid, vhost.name, name, durable,
                                                   owner is not None, auto_delete, meta.effective))
+        self.totals.queues_created += 1
         return meta
 
     def forget_queue(self, meta: QueueMeta) -> None:
@@ -309,6 +310,7 @@ class Gateway:
         self._unbind_destination(vhost, (QUEUE, meta.name))  # while the queue is known
         del vhost.queues[meta.name]
         del self.queues_by_qid[meta.qid]
+        self.totals.queues_deleted += 1
         if meta.owner is not None:
             meta.owner.exclusive_queues.discard(meta)
         if self._stored(meta):

@@ -71,7 +71,7 @@ class Totals:
     __slots__ = ("connections_opened", "connections_closed", "channels_opened",
                  "channels_closed", "received", "received_confirm", "routed",
                  "unroutable_dropped", "unroutable_returned", "confirmed", "delivered",
-                 "acknowledged")
+                 "acknowledged", "queues_declared", "queues_created", "queues_deleted")
 
     def __init__(self) -> None:
         for name in self.__slots__:

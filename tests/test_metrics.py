@@ -26,6 +26,8 @@ RABBITMQ_NAMES = [
     "rabbitmq_global_messages_acknowledged_total",
     "rabbitmq_connections_opened_total", "rabbitmq_connections_closed_total",
     "rabbitmq_channels_opened_total", "rabbitmq_channels_closed_total",
+    "rabbitmq_queues_declared_total", "rabbitmq_queues_created_total",
+    "rabbitmq_queues_deleted_total",
     "rabbitmq_resident_memory_limit_bytes", "rabbitmq_process_resident_memory_bytes",
     "rabbitmq_disk_space_available_limit_bytes", "rabbitmq_disk_space_available_bytes",
     "rabbitmq_alarms_memory_used_watermark", "rabbitmq_alarms_free_disk_space_watermark",
@@ -87,6 +89,9 @@ def test_rabbitmq_names_and_values_after_traffic(managed):
     assert value(samples, "rabbitmq_channels") == 1
     assert value(samples, "rabbitmq_consumers") == 0
     assert value(samples, "rabbitmq_queues") == 1
+    assert value(samples, "rabbitmq_queues_declared_total") == 1
+    assert value(samples, "rabbitmq_queues_created_total") == 1
+    assert value(samples, "rabbitmq_queues_deleted_total") == 0
     assert value(samples, "rabbitmq_connections_opened_total") == opened + 1
     amqp = {"protocol": "amqp091"}
     assert value(samples, "rabbitmq_global_messages_received_total", **amqp) == 6
@@ -114,5 +119,8 @@ def test_rabbitmq_names_and_values_after_traffic(managed):
     assert value(per_object, "rabbitmq_queue_messages_unacked", **queue) == 1
     assert value(per_object, "rabbitmq_queue_messages_published_total", **queue) == 4
     assert value(per_object, "rabbitmq_global_messages_routed_total", **amqp) == 4
+    ch.queue_delete("metered")
+    assert value(scrape(managed), "rabbitmq_queues_deleted_total") == 1
+    assert value(scrape(managed), "rabbitmq_queues") == 0
     conn.close()
     wait_until(lambda: value(scrape(managed), "rabbitmq_connections_closed_total") >= 1)
