@@ -90,6 +90,7 @@ class Channel(Declarations, Consuming, Publishing):
                 timeout_ms=c.timeout_ms, arguments=c.arguments) for c, timed_out in consumers),
             consumer_count=len(self.consumers) + (1 if self.reply_consumer else 0),
             messages_unacknowledged=len(self.unacked),
+            messages_unconfirmed=self.confirms.outstanding if self.confirms else 0,
             prefetch_count=self.consumer_prefetch, global_prefetch_count=self.channel_prefetch,
             confirm=self.confirms is not None, transactional=self.tx is not None,
             closing=self.closing)

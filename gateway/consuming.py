@@ -244,9 +244,14 @@ class Consuming:
             return  # cancelled meanwhile; the shard requeues what this holder kept
         tag = self.next_tag
         self.next_tag += 1
-        self.gateway.totals.delivered += 1
+        totals = self.gateway.totals
+        if event.redelivered:
+            totals.redelivered += 1
         consumer.credit -= 1
-        if not consumer.no_ack:
+        if consumer.no_ack:
+            totals.consume_auto_ack += 1
+        else:
+            totals.consume_manual_ack += 1
             self.unacked.add(tag, Delivery(link, event.qid, event.holder, event.seq))
             self.consumer_unacked += 1
             consumer.unacked += 1
@@ -284,9 +289,16 @@ class Consuming:
         def answered(reply: r.GetReply) -> None:
             if reply.refused:
                 raise refusal_error(reply.refused, meta.vhost, meta.name)
+            totals = self.gateway.totals
             if reply.seq == 0:
+                totals.get_empty += 1
                 return self.send(m.BasicGetEmpty())
-            self.gateway.totals.delivered += 1
+            if method.no_ack:
+                totals.get_auto_ack += 1
+            else:
+                totals.get_manual_ack += 1
+            if reply.redelivered:
+                totals.redelivered += 1
             tag = self.next_tag
             self.next_tag += 1
             if not method.no_ack:

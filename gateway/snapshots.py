@@ -26,6 +26,7 @@ class ChannelInfo(msgspec.Struct, frozen=True):
     consumers: tuple[ConsumerInfo, ...]
     consumer_count: int  # the consumers, and a direct reply-to consumer
     messages_unacknowledged: int
+    messages_unconfirmed: int  # published in confirm mode, not yet confirmed
     prefetch_count: int  # basic.qos global=false: each new consumer's limit
     global_prefetch_count: int  # basic.qos global=true: the channel's limit
     confirm: bool
@@ -70,12 +71,21 @@ class Totals:
 
     __slots__ = ("connections_opened", "connections_closed", "channels_opened",
                  "channels_closed", "received", "received_confirm", "routed",
-                 "unroutable_dropped", "unroutable_returned", "confirmed", "delivered",
-                 "acknowledged", "queues_declared", "queues_created", "queues_deleted")
+                 "unroutable_dropped", "unroutable_returned", "confirmed",
+                 "consume_manual_ack", "consume_auto_ack", "get_manual_ack", "get_auto_ack",
+                 "get_empty", "redelivered", "acknowledged", "queues_declared",
+                 "queues_created", "queues_deleted")
 
     def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)
 
+    @property
+    def delivered(self) -> int:
+        """Deliveries to consumers and basic.get answers with a message."""
+        return (self.consume_manual_ack + self.consume_auto_ack + self.get_manual_ack
+                + self.get_auto_ack)
+
     def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {**{name: getattr(self, name) for name in self.__slots__},
+                "delivered": self.delivered}

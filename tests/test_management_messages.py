@@ -130,6 +130,11 @@ def test_cluster_name_extensions_and_listeners(managed):
     assert get(managed, "/api/cluster-name") == {"name": "orders-broker"}
     assert get(managed, "/api/overview")["cluster_name"] == "orders-broker"
     assert get(managed, "/api/extensions") == []
+    stats = get(managed, "/api/overview")["message_stats"]
+    for name in ("publish", "confirm", "deliver_get", "deliver", "deliver_no_ack", "get",
+                 "get_no_ack", "get_empty", "redeliver", "ack", "drop_unroutable",
+                 "return_unroutable"):
+        assert isinstance(stats[name], int) and "rate" in stats[f"{name}_details"], name
     listeners = {(x["protocol"], x["port"]) for x in get(managed, "/api/overview")["listeners"]}
     assert ("amqp", managed.port) in listeners
     assert ("http", managed.listener_port("http")) in listeners

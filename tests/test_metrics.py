@@ -32,6 +32,14 @@ RABBITMQ_NAMES = [
     "rabbitmq_disk_space_available_limit_bytes", "rabbitmq_disk_space_available_bytes",
     "rabbitmq_alarms_memory_used_watermark", "rabbitmq_alarms_free_disk_space_watermark",
     "rabbitmq_build_info", "rabbitmq_identity_info",
+    # what the RabbitMQ-Overview dashboard charts besides
+    "rabbitmq_channel_messages_published_total", "rabbitmq_channel_messages_confirmed_total",
+    "rabbitmq_channel_messages_delivered_total", "rabbitmq_channel_messages_delivered_ack_total",
+    "rabbitmq_channel_get_total", "rabbitmq_channel_get_ack_total",
+    "rabbitmq_channel_get_empty_total", "rabbitmq_channel_messages_redelivered_total",
+    "rabbitmq_channel_messages_acked_total", "rabbitmq_channel_messages_unroutable_dropped_total",
+    "rabbitmq_channel_messages_unroutable_returned_total", "rabbitmq_channel_consumers",
+    "rabbitmq_channel_messages_unacked", "rabbitmq_process_open_fds", "rabbitmq_process_max_fds",
 ]
 
 
@@ -101,6 +109,11 @@ def test_rabbitmq_names_and_values_after_traffic(managed):
     assert value(samples, "rabbitmq_global_messages_unroutable_returned_total", **amqp) == 1
     assert value(samples, "rabbitmq_global_messages_confirmed_total", **amqp) == 6
     assert value(samples, "rabbitmq_global_messages_delivered_total", **amqp) == 2
+    assert value(samples, "rabbitmq_global_messages_delivered_get_manual_ack_total", **amqp) == 2
+    assert value(samples, "rabbitmq_channel_get_ack_total") == 2
+    assert value(samples, "rabbitmq_channel_messages_published_total") == 6
+    assert value(samples, "rabbitmq_channel_messages_acked_total") == 1
+    assert value(samples, "rabbitmq_channel_messages_unacked") == 1
     assert value(samples, "rabbitmq_process_resident_memory_bytes") > 0
     assert value(samples, "rabbitmq_disk_space_available_bytes") > 0
     assert value(samples, "rabbitmq_alarms_memory_used_watermark") == 0

@@ -745,6 +745,9 @@ class Management:
 COUNTED = ("published", "delivered", "redelivered", "acked")  # per queue, with rates
 # the overview's message_stats for monitors, from the broker's totals
 GLOBAL_STATS = (("publish", "received"), ("confirm", "confirmed"), ("deliver_get", "delivered"),
+                ("deliver", "consume_manual_ack"), ("deliver_no_ack", "consume_auto_ack"),
+                ("get", "get_manual_ack"), ("get_no_ack", "get_auto_ack"),
+                ("get_empty", "get_empty"), ("redeliver", "redelivered"),
                 ("ack", "acknowledged"), ("drop_unroutable", "unroutable_dropped"),
                 ("return_unroutable", "unroutable_returned"))
 

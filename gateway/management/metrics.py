@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import resource
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -75,6 +76,48 @@ GLOBAL_COUNTERS = (
      "Total number of messages delivered to consumers", PROTOCOL),
     ("rabbitmq_global_messages_acknowledged", "acknowledged",
      "Total number of messages acknowledged by consumers", PROTOCOL),
+    ("rabbitmq_global_messages_delivered_consume_manual_ack", "consume_manual_ack",
+     "Total number of messages delivered to consumers using manual acknowledgement mode",
+     PROTOCOL),
+    ("rabbitmq_global_messages_delivered_consume_auto_ack", "consume_auto_ack",
+     "Total number of messages delivered to consumers using automatic acknowledgement mode",
+     PROTOCOL),
+    ("rabbitmq_global_messages_delivered_get_manual_ack", "get_manual_ack",
+     "Total number of messages delivered to consumers via basic.get using manual "
+     "acknowledgement mode", PROTOCOL),
+    ("rabbitmq_global_messages_delivered_get_auto_ack", "get_auto_ack",
+     "Total number of messages delivered to consumers via basic.get using automatic "
+     "acknowledgement mode", PROTOCOL),
+    ("rabbitmq_global_messages_get_empty", "get_empty",
+     "Total number of times basic.get operations fetched no message", PROTOCOL),
+    ("rabbitmq_global_messages_redelivered", "redelivered",
+     "Total number of messages redelivered to consumers", PROTOCOL),
+    # the same counts under the channel metrics' names, which RabbitMQ's
+    # RabbitMQ-Overview dashboard charts
+    ("rabbitmq_channel_messages_published", "received",
+     "Total number of messages published into an exchange on a channel", {}),
+    ("rabbitmq_channel_messages_confirmed", "confirmed",
+     "Total number of messages published into an exchange and confirmed on the channel", {}),
+    ("rabbitmq_channel_messages_unroutable_returned", "unroutable_returned",
+     "Total number of messages published as mandatory into an exchange and returned to the "
+     "publisher as unroutable", {}),
+    ("rabbitmq_channel_messages_unroutable_dropped", "unroutable_dropped",
+     "Total number of messages published as non-mandatory into an exchange and dropped as "
+     "unroutable", {}),
+    ("rabbitmq_channel_messages_delivered_ack", "consume_manual_ack",
+     "Total number of messages delivered to consumers in manual acknowledgement mode", {}),
+    ("rabbitmq_channel_messages_delivered", "consume_auto_ack",
+     "Total number of messages delivered to consumers in automatic acknowledgement mode", {}),
+    ("rabbitmq_channel_get_ack", "get_manual_ack",
+     "Total number of messages fetched with basic.get in manual acknowledgement mode", {}),
+    ("rabbitmq_channel_get", "get_auto_ack",
+     "Total number of messages fetched with basic.get in automatic acknowledgement mode", {}),
+    ("rabbitmq_channel_get_empty", "get_empty",
+     "Total number of times basic.get operations fetched no message", {}),
+    ("rabbitmq_channel_messages_redelivered", "redelivered",
+     "Total number of messages redelivered to consumers", {}),
+    ("rabbitmq_channel_messages_acked", "acknowledged",
+     "Total number of messages acknowledged by consumers", {}),
 )
 
 
@@ -112,6 +155,17 @@ class BrokerCollector(Collector):
         yield _gauge("rabbitmq_consumers", "Consumers currently connected",
                      sum(len(ch.consumers) for ch in channels))
         yield _gauge("rabbitmq_queues", "Queues available", len(queues))
+        yield _gauge("rabbitmq_channel_consumers", "Consumers on a channel",
+                     sum(ch.consumer_count for ch in channels))
+        yield _gauge("rabbitmq_channel_messages_unacked",
+                     "Delivered but not yet acknowledged messages",
+                     sum(ch.messages_unacknowledged for ch in channels))
+        yield _gauge("rabbitmq_channel_messages_unconfirmed",
+                     "Published but not yet confirmed messages",
+                     sum(ch.messages_unconfirmed for ch in channels))
+        yield _gauge("rabbitmq_channel_prefetch", "Total limit of unacknowledged messages for "
+                     "all consumers on a channel", sum(ch.global_prefetch_count for ch in channels))
+        yield _gauge("rabbitmq_process_open_tcp_sockets", "Open TCP sockets", len(connections))
         yield from self._queues(queues)
         totals = gateway.totals
         for name, field, text, labels in GLOBAL_COUNTERS:
@@ -164,6 +218,10 @@ class BrokerCollector(Collector):
                      gateway.config.memory_limit_bytes())
         yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes",
                      sum(rss(pid) for pid in management.pids()))
+        yield _gauge("rabbitmq_process_open_fds", "Open file descriptors",
+                     len(os.listdir("/proc/self/fd")))
+        yield _gauge("rabbitmq_process_max_fds", "Open file descriptors limit",
+                     resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         yield _gauge("rabbitmq_disk_space_available_limit_bytes",
                      "Free disk space low watermark in bytes", gateway.alarms.disk_free_limit)
         yield _gauge("rabbitmq_disk_space_available_bytes", "Disk space available in bytes",
