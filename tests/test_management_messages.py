@@ -141,9 +141,7 @@ def test_cluster_name_extensions_and_listeners(managed):
 
 
 def test_connection_names_byte_counters_and_rates(managed):
-    conn = pika.BlockingConnection(pika.URLParameters(
-        managed.url + "?connection_attempts=1"))
-    conn.close()
+    unnamed = pika.BlockingConnection(pika.URLParameters(managed.url))
     named = pika.BlockingConnection(pika.ConnectionParameters(
         "127.0.0.1", managed.port, client_properties={"connection_name": "billing"}))
     ch = named.channel()
@@ -154,6 +152,8 @@ def test_connection_names_byte_counters_and_rates(managed):
                  if c["user_provided_name"] == "billing"]
         return found[0] if found else None
     info = wait_until(billing)
+    assert [c["user_provided_name"] for c in get(managed, "/api/connections")].count(None) == 1
+    unnamed.close()
     assert info["recv_oct"] > 0 and info["send_oct"] > 0
     assert info["recv_cnt"] > 0 and info["send_cnt"] > 0
     # rates show within the first seconds of traffic
