@@ -101,15 +101,18 @@ class AccessControl:
             return f"user '{name}' can only connect via localhost"
         return None
 
-    def login(self, name, password, peer_host: str) -> tuple[UserDef | None, float]:
-        """The user, or None when refused (logged), with how many seconds to wait
-        before answering a refusal: the throttle's delay for its address."""
+    def login(self, name, password, peer_host: str,
+              mechanism: str = "PLAIN") -> tuple[UserDef | None, float]:
+        """The user, or None when refused (logged in RabbitMQ's words, with the
+        address), with how many seconds to wait before answering a refusal: the
+        throttle's delay for its address. `mechanism`: the AMQP one, or "HTTP"."""
         reason = self.refusal(name, password, peer_host)
         if reason is None:
             return self.users[name], 0.0
         delay = self.throttle.failed(peer_host)
-        log.warning("login refused for user '%s' from %s: %s%s", name or "", peer_host, reason,
-                    f" (answered in {delay:g}s)" if delay else "")
+        refused = "HTTP access denied" if mechanism == "HTTP" else f"{mechanism} login refused"
+        log.warning("%s: user '%s' - %s (from %s%s)", refused, name or "", reason, peer_host,
+                    f", answered in {delay:g}s" if delay else "")
         return None, delay
 
     def may_use_vhost(self, user: str, vhost: str) -> bool:

@@ -487,7 +487,8 @@ class Connection(asyncio.Protocol):
             self.log_name = f"{self.name} - {given}"
         name, password = self._credentials(method.mechanism, method.response)
         peer_host = self.peer[0] if isinstance(self.peer, tuple) else ""
-        user, delay = self.gateway.access.login(name, password, peer_host)
+        user, delay = self.gateway.access.login(name, password, peer_host,
+                                                  method.mechanism)
         if user is None:
             self._refuse_login(method.mechanism, delay)
             return

@@ -79,11 +79,11 @@ def test_refusals_are_logged_and_counted_per_address(caplog):
     assert answers == [(None, 0), (None, 0), (None, 1), (None, 2)]
     assert access.login("alice", "pw", "192.0.2.7") == (access.users["alice"], 0)
     assert caplog.messages[0] == \
-        "login refused for user 'alice' from 192.0.2.7: invalid credentials"
+        "PLAIN login refused: user 'alice' - invalid credentials (from 192.0.2.7)"
     assert caplog.messages[3] == \
-        "login refused for user 'alice' from 192.0.2.7: invalid credentials (answered in 2s)"
+        "PLAIN login refused: user 'alice' - invalid credentials (from 192.0.2.7, answered in 2s)"
     assert caplog.messages[4] == \
-        "login refused for user 'mallory' from 192.0.2.8: invalid credentials"
+        "PLAIN login refused: user 'mallory' - invalid credentials (from 192.0.2.8)"
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +127,8 @@ def test_amqp_guesses_wait_while_others_log_in(broker):
     RawClient(broker.port, source=guesser).handshake()
     assert not all(answered(client.sock) for client in pending)  # the 4s ones at least
     assert all(refused(client) for client in pending)
-    assert ("login refused for user 'guest' from 127.0.0.2: invalid credentials "
-            "(answered in 4s)") in broker.log_text()
+    assert ("PLAIN login refused: user 'guest' - invalid credentials "
+            "(from 127.0.0.2, answered in 4s)") in broker.log_text()
 
 
 def http_login(broker, source: str, password: str) -> socket.socket:
@@ -161,5 +161,5 @@ def test_management_guesses_wait_while_others_log_in(broker):
     assert status(http_login(broker, guesser, "guest")) == 200
     assert not all(answered(sock) for sock in pending)
     assert [status(sock) for sock in pending] == [401] * 6
-    assert "login refused for user 'guest' from 127.0.0.3: invalid credentials (answered in " \
-        "4s)" in broker.log_text()
+    assert ("HTTP access denied: user 'guest' - invalid credentials "
+            "(from 127.0.0.3, answered in 4s)") in broker.log_text()

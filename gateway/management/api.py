@@ -140,7 +140,7 @@ class Management:
                      else {"WWW-Authenticate": 'Basic realm="Warren management"'})
         if credentials is None:
             raise HTTPError(401, "not_authorised", "Not_Authorized", challenge)
-        user, delay = self.gateway.access.login(*credentials, request.peer)
+        user, delay = self.gateway.access.login(*credentials, request.peer, "HTTP")
         if user is None:
             if delay:  # throttled: answer later; the loop serves everyone else meanwhile
                 loop = asyncio.get_running_loop()
