@@ -9,7 +9,6 @@ import hashlib
 import logging
 import os
 import time
-from importlib import resources
 
 from warren.shards import records as r
 from warren.storage.metastore import PolicyDef
@@ -17,7 +16,7 @@ from warren.storage.metastore import PolicyDef
 from .. import __version__, arguments
 from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
-from . import definitions, limits, messages, metrics, shapes
+from . import definitions, limits, messages, metrics, shapes, static
 from .http import HTTPError, Request, Response, bad_request
 from .listing import listing
 from .rates import SAMPLE_INTERVAL, Rates
@@ -206,9 +205,10 @@ class Management:
     # -- dispatch ------------------------------------------------------------------------
 
     async def handle(self, request: Request) -> Response:
+        served = static.serve(request)  # the dashboard's page and files
+        if served is not None:
+            return served
         parts = request.parts
-        if not parts:
-            return Response(200, _dashboard(), "text/html; charset=utf-8")
         if parts in (["metrics"], ["metrics", "per-object"]):  # as rabbitmq_prometheus
             return Response(200, await metrics.render(self, per_object=len(parts) == 2),
                             metrics.CONTENT_TYPE_LATEST)
@@ -764,7 +764,3 @@ def _traffic(info) -> dict[str, int]:
 def _failing_shards(gateway) -> list[dict]:
     return [{"shard": index, **failure}
             for index, failure in sorted(gateway.shards.failing.items())]
-
-
-def _dashboard() -> bytes:
-    return resources.files("warren.gateway.management").joinpath("dashboard.html").read_bytes()

@@ -1,0 +1,43 @@
+// The admin tab: who is signed in; exporting and importing definitions.
+import {act, flash} from "./actions.js";
+import {api, state} from "./api.js";
+import {details, field, h, section} from "./dom.js";
+
+export function adminView() {
+  const who = h("div");
+  const file = h("input", {type: "file", name: "file", accept: ".json,application/json",
+                           required: true});
+  const upload = h("form", {class: "box", id: "import", async onsubmit(event) {
+    event.preventDefault();
+    if (await act("Importing definitions", async () => {
+      let definitions;
+      try { definitions = JSON.parse(await file.files[0].text()); } catch {
+        throw new Error(`${file.files[0].name} is not a JSON file`);
+      }
+      await api("definitions", {method: "POST", body: definitions});
+    })) { flash(`Definitions imported from ${file.files[0].name}.`); upload.reset(); }
+  }}, field("Definitions file", file), h("button", {}, "Upload definitions"));
+  const download = h("button", {id: "export", type: "button", async onclick() {
+    let definitions;
+    if (!await act("Exporting definitions",
+                   async () => { definitions = await api("definitions"); }))
+      return;
+    const blob = new Blob([JSON.stringify(definitions, null, 2)], {type: "application/json"});
+    const a = h("a", {href: URL.createObjectURL(blob),
+      download: `definitions-${location.hostname}-${new Date().toISOString().slice(0, 10)}.json`});
+    document.body.append(a);
+    a.click();
+    a.remove();
+    const n = key => (definitions[key] || []).length;
+    flash(`Definitions exported: ${n("queues")} queues, ${n("exchanges")} exchanges, ` +
+          `${n("bindings")} bindings, ${n("users")} users, ${n("vhosts")} vhosts.`);
+  }}, "Download broker definitions");
+  const el = h("div", {}, section("Signed in", who), section("Export definitions",
+    h("p", {class: "muted"}, "Users, vhosts, permissions, policies, queues, exchanges and " +
+      "bindings, in RabbitMQ's definitions format (administrators only)."), download),
+    section("Import definitions", upload));
+  return {el, refresh() {
+    who.replaceChildren(details([["User", state.user.name],
+      ["Tags", state.user.tags.join(", ") || "none"]]));
+  }};
+}
