@@ -85,7 +85,8 @@ class Channel(Declarations, Consuming, Publishing):
         return ChannelInfo(
             number=self.number,
             consumers=tuple(ConsumerInfo(
-                tag=c.tag, vhost=c.meta.vhost, queue=c.meta.name, ack_required=not c.no_ack,
+                tag=c.tag, vhost=c.meta.spec.vhost, queue=c.meta.spec.name,
+                ack_required=not c.no_ack,
                 prefetch_count=c.prefetch, exclusive=c.exclusive, timed_out=timed_out,
                 timeout_ms=c.timeout_ms, arguments=c.arguments) for c, timed_out in consumers),
             consumer_count=len(self.consumers) + (1 if self.reply_consumer else 0),
@@ -200,7 +201,8 @@ class Channel(Declarations, Consuming, Publishing):
         if not allowed:
             raise AMQPError(
                 spec.RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked {queue_name(meta.vhost, meta.name)}. "
+                f"cannot obtain exclusive access to locked "
+                f"{queue_name(meta.spec.vhost, meta.spec.name)}. "
                 "It could be originally declared on another connection or the exclusive "
                 "property value does not match that of the original declaration.")
 

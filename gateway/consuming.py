@@ -115,14 +115,15 @@ class Consuming:
         if method.queue == replyto.REPLY_QUEUE:
             return self._consume_replies(method)
         meta = self._queue_named(method.queue)
-        self._allow("read", "queue", meta.name)
+        self._allow("read", "queue", meta.spec.name)
         tag = method.consumer_tag or server_generated_name("amq.ctag-")
         if tag in self.consumers or tag == self.reply_consumer:
             raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         priority = method.arguments.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise AMQPError(spec.PRECONDITION_FAILED,
-                            f"invalid arg 'x-priority' for {queue_name(meta.vhost, meta.name)}")
+                            "invalid arg 'x-priority' for "
+                            f"{queue_name(meta.spec.vhost, meta.spec.name)}")
         timeout_ms = self._consumer_timeout(method, meta)
         holder = self.gateway.new_id()
         link = self._link(meta)
@@ -137,7 +138,7 @@ class Consuming:
         def answered(reply: r.Reply) -> None:
             if reply.refused:
                 self._forget_consumer(consumer)
-                raise refusal_error(reply.refused, meta.vhost, meta.name)
+                raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
             self._reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
 
         self._request(link, lambda req: r.Consume(
@@ -153,8 +154,8 @@ class Consuming:
         if own is not None and (isinstance(own, bool) or not isinstance(own, int) or own <= 0):
             raise AMQPError(spec.PRECONDITION_FAILED,
                             f"invalid arg 'x-consumer-timeout' for "
-                            f"{queue_name(meta.vhost, meta.name)}")
-        if meta.queue_type != "quorum" or method.no_ack:
+                            f"{queue_name(meta.spec.vhost, meta.spec.name)}")
+        if meta.spec.queue_type != "quorum" or method.no_ack:
             return 0
         if own is not None:
             return own
@@ -283,12 +284,12 @@ class Consuming:
 
     def _basic_get(self, method: m.BasicGet) -> None:
         meta = self._queue_named(method.queue)
-        self._allow("read", "queue", meta.name)
+        self._allow("read", "queue", meta.spec.name)
         link = self._link(meta)
 
         def answered(reply: r.GetReply) -> None:
             if reply.refused:
-                raise refusal_error(reply.refused, meta.vhost, meta.name)
+                raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
             totals = self.gateway.totals
             if reply.seq == 0:
                 totals.get_empty += 1

@@ -5,6 +5,7 @@ lookups (_queue_named, _allow, _check_exclusive) and its shard requests."""
 from __future__ import annotations
 
 from warren.shards import records as r
+from warren.storage.queuespec import QueueSpec
 
 from . import arguments, replyto
 from .amqp import methods as m
@@ -138,9 +139,9 @@ class Declarations:
         meta = vhost.queues.get(name)
         if meta is not None:
             self._check_exclusive(meta, redeclared_exclusive=method.exclusive)
-            _equivalent("durable", what, durable, meta.durable)
-            _equivalent("auto_delete", what, method.auto_delete, meta.auto_delete)
-            arguments.assert_equivalent(method.arguments, meta.arguments,
+            _equivalent("durable", what, durable, meta.spec.durable)
+            _equivalent("auto_delete", what, method.auto_delete, meta.spec.auto_delete)
+            arguments.assert_equivalent(method.arguments, meta.spec.arguments,
                                         arguments.QUEUE_ARGUMENTS, what)
             return self._queue_declare_existing(method, meta)
         arguments.check_queue_type(method.arguments, durable, method.exclusive,
@@ -152,21 +153,21 @@ class Declarations:
                             f"cannot declare queue '{name}' in vhost '{vhost.name}': vhost queue "
                             f"limit ({limit}) is reached")
         owner = self.conn if method.exclusive else None
-        meta = self.gateway.create_queue(vhost, name, durable, owner, method.auto_delete,
-                                        method.arguments)
+        self.gateway.create_queue(QueueSpec(vhost.name, name, durable, method.exclusive,
+                                            method.auto_delete, method.arguments), owner)
         self.last_queue = name
         self._reply(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
                     method.nowait)
 
     def _queue_declare_existing(self, method: m.QueueDeclare, meta: QueueMeta) -> None:
-        self.last_queue = meta.name
+        self.last_queue = meta.spec.name
         if method.nowait:
             return
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
-                raise refusal_error(reply.refused, meta.vhost, meta.name)
-            self.send(m.QueueDeclareOk(queue=meta.name, message_count=reply.message_count,
+                raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
+            self.send(m.QueueDeclareOk(queue=meta.spec.name, message_count=reply.message_count,
                                        consumer_count=reply.consumer_count))
 
         self._request(self._link(meta), lambda req: r.QueueStatus(req, meta.qid), answered)
@@ -191,11 +192,11 @@ class Declarations:
 
     def _queue_purge(self, method: m.QueuePurge) -> None:
         meta = self._queue_named(method.queue)
-        self._allow("read", "queue", meta.name)
+        self._allow("read", "queue", meta.spec.name)
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
-                raise refusal_error(reply.refused, meta.vhost, meta.name)
+                raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
             self._reply(m.QueuePurgeOk(message_count=reply.message_count), method.nowait)
 
         self._request(self._link(meta), lambda req: r.PurgeQueue(req, meta.qid), answered)
@@ -207,11 +208,11 @@ class Declarations:
             # Deleting a queue that does not exist succeeds, as in RabbitMQ.
             return self._reply(m.QueueDeleteOk(message_count=0), method.nowait)
         self._check_exclusive(meta)
-        self._allow("configure", "queue", meta.name)
+        self._allow("configure", "queue", meta.spec.name)
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
-                raise refusal_error(reply.refused, meta.vhost, meta.name)
+                raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
             self.gateway.forget_queue(meta)
             self._reply(m.QueueDeleteOk(message_count=reply.message_count), method.nowait)
 

@@ -28,6 +28,7 @@ from warren.storage.metastore import (
     QueueDef,
     VHostDef,
 )
+from warren.storage.queuespec import QueueSpec
 
 from . import deadletter, policies, replyto
 from .access import AccessControl
@@ -48,25 +49,18 @@ TRANSIENT_QIDS = 1 << 62  # transient queue ids start here; durable ones come fr
 
 
 class QueueMeta:
-    __slots__ = ("qid", "vhost", "name", "shard", "durable", "owner", "auto_delete",
-                 "arguments", "policy", "effective")
+    """A queue as the gateway holds it: its spec, and where it lives and what
+    applies to it now."""
 
-    def __init__(self, qid: int, vhost: str, name: str, shard: int, durable: bool,
-                 owner, auto_delete: bool, arguments: dict):
+    __slots__ = ("qid", "shard", "spec", "owner", "policy", "effective")
+
+    def __init__(self, qid: int, shard: int, spec: QueueSpec, owner=None):
         self.qid = qid
-        self.vhost = vhost
-        self.name = name
         self.shard = shard
-        self.durable = durable
+        self.spec = spec
         self.owner = owner  # the owning connection of an exclusive queue
-        self.auto_delete = auto_delete
-        self.arguments = arguments  # as declared
         self.policy = None  # the policy that applies to it
-        self.effective = arguments  # declared arguments combined with the policy's
-
-    @property
-    def queue_type(self) -> str:
-        return self.arguments.get("x-queue-type", "classic")
+        self.effective = spec.arguments  # declared arguments combined with the policy's
 
 
 # The exchanges every vhost has (RabbitMQ's predeclared set).
@@ -163,12 +157,11 @@ class Gateway:
             vhost.exchanges[e.name] = Exchange(e.vhost, e.name, e.type, e.durable,
                                                e.auto_delete, e.internal, e.arguments)
         for q in defs.queues:
-            vhost = self.vhosts.setdefault(q.vhost, VHost(q.vhost))
+            vhost = self.vhosts.setdefault(q.spec.vhost, VHost(q.spec.vhost))
             # A queue recorded on a shard that no longer exists lives on in its old
             # store, which shard (K mod N) adopts.
-            meta = QueueMeta(q.qid, q.vhost, q.name, q.shard % self.shards.count, True, None,
-                             q.auto_delete, q.arguments)
-            vhost.queues[q.name] = self.queues_by_qid[q.qid] = meta
+            meta = QueueMeta(q.qid, q.shard % self.shards.count, q.spec)
+            vhost.queues[q.spec.name] = self.queues_by_qid[q.qid] = meta
         for p in defs.policies:
             self.policies.setdefault(p.vhost, {})[p.name] = p
         for vhost in self.vhosts.values():
@@ -185,9 +178,8 @@ class Gateway:
         it had not committed when it died (or the broker stopped) would otherwise be
         missing from its store; queues it recovered ignore this."""
         for meta in self.queues_by_qid.values():
-            if meta.shard == link.index and self._stored(meta):
-                link.send(r.CreateQueue(0, meta.qid, meta.vhost, meta.name, True, False,
-                                        meta.auto_delete, meta.effective))
+            if meta.shard == link.index and meta.spec.stored:
+                link.send(r.CreateQueue(0, meta.qid, meta.spec, meta.effective))
                 link.send(r.ConfigureQueue(meta.qid, meta.effective))
 
     async def stop(self) -> None:
@@ -253,9 +245,10 @@ class Gateway:
             self._set_exchange_policy(exchange)
 
     def _set_queue_policy(self, meta: QueueMeta) -> None:
-        meta.policy = (None if meta.name.startswith("amq.") else policies.select(
-            self.policies.get(meta.vhost, {}).values(), meta.name, "queue", meta.queue_type))
-        meta.effective = policies.queue_arguments(meta.arguments, meta.policy)
+        spec = meta.spec
+        meta.policy = (None if spec.name.startswith("amq.") else policies.select(
+            self.policies.get(spec.vhost, {}).values(), spec.name, "queue", spec.queue_type))
+        meta.effective = policies.queue_arguments(spec.arguments, meta.policy)
 
     def _set_exchange_policy(self, exchange: Exchange) -> None:
         exchange.policy = (None if exchange.name == "" or exchange.name.startswith("amq.")
@@ -280,45 +273,39 @@ class Gateway:
 
     # -- queues ----------------------------------------------------------------
 
-    def create_queue(self, vhost: VHost, name: str, durable: bool, owner, auto_delete: bool,
-                     arguments: dict) -> QueueMeta:
-        stored = durable and owner is None
-        if stored:
+    def create_queue(self, spec: QueueSpec, owner=None) -> QueueMeta:
+        """Create a queue (validated already); `owner` is the
+        connection of an exclusive one."""
+        if spec.stored:
             qid = self.meta.allocate_qid()
         else:
             # Transient queues die with the broker: ids from a range of their own.
             self._next_qid += 1
             qid = TRANSIENT_QIDS + self._next_qid
-        meta = QueueMeta(qid, vhost.name, name, placement(vhost.name, name, self.shards.count),
-                         durable, owner, auto_delete, arguments)
+        meta = QueueMeta(qid, placement(spec.vhost, spec.name, self.shards.count), spec, owner)
         self._set_queue_policy(meta)
-        if stored:
-            self.meta.put_queue(QueueDef(vhost.name, name, qid, meta.shard, durable,
-                                         auto_delete, arguments))
-        vhost.queues[name] = self.queues_by_qid[qid] = meta
+        if spec.stored:
+            self.meta.put_queue(QueueDef(spec, qid, meta.shard))
+        self.vhosts[spec.vhost].queues[spec.name] = self.queues_by_qid[qid] = meta
         if owner is not None:
             owner.exclusive_queues.add(meta)
-        self.shards[meta.shard].send(r.CreateQueue(0, meta.qid, vhost.name, name, durable,
-                                                  owner is not None, auto_delete, meta.effective))
+        self.shards[meta.shard].send(r.CreateQueue(0, qid, spec, meta.effective))
         self.totals.queues_created += 1
         return meta
 
     def forget_queue(self, meta: QueueMeta) -> None:
-        vhost = self.vhosts.get(meta.vhost)
-        if vhost is None or vhost.queues.get(meta.name) is not meta:
+        spec = meta.spec
+        vhost = self.vhosts.get(spec.vhost)
+        if vhost is None or vhost.queues.get(spec.name) is not meta:
             return
-        self._unbind_destination(vhost, (QUEUE, meta.name))  # while the queue is known
-        del vhost.queues[meta.name]
+        self._unbind_destination(vhost, (QUEUE, spec.name))  # while the queue is known
+        del vhost.queues[spec.name]
         del self.queues_by_qid[meta.qid]
         self.totals.queues_deleted += 1
         if meta.owner is not None:
             meta.owner.exclusive_queues.discard(meta)
-        if self._stored(meta):
-            self.meta.delete_queue(meta.vhost, meta.name)
-
-    @staticmethod
-    def _stored(meta: QueueMeta) -> bool:
-        return meta.durable and meta.owner is None
+        if spec.stored:
+            self.meta.delete_queue(spec.vhost, spec.name)
 
     # -- exchanges and bindings ------------------------------------------------
 
@@ -391,7 +378,7 @@ class Gateway:
         kind, name = destination
         if kind == QUEUE:
             meta = vhost.queues.get(name)
-            return meta is not None and self._stored(meta)
+            return meta is not None and meta.spec.stored
         target = vhost.exchanges.get(name)
         return target is not None and target.durable
 
@@ -512,7 +499,7 @@ class Gateway:
         meta = self.queues_by_qid.get(event.qid)
         if meta is None:
             return
-        vhost = self.vhosts[meta.vhost]
+        vhost = self.vhosts[meta.spec.vhost]
         exchange = vhost.exchanges.get(meta.effective.get("x-dead-letter-exchange"))
         if exchange is None:
             return  # RabbitMQ drops it too when the exchange is missing
@@ -521,11 +508,11 @@ class Gateway:
         except PropertiesError:
             return
         routing_key = meta.effective.get("x-dead-letter-routing-key", event.routing_key)
-        deaths = deadletter.record_death(props, meta.name, event.reason, event.exchange,
+        deaths = deadletter.record_death(props, meta.spec.name, event.reason, event.exchange,
                                          event.routing_key,
                                          datetime.datetime.now(datetime.timezone.utc))
         targets = [q for q in self.route(vhost, exchange, routing_key, lambda: props.headers)
-                   if not deadletter.is_cycle(q.name, deaths)]
+                   if not deadletter.is_cycle(q.spec.name, deaths)]
         properties = encode_properties(props)
         self.publish(targets, exchange.name, routing_key, properties, event.body,
                      props.delivery_mode == 2, -1, props.priority or 0)
@@ -561,7 +548,7 @@ class Gateway:
         unconfirmed publishes nacked."""
         for vhost in self.vhosts.values():
             for meta in [m for m in vhost.queues.values()
-                         if m.shard == link.index and not m.durable]:
+                         if m.shard == link.index and not m.spec.stored]:
                 self.forget_queue(meta)
         self.alarms.clear_source(link.index)
         for channel in set(self.holders.values()):

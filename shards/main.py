@@ -190,8 +190,8 @@ class Shard:
                 queue = self.queues[cmd.qid] = Queue(cmd)
                 if queue.stored:
                     self.persister.create_queue(queue)
-                self.stats.event("queue_declared", vhost=cmd.vhost, queue=cmd.name,
-                                 durable=cmd.durable)
+                self.stats.event("queue_declared", vhost=cmd.spec.vhost, queue=cmd.spec.name,
+                                 durable=cmd.spec.durable)
             self.outbox.add(r.Reply(cmd.req))
         elif kind is r.ReleaseHolders:
             qids: set[int] = set()
@@ -216,10 +216,11 @@ class Shard:
             if kind is r.Consume or kind is r.Get:
                 self.holder_queues.setdefault(cmd.holder, set()).add(cmd.qid)
             if kind is r.Consume:
-                self.stats.event("consumer_added", vhost=queue.vhost, queue=queue.name,
+                self.stats.event("consumer_added", vhost=queue.spec.vhost, queue=queue.spec.name,
                                  consumer_tag=cmd.tag, timeout_ms=cmd.timeout_ms)
             elif kind is r.Cancel:
-                self.stats.event("consumer_cancelled", vhost=queue.vhost, queue=queue.name)
+                self.stats.event("consumer_cancelled", vhost=queue.spec.vhost,
+                                 queue=queue.spec.name)
             self._apply(queue, cmd, now)
 
     def _missing_queue(self, cmd) -> None:
@@ -254,13 +255,13 @@ class Shard:
                 persister.delete_queue(effect.qid)
                 self.timers.cancel(effect.qid)
                 if queue is not None:
-                    self.stats.event("queue_deleted", vhost=queue.vhost, queue=queue.name)
+                    self.stats.event("queue_deleted", vhost=queue.spec.vhost, queue=queue.spec.name)
             else:
                 if kind is r.ConsumerTimedOut:
                     queue = self.queues.get(effect.qid)
                     if queue is not None:
-                        self.stats.event("consumer_timed_out", vhost=queue.vhost,
-                                         queue=queue.name, messages=len(effect.seqs),
+                        self.stats.event("consumer_timed_out", vhost=queue.spec.vhost,
+                                         queue=queue.spec.name, messages=len(effect.seqs),
                                          timeout_ms=effect.timeout_ms)
                 self.outbox.add(effect)
         return accepted

@@ -57,14 +57,12 @@ class Persister:
         expiration of their own need their properties read back."""
         queues = []
         for store in self.stores.values():
-            for stored in store.queues():
-                queue = Queue(r.CreateQueue(0, stored.qid, stored.vhost, stored.name,
-                                            stored.durable, stored.exclusive,
-                                            stored.auto_delete, stored.arguments))
-                self._store_of[stored.qid] = store
-                for seq, delivered, delivery_count, acquired, rich in store.recover(stored.qid):
+            for qid, stored in store.queues().items():
+                queue = Queue(r.CreateQueue(0, qid, stored.spec, stored.arguments))
+                self._store_of[qid] = store
+                for seq, delivered, delivery_count, acquired, rich in store.recover(qid):
                     if queue.tracked or rich:
-                        content = store.read(stored.qid, seq)
+                        content = store.read(qid, seq)
                         msg = queue.recovered_message(seq, delivered, content.properties,
                                                       len(content.body), now, delivery_count,
                                                       acquired)
@@ -85,9 +83,7 @@ class Persister:
 
     def create_queue(self, queue: Queue) -> None:
         self._store_of[queue.qid] = self.home
-        self._batch(queue.qid).put_queue(StoredQueue(
-            queue.qid, queue.vhost, queue.name, queue.durable, queue.exclusive,
-            queue.auto_delete, queue.arguments))
+        self._batch(queue.qid).put_queue(queue.qid, StoredQueue(queue.spec, queue.arguments))
 
     def delete_queue(self, qid: int) -> None:
         if qid in self._store_of:

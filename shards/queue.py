@@ -237,13 +237,9 @@ class QueueCounters:
 class Queue:
     def __init__(self, c: r.CreateQueue):
         self.qid = c.qid
-        self.vhost = c.vhost
-        self.name = c.name
-        self.durable = c.durable
-        self.exclusive = c.exclusive
-        self.auto_delete = c.auto_delete
+        self.spec = c.spec
         # Exclusive queues die with their connection, so they are never stored.
-        self.stored = c.durable and not c.exclusive
+        self.stored = c.spec.stored
         self.next_seq = 1
         self.returned: list[Message] = []  # heap of requeued messages
         self.holdings: dict[int, dict[int, Message]] = {}  # holder -> seq -> message
@@ -721,7 +717,7 @@ class Queue:
             self.priorities = sorted(self.rotations, reverse=True)
 
     def _maybe_auto_delete(self, effects: list) -> None:
-        if self.auto_delete and self.had_consumer and not self.consumers:
+        if self.spec.auto_delete and self.had_consumer and not self.consumers:
             self._destroy(effects)
             effects.append(r.QueueDeleted(self.qid))
 

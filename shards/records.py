@@ -19,6 +19,8 @@ import enum
 
 import msgspec
 
+from warren.storage.queuespec import QueueSpec
+
 from .logsetup import LogSettings
 from .ring import RingSpec
 
@@ -50,12 +52,8 @@ class ShardSpec(msgspec.Struct):
 class CreateQueue(_Record, tag=1):
     req: int
     qid: int
-    vhost: str
-    name: str
-    durable: bool
-    exclusive: bool
-    auto_delete: bool
-    arguments: dict
+    spec: QueueSpec
+    arguments: dict  # in force: the spec's combined with its policy's
 
 
 class QueueStatus(_Record, tag=2):

@@ -61,7 +61,7 @@ class StatsLog:
         for q in queues:
             counters = q.counters
             record = {"v": SCHEMA_VERSION, "type": "queue_stats", "ts": now,
-                      "shard": self.shard, "vhost": q.vhost, "queue": q.name,
+                      "shard": self.shard, "vhost": q.spec.vhost, "queue": q.spec.name,
                       "queue_type": q.arguments.get("x-queue-type", "classic")}
             for name in _COUNTERS:
                 record[name] = getattr(counters, name, 0)

@@ -20,7 +20,7 @@ import msgspec
 from .metastore import QueueDef
 from .recovery import Survey
 from .sealed import unseal
-from .shardstore import StoredMessage, StoredQueue
+from .shardstore import StoredMessage, _Mark
 
 _key = struct.Struct(">QQ")
 
@@ -39,12 +39,6 @@ class _ShardView:
         self.messages = self.env.open_db(b"messages", create=False)
         self.marks = self.env.open_db(b"marks", create=False)
 
-    def stored_queues(self) -> dict[int, StoredQueue]:
-        decoder = msgspec.msgpack.Decoder(StoredQueue)
-        with self.env.begin() as txn:
-            return {q.qid: q for q in (decoder.decode(unseal(v))
-                                      for _, v in txn.cursor(db=self.queues))}
-
     def counts(self, qid: int) -> tuple[int, int]:
         """(messages, bytes of stored values) of a queue."""
         prefix = qid.to_bytes(8, "big")
@@ -59,8 +53,10 @@ class _ShardView:
                     size += len(value) - 8  # its checksum
         return count, size
 
-    def first(self, qid: int, limit: int) -> list[tuple[int, StoredMessage, bool]]:
+    def first(self, qid: int, limit: int) -> list[tuple[int, StoredMessage, _Mark]]:
+        """A queue's first messages, each with its mark (how often it went out)."""
         decoder = msgspec.msgpack.Decoder(StoredMessage)
+        marks = msgspec.msgpack.Decoder(_Mark)
         prefix = qid.to_bytes(8, "big")
         out = []
         with self.env.begin() as txn:
@@ -69,8 +65,9 @@ class _ShardView:
                 for key, value in cursor:
                     if key[:8] != prefix or len(out) >= limit:
                         break
-                    delivered = txn.get(key, db=self.marks) is not None
-                    out.append((_key.unpack(key)[1], decoder.decode(unseal(value)), delivered))
+                    mark = txn.get(key, db=self.marks)
+                    out.append((_key.unpack(key)[1], decoder.decode(unseal(value)),
+                                _Mark(False) if mark is None else marks.decode(unseal(mark))))
         return out
 
     def close(self) -> None:
@@ -96,12 +93,12 @@ def _queues(data_dir: str) -> tuple[list[str], list[dict], dict[int, _ShardView]
         if suffix.isdigit():
             shards[int(suffix)] = _ShardView(path)
     rows = []
-    for d in sorted(defs, key=lambda d: (d.vhost, d.name)):
+    for d in sorted(defs, key=lambda d: (d.spec.vhost, d.spec.name)):
         view = shards.get(d.shard)
         count, size = view.counts(d.qid) if view else (0, 0)
-        rows.append({"vhost": d.vhost, "name": d.name, "shard": d.shard, "qid": d.qid,
-                     "durable": d.durable, "auto_delete": d.auto_delete,
-                     "arguments": d.arguments, "messages": count, "bytes": size})
+        rows.append({"vhost": d.spec.vhost, "name": d.spec.name, "shard": d.shard, "qid": d.qid,
+                     "durable": d.spec.durable, "auto_delete": d.spec.auto_delete,
+                     "arguments": d.spec.arguments, "messages": count, "bytes": size})
     return vhosts, rows, shards
 
 
@@ -174,13 +171,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         view = shards.get(row["shard"])
         messages = []
-        for seq, stored, delivered in (view.first(row["qid"], args.limit) if view else []):
+        for seq, stored, mark in (view.first(row["qid"], args.limit) if view else []):
             messages.append({"seq": seq, "exchange": stored.exchange,
                              "routing_key": stored.routing_key,
                              "properties": _properties(stored.properties),
                              "body_size": len(stored.body), "body": _preview(stored.body),
-                             "delivered": delivered,
-                             "delivery_count": stored.delivery_count})
+                             "delivered": mark.delivered,
+                             "delivery_count": mark.delivery_count})
         if args.json:
             print(json.dumps({"queue": row, "messages": messages}))
         else:

@@ -14,6 +14,7 @@ import os
 import lmdb
 import msgspec
 
+from .queuespec import QueueSpec
 from .sealed import seal, unseal
 from .upgrade import MANIFEST_DB, MANIFEST_KEY, manifest_value
 
@@ -29,14 +30,11 @@ class ExchangeDef(msgspec.Struct):
 
 
 class QueueDef(msgspec.Struct):
-    vhost: str
-    name: str
+    """A durable queue: its spec and where it lives."""
+
+    spec: QueueSpec
     qid: int
     shard: int  # the shard (and store directory shard-K) chosen at declaration
-    durable: bool
-    auto_delete: bool
-    arguments: dict
-    queue_type: str = "classic"
 
 
 class BindingDef(msgspec.Struct):
@@ -180,7 +178,7 @@ class MetaStore:
         self._delete("exchanges", _key(vhost, name))
 
     def put_queue(self, q: QueueDef) -> None:
-        self._put("queues", _key(q.vhost, q.name), q)
+        self._put("queues", _key(q.spec.vhost, q.spec.name), q)
 
     def delete_queue(self, vhost: str, name: str) -> None:
         self._delete("queues", _key(vhost, name))

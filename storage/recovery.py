@@ -23,10 +23,13 @@ import time
 
 from .metastore import MetaStore, QueueDef, VHostDef
 from .shardstore import ShardStore
-from .upgrade import FORMAT, upgrade
+from .upgrade import upgrade
 from .verify import StoreReport, check_stores
 
-OUTDATED = "written by an earlier Warren (format 1); `warren serve` upgrades it when it starts"
+
+def outdated(found: int) -> str:
+    return (f"written by an earlier Warren (format {found}); `warren serve` upgrades it when "
+            "it starts")
 
 
 class Refused(Exception):
@@ -84,7 +87,7 @@ class Survey:
         if self.meta is None:
             out.append(f"{self.meta_path}: missing")
         elif self.meta.outdated:
-            out.append(f"{self.meta_path}: {OUTDATED}")
+            out.append(f"{self.meta_path}: {outdated(self.meta.outdated)}")
         else:
             out.append(f"{self.meta_path}: " + ("; ".join(self.meta.problems) or "ok"))
         damaged = self.damaged()
@@ -92,14 +95,15 @@ class Survey:
             report = self.shards.get(k)
             path = os.path.join(self.data_dir, f"shard-{k}")
             if report is not None and report.outdated:
-                out.append(f"{path}: {OUTDATED}")
+                out.append(f"{path}: {outdated(report.outdated)}")
             elif k in damaged:
                 out.append(f"{path}: DAMAGED: {damaged[k]}")
                 readable = report.messages if report else {}
-                lived = ([d for d in self.queue_defs if d.shard == k]
-                         or (report.queues if report else []))
-                out += [f"  queue '{q.name}' in vhost '{q.vhost}' lived here "
-                        f"({readable.get(q.qid, 0)} of its messages readable)" for q in lived]
+                lived = ([(d.qid, d.spec) for d in self.queue_defs if d.shard == k]
+                         or [(qid, q.spec) for qid, q in (report.queues if report else {}).items()])
+                out += [f"  queue '{spec.name}' in vhost '{spec.vhost}' lived here "
+                        f"({readable.get(qid, 0)} of its messages readable)"
+                        for qid, spec in lived]
             else:
                 out.append(f"{path}: ok, {len(report.queues)} queues, "
                            f"{sum(report.messages.values())} messages")
@@ -136,9 +140,9 @@ def prepare(data_dir: str, shard_count: int, quarantine: bool = False,
     # here would crash the broker (SIGBUS).
     for store in [survey.meta, *survey.shards.values()]:
         if store is not None and store.outdated:
-            sealed = upgrade(store.path)
-            upgraded.append(f"upgraded {store.path} from format 1 to {FORMAT}: sealed "
-                            f"{sealed or 0} records with their checksums")
+            done = upgrade(store.path)
+            if done is not None:
+                upgraded.append(done.describe(store.path))
     if upgraded:
         survey = Survey(data_dir)
     report: list[str] = []
@@ -202,7 +206,7 @@ def _quarantine(survey: Survey, damaged: dict[int, str]) -> list[str]:
             lines.append(f"the shard store {path} is missing; an empty one replaces it")
         report = survey.shards.get(k)
         readable = report.messages if report else {}
-        lines += [f"queue '{d.name}' in vhost '{d.vhost}' comes back empty; its stored "
+        lines += [f"queue '{d.spec.name}' in vhost '{d.spec.vhost}' comes back empty; its stored "
                   f"messages stay in the quarantined store ({readable.get(d.qid, 0)} readable)"
                   for d in survey.queue_defs if d.shard == k]
     survey.shards = {k: r for k, r in survey.shards.items() if k not in damaged}
@@ -214,13 +218,12 @@ def _rebuild(meta: MetaStore, orphans: list[StoreReport], shard_paths: dict[int,
     shard_of = {path: k for k, path in shard_paths.items()}
     vhosts, queues, messages, top = set(), 0, 0, 0
     for report in orphans:
-        for q in report.queues:
-            meta.put_queue(QueueDef(q.vhost, q.name, q.qid, shard_of[report.path], q.durable,
-                                    q.auto_delete, q.arguments, q.queue_type))
-            vhosts.add(q.vhost)
+        for qid, q in report.queues.items():
+            meta.put_queue(QueueDef(q.spec, qid, shard_of[report.path]))
+            vhosts.add(q.spec.vhost)
             queues += 1
-            messages += report.messages.get(q.qid, 0)
-            top = max(top, q.qid)
+            messages += report.messages.get(qid, 0)
+            top = max(top, qid)
     for name in vhosts:
         meta.put_vhost(VHostDef(name))
     meta.set_next_qid(max(top + 1, meta.load().next_qid))

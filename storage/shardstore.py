@@ -3,7 +3,7 @@
 Keys are the queue id and the sequence number, each 8 bytes big-endian, so a
 cursor walks a queue in order. Three databases:
 
-    queues     qid            -> StoredQueue
+    queues     qid            -> StoredQueue (its spec and the arguments in force)
     messages   qid + seq      -> StoredMessage (content; read back on delivery)
     marks      qid + seq      -> (delivered, delivery_count, acquired_count, rich)
     manifest   b"manifest"    -> Manifest (the store's format; written when it is created)
@@ -25,6 +25,7 @@ from typing import Iterator
 import lmdb
 import msgspec
 
+from .queuespec import QueueSpec
 from .sealed import seal, unseal
 from .upgrade import MANIFEST_KEY, manifest_value
 
@@ -34,23 +35,22 @@ _DB_NAMES = (b"queues", b"messages", b"marks", b"manifest")
 
 
 class StoredQueue(msgspec.Struct, array_like=True):
-    qid: int
-    vhost: str
-    name: str
-    durable: bool
-    exclusive: bool
-    auto_delete: bool
+    """A queue in its shard's store (keyed by its id): its spec, and the arguments
+    in force when the shard created it (the spec's with its policy's), which
+    recovery configures it with until the gateway sends today's."""
+
+    spec: QueueSpec
     arguments: dict
-    queue_type: str = "classic"
 
 
 class StoredMessage(msgspec.Struct, array_like=True):
+    """A message's content. Its delivery counts live in `marks`: format 2 wrote two
+    more fields here, always 0, which decoding ignores (trailing array items)."""
+
     exchange: str
     routing_key: str
     properties: bytes
     body: bytes
-    delivery_count: int = 0  # failed returns (quorum queues)
-    acquired_count: int = 0  # every return
 
 
 class _Mark(msgspec.Struct, array_like=True):
@@ -75,9 +75,9 @@ class WriteBatch:
         self.deletes: set[bytes] = set()
         self.marks: dict[bytes, _Mark] = {}
 
-    def put_queue(self, queue: StoredQueue) -> None:
-        self.queue_deletes.discard(queue.qid)
-        self.queue_puts[queue.qid] = queue
+    def put_queue(self, qid: int, queue: StoredQueue) -> None:
+        self.queue_deletes.discard(qid)
+        self.queue_puts[qid] = queue
 
     def delete_queue(self, qid: int) -> None:
         self.queue_puts.pop(qid, None)
@@ -117,8 +117,8 @@ class WriteBatch:
         would (a refused batch is kept, and what gathered since joins it)."""
         for qid in later.queue_deletes:
             self.delete_queue(qid)
-        for queue in later.queue_puts.values():
-            self.put_queue(queue)
+        for qid, queue in later.queue_puts.items():
+            self.put_queue(qid, queue)
         for key, message in later.puts.items():
             self.deletes.discard(key)
             self.puts[key] = message
@@ -199,10 +199,10 @@ class ShardStore:
                 if not cursor.delete():
                     break
 
-    def queues(self) -> list[StoredQueue]:
+    def queues(self) -> dict[int, StoredQueue]:
         with self.env.begin() as txn:
-            return [self._queue_decoder.decode(unseal(v))
-                    for _, v in txn.cursor(db=self._queues)]
+            return {_qid.unpack(k)[0]: self._queue_decoder.decode(unseal(v))
+                    for k, v in txn.cursor(db=self._queues)}
 
     def recover(self, qid: int) -> Iterator[tuple[int, bool, int, int, bool]]:
         """(seq, delivered, delivery_count, acquired_count, rich) of a queue, in

@@ -22,7 +22,7 @@ import msgspec
 from .metastore import _KINDS
 from .sealed import Damaged, unseal
 from .shardstore import StoredMessage, StoredQueue, _Mark
-from .upgrade import FORMAT, MANIFEST_DB, Manifest
+from .upgrade import FORMAT, Manifest, found_format
 
 SHARD_DBS = {b"manifest": Manifest, b"queues": StoredQueue, b"messages": StoredMessage,
              b"marks": _Mark}
@@ -33,9 +33,9 @@ META_DBS = {b"manifest": Manifest, **{kind.encode(): struct for kind, struct in 
 class StoreReport(msgspec.Struct):
     path: str
     problems: list[str] = []
-    queues: list[StoredQueue] = []  # the queue records it holds (shard stores)
+    queues: dict[int, StoredQueue] = {}  # qid -> its queue record (shard stores)
     messages: dict[int, int] = {}  # qid -> readable messages
-    outdated: bool = False  # format 1, written by an earlier Warren: upgraded at start
+    outdated: int = 0  # the format an earlier Warren wrote it in: upgraded at start
 
 
 def check_store(path: str) -> StoreReport:
@@ -58,8 +58,12 @@ def check_store(path: str) -> StoreReport:
         dbs = META_DBS if os.path.basename(path) == "meta" else SHARD_DBS
         with env.begin(buffers=True) as txn:
             names = [bytes(name) for name, _ in txn.cursor()]
-            if names and MANIFEST_DB not in names:
-                report.outdated = True  # its values carry no checksums to check
+            try:
+                found = found_format(env, txn, names) if names else FORMAT
+            except (Damaged, msgspec.DecodeError):
+                found = FORMAT  # the manifest's own check reports it
+            if found < FORMAT:
+                report.outdated = found  # its values are not in the shape checked below
                 return report
             for name, struct in dbs.items():
                 _check_db(env, txn, name.decode(), struct, report)
@@ -87,7 +91,7 @@ def _check_db(env, txn, name: str, struct, report: StoreReport) -> None:
             bad += 1
             continue
         if struct is StoredQueue:
-            report.queues.append(record)
+            report.queues[int.from_bytes(key[:8], "big")] = record
         elif struct is StoredMessage:
             qid = int.from_bytes(key[:8], "big")
             report.messages[qid] = report.messages.get(qid, 0) + 1

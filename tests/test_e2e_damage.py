@@ -18,10 +18,12 @@ import urllib.request
 import pika
 
 from .conftest import ROOT, RunningBroker, mounted_tmpfs, wait_until
+from .oldformats import as_format_1, as_format_2
 from .test_e2e_basic import names_on_every_shard, shard_pids
 
 MESSAGES = 60
 Q0, Q1 = names_on_every_shard(2, 1, "dmg")  # on shard 0 and on shard 1
+STORES = ["meta", "shard-0", "shard-1"]
 
 
 def body(i: int) -> bytes:
@@ -242,37 +244,10 @@ def shard1_pid(broker) -> int:
     raise AssertionError("no shard 1 process")
 
 
-def as_format_1(data) -> None:
-    """Rewrite a data directory as Warren 0.1 left it (format 1): values without
-    their checksums, meta/'s counters as decimal text, and no manifests."""
-    import lmdb
-    import msgspec
-
-    from warren.storage.sealed import unseal
-
-    for store in ["meta", "shard-0", "shard-1"]:
-        env = lmdb.open(str(data / store), subdir=True, max_dbs=16, create=False)
-        with env.begin(write=True) as txn:
-            for name in [bytes(name) for name, _ in txn.cursor()]:
-                db = env.open_db(name, txn=txn, create=False)
-                if name == b"manifest":
-                    txn.drop(db, delete=True)
-                    continue
-                for key, value in list(txn.cursor(db=db)):
-                    plain = bytes(unseal(value))
-                    if name == b"counters":
-                        if key != b"next_qid":  # what format 1 did not have
-                            txn.delete(key, db=db)
-                            continue
-                        plain = str(msgspec.msgpack.decode(plain)).encode()
-                    txn.put(key, plain, db=db)
-        env.close()
-
-
 def test_a_data_directory_of_an_earlier_warren_is_upgraded_not_called_damaged(tmp_path):
     data = tmp_path / "data"
     fill(data)
-    as_format_1(data)
+    as_format_1(data, STORES)
     checked = verify(data)
     assert checked.returncode == 0 and "DAMAGED" not in checked.stdout, checked.stdout
     assert checked.stdout.count("written by an earlier Warren (format 1)") == 3
@@ -280,7 +255,7 @@ def test_a_data_directory_of_an_earlier_warren_is_upgraded_not_called_damaged(tm
     try:
         assert counts(broker) == {Q0: MESSAGES, Q1: MESSAGES}
         log = broker.log_text()
-        assert log.count("from format 1 to 2") == 3 and "[error]" not in log, log
+        assert log.count("from format 1 to 3") == 3 and "[error]" not in log, log
         conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
         ch = conn.channel()
         assert ch.basic_get(Q1, auto_ack=True)[2] == body(0)
@@ -289,3 +264,29 @@ def test_a_data_directory_of_an_earlier_warren_is_upgraded_not_called_damaged(tm
     finally:
         broker.stop()
     assert verify(data).returncode == 0
+
+
+def test_a_data_directory_of_format_2_keeps_its_queues_and_messages(tmp_path):
+    """Format 2 wrote a queue's fields one by one in both stores: the upgrade rewrites
+    those records as queue specs; its messages are read as they are."""
+    data = tmp_path / "data"
+    fill(data)
+    as_format_2(data, STORES)
+    checked = verify(data)
+    assert checked.returncode == 0, checked.stdout
+    assert checked.stdout.count("written by an earlier Warren (format 2)") == 3
+    broker = RunningBroker(data, shards=2).start()
+    try:
+        assert counts(broker) == {Q0: MESSAGES, Q1: MESSAGES}
+        log = broker.log_text()
+        assert log.count("from format 2 to 3: rewrote 1 queue records") == 2, log
+        assert log.count("from format 2 to 3: rewrote 2 queue records") == 1, log
+        assert "[error]" not in log, log
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        ch = conn.channel()
+        assert ch.basic_get(Q0, auto_ack=True)[2] == body(0)
+        ch.queue_declare(Q1, durable=True)  # its definition is unchanged: an equivalent redeclare
+        conn.close()
+    finally:
+        broker.stop()
+    assert verify(data).stdout.count(": ok") == 3

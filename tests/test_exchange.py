@@ -9,6 +9,7 @@ from warren.gateway.config import Config
 from warren.gateway.exchange import EXCHANGE, QUEUE, Exchange, headers_match
 from warren.gateway.gateway import Gateway, QueueMeta, VHost
 from warren.shards import records as r
+from warren.storage.queuespec import QueueSpec
 
 HEADER_CASES = [
     ({"x-match": "all", "a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, True),
@@ -88,7 +89,8 @@ def make_gateway(shards: int) -> tuple[Gateway, VHost]:
 
 
 def add_queue(gateway: Gateway, vhost: VHost, name: str, shard: int) -> QueueMeta:
-    meta = QueueMeta(len(gateway.queues_by_qid) + 1, "/", name, shard, False, None, False, {})
+    meta = QueueMeta(len(gateway.queues_by_qid) + 1, shard,
+                     QueueSpec("/", name, False, False, False, {}))
     vhost.queues[name] = gateway.queues_by_qid[meta.qid] = meta
     return meta
 
@@ -99,7 +101,7 @@ def test_fanout_to_a_hundred_queues_is_one_record_per_shard():
     vhost.exchanges["fan"] = fan
     for i in range(100):
         meta = add_queue(gateway, vhost, f"q{i}", i % 4)
-        gateway.bind(fan, (QUEUE, meta.name), "", {})
+        gateway.bind(fan, (QUEUE, meta.spec.name), "", {})
     targets = gateway.route(vhost, fan, "", dict)
     assert len(targets) == 100
     gateway.publish(targets, "fan", "", b"\x00\x00", b"body", False, -1, 0)
@@ -119,7 +121,7 @@ def test_routing_through_exchange_bindings_and_alternates():
     gateway.bind(vhost.exchanges["front"], (EXCHANGE, "back"), "orders.#", {})
     gateway.bind(vhost.exchanges["back"], (QUEUE, "orders"), "orders.new", {})
     gateway.bind(vhost.exchanges["ae"], (QUEUE, "lost"), "", {})
-    route = lambda key: sorted(m.name for m in gateway.route(  # noqa: E731
+    route = lambda key: sorted(m.spec.name for m in gateway.route(  # noqa: E731
         vhost, vhost.exchanges["front"], key, dict))
     assert route("orders.new") == ["orders"]
     assert route("stock.new") == ["lost"]  # front routes nowhere: its alternate takes it

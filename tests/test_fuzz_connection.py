@@ -121,7 +121,7 @@ class Harness:
         held = [h for h, ch in self.gateway.holders.items() if ch.conn is conn]
         if held:
             problems.append(f"holders {held} of a closed connection are still registered")
-        owned = [q.name for q in self.gateway.queues_by_qid.values() if q.owner is conn]
+        owned = [q.spec.name for q in self.gateway.queues_by_qid.values() if q.owner is conn]
         if owned:
             problems.append(f"exclusive queues {owned} outlive their connection")
         return problems

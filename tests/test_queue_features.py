@@ -8,10 +8,12 @@ from hypothesis import strategies as st
 
 from warren.shards import records as r
 from warren.shards.queue import Queue, Refused
+from warren.storage.queuespec import QueueSpec
 
 
 def make_queue(**arguments) -> Queue:
-    return Queue(r.CreateQueue(0, 1, "/", "q", False, False, False, arguments))
+    spec = QueueSpec("/", "q", False, False, False, arguments)
+    return Queue(r.CreateQueue(0, 1, spec, arguments))
 
 
 def publish(q: Queue, body: bytes, now: float = 0.0, expiration: int = -1,
@@ -130,8 +132,9 @@ def test_priority_order_matches_a_stable_sort(messages):
 
 
 def quorum_queue(**arguments) -> Queue:
-    return Queue(r.CreateQueue(0, 1, "/", "q", True, False, False,
-                               {"x-queue-type": "quorum", **arguments}))
+    arguments = {"x-queue-type": "quorum", **arguments}
+    return Queue(r.CreateQueue(0, 1, QueueSpec("/", "q", True, False, False, arguments),
+                               arguments))
 
 
 def consume_with_timeout(q: Queue, holder: int, timeout_ms: int, now: float = 0.0) -> list:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from warren.shards import records as r
 from warren.shards.queue import Destroyed, Persist, Queue, Remove
+from warren.storage.queuespec import QueueSpec
 
 
 def make_queue(durable=False, auto_delete=False) -> Queue:
-    return Queue(r.CreateQueue(0, 1, "/", "q", durable, False, auto_delete, {}))
+    return Queue(r.CreateQueue(0, 1, QueueSpec("/", "q", durable, False, auto_delete, {}), {}))
 
 
 def publish(q: Queue, body: bytes, persistent=False) -> list:

@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from warren.shards import records as r
 from warren.shards.queue import Queue
+from warren.storage.queuespec import QueueSpec
 
 CHANNEL = 900  # the holder id of basic.get deliveries
 
@@ -17,7 +18,7 @@ CHANNEL = 900  # the holder id of basic.get deliveries
 class QueueModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.queue = Queue(r.CreateQueue(0, 1, "/", "q", False, False, False, {}))
+        self.queue = Queue(r.CreateQueue(0, 1, QueueSpec("/", "q", False, False, False, {}), {}))
         self.next_body = 0
         self.ready: set[int] = set()  # model: seqs ready
         self.held: dict[int, set[int]] = {}  # holder -> seqs

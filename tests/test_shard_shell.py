@@ -13,14 +13,21 @@ from warren.shards.main import Shard
 from warren.shards.persister import Persister
 from warren.shards.queue import Queue
 from warren.shards.stats import StatsLog
+from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore, StoreFull
+
+
+def create_queue(req: int, qid: int, name: str, durable: bool = False,
+                 arguments: dict | None = None) -> r.CreateQueue:
+    spec = QueueSpec("/", name, durable, False, False, arguments or {})
+    return r.CreateQueue(req, qid, spec, spec.arguments)
 
 
 @pytest.fixture
 def shard(tmp_path):
     store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
     shard = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0))
-    shard.run(r.CreateQueue(1, 7, "/", "q", False, False, False, {}), 0.0)
+    shard.run(create_queue(1, 7, "q"), 0.0)
     yield shard
     store.close()
 
@@ -52,8 +59,8 @@ def test_failing_commands_are_answered_and_the_next_ones_served(shard, monkeypat
 
 
 def test_due_timers_expire_messages_and_then_the_unused_queue(shard):
-    shard.run(r.CreateQueue(2, 8, "/", "ttl", False, False, False,
-                            {"x-message-ttl": 1000, "x-expires": 5000}), 0.0)
+    shard.run(create_queue(2, 8, "ttl", arguments={"x-message-ttl": 1000, "x-expires": 5000}),
+              0.0)
     shard.run(r.Publish([8], "", "ttl", b"\x00\x00", b"body", False), 0.0)
     shard.take_events()
     assert shard.timers.next_deadline() == 1.0
@@ -68,8 +75,8 @@ def test_due_timers_expire_messages_and_then_the_unused_queue(shard):
 
 
 def test_a_refused_publish_is_nacked_with_the_commit(shard):
-    shard.run(r.CreateQueue(2, 9, "/", "small", False, False, False,
-                            {"x-max-length": 1, "x-overflow": "reject-publish"}), 0.0)
+    shard.run(create_queue(2, 9, "small",
+                           arguments={"x-max-length": 1, "x-overflow": "reject-publish"}), 0.0)
     for seq in (1, 2):
         shard.run(r.Publish([7, 9], "", "", b"\x00\x00", b"body", False, confirm_channel=3,
                             confirm_seq=seq), 0.0)
@@ -97,7 +104,7 @@ def durable_publish(seq: int) -> r.Publish:
 
 
 def test_confirms_wait_for_the_commit_that_covers_them(shard):
-    shard.run(r.CreateQueue(2, 5, "/", "d", True, False, False, {}), 0.0)
+    shard.run(create_queue(2, 5, "d", durable=True), 0.0)
     shard.run(durable_publish(1), 0.0)
     committer = InlineCommitter()
     assert shard.start_commit(committer, 0.0) == []  # nothing before the fsync
@@ -110,7 +117,7 @@ def test_confirms_wait_for_the_commit_that_covers_them(shard):
 
 
 def test_a_full_store_nacks_and_wakes_the_shard_to_write_again(shard, monkeypatch):
-    shard.run(r.CreateQueue(2, 5, "/", "d", True, False, False, {}), 0.0)
+    shard.run(create_queue(2, 5, "d", durable=True), 0.0)
     shard.commit_now(0.0)
     store = shard.persister.home
     real_commit = store.commit

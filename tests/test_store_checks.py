@@ -10,6 +10,7 @@ import pytest
 from warren.shards import persister as persister_module
 from warren.shards.persister import Persister
 from warren.shards.queue import Message
+from warren.storage.queuespec import QueueSpec
 from warren.storage.sealed import Damaged, seal, unseal
 from warren.storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
 from warren.storage.verify import check_store
@@ -26,7 +27,7 @@ def test_a_sealed_value_reads_back_and_an_altered_one_is_damaged():
 def test_merged_batches_end_as_two_commits_in_a_row(tmp_path):
     store = ShardStore(str(tmp_path / "shard-0"), 1 << 24)
     first = WriteBatch()
-    first.put_queue(StoredQueue(1, "/", "q", True, False, False, {}))
+    first.put_queue(1, StoredQueue(QueueSpec("/", "q", True, False, False, {}), {}))
     for seq in range(4):
         first.put_message(1, seq, StoredMessage("", "q", b"", b"%d" % seq))
     store.commit(first)
@@ -46,7 +47,7 @@ def test_a_flipped_byte_in_a_message_fails_the_check(tmp_path):
     path = tmp_path / "shard-0"
     store = ShardStore(str(path), 1 << 24)
     batch = WriteBatch()
-    batch.put_queue(StoredQueue(1, "/", "q", True, False, False, {}))
+    batch.put_queue(1, StoredQueue(QueueSpec("/", "q", True, False, False, {}), {}))
     batch.put_message(1, 1, StoredMessage("", "q", b"", b"unique-body-" * 1000))
     store.commit(batch)
     store.close()

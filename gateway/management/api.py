@@ -12,6 +12,7 @@ import time
 
 from warren.shards import records as r
 from warren.storage.metastore import PolicyDef
+from warren.storage.queuespec import QueueSpec
 
 from .. import __version__, arguments
 from ..errors import AMQPError, refusal_error
@@ -478,7 +479,8 @@ class Management:
                 arguments.validate(args, arguments.QUEUE_ARGUMENTS, what)
             except AMQPError as error:
                 raise bad_request(error.text) from None
-            self.gateway.create_queue(vhost, name, durable, None, auto_delete, args)
+            self.gateway.create_queue(QueueSpec(vhost.name, name, durable, False, auto_delete,
+                                                args))
             return Response(201)
         if request.method == "DELETE":
             if meta is None:
@@ -497,7 +499,7 @@ class Management:
                                               or future.set_result(reply))
         reply = await asyncio.wait_for(future, 10.0)
         if reply.refused:
-            raise bad_request(refusal_error(reply.refused, meta.vhost, meta.name).text)
+            raise bad_request(refusal_error(reply.refused, meta.spec.vhost, meta.spec.name).text)
         return reply
 
     def _queue(self, meta, figure: dict | None) -> dict:
@@ -505,9 +507,9 @@ class Management:
         ready, unacked = figure.get("ready", 0), figure.get("unacked", 0)
         policy = meta.policy
         return {
-            "name": meta.name, "vhost": meta.vhost, "durable": meta.durable,
-            "auto_delete": meta.auto_delete, "exclusive": meta.owner is not None,
-            "arguments": meta.arguments, "type": meta.queue_type, "node": NODE,
+            "name": meta.spec.name, "vhost": meta.spec.vhost, "durable": meta.spec.durable,
+            "auto_delete": meta.spec.auto_delete, "exclusive": meta.spec.exclusive,
+            "arguments": meta.spec.arguments, "type": meta.spec.queue_type, "node": NODE,
             "state": ("running" if figure else
                       "crashed" if meta.shard in self.gateway.shards.failing else "down"),
             "shard": meta.shard,

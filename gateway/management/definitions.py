@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from warren.storage.metastore import PolicyDef
+from warren.storage.queuespec import QueueSpec
 
 from .. import __version__, arguments, policies
 from ..errors import AMQPError, exchange_name, queue_name
@@ -24,9 +25,10 @@ def export(gateway) -> dict:
     queues, exchanges, bindings = [], [], []
     for vhost_name, vhost in sorted(gateway.vhosts.items()):
         for name, meta in sorted(vhost.queues.items()):
-            if meta.owner is None and meta.durable:
+            if meta.spec.stored:
                 queues.append({"name": name, "vhost": vhost_name, "durable": True,
-                               "auto_delete": meta.auto_delete, "arguments": meta.arguments})
+                               "auto_delete": meta.spec.auto_delete,
+                               "arguments": meta.spec.arguments})
         for name, exchange in sorted(vhost.exchanges.items()):
             if name and not name.startswith("amq.") and exchange.durable:
                 exchanges.append({"name": name, "vhost": vhost_name, "type": exchange.type,
@@ -216,8 +218,8 @@ def import_(gateway, data, skip_unsupported: bool = False) -> list[str]:
     for _, q in loaded["queues"]:
         vhost = gateway.vhosts[q.vhost]
         if q.name not in vhost.queues:
-            gateway.create_queue(vhost, q.name, q.durable, None, q.auto_delete,
-                                _queue_arguments(q))
+            gateway.create_queue(QueueSpec(q.vhost, q.name, q.durable, False, q.auto_delete,
+                                           _queue_arguments(q)))
     for _, b in loaded["bindings"]:
         vhost = gateway.vhosts[b.vhost]
         gateway.bind(vhost.exchanges[b.source], (_KINDS[b.destination_type], b.destination),

@@ -202,7 +202,7 @@ class BrokerCollector(Collector):
                       else f.get(field, 0) for _, f in rows]
             if self.per_object:
                 for (meta, _), value in zip(rows, values):
-                    metric.add_metric([meta.vhost, meta.name], value)
+                    metric.add_metric([meta.spec.vhost, meta.spec.name], value)
             else:
                 metric.add_metric([], sum(values))
             return metric
