@@ -50,7 +50,7 @@ class Upgraded(msgspec.Struct):
 _FORMAT_1_VALUES = {b"counters": lambda value: msgspec.msgpack.encode(int(value))}
 
 
-class _ShardQueue2(msgspec.Struct, array_like=True):
+class ShardQueue2(msgspec.Struct, array_like=True):
     """A shard store's queue record in formats 1 and 2."""
 
     qid: int
@@ -63,7 +63,7 @@ class _ShardQueue2(msgspec.Struct, array_like=True):
     queue_type: str = "classic"  # never written other than so: x-queue-type says it
 
 
-class _MetaQueue2(msgspec.Struct):
+class MetaQueue2(msgspec.Struct):
     """meta/'s queue record in formats 1 and 2."""
 
     vhost: str
@@ -77,7 +77,7 @@ class _MetaQueue2(msgspec.Struct):
 
 
 def _shard_queue_3(value: bytes) -> bytes:
-    old = msgspec.msgpack.decode(value, type=_ShardQueue2)
+    old = msgspec.msgpack.decode(value, type=ShardQueue2)
     # The store never knew the declared arguments apart from those in force.
     spec = QueueSpec(old.vhost, old.name, old.durable, old.exclusive, old.auto_delete,
                      old.arguments)
@@ -85,7 +85,7 @@ def _shard_queue_3(value: bytes) -> bytes:
 
 
 def _meta_queue_3(value: bytes) -> bytes:
-    old = msgspec.msgpack.decode(value, type=_MetaQueue2)
+    old = msgspec.msgpack.decode(value, type=MetaQueue2)
     spec = QueueSpec(old.vhost, old.name, old.durable, False, old.auto_delete, old.arguments)
     return msgspec.msgpack.encode({"spec": spec, "qid": old.qid, "shard": old.shard})
 

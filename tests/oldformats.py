@@ -1,8 +1,8 @@
 """Data directories as earlier Warrens left them, made from one written today:
 format 2 (sealed values, a manifest; a queue's fields written one by one, and two
 always-zero counts after a message's body) and format 1 (format 2's values
-without checksums, meta/'s counters as decimal text, no manifests). The layouts
-are spelled out here, not imported, so the tests keep the old format fixed."""
+without checksums, meta/'s counters as decimal text, no manifests). The queue
+layouts are those storage/upgrade.py reads."""
 
 from __future__ import annotations
 
@@ -10,28 +10,7 @@ import lmdb
 import msgspec
 
 from warren.storage.sealed import seal, unseal
-
-
-class ShardQueue2(msgspec.Struct, array_like=True):
-    qid: int
-    vhost: str
-    name: str
-    durable: bool
-    exclusive: bool
-    auto_delete: bool
-    arguments: dict
-    queue_type: str = "classic"
-
-
-class MetaQueue2(msgspec.Struct):
-    vhost: str
-    name: str
-    qid: int
-    shard: int
-    durable: bool
-    auto_delete: bool
-    arguments: dict
-    queue_type: str = "classic"
+from warren.storage.upgrade import MetaQueue2, ShardQueue2
 
 
 class Message2(msgspec.Struct, array_like=True):
