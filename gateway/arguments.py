@@ -1,5 +1,6 @@
 """Queue and exchange declaration arguments: validation and equivalence, with
-RabbitMQ's texts (`invalid arg ...`, `inequivalent arg ...`)."""
+RabbitMQ's texts (`invalid arg ...`, `inequivalent arg ...`), as RabbitMQ 3.10
+words them."""
 
 from __future__ import annotations
 
@@ -38,11 +39,11 @@ def type_name(value) -> str:
 def _integer(minimum: int, maximum: int | None = None):
     def check(value) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int):
-            return f"{{unacceptable_type,{type_name(value)}}}"
+            return f'"expected integer, got {type_name(value)}"'
         if value < minimum:
             return "{value_zero,0}" if value == 0 else f"{{value_negative,{value}}}"
         if maximum is not None and value > maximum:
-            return f"{{value_too_large,{value},{maximum}}}"
+            return f"{{max_value_exceeded,{value}}}"
         return None
     return check
 
@@ -54,11 +55,12 @@ def _string(value) -> str | None:
 
 
 def _one_of(choices: tuple[str, ...], error: str):
+    """`error` words an unknown value, with {value} in it."""
     def check(value) -> str | None:
         if not isinstance(value, str):
             return f"{{unacceptable_type,{type_name(value)}}}"
         if value not in choices:
-            return f"{{{error},<<\"{value}\">>}}"
+            return error.format(value=value)
         return None
     return check
 
@@ -76,9 +78,9 @@ QUEUE_ARGUMENTS = {
     "x-max-length": _integer(0),
     "x-max-length-bytes": _integer(0),
     "x-max-priority": _integer(0, MAX_PRIORITY),
-    "x-overflow": _one_of(OVERFLOW_MODES, "unknown_overflow"),
-    "x-queue-type": _one_of(QUEUE_TYPES, "unsupported_queue_type"),
-    "x-queue-mode": _one_of(("default", "lazy"), "unknown_queue_mode"),
+    "x-overflow": _one_of(OVERFLOW_MODES, "invalid_overflow"),
+    "x-queue-type": _one_of(QUEUE_TYPES, "\"unsupported queue type '{value}'\""),
+    "x-queue-mode": _one_of(("default", "lazy"), "\"unsupported queue mode '{value}'\""),
     "x-single-active-consumer": _boolean,
     "x-consumer-timeout": _integer(1),
     "x-delivery-limit": _integer(-1),
@@ -86,6 +88,8 @@ QUEUE_ARGUMENTS = {
 EXCHANGE_ARGUMENTS = {
     "alternate-exchange": _string,
 }
+# Exchange names among them: RabbitMQ words their wrong types differently.
+_EXCHANGE_NAMES = ("x-dead-letter-exchange", "alternate-exchange")
 
 
 def check_queue_type(arguments: dict, durable: bool, exclusive: bool, auto_delete: bool,
@@ -108,14 +112,19 @@ def check_queue_type(arguments: dict, durable: bool, exclusive: bool, auto_delet
 
 def validate(arguments: dict, known: dict, what: str) -> None:
     for name, check in known.items():
-        if name in arguments:
-            error = check(arguments[name])
-            if error:
-                raise AMQPError(spec.PRECONDITION_FAILED, f"invalid arg '{name}' for {what}: {error}")
+        if name not in arguments:
+            continue
+        value = arguments[name]
+        if name in _EXCHANGE_NAMES and not isinstance(value, (str, bytes)):
+            raise AMQPError(spec.PRECONDITION_FAILED,
+                            f"invalid type '{type_name(value)}' for arg '{name}' in {what}")
+        error = check(value)
+        if error:
+            raise AMQPError(spec.PRECONDITION_FAILED, f"invalid arg '{name}' for {what}: {error}")
     if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
         raise AMQPError(spec.PRECONDITION_FAILED,
                         f"invalid arg 'x-dead-letter-routing-key' for {what}: "
-                        "{dead_letter_routing_key_requires_exchange}")
+                        "routing_key_but_no_dlx_defined")
 
 
 def assert_equivalent(received: dict, current: dict, known: dict, what: str) -> None:

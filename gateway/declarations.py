@@ -7,11 +7,11 @@ from __future__ import annotations
 from warren.shards import records as r
 from warren.storage.queuespec import QueueSpec
 
-from . import arguments, replyto
+from . import declare, replyto
 from .amqp import methods as m
 from .amqp import spec
-from .errors import AMQPError, exchange_name, queue_name, refusal_error
-from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from .errors import AMQPError, exchange_name, refusal_error
+from .exchange import EXCHANGE, QUEUE, Exchange
 from .gateway import QueueMeta, server_generated_name
 
 
@@ -21,36 +21,22 @@ class Declarations:
     def _exchange_declare(self, method: m.ExchangeDeclare) -> None:
         vhost = self.vhost
         name = method.exchange
-        if not method.passive and method.type not in EXCHANGE_TYPES:
-            raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{method.type}'")
-        _not_default(name)
-        existing = vhost.exchanges.get(name)
+        if not method.passive:
+            declare.check_exchange_type(method.type)
+        declare.not_default(name)
         if method.passive:
-            if existing is None:
+            if name not in vhost.exchanges:
                 raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, name)}")
             return self._reply(m.ExchangeDeclareOk(), method.nowait)
-        what = exchange_name(vhost.name, name)
         self._allow("configure", "exchange", name)
-        if existing is None:
-            if name.startswith("amq."):
-                raise AMQPError(spec.ACCESS_REFUSED,
-                                f"exchange name '{name}' contains reserved prefix 'amq.*'")
-            arguments.validate(method.arguments, arguments.EXCHANGE_ARGUMENTS, what)
-            self.gateway.add_exchange(Exchange(vhost.name, name, method.type, method.durable,
-                                              method.auto_delete, method.internal,
-                                              method.arguments))
-        else:
-            _equivalent("type", what, method.type, existing.type)
-            _equivalent("durable", what, method.durable, existing.durable)
-            _equivalent("auto_delete", what, method.auto_delete, existing.auto_delete)
-            _equivalent("internal", what, method.internal, existing.internal)
-            arguments.assert_equivalent(method.arguments, existing.arguments,
-                                        arguments.EXCHANGE_ARGUMENTS, what)
+        declare.declare_exchange(self.gateway, Exchange(
+            vhost.name, name, method.type, method.durable, method.auto_delete, method.internal,
+            method.arguments))
         self._reply(m.ExchangeDeclareOk(), method.nowait)
 
     def _exchange_delete(self, method: m.ExchangeDelete) -> None:
         name = method.exchange
-        _not_default(name)
+        declare.not_default(name)
         if name.startswith("amq."):  # refused even when no such exchange exists
             raise AMQPError(spec.ACCESS_REFUSED, f"deletion of system "
                             f"{exchange_name(self.vhost.name, name)} not allowed")
@@ -75,31 +61,23 @@ class Declarations:
 
     # -- bindings --------------------------------------------------------------
 
-    def _binding_ends(self, source: str, destination: tuple) -> tuple:
-        """The source exchange and the destination (queue or exchange) of a bind or
-        unbind, None where missing, after RabbitMQ's checks that come first:
-        permissions and the default exchange."""
+    def _binding_checks(self, source: str, destination: tuple) -> None:
+        """RabbitMQ's checks of a bind or unbind that come first: permissions and
+        the default exchange."""
         kind, name = destination
         self._allow("write", kind, name)
-        _not_default(source)
+        declare.not_default(source)
         if kind == EXCHANGE:
-            _not_default(name)
+            declare.not_default(name)
         self._allow("read", "exchange", source)
-        found = self.vhost.queues if kind == QUEUE else self.vhost.exchanges
-        return self.vhost.exchanges.get(source), found.get(name)
 
     def _bind(self, source_name: str, destination: tuple, routing_key: str,
               arguments: dict) -> None:
-        """Both ends must exist: 404 for the missing one, the source first (RabbitMQ's
-        order), before an exclusive queue's 405."""
-        source, target = self._binding_ends(source_name, destination)
-        kind, name = destination
-        if source is None:
-            raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(self.vhost.name, source_name)}")
-        if target is None:
-            describe = queue_name if kind == QUEUE else exchange_name
-            raise AMQPError(spec.NOT_FOUND, f"no {describe(self.vhost.name, name)}")
-        if kind == QUEUE:
+        """Both ends must exist (404), before an exclusive queue's 405."""
+        self._binding_checks(source_name, destination)
+        source, target = declare.binding_ends(self.gateway, self.vhost.name, source_name,
+                                              destination)
+        if destination[0] == QUEUE:
             self._check_exclusive(target)
         self.gateway.bind(source, destination, routing_key, arguments)
 
@@ -107,7 +85,10 @@ class Declarations:
                 arguments: dict) -> None:
         """As in RabbitMQ 3.10, removing a binding that does not exist, or whose queue
         or exchange does not, succeeds; only an existing binding checks exclusivity."""
-        source, target = self._binding_ends(source_name, destination)
+        self._binding_checks(source_name, destination)
+        kind, name = destination
+        source = self.vhost.exchanges.get(source_name)
+        target = (self.vhost.queues if kind == QUEUE else self.vhost.exchanges).get(name)
         if (source is None or target is None
                 or not source.has_binding(destination, routing_key, arguments)):
             return
@@ -127,34 +108,23 @@ class Declarations:
                                                     consumer_count=1), method.nowait)
             meta = self._queue_named(name)
             return self._queue_declare_existing(method, meta)
-        if name == "":
+        server_named = name == ""
+        if server_named:
             name = server_generated_name("amq.gen-")
-        elif name.startswith("amq."):
-            raise AMQPError(spec.ACCESS_REFUSED,
-                            f"queue name '{name}' contains reserved prefix 'amq.*'")
-        what = queue_name(vhost.name, name)
+        else:
+            declare.check_queue_name(name)
         # An exclusive queue dies with its connection: RabbitMQ ignores durable for it.
-        durable = method.durable and not method.exclusive
+        queue = QueueSpec(vhost.name, name, method.durable and not method.exclusive,
+                          method.exclusive, method.auto_delete, method.arguments)
         self._allow("configure", "queue", name)
         meta = vhost.queues.get(name)
         if meta is not None:
             self._check_exclusive(meta, redeclared_exclusive=method.exclusive)
-            _equivalent("durable", what, durable, meta.spec.durable)
-            _equivalent("auto_delete", what, method.auto_delete, meta.spec.auto_delete)
-            arguments.assert_equivalent(method.arguments, meta.spec.arguments,
-                                        arguments.QUEUE_ARGUMENTS, what)
+        meta, created = declare.declare_queue(self.gateway, queue,
+                                              self.conn if method.exclusive else None,
+                                              server_named)
+        if not created:
             return self._queue_declare_existing(method, meta)
-        arguments.check_queue_type(method.arguments, durable, method.exclusive,
-                                   method.auto_delete, what)
-        arguments.validate(method.arguments, arguments.QUEUE_ARGUMENTS, what)
-        limit = self.gateway.vhost_limit(vhost.name, "max-queues")
-        if 0 <= limit <= len(vhost.queues):
-            raise AMQPError(spec.PRECONDITION_FAILED,
-                            f"cannot declare queue '{name}' in vhost '{vhost.name}': vhost queue "
-                            f"limit ({limit}) is reached")
-        owner = self.conn if method.exclusive else None
-        self.gateway.create_queue(QueueSpec(vhost.name, name, durable, method.exclusive,
-                                            method.auto_delete, method.arguments), owner)
         self.last_queue = name
         self._reply(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
                     method.nowait)
@@ -220,20 +190,3 @@ class Declarations:
                       lambda req: r.DeleteQueue(req, meta.qid, method.if_unused, method.if_empty),
                       answered)
 
-
-def _not_default(name: str) -> None:
-    """RabbitMQ refuses every declaration, deletion and binding of the default
-    exchange, a passive declaration included."""
-    if name == "":
-        raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
-
-
-def _equivalent(arg: str, what: str, received, current) -> None:
-    if received != current:
-        raise AMQPError(spec.PRECONDITION_FAILED,
-                        f"inequivalent arg '{arg}' for {what}: received "
-                        f"'{_show(received)}' but current is '{_show(current)}'")
-
-
-def _show(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)

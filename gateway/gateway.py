@@ -274,7 +274,7 @@ class Gateway:
     # -- queues ----------------------------------------------------------------
 
     def create_queue(self, spec: QueueSpec, owner=None) -> QueueMeta:
-        """Create a queue (validated already); `owner` is the
+        """Create a queue (validated already: gateway/declare.py); `owner` is the
         connection of an exclusive one."""
         if spec.stored:
             qid = self.meta.allocate_qid()

@@ -176,8 +176,7 @@ def test_status_lines_carry_their_own_reason_phrase(managed):
     assert status_line("DELETE", "/api/vhosts/phrases") == "204 No Content"
     assert status_line("PUT", "/api/policies/%2F/p", {"pattern": "("}) == "400 Bad Request"
     assert status_line("GET", "/api/overview", auth=False) == "401 Unauthorized"
-    assert status_line("PUT", "/api/exchanges/%2F/amq.mine", {"type": "direct"}) == \
-        "403 Forbidden"
+    assert status_line("DELETE", "/api/exchanges/%2F/amq.direct") == "403 Forbidden"
     assert status_line("GET", "/api/queues/%2F/no-such-queue") == "404 Not Found"
     assert status_line("POST", "/api/vhosts/phrases", {}) == "405 Method Not Allowed"
 
@@ -427,7 +426,7 @@ BAD_DEFINITIONS_PROBLEMS = [
     "permissions[0].user: no user 'nobody'",
     "policies[0].definition.colour: policy key 'colour' is not supported (policy 'p' in "
     "vhost 'defs-bad')",
-    "exchanges[0].type: unknown exchange type 'fancy'",
+    "exchanges[0]: COMMAND_INVALID - unknown exchange type 'fancy'",
     "queues[3]: PRECONDITION_FAILED - invalid arg 'x-max-length' for queue 'q3' in vhost "
     "'defs-bad': "
     "{value_negative,-1}",

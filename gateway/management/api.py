@@ -14,7 +14,8 @@ from warren.shards import records as r
 from warren.storage.metastore import PolicyDef
 from warren.storage.queuespec import QueueSpec
 
-from .. import __version__, arguments
+from .. import __version__, declare
+from ..amqp import spec
 from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 from . import definitions, limits, messages, metrics, shapes, static
@@ -50,6 +51,16 @@ def is_monitor(user) -> bool:
 
 def is_policymaker(user) -> bool:
     return "policymaker" in user.tags or is_admin(user)
+
+
+# How RabbitMQ's management API answers a declaration refused for an AMQP reason
+# (gateway.declare): the AMQP text, without its reply name, is the reason.
+_REFUSALS = {spec.NOT_FOUND: (404, "not_found"), spec.ACCESS_REFUSED: (401, "not_authorised")}
+
+
+def refused(error: AMQPError) -> HTTPError:
+    status, kind = _REFUSALS.get(error.code, (400, "bad_request"))
+    return HTTPError(status, kind, error.detail)
 
 
 def flag(body: dict, name: str, default: bool) -> bool:
@@ -468,20 +479,13 @@ class Management:
         if request.method == "PUT":
             self.check_permission(request, vhost, "configure", QUEUE, name)
             body = request.json({"arguments": dict})
-            args = body.get("arguments", {})
-            durable = flag(body, "durable", True)
-            auto_delete = flag(body, "auto_delete", False)
-            if meta is not None:
-                return Response(204)
-            what = f"queue '{name}' in vhost '{vhost.name}'"
+            queue = QueueSpec(vhost.name, name, flag(body, "durable", True), False,
+                              flag(body, "auto_delete", False), body.get("arguments", {}))
             try:
-                arguments.check_queue_type(args, durable, False, auto_delete, what)
-                arguments.validate(args, arguments.QUEUE_ARGUMENTS, what)
+                _, created = declare.declare_queue(self.gateway, queue)
             except AMQPError as error:
-                raise bad_request(error.text) from None
-            self.gateway.create_queue(QueueSpec(vhost.name, name, durable, False, auto_delete,
-                                                args))
-            return Response(201)
+                raise refused(error) from None
+            return Response(201 if created else 204)
         if request.method == "DELETE":
             if meta is None:
                 raise not_found()
@@ -549,25 +553,14 @@ class Management:
         if request.method == "PUT":
             self.check_permission(request, vhost, "configure", EXCHANGE, name)
             body = request.json({"type": str, "arguments": dict})
-            kind = body.get("type", "direct")
-            if kind not in EXCHANGE_TYPES:
-                raise bad_request(f"unknown exchange type '{kind}'")
-            durable, auto_delete, internal = (flag(body, "durable", True),
-                                              flag(body, "auto_delete", False),
-                                              flag(body, "internal", False))
-            args = body.get("arguments", {})
             try:
-                arguments.validate(args, arguments.EXCHANGE_ARGUMENTS,
-                                   f"exchange '{name}' in vhost '{vhost.name}'")
+                _, created = declare.declare_exchange(gateway, Exchange(
+                    vhost.name, name, body.get("type", "direct"), flag(body, "durable", True),
+                    flag(body, "auto_delete", False), flag(body, "internal", False),
+                    body.get("arguments", {})))
             except AMQPError as error:
-                raise bad_request(error.text) from None
-            if exchange is not None:
-                return Response(204)
-            if name.startswith("amq.") or name == "":
-                raise HTTPError(403, "access_refused", f"exchange name '{name}' is reserved")
-            gateway.add_exchange(Exchange(vhost.name, name, kind, durable, auto_delete, internal,
-                                         args))
-            return Response(201)
+                raise refused(error) from None
+            return Response(201 if created else 204)
         if request.method == "DELETE":
             if exchange is None:
                 raise not_found()
@@ -586,16 +579,16 @@ class Management:
         # POST /api/bindings/{vhost}/e/{source}/q|e/{destination}
         if len(rest) == 5 and request.method == "POST" and rest[1] == "e" and rest[3] in "qe":
             vhost = vhosts[0]
-            source = vhost.exchanges.get(rest[2])
-            kind = QUEUE if rest[3] == "q" else EXCHANGE
-            target = (vhost.queues if kind == QUEUE else vhost.exchanges).get(rest[4])
-            if source is None or target is None or source.name == "":
-                raise not_found()
-            self.check_permission(request, vhost, "write", kind, rest[4])
-            self.check_permission(request, vhost, "read", EXCHANGE, rest[2])
+            destination = (QUEUE if rest[3] == "q" else EXCHANGE, rest[4])
             body = request.json({"routing_key": str, "arguments": dict})
-            self.gateway.bind(source, (kind, rest[4]), body.get("routing_key", ""),
-                             body.get("arguments", {}))
+            try:
+                declare.binding_ends(self.gateway, vhost.name, rest[2], destination)
+                self.check_permission(request, vhost, "write", *destination)
+                self.check_permission(request, vhost, "read", EXCHANGE, rest[2])
+                declare.bind(self.gateway, vhost.name, rest[2], destination,
+                             body.get("routing_key", ""), body.get("arguments", {}))
+            except AMQPError as error:
+                raise refused(error) from None
             return Response(201)
         # DELETE /api/bindings/{vhost}/e/{source}/q|e/{destination}/{properties_key}
         if len(rest) == 6 and request.method == "DELETE" and rest[1] == "e" and rest[3] in "qe":

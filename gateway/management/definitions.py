@@ -12,9 +12,9 @@ import msgspec
 from warren.storage.metastore import PolicyDef
 from warren.storage.queuespec import QueueSpec
 
-from .. import __version__, arguments, policies
-from ..errors import AMQPError, exchange_name, queue_name
-from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from .. import __version__, declare, policies
+from ..errors import AMQPError
+from ..exchange import EXCHANGE, QUEUE, Exchange
 from . import limits, supported
 
 COMPATIBLE_RABBITMQ = "3.13.7"
@@ -211,19 +211,14 @@ def import_(gateway, data, skip_unsupported: bool = False) -> list[str]:
     for _, p in loaded["policies"]:
         gateway.put_policy(_policy(p))
     for _, x in loaded["exchanges"]:
-        vhost = gateway.vhosts[x.vhost]
-        if x.name not in vhost.exchanges:
-            gateway.add_exchange(Exchange(x.vhost, x.name, x.type, x.durable, x.auto_delete,
-                                         x.internal, x.arguments))
+        if x.name not in gateway.vhosts[x.vhost].exchanges:
+            declare.declare_exchange(gateway, _exchange(x))
     for _, q in loaded["queues"]:
-        vhost = gateway.vhosts[q.vhost]
-        if q.name not in vhost.queues:
-            gateway.create_queue(QueueSpec(q.vhost, q.name, q.durable, False, q.auto_delete,
-                                           _queue_arguments(q)))
+        if q.name not in gateway.vhosts[q.vhost].queues:
+            declare.declare_queue(gateway, _queue_spec(q))
     for _, b in loaded["bindings"]:
-        vhost = gateway.vhosts[b.vhost]
-        gateway.bind(vhost.exchanges[b.source], (_KINDS[b.destination_type], b.destination),
-                    b.routing_key, b.arguments)
+        declare.bind(gateway, b.vhost, b.source, (_KINDS[b.destination_type], b.destination),
+                     b.routing_key, b.arguments)
     return unsupported if skip_unsupported else []
 
 
@@ -306,19 +301,11 @@ def _unresolved(gateway, data: dict, loaded: dict[str, list]) -> list[str]:
         if problem:
             problems.append(f"policies[{i}]: {problem}")
     for i, x in loaded["exchanges"]:
-        if x.type not in EXCHANGE_TYPES:
-            problems.append(f"exchanges[{i}].type: unknown exchange type '{x.type}'")
-        if x.name == "" or x.name.startswith("amq."):
-            problems.append(f"exchanges[{i}].name: exchange name '{x.name}' is reserved")
-        problem = _refusal(arguments.validate, x.arguments, arguments.EXCHANGE_ARGUMENTS,
-                           exchange_name(x.vhost, x.name))
+        problem = _refusal(declare.check_exchange, _exchange(x))
         if problem:
-            problems.append(f"exchanges[{i}].arguments: {problem}")
+            problems.append(f"exchanges[{i}]: {problem}")
     for i, q in loaded["queues"]:
-        effective, what = _queue_arguments(q), queue_name(q.vhost, q.name)
-        problem = (_refusal(arguments.check_queue_type, effective, q.durable, False,
-                            q.auto_delete, what)
-                   or _refusal(arguments.validate, effective, arguments.QUEUE_ARGUMENTS, what))
+        problem = _refusal(declare.check_queue, gateway, _queue_spec(q))
         if problem:
             problems.append(f"queues[{i}]: {problem}")
     for i, b in loaded["bindings"]:
@@ -354,7 +341,12 @@ def _policy(p: PolicyItem) -> PolicyDef:
     return PolicyDef(p.vhost, p.name, p.pattern, p.apply_to, p.priority, p.definition)
 
 
-def _queue_arguments(q: QueueItem) -> dict:
-    if q.type == "classic" or "x-queue-type" in q.arguments:
-        return q.arguments
-    return {**q.arguments, "x-queue-type": q.type}
+def _queue_spec(q: QueueItem) -> QueueSpec:
+    arguments = q.arguments
+    if q.type != "classic" and "x-queue-type" not in arguments:
+        arguments = {**arguments, "x-queue-type": q.type}
+    return QueueSpec(q.vhost, q.name, q.durable, False, q.auto_delete, arguments)
+
+
+def _exchange(x: ExchangeItem) -> Exchange:
+    return Exchange(x.vhost, x.name, x.type, x.durable, x.auto_delete, x.internal, x.arguments)
