@@ -12,7 +12,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from .conftest import RunningBroker
+from .conftest import managed_broker
 from .test_management_api import call
 
 # (arguments, RabbitMQ 3.10's text after "invalid arg '<name>' for queue ...: ")
@@ -33,10 +33,7 @@ BAD_QUEUES = [
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    running = RunningBroker(tmp_path_factory.mktemp("doors") / "data", shards=2,
-                            management=True).start()
-    yield running
-    running.stop()
+    yield from managed_broker(tmp_path_factory, "doors", shards=2)
 
 
 def amqp_refusal(broker, declare) -> tuple[int, str]:
