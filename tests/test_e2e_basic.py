@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import aio_pika
 import amqp
@@ -205,6 +206,11 @@ def test_client_killed_mid_stream_does_not_disturb_others(broker):
     worker.send_signal(signal.SIGKILL)
     worker.wait(10)
     worker.stdout.close()
+    # Once the broker has seen the hang-up, the killed worker's 50 are ready again.
+    deadline = time.monotonic() + 10
+    while ch.queue_declare(q, passive=True).method.message_count < 200:
+        assert time.monotonic() < deadline, "the killed worker's messages were not requeued"
+        conn.process_data_events(time_limit=0.05)
     # The survivor gets everything, the killed worker's 50 first and marked redelivered.
     got = []
 
