@@ -31,9 +31,6 @@ from .snapshots import ConnectionInfo
 
 log = logging.getLogger("warren.connection")
 
-CHANNEL_MAX = 2047
-FRAME_MAX = 131072
-HEARTBEAT = 60
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 3.0
 # Frames one connection may handle per loop turn before yielding (a publish is
@@ -62,12 +59,12 @@ STATE_NAMES = ("pre_init", "starting", "tuning", "opening", "running", "closing"
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, gateway, tune: dict | None = None):
+    def __init__(self, gateway):
         self.gateway = gateway
-        tune = tune or {}
-        self.channel_max = tune.get("channel_max", CHANNEL_MAX)
-        self.frame_max = tune.get("frame_max", FRAME_MAX)
-        self.heartbeat = tune.get("heartbeat", HEARTBEAT)
+        config = gateway.config  # what connection.tune offers
+        self.channel_max = config.channel_max
+        self.frame_max = config.frame_max
+        self.heartbeat = config.heartbeat
         self.state = AWAIT_HEADER
         self.reader = FrameReader(self.frame_max)
         self.channels: dict[int, Channel] = {}

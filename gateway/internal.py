@@ -12,7 +12,6 @@ from .amqp import frames, spec
 from .amqp import methods as m
 from .assembly import BASIC_CLASS, decode_method
 from .channel import Channel
-from .connection import FRAME_MAX
 from .errors import AMQPError
 
 log = logging.getLogger("warren.connection")
@@ -25,14 +24,14 @@ class InternalConnection:
         self.vhost = vhost
         self.name = f"internal ({user})"
         self.capabilities = {"publisher_confirms": True, "basic.nack": True}
-        self.frame_max = FRAME_MAX
+        self.frame_max = gateway.config.frame_max
         self.has_published = False
         self.owed_confirms: set = set()
         self.owed_grants: set = set()
         self.exclusive_queues: set = set()
         self.replies: list[tuple] = []  # (method, properties, body) the channel answered
         self.error: AMQPError | None = None  # what closed the channel
-        self._reader = frames.FrameReader(FRAME_MAX)
+        self._reader = frames.FrameReader(self.frame_max)
         self._content: list | None = None  # [method, properties, size, parts] arriving
         self._changed = asyncio.Event()
         self.channel = Channel(self, 1)

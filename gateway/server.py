@@ -49,18 +49,16 @@ async def serve(settings: Config) -> None:
     tls = tls_context(settings) if settings.tls_enabled else None
     data = DataDir(os.path.abspath(settings.data_dir))
     gateway = Gateway(settings)
-    tune = {"channel_max": settings.channel_max, "frame_max": settings.frame_max,
-            "heartbeat": settings.heartbeat}
     servers = []  # bound, not serving until the broker has started
     try:
         amqp = await _bound(loop.create_server(
-            lambda: Connection(gateway, tune), settings.bind, settings.port,
+            lambda: Connection(gateway), settings.bind, settings.port,
             reuse_address=True, start_serving=False), settings.bind, settings.port, "--port")
         servers.append(amqp)
         host, port = amqp.sockets[0].getsockname()[:2]
         if tls is not None:
             amqps = await _bound(loop.create_server(
-                lambda: TLSHandshake(lambda: Connection(gateway, tune), tls), settings.bind,
+                lambda: TLSHandshake(lambda: Connection(gateway), tls), settings.bind,
                 settings.tls_port, reuse_address=True, start_serving=False),
                 settings.bind, settings.tls_port, "--tls-port")
             servers.append(amqps)
