@@ -1,4 +1,7 @@
-"""The report's output directory: a local path (or file:// URI) or any Hadoop URI."""
+"""The report's output directory: a local path (or file:// URI) or any Hadoop URI.
+
+What a person opens (summary.md, summary.json, the charts) sits at its top; Spark's
+tables, with their part-files, _SUCCESS markers and .crc files, go under data/."""
 
 from __future__ import annotations
 
@@ -7,6 +10,9 @@ import shutil
 from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
+
+
+DATA_DIR = "data"
 
 
 class Output:
@@ -27,7 +33,7 @@ class Output:
             self.uri = self.path
 
     def table(self, name: str) -> str:
-        return f"{self.uri}/{name}"
+        return f"{self.uri}/{DATA_DIR}/{name}"
 
     def write_table(self, df: DataFrame, name: str, sort: list | None = None,
                     small: bool = True) -> DataFrame:
@@ -44,7 +50,7 @@ class Output:
 
     def delete(self, name: str) -> None:
         if self.local:
-            shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
+            shutil.rmtree(os.path.join(self.path, DATA_DIR, name), ignore_errors=True)
             return
         jvm = self.spark.sparkContext._jvm
         path = jvm.org.apache.hadoop.fs.Path(self.table(name))

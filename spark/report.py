@@ -56,6 +56,7 @@ from warren.spark.logs import (
     total_bytes,
 )
 from warren.spark.output import Output
+from warren.spark.session import build_session
 from warren.spark.summary import render_json, render_markdown
 from warren.spark.tables import (
     TABLES,
@@ -77,44 +78,32 @@ from warren.spark.tables import (
 SMALL_INPUT_BYTES = 32 << 20   # below this, skip whole-stage code generation
 
 
-# -- session ----------------------------------------------------------------------------
-
-def build_session(master: str | None = None, shuffle_partitions: int = 4,
-                  driver_memory: str | None = None, conf: dict | None = None,
-                  app_name: str = "warren-stats-report") -> SparkSession:
-    """A session sized for a small box: few shuffle partitions, no UI, WARN logs.
-
-    Without `master` the session uses what spark-submit was given, or local[*]. With
-    so few partitions adaptive execution has little to coalesce and costs a re-plan
-    per stage, so it is off unless `conf` turns it on."""
-    builder = (SparkSession.builder.appName(app_name)
-               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-               .config("spark.default.parallelism", str(max(shuffle_partitions, 2)))
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.adaptive.enabled", "false")
-               .config("spark.sql.debug.maxToStringFields", "200"))
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    if master:
-        builder = builder.master(master)
-    if driver_memory:  # only takes effect when this call starts the JVM
-        builder = builder.config("spark.driver.memory", driver_memory)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
-
-
-
 # -- the run ------------------------------------------------------------------------------
 
+class Progress:
+    """Stage lines on a stream (stderr) with the time since the start, e.g.
+    "[  12.3 s] computing latency percentiles..."; silent without a stream."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+        self.started = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        if self.stream is not None:
+            print(f"[{time.monotonic() - self.started:6.1f} s] {message}", file=self.stream,
+                  flush=True)
+
+
 def run(inputs: list[str], out: str, spark: SparkSession | None = None, top: int = 10,
-        max_queue_rows: int = 100, pattern: str = DEFAULT_PATTERN) -> dict:
+        max_queue_rows: int = 100, pattern: str = DEFAULT_PATTERN,
+        progress: Progress | None = None) -> dict:
     """Analyse the logs in `inputs` into `out`; returns the summary (as summary.json)."""
     started = time.monotonic()
+    progress = progress or Progress()
     spark = spark or build_session()
     files = resolve_inputs(spark, inputs, pattern)
+    size = total_bytes(spark, files)
+    progress(f"reading logs... {len(files)} files, {size / 1e6:,.1f} MB")
     output = Output(spark, out)
 
     # Parse once into a staging table: later passes read only the columns they need,
@@ -122,26 +111,29 @@ def run(inputs: list[str], out: str, spark: SparkSession | None = None, top: int
     staging = output.table("staging_records")
     # Small inputs: compiling whole-stage code for each of the report's queries costs
     # more than it saves.
-    small = total_bytes(spark, files) < SMALL_INPUT_BYTES
+    small = size < SMALL_INPUT_BYTES
     codegen = spark.conf.get("spark.sql.codegen.wholeStage")
     if small:
         spark.conf.set("spark.sql.codegen.wholeStage", "false")
+    progress("parsing lines...")
     try:
         parse_records(read_lines(spark, files)).write.mode("overwrite").parquet(staging)
         summary = _analyse(spark, output, files, spark.read.parquet(staging), top,
-                           max_queue_rows)
+                           max_queue_rows, progress)
     finally:
         output.delete("staging_records")
         if small:
             spark.conf.set("spark.sql.codegen.wholeStage", codegen)
     summary["elapsed_seconds"] = round(time.monotonic() - started, 3)
+    progress("writing summary.md...")
     output.write_bytes("summary.json", render_json(summary).encode())
     output.write_bytes("summary.md", render_markdown(summary, max_queue_rows).encode())
     return summary
 
 
 def _analyse(spark, output: Output, files: list[str], parsed: DataFrame, top: int,
-             max_queue_rows: int) -> dict:
+             max_queue_rows: int, progress: Progress) -> dict:
+    progress("counting records and bad lines...")
     # One pass over the lines (this also fills the cache): counts per file, status, type.
     counts = (parsed.groupBy("file", "status", "type", "kind")
               .agg(F.count(F.lit(1)).alias("n"), F.min("ts").alias("t0"),
@@ -176,17 +168,20 @@ def _analyse(spark, output: Output, files: list[str], parsed: DataFrame, top: in
         "file", "reason", F.substring("line", 1, 200).alias("line")).limit(5).collect()
     ] if by_reason else []
 
+    progress("computing queue rates and totals...")
     # queue_rates holds every increment: the per-queue and per-shard tables build on it.
     rates = output.write_table(queue_rates(queue_deltas(valid, events)), "queue_rates",
                                small=False)
     sd = shard_deltas(valid, events).persist(StorageLevel.MEMORY_AND_DISK)  # one row a tick
     totals = output.write_table(queue_totals(rates), "queue_totals", sort=["vhost", "queue"])
+    progress("computing shard rates and balance...")
     srates = output.write_table(shard_rates(rates, sd), "shard_rates", sort=["shard", "ts"])
     balance = output.write_table(shard_balance(valid, totals, sd), "shard_balance",
                                  sort=["shard"])
     sd.unpersist()
     backlog = output.write_table(top_backlog(totals, top), "top_backlog")
     redeliveries = output.write_table(top_redeliveries(totals, top), "top_redeliveries")
+    progress("computing latency percentiles, fsync batches and consumer timeouts...")
     latency = output.write_table(confirm_latency(valid), "confirm_latency", sort=["shard", "ts"])
     fsyncs = output.write_table(fsync_batches(valid), "fsync_batches", sort=["bucket"])
     timeouts = output.write_table(consumer_timeouts(totals, events), "consumer_timeouts",
@@ -205,6 +200,7 @@ def _analyse(spark, output: Output, files: list[str], parsed: DataFrame, top: in
     latency_rows = [r.asDict() for r in _latency_summary(latency).collect()]
     latency_rows.sort(key=lambda r: (r["shard"] is None, r["shard"] or 0))
 
+    progress("drawing charts...")
     t0f = t0 if t0 is not None else 0.0
     t1f = t1 if t1 is not None else t0f
     timed = srates.filter(F.col("interval_s").isNotNull())
@@ -281,7 +277,7 @@ def _match_file(name: str, known: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m spark.report",
+        prog="python -m warren.spark.report",
         description="Analyse Warren shard statistics logs (JSON lines, schema v1) with Spark.")
     parser.add_argument("inputs", nargs="+",
                         help="log directories (their shard-*.jsonl* files), globs or files; "
@@ -302,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="extra Spark setting (repeatable)")
     parser.add_argument("--pattern", default=DEFAULT_PATTERN,
                         help=f"file glob used inside input directories (default {DEFAULT_PATTERN})")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show Spark's own log, its progress bar and Python warnings")
     args = parser.parse_args(argv)
     conf = {}
     for item in args.conf:
@@ -310,20 +308,26 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--conf wants KEY=VALUE, not {item!r}")
         conf[key] = value
 
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
-    # A caller's active session (a notebook, a test) is used as it is and left running.
-    existing = SparkSession.getActiveSession()
-    spark = existing or build_session(args.master, args.shuffle_partitions,
-                                      args.driver_memory, conf)
-    try:
-        summary = run(args.inputs, args.out, spark, top=args.top,
-                      max_queue_rows=args.max_queue_rows, pattern=args.pattern)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    finally:
+    progress = Progress(sys.stderr)
+    with warnings.catch_warnings():
+        if not args.verbose:
+            warnings.simplefilter("ignore")
+        # A caller's active session (a notebook, a test) is used as it is and left running.
+        existing = SparkSession.getActiveSession()
         if existing is None:
-            spark.stop()
+            progress("starting Spark...")
+        spark = existing or build_session(args.master, args.shuffle_partitions,
+                                          args.driver_memory, conf, verbose=args.verbose)
+        try:
+            summary = run(args.inputs, args.out, spark, top=args.top,
+                          max_queue_rows=args.max_queue_rows, pattern=args.pattern,
+                          progress=progress)
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            if existing is None:
+                spark.stop()
     print(f"{summary['records']:,} records, {summary['bad_lines']:,} bad lines, "
           f"{len(summary['queues'])} queues, {len(summary['shards'])} shards in "
           f"{summary['elapsed_seconds']:.1f} s; report in {args.out}/summary.md")

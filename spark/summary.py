@@ -9,6 +9,7 @@ import os
 
 from .charts import CHARTS
 from .logs import iso_time, short_path
+from .output import DATA_DIR
 from .tables import TABLES, bucket_label
 
 
@@ -165,7 +166,8 @@ def render_markdown(s: dict, max_queue_rows: int) -> str:
                       c["timeout_events"]] for c in s["consumer_timeouts"]],
                     "No consumer timeouts.")
     md += ["", "## Outputs", "",
-           "Parquet tables: " + ", ".join(f"[`{t}`]({t}/)" for t in TABLES) + ".", "",
+           f"Parquet tables in `{DATA_DIR}/`: "
+           + ", ".join(f"[`{t}`]({DATA_DIR}/{t}/)" for t in TABLES) + ".", "",
            "Charts: " + ", ".join(f"[{name}]({png})" for name, png in CHARTS.items()) + ".", ""]
     return "\n".join(md)
 

@@ -7,7 +7,10 @@ the report runs in-process against it. Needs Java and the `spark` extra.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ pytest.importorskip("matplotlib", reason="matplotlib is not installed (the `spar
 
 import pika  # noqa: E402
 
-from warren.spark import logs, report, synth  # noqa: E402
+from warren.spark import logs, report, session, synth  # noqa: E402
 
 from .conftest import RunningBroker, wait_until  # noqa: E402
 
@@ -36,10 +39,10 @@ pytestmark = pytest.mark.filterwarnings(
 @pytest.fixture(scope="module")
 def spark_session():
     # A short-lived JVM: the C1 compiler alone warms up faster.
-    session = report.build_session("local[2]", shuffle_partitions=2, conf={
+    spark = session.build_session("local[2]", shuffle_partitions=2, conf={
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"})
-    yield session
-    session.stop()
+    yield spark
+    spark.stop()
 
 
 def by_name(summary: dict) -> dict:
@@ -47,13 +50,16 @@ def by_name(summary: dict) -> dict:
 
 
 def assert_outputs(out: Path) -> None:
+    # What a person opens is at the top; Spark's part-files, _SUCCESS and .crc under data/.
+    assert {p.name for p in out.iterdir()} == {*CHARTS, "summary.md", "summary.json", "data"}
     for table in TABLES:
-        assert (out / table).is_dir(), table
-        assert list((out / table).glob("*.parquet")), f"{table} has no Parquet file"
+        assert (out / "data" / table).is_dir(), table
+        assert list((out / "data" / table).glob("*.parquet")), f"{table} has no Parquet file"
     for chart in CHARTS:
         assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", chart
     assert (out / "summary.md").is_file()
-    assert not (out / "staging_records").exists()  # the parse stage is cleaned up
+    # the parse stage is cleaned up
+    assert {p.name for p in (out / "data").iterdir()} == set(TABLES)
 
 
 # -- 1. end to end against a real broker ------------------------------------------------
@@ -171,7 +177,7 @@ def test_end_to_end_report_of_a_real_broker(tmp_path, spark_session):
         assert name in markdown
     assert "shard_balance.png" in markdown
     assert_outputs(out)
-    rates = spark_session.read.parquet(str(out / "queue_rates"))
+    rates = spark_session.read.parquet(str(out / "data" / "queue_rates"))
     assert {r["queue"] for r in rates.select("queue").distinct().collect()} == set(sent)
 
 
@@ -264,7 +270,7 @@ def test_bad_and_truncated_lines_are_counted_exactly(handmade):
     assert summary["bad_lines_by_reason"] == {"malformed": 6, "missing_field": 2,
                                               "unknown_version": 1}
     assert summary["records"] == 7 + 10
-    assert spark_session.read.parquet(str(out / "bad_lines")).count() == expected_bad
+    assert spark_session.read.parquet(str(out / "data" / "bad_lines")).count() == expected_bad
 
     good = by_name(summary)[("/", "good")]
     assert (good["published"], good["delivered"], good["acked"]) == (9, 9, 9)
@@ -309,7 +315,11 @@ def test_synthetic_logs_through_main(tmp_path, spark_session, capsys):
     assert len(list(logs.glob("shard-*.jsonl*"))) == 2
     out = tmp_path / "report"
     assert report.main([str(logs / "shard-*.jsonl*"), "--out", str(out), "--top", "5"]) == 0
-    assert "2,000 records, 3 bad lines" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "2,000 records, 3 bad lines" in printed.out
+    # progress on stderr, one line per stage with the time since the start
+    assert re.search(r"^\[ *[0-9.]+ s\] reading logs\.\.\. 2 files", printed.err, re.M)
+    assert "computing latency percentiles" in printed.err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["records"] == 2000
     assert summary["bad_lines"] == 3
@@ -324,3 +334,32 @@ def test_synthetic_logs_through_main(tmp_path, spark_session, capsys):
     assert {s["shard"] for s in summary["shards"]} == {0, 1}
     assert len(summary["top_backlog"]) <= 5
     assert_outputs(out)
+
+
+# -- 5. the command line as a person runs it: quiet, unless --verbose ------------------------
+
+SPARK_NOISE = ("Using Spark's default log4j profile", "NativeCodeLoader", " WARN ",
+               "WARNING: Using incubator modules", "Setting default log level")
+
+
+def test_the_command_is_quiet_unless_verbose(tmp_path):
+    logs = tmp_path / "synth"
+    synth.generate(str(logs), records=300, shards=2, queues=4, interval=1.0)
+
+    def report_command(*extra):
+        return subprocess.run(
+            [sys.executable, "-m", "warren.spark.report", str(logs), "--out",
+             str(tmp_path / "report"), *extra], capture_output=True, text=True, timeout=300)
+
+    quiet = report_command()
+    assert quiet.returncode == 0, quiet.stderr
+    assert "300 records, 0 bad lines" in quiet.stdout
+    stages = [line for line in quiet.stderr.splitlines() if line.strip()]
+    assert stages and all(re.match(r"\[ *[0-9.]+ s\] ", line) for line in stages), quiet.stderr
+    for noise in SPARK_NOISE:
+        assert noise not in quiet.stderr
+    assert_outputs(tmp_path / "report")
+
+    verbose = report_command("--verbose")
+    assert verbose.returncode == 0, verbose.stderr
+    assert "Using Spark's default log4j profile" in verbose.stderr
