@@ -11,7 +11,6 @@ from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 
-
 DATA_DIR = "data"
 
 
