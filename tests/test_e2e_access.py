@@ -8,6 +8,7 @@ import socket
 import ssl
 import subprocess
 import sys
+from pathlib import Path
 
 import pika
 import pika.exceptions
@@ -340,6 +341,49 @@ def test_failed_tls_handshakes_are_logged_naming_the_client(tmp_path, certificat
         conn.channel().queue_declare("after-failed-handshakes")
         conn.close()
         assert "Traceback" not in broker.log_text()
+    finally:
+        broker.stop()
+
+
+def readme_tls_commands() -> str:
+    """The shell block of the README's TLS section, as a reader pastes it."""
+    section = (ROOT / "README.md").read_text().split("\n### TLS\n", 1)[1]
+    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_client_certificates_made_as_the_readme_says(tmp_path):
+    subprocess.run(["sh", "-e", "-c", readme_tls_commands()], cwd=tmp_path, check=True,
+                   capture_output=True)
+    tls = tmp_path / "tls"
+    stranger = tmp_path / "stranger"  # a client certificate no CA of the broker's signed
+    stranger.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=stranger", "-keyout", str(stranger / "client.key"),
+                    "-out", str(stranger / "client.pem")], check=True, capture_output=True)
+    broker = RunningBroker(tmp_path / "data", extra_args=[
+        "--tls-port", "0", "--tls-certfile", str(tls / "server.pem"),
+        "--tls-keyfile", str(tls / "server.key"), "--tls-cafile", str(tls / "ca.pem"),
+        "--tls-verify-peer"]).start()
+
+    def connect(certificates: Path | None) -> pika.BlockingConnection:
+        context = ssl.create_default_context(cafile=str(tls / "ca.pem"))
+        context.verify_flags |= ssl.VERIFY_X509_STRICT  # as Python 3.13 does by default
+        if certificates is not None:
+            context.load_cert_chain(certificates / "client.pem", certificates / "client.key")
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "localhost", broker.tls_port, ssl_options=pika.SSLOptions(context, "localhost"),
+            connection_attempts=1, socket_timeout=5))
+
+    try:
+        conn = connect(tls)
+        ch = conn.channel()
+        ch.queue_declare("mutual-tls")
+        ch.basic_publish("", "mutual-tls", b"both sides known")
+        assert ch.basic_get("mutual-tls", auto_ack=True)[2] == b"both sides known"
+        conn.close()
+        for certificates in (None, stranger):  # --tls-verify-peer: no certificate, no entry
+            with pytest.raises(pika.exceptions.AMQPConnectionError):
+                connect(certificates).close()
     finally:
         broker.stop()
 
