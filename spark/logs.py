@@ -6,6 +6,8 @@ in the report."""
 from __future__ import annotations
 
 import datetime as _dt
+import glob
+import os
 import sys
 from urllib.parse import unquote, urlparse
 
@@ -53,6 +55,23 @@ def resolve_inputs(spark: SparkSession, inputs: list[str],
     if not unique:
         raise FileNotFoundError(f"no log files in {', '.join(inputs)}")
     return unique
+
+
+def local_input_bytes(inputs: list[str], pattern: str = DEFAULT_PATTERN) -> int | None:
+    """The size of the files `inputs` name when all are local paths (found as
+    resolve_inputs finds them), else None. Read before Spark starts, to size it."""
+    files: set[str] = set()
+    for arg in inputs:
+        scheme = urlparse(arg).scheme
+        if scheme not in ("", "file"):
+            return None
+        path = urlparse(arg).path if scheme == "file" else arg
+        for match in glob.glob(path) or [path]:
+            if os.path.isdir(match):
+                files.update(glob.glob(os.path.join(match, pattern)))
+            elif os.path.isfile(match):
+                files.add(match)
+    return sum(os.path.getsize(f) for f in files if os.path.isfile(f))
 
 
 def total_bytes(spark: SparkSession, files: list[str]) -> int:

@@ -1,6 +1,6 @@
 """Analyse Warren's shard statistics logs (schema v1, see shards/stats.py) with PySpark.
 
-    python -m spark.report DATA/logs --out report/
+    python -m warren.spark.report DATA/logs --out report/
     spark-submit spark/report.py --master spark://host:7077 hdfs:///warren/logs --out report/
 
 Inputs may be directories (their ``shard-*.jsonl*`` files are read), globs or files,
@@ -11,13 +11,17 @@ schema version are counted and reported as bad lines, never fatal.
 
 Everything is computed with the DataFrame API; only small aggregated results
 (per-queue and per-shard totals, bucketed chart series) reach the driver. The lines are
-parsed once into a Parquet staging table in DIR (removed at the end), so later passes
-read only the columns they need and nothing has to fit in memory. DIR gets:
+parsed once: a small input (under SMALL_INPUT_BYTES) into memory, a large one into a
+Parquet staging table under DIR/data (removed at the end), so later passes read only
+the columns they need and nothing has to fit in memory. DIR gets:
 
-* Parquet tables: queue_rates, queue_totals, shard_rates, shard_balance, top_backlog,
-  top_redeliveries, confirm_latency, fsync_batches, consumer_timeouts, bad_lines;
+* summary.md (read this first) and summary.json;
 * PNG charts: throughput.png, shard_balance.png, confirm_latency.png, fsync_batches.png;
-* summary.md (read this first) and summary.json.
+* under data/, Parquet tables: queue_rates, queue_totals, shard_rates, shard_balance,
+  top_backlog, top_redeliveries, confirm_latency, fsync_batches, consumer_timeouts,
+  bad_lines.
+
+Progress goes to stderr, one line per stage; Spark's own log is quiet unless --verbose.
 
 Counters are cumulative in the logs; totals are reset-aware (see spark/tables.py).
 
@@ -49,6 +53,7 @@ from warren.spark.logs import (
     COUNTERS,
     DEFAULT_PATTERN,
     iso_time,
+    local_input_bytes,
     parse_records,
     read_lines,
     resolve_inputs,
@@ -75,7 +80,10 @@ from warren.spark.tables import (
     top_redeliveries,
 )
 
-SMALL_INPUT_BYTES = 32 << 20   # below this, skip whole-stage code generation
+SMALL_INPUT_BYTES = 32 << 20   # below this: parse into memory, no whole-stage codegen,
+                               # a C1-only JVM and one shuffle partition
+SMALL_SHUFFLE_PARTITIONS = 1   # a few thousand rows: one task per stage is quickest
+SHUFFLE_PARTITIONS = 4
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -106,24 +114,29 @@ def run(inputs: list[str], out: str, spark: SparkSession | None = None, top: int
     progress(f"reading logs... {len(files)} files, {size / 1e6:,.1f} MB")
     output = Output(spark, out)
 
-    # Parse once into a staging table: later passes read only the columns they need,
-    # and nothing has to fit in memory.
-    staging = output.table("staging_records")
-    # Small inputs: compiling whole-stage code for each of the report's queries costs
-    # more than it saves.
     small = size < SMALL_INPUT_BYTES
     codegen = spark.conf.get("spark.sql.codegen.wholeStage")
-    if small:
-        spark.conf.set("spark.sql.codegen.wholeStage", "false")
     progress("parsing lines...")
+    records = parse_records(read_lines(spark, files))
     try:
-        parse_records(read_lines(spark, files)).write.mode("overwrite").parquet(staging)
-        summary = _analyse(spark, output, files, spark.read.parquet(staging), top,
-                           max_queue_rows, progress)
-    finally:
-        output.delete("staging_records")
         if small:
+            # Compiling whole-stage code for each of the report's queries costs more
+            # than it saves, and the parsed lines fit in memory.
+            spark.conf.set("spark.sql.codegen.wholeStage", "false")
+            parsed = records.persist(StorageLevel.MEMORY_AND_DISK)
+        else:
+            # Parse once into a staging table: later passes read only the columns they
+            # need, and nothing has to fit in memory.
+            staging = output.table("staging_records")
+            records.write.mode("overwrite").parquet(staging)
+            parsed = spark.read.parquet(staging)
+        summary = _analyse(spark, output, files, parsed, top, max_queue_rows, progress)
+    finally:
+        if small:
+            records.unpersist()
             spark.conf.set("spark.sql.codegen.wholeStage", codegen)
+        else:
+            output.delete("staging_records")
     summary["elapsed_seconds"] = round(time.monotonic() - started, 3)
     progress("writing summary.md...")
     output.write_bytes("summary.json", render_json(summary).encode())
@@ -286,8 +299,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="output directory: a local path or a Hadoop URI")
     parser.add_argument("--master", default=None,
                         help="Spark master URL (default: spark-submit's, else local[*])")
-    parser.add_argument("--shuffle-partitions", type=int, default=4,
-                        help="spark.sql.shuffle.partitions (default 4, for a small box)")
+    parser.add_argument("--shuffle-partitions", type=int, default=None,
+                        help=f"spark.sql.shuffle.partitions (default {SHUFFLE_PARTITIONS}, "
+                             f"{SMALL_SHUFFLE_PARTITIONS} for local inputs under "
+                             f"{SMALL_INPUT_BYTES >> 20} MB)")
     parser.add_argument("--driver-memory", default="2g",
                         help="driver JVM heap when this command starts Spark (default 2g)")
     parser.add_argument("--top", type=int, default=10,
@@ -316,8 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         existing = SparkSession.getActiveSession()
         if existing is None:
             progress("starting Spark...")
-        spark = existing or build_session(args.master, args.shuffle_partitions,
-                                          args.driver_memory, conf, verbose=args.verbose)
+        size = local_input_bytes(args.inputs, args.pattern)
+        small = size is not None and size < SMALL_INPUT_BYTES
+        partitions = args.shuffle_partitions or (
+            SMALL_SHUFFLE_PARTITIONS if small else SHUFFLE_PARTITIONS)
+        spark = existing or build_session(args.master, partitions, args.driver_memory, conf,
+                                          verbose=args.verbose, short_run=small)
         try:
             summary = run(args.inputs, args.out, spark, top=args.top,
                           max_queue_rows=args.max_queue_rows, pattern=args.pattern,

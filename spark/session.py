@@ -25,12 +25,15 @@ JVM_NOISE = re.compile(rb"^WARNING: Using incubator modules")
 
 def build_session(master: str | None = None, shuffle_partitions: int = 4,
                   driver_memory: str | None = None, conf: dict | None = None,
-                  app_name: str = "warren-stats-report", verbose: bool = False) -> SparkSession:
+                  app_name: str = "warren-stats-report", verbose: bool = False,
+                  short_run: bool = False) -> SparkSession:
     """A session sized for a small box: few shuffle partitions, no UI, quiet logs.
 
     Without `master` the session uses what spark-submit was given, or local[*]. With
     so few partitions adaptive execution has little to coalesce and costs a re-plan
-    per stage, so it is off unless `conf` turns it on."""
+    per stage, so it is off unless `conf` turns it on. A `short_run` (a small input)
+    gets a driver JVM with the C1 compiler only, which warms up faster: on a run of
+    seconds the optimising compiler's work costs more than it saves."""
     settings = {
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.default.parallelism": str(max(shuffle_partitions, 2)),
@@ -45,10 +48,13 @@ def build_session(master: str | None = None, shuffle_partitions: int = 4,
     settings.update(conf or {})
     if master:
         settings["spark.master"] = master
+    java_options = [settings.get("spark.driver.extraJavaOptions", "")]
+    if short_run:
+        java_options.append("-XX:TieredStopAtLevel=1")
     if not verbose:
-        java_options = settings.get("spark.driver.extraJavaOptions", "")
-        settings["spark.driver.extraJavaOptions"] = (
-            f"{java_options} -Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}".strip())
+        java_options.append(f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}")
+    if " ".join(java_options).strip():
+        settings["spark.driver.extraJavaOptions"] = " ".join(java_options).strip()
     # SparkContext._gateway is private, but it is how to tell whether this process has
     # a JVM yet (then it is reused, whatever the settings say).
     if not verbose and SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:

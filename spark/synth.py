@@ -37,7 +37,7 @@ EVENT_LINE = '{"v":1,"type":"event","ts":%.3f,"shard":%d,"kind":"%s"%s}\n'
 
 
 def placement(vhost: str, name: str, shards: int) -> int:
-    """The broker's queue placement (gateway/broker.py)."""
+    """The broker's queue placement (gateway/gateway.py)."""
     key = f"{vhost}\0{name}".encode()
     try:
         import xxhash

@@ -38,9 +38,7 @@ pytestmark = pytest.mark.filterwarnings(
 
 @pytest.fixture(scope="module")
 def spark_session():
-    # A short-lived JVM: the C1 compiler alone warms up faster.
-    spark = session.build_session("local[2]", shuffle_partitions=2, conf={
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"})
+    spark = session.build_session("local[2]", shuffle_partitions=2, short_run=True)
     yield spark
     spark.stop()
 
