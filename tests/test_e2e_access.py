@@ -19,7 +19,7 @@ from warren.gateway.access import AccessControl
 from warren.gateway.config import ConfigError, build
 from warren.storage.metastore import MetaStore, VHostDef
 
-from .conftest import ROOT, RunningBroker
+from .conftest import ROOT, RunningBroker, wait_until
 from .test_management_api import call
 
 
@@ -312,7 +312,6 @@ def test_tls_listener_with_pika(tmp_path, certificate):
 
 def test_failed_tls_handshakes_are_logged_naming_the_client(tmp_path, certificate):
     """asyncio drops a failed handshake silently; RabbitMQ logs each one."""
-    from .conftest import wait_until
 
     cert, key = certificate
     broker = RunningBroker(tmp_path / "data", shards=1, extra_args=[
@@ -384,6 +383,9 @@ def test_client_certificates_made_as_the_readme_says(tmp_path):
         for certificates in (None, stranger):  # --tls-verify-peer: no certificate, no entry
             with pytest.raises(pika.exceptions.AMQPConnectionError):
                 connect(certificates).close()
+        # each refusal is logged as the failed handshake it is, not as a client hang-up
+        wait_until(lambda: broker.log_text().count("TLS handshake failed") >= 2, timeout=10)
+        assert "unexpectedly closed TCP connection (vhost ''" not in broker.log_text()
     finally:
         broker.stop()
 
@@ -398,7 +400,6 @@ def test_log_dir_and_stats_interval_from_the_config_file(tmp_path):
         conn = pika.BlockingConnection(pika.URLParameters(broker.url))
         conn.channel().queue_declare("logged")
         conn.close()
-        from .conftest import wait_until
         wait_until(lambda: (logs / "shard-0.jsonl").exists()
                    and '"queue":"logged"' in (logs / "shard-0.jsonl").read_text(), timeout=10)
     finally:
