@@ -169,3 +169,14 @@ def inproc(inproc_gateway, request) -> InProcessGateway:
     yield inproc_gateway
     errors = inproc_gateway.end_test()
     assert not errors, "\n".join(errors)
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory):
+    """A self-signed server certificate for localhost and 127.0.0.1, and its key."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "server.pem", folder / "server.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key

@@ -266,16 +266,6 @@ def test_password_hashes_are_salted_rabbitmq_sha256():
 # -- TLS ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "server.pem", folder / "server.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return cert, key
-
-
 def test_tls_listener_with_pika(tmp_path, certificate):
     cert, key = certificate
     broker = RunningBroker(tmp_path / "data", management=True, extra_args=[
