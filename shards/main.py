@@ -308,7 +308,7 @@ def serve(spec: r.ShardSpec) -> None:
             _send(events, outbox, shard.finish_commit())
             shard.check_resources(spec.memory_limit, shard.stored_ok)
             _send(events, outbox, shard.take_events())
-        batches = commands.read_many()
+        batches = commands.read_many(r.decode_commands)
         now = time.monotonic()
         next_timer = shard.timers.next_deadline()
         timers_due = next_timer is not None and next_timer <= now
@@ -328,7 +328,7 @@ def serve(spec: r.ShardSpec) -> None:
                 commands.clear_data_doorbell()
             continue
         for batch in batches:
-            for cmd in r.decode_commands(batch):
+            for cmd in batch:
                 shard.run(cmd, now)
         if batches:
             # Credit back for the publishes in these records, behind this turn's
