@@ -29,6 +29,7 @@ from warren.gateway.amqp import methods as m
 from warren.gateway.config import Config
 from warren.gateway.connection import Connection
 from warren.gateway.gateway import Gateway
+from warren.shards.malloc import keep_freed_memory
 
 from .procs import tree_cpu
 
@@ -178,9 +179,13 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=65536)
     parser.add_argument("--count", type=int, default=3000)
     parser.add_argument("--persistent", action="store_true")
+    parser.add_argument("--glibc-defaults", action="store_true",
+                        help="leave the allocator's settings alone (the shard keeps them)")
     parser.add_argument("--profile", help="write the gateway's cProfile stats here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if not args.glibc_defaults:
+        keep_freed_memory()  # as `warren serve` does
     with tempfile.TemporaryDirectory() as data_dir:
         loop = asyncio.new_event_loop()
         gateway = Gateway(Config(data_dir=data_dir, shards=1, disk_free_limit=0,

@@ -29,6 +29,7 @@ from . import logsetup
 from . import records as r
 from .committer import Committer
 from .groupcommit import Commit, GroupCommit
+from .malloc import keep_freed_memory
 from .outbox import Outbox
 from .persister import Persister
 from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
@@ -402,6 +403,7 @@ def main() -> None:
     # the lifeline pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    keep_freed_memory()
     spec = msgspec.json.decode(sys.argv[1], type=r.ShardSpec)
     logsetup.configure(spec.log, f"shard-{spec.index}", rotate=False)  # the gateway rotates
     log.info("shard %d starting on stores %s", spec.index,
