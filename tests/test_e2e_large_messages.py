@@ -122,6 +122,14 @@ def test_a_10mb_message_round_trips_while_small_ones_keep_flowing(broker, persis
     channel, deliver = consumer.next_method()
     assert channel == 1 and isinstance(deliver, m.BasicDeliver) and deliver.routing_key == queue
     assert consumer.content() == (properties, big)
+    # and one over several frames, taken with basic.get
+    medium = body(300_000, 8)
+    small_channel.basic_publish("", "large.small", medium)
+    deadline = time.monotonic() + 30
+    got = None
+    while got is None and time.monotonic() < deadline:
+        _, _, got = small_channel.basic_get("large.small", auto_ack=True)
+    assert got == medium
     small.close()
     publisher.call(1, m.QueueDelete(queue=queue), m.QueueDeleteOk)
     for client in (publisher, consumer):
