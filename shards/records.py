@@ -323,7 +323,8 @@ _event_batch_decoder = msgspec.msgpack.Decoder(list[Event])
 # Bodies of at least this many bytes travel beside the batch instead of inside its
 # msgpack: written into the ring once and copied out once, where msgpack would copy
 # each twice more (encode, decode). Below it the bookkeeping costs more than the
-# copies it saves.
+# copies it saves (measured per message through a ring, encode to decode: 8 KiB
+# 2.0 us inline, 2.8 us beside; 16 KiB 5.9 and 4.5; 64 KiB 11.3 and 9.8).
 SIDE_BODY_MIN = 16 * 1024
 _BODIED = (Publish, Deliver, GetReply)
 # A record with side bodies: this marker (a byte msgpack never uses), the length
