@@ -14,6 +14,7 @@ import pytest
 
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
+from warren.gateway.gateway import placement
 
 from .rawclient import RawClient
 
@@ -105,30 +106,34 @@ def test_a_10mb_message_round_trips_while_small_ones_keep_flowing(broker, persis
     publisher.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
     consumer.call(1, m.BasicConsume(queue=queue, consumer_tag="big", no_ack=True),
                   m.BasicConsumeOk)
+    # The small messages go through the big one's shard: its rings carry both.
+    shard = placement("/", queue, broker.shards)
+    small_queue = next(name for name in (f"large.small.{n}" for n in range(1000))
+                       if placement("/", name, broker.shards) == shard)
     small = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
     small_channel = small.channel()
-    small_channel.queue_declare("large.small", auto_delete=True)
+    small_channel.queue_declare(small_queue, auto_delete=True)
 
     frames_out = frames.content_frames(1, m.encode_method(m.BasicPublish(routing_key=queue)),
                                        60, properties, big, 131072)
     half = len(frames_out) // 2
     publisher.send(frames_out[:half])  # the broker is assembling it
-    small_round_trip(small_channel, "large.small", 50, 1)
+    small_round_trip(small_channel, small_queue, 50, 1)
     publisher.send(frames_out[half:])
     assert publisher.expect(1, m.BasicAck).delivery_tag == 1
     # The consumer has not read anything yet: its delivery waits in the broker's
     # output and the socket, and other traffic still goes through.
-    small_round_trip(small_channel, "large.small", 50, 2)
+    small_round_trip(small_channel, small_queue, 50, 2)
     channel, deliver = consumer.next_method()
     assert channel == 1 and isinstance(deliver, m.BasicDeliver) and deliver.routing_key == queue
     assert consumer.content() == (properties, big)
     # and one over several frames, taken with basic.get
     medium = body(300_000, 8)
-    small_channel.basic_publish("", "large.small", medium)
+    small_channel.basic_publish("", small_queue, medium)
     deadline = time.monotonic() + 30
     got = None
     while got is None and time.monotonic() < deadline:
-        _, _, got = small_channel.basic_get("large.small", auto_ack=True)
+        _, _, got = small_channel.basic_get(small_queue, auto_ack=True)
     assert got == medium
     small.close()
     publisher.call(1, m.QueueDelete(queue=queue), m.QueueDeleteOk)
