@@ -31,6 +31,7 @@ from warren.gateway.connection import Connection
 from warren.gateway.gateway import Gateway
 from warren.shards.malloc import keep_freed_memory
 
+from .memtransport import MemoryTransport
 from .procs import tree_cpu
 
 FRAME_MAX = 131072  # what RabbitMQ's clients ask for
@@ -39,15 +40,14 @@ ACK_EVERY = 50
 WINDOW = 200  # messages published ahead of those consumed
 
 
-class _Sink:
-    """The parts of an asyncio transport a Connection uses; keeps output only while
-    `keep` is set (the handshake), otherwise counts it."""
+class _Sink(MemoryTransport):
+    """Keeps output only while `keep` is set (the handshake), otherwise counts it."""
 
     def __init__(self):
+        super().__init__()
         self.kept = bytearray()
         self.keep = True
         self.written = 0
-        self.paused = False
 
     def write(self, data) -> None:
         self.written += len(data)
@@ -61,19 +61,6 @@ class _Sink:
         pass
 
     abort = close
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
-
-    def is_reading(self) -> bool:
-        return not self.paused
-
-    def get_extra_info(self, name, default=None):
-        return {"peername": ("127.0.0.1", 40000), "sockname": ("127.0.0.1", 5999)}.get(
-            name, default)
 
 
 class _Client:
