@@ -35,7 +35,7 @@ class Assembler:
     A publish over `max_size` comes back with an AMQPError as its method, to be
     raised in its turn: its body is counted, never kept."""
 
-    __slots__ = ("max_size", "_method", "_properties", "_size", "_parts", "_received",
+    __slots__ = ("max_size", "_method", "_properties", "_size", "_content", "_received",
                  "_awaiting_header")
 
     def __init__(self, max_size: int):
@@ -43,7 +43,10 @@ class Assembler:
         self._method = None  # the publish whose content is arriving
         self._properties = b""
         self._size = 0
-        self._parts: list[bytes] = []
+        # A body in one frame is that frame's payload; one in several frames is
+        # written into a bytearray of the announced size as they come (no list of
+        # parts to join: the body is never held twice).
+        self._content: bytes | bytearray = b""
         self._received = 0
         self._awaiting_header = False
 
@@ -90,19 +93,25 @@ class Assembler:
                 f"max size {self.max_size}", BASIC_CLASS, m.BasicPublish.METHOD_ID)
         self._properties = properties
         self._size = size
-        self._parts = []
+        self._content = b""
         self._received = 0
         return self._complete() if size == 0 else None
 
     def _body(self, payload: bytes) -> tuple | None:
         if self._method is None or self._awaiting_header:
             raise self._out_of_turn()
-        self._received += len(payload)
-        if self._received > self._size:
+        start = self._received
+        self._received = end = start + len(payload)
+        if end > self._size:
             raise AMQPError(spec.FRAME_ERROR, "content body larger than its header announced")
         if type(self._method) is not AMQPError:
-            self._parts.append(payload)
-        return self._complete() if self._received == self._size else None
+            if end == self._size and not start:
+                self._content = payload
+            else:
+                if not start:
+                    self._content = bytearray(self._size)
+                self._content[start:end] = payload
+        return self._complete() if end == self._size else None
 
     def _out_of_turn(self) -> AMQPError:
         """A frame of the wrong type for the state, in RabbitMQ's words
@@ -118,9 +127,7 @@ class Assembler:
         return AMQPError(spec.UNEXPECTED_FRAME, text, BASIC_CLASS, m.BasicPublish.METHOD_ID)
 
     def _complete(self) -> tuple:
-        parts = self._parts
-        command = (self._method, self._properties,
-                   parts[0] if len(parts) == 1 else b"".join(parts))
+        command = (self._method, self._properties, self._content)
         self._method = None
-        self._parts = []
+        self._content = b""
         return command

@@ -180,6 +180,13 @@ class Connection(asyncio.Protocol):
         self._out.append(data)
         self.schedule_flush()
 
+    def send_parts(self, parts: list) -> None:
+        """Like send, for pieces to go out back to back (joined once, at flush)."""
+        if self.state >= CLOSING:
+            return
+        self._out += parts
+        self.schedule_flush()
+
     def _send_closing(self, method) -> None:
         """connection.close or close-ok, which alone may follow a connection.close."""
         if self.state != CLOSED:

@@ -259,15 +259,15 @@ class Consuming:
         properties = event.properties
         if event.delivery_count:
             properties = _with_delivery_count(properties, event.delivery_count)
-        data = frames.content_frames(
+        parts = frames.content_parts(
             self.number,
             hotpath.deliver_payload(consumer.tag_shortstr, tag, event.redelivered,
                                     event.exchange, event.routing_key),
             BASIC_CLASS, properties, event.body, self.conn.frame_max)
         if self.flow_active:
-            self.conn.send(data)
+            self.conn.send_parts(parts)  # the body is copied once, into the socket's write
         else:
-            self.held_deliveries.append(data)
+            self.held_deliveries.append(b"".join(parts))
         if not self._limited(consumer):
             consumer.owed_credit += 1
             self.conn.owed_grants.add(consumer)

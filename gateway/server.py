@@ -19,6 +19,7 @@ import sys
 import lmdb
 
 from warren.shards import logsetup
+from warren.shards.malloc import keep_freed_memory
 from warren.storage import recovery
 
 from . import management
@@ -38,6 +39,7 @@ class StartupError(Exception):
 
 
 async def serve(settings: Config) -> None:
+    keep_freed_memory()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -60,7 +60,7 @@ class ShardLink:
         self._on_exit = on_exit  # (link, returncode) -> None
         self._loop = asyncio.get_running_loop()
         self._batch: list = []
-        self._pending: list[bytes] = []  # encoded batches waiting for ring space
+        self._pending: list = []  # encoded batches waiting for ring space
         self._flush_scheduled = False
         self._feeds: dict = {}  # connection -> publishes in the batch being gathered
         self.credit: dict = {}  # connection -> publish credit left towards this shard
@@ -262,12 +262,10 @@ class ShardLink:
         before reading more input, so deliveries and confirms go first."""
         if not self.alive or self._dispatching or self.events.is_empty():
             return False
-        batches = self.events.read_many()
+        batches = self.events.read_many(r.decode_events)
         if not batches:  # only part of a large record so far
             return False
-        events = []
-        for batch in batches:
-            events.extend(r.decode_events(batch))
+        events = batches[0] if len(batches) == 1 else [e for batch in batches for e in batch]
         self._dispatching = True  # events handed over in the shard's order, never nested
         try:
             self._dispatch(events)

@@ -29,6 +29,7 @@ from . import logsetup
 from . import records as r
 from .committer import Committer
 from .groupcommit import Commit, GroupCommit
+from .malloc import keep_freed_memory
 from .outbox import Outbox
 from .persister import Persister
 from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
@@ -308,7 +309,7 @@ def serve(spec: r.ShardSpec) -> None:
             _send(events, outbox, shard.finish_commit())
             shard.check_resources(spec.memory_limit, shard.stored_ok)
             _send(events, outbox, shard.take_events())
-        batches = commands.read_many()
+        batches = commands.read_many(r.decode_commands)
         now = time.monotonic()
         next_timer = shard.timers.next_deadline()
         timers_due = next_timer is not None and next_timer <= now
@@ -328,7 +329,7 @@ def serve(spec: r.ShardSpec) -> None:
                 commands.clear_data_doorbell()
             continue
         for batch in batches:
-            for cmd in r.decode_commands(batch):
+            for cmd in batch:
                 shard.run(cmd, now)
         if batches:
             # Credit back for the publishes in these records, behind this turn's
@@ -402,6 +403,7 @@ def main() -> None:
     # the lifeline pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    keep_freed_memory()
     spec = msgspec.json.decode(sys.argv[1], type=r.ShardSpec)
     logsetup.configure(spec.log, f"shard-{spec.index}", rotate=False)  # the gateway rotates
     log.info("shard %d starting on stores %s", spec.index,

@@ -19,7 +19,7 @@ EVENTS_PER_RECORD = 512
 class Outbox:
     def __init__(self):
         self._events: list = []  # this turn's, not yet taken
-        self.records: list[bytes] = []  # encoded, waiting for room in the event ring
+        self.records: list = []  # encoded, waiting for room in the event ring
 
     def add(self, event) -> None:
         """An event to go out at the end of this turn."""

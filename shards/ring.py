@@ -15,6 +15,12 @@ fragments (a flag in the length word says more follow) that the reader joins,
 so any size works even through a small ring; fragments not yet written wait
 inside the Ring and are pushed out by later writes (`backlogged()` tells).
 
+A record may be written from several pieces (a list: a batch's encoding and the
+large bodies behind it), each copied once, straight into the ring; fragments are
+views of those pieces, never copies. The reader hands each record to a decode
+function as a view of the ring itself and frees the space after, so what it
+decodes is copied out once (a joined fragmented record once more).
+
 Doorbells never lose a wake-up: a sleeper sets its flag, then re-checks; the
 other side publishes its counter, then reads the flag and rings. Plain stores
 are enough for that ordering on x86-64 (TSO); a weaker memory model would need
@@ -62,8 +68,8 @@ class Ring:
         # An eighth of the ring: with a wrap's waste, one piece then needs under half
         # the ring, so 'half free' (the space doorbell's threshold) always fits it.
         self._max_fragment = max(4, (self.capacity // 8) & ~3)
-        self._fragments: deque[tuple[bytes, bool]] = deque()  # producer: (piece, more follow)
-        self._partial: list[bytes] = []  # consumer: fragments of a record being joined
+        self._fragments: deque[tuple[list, bool]] = deque()  # producer: (pieces, more follow)
+        self._partial = bytearray()  # consumer: fragments of a record being joined
 
     @classmethod
     def create(cls, capacity: int = 8 * 1024 * 1024) -> "Ring":
@@ -125,26 +131,24 @@ class Ring:
         return self.write_many((record,)) == 1
 
     def write_many(self, records) -> int:
-        """Write records in order as far as they fit; return how many were taken."""
+        """Write records in order as far as they fit; return how many were taken.
+        A record is bytes-like, or a list of bytes-like pieces written back to back."""
         head = self._get(_HEAD)
         tail = self._get(_TAIL)
         head = self._push_fragments(head, tail)
         taken = 0
         if not self._fragments:
             for record in records:
-                size = len(record)
+                pieces = record if type(record) is list else (record,)
+                size = sum(map(len, pieces)) if type(record) is list else len(record)
                 if size > self._max_fragment:
-                    view = memoryview(record)
-                    step = self._max_fragment
-                    for start in range(0, size, step):
-                        self._fragments.append((bytes(view[start:start + step]),
-                                                start + step < size))
+                    self._fragment(pieces, size)
                     taken += 1
                     head = self._push_fragments(head, tail)
                     if self._fragments:
                         break
                     continue
-                new_head = self._put(head, tail, record, 0)
+                new_head = self._put(head, tail, pieces, size, 0)
                 if new_head is None:
                     break
                 head = new_head
@@ -152,36 +156,59 @@ class Ring:
         self._set(_HEAD, head)
         return taken
 
+    def _fragment(self, pieces, size: int) -> None:
+        """Cut a large record into fragments: lists of views of its pieces."""
+        step = self._max_fragment
+        fragment, room = [], step
+        for piece in pieces:
+            view = memoryview(piece).cast("B")
+            while view:
+                part = view[:room]
+                fragment.append(part)
+                view = view[len(part):]
+                room -= len(part)
+                size -= len(part)
+                if not room:
+                    self._fragments.append((fragment, size > 0))
+                    fragment, room = [], step
+        if fragment:
+            self._fragments.append((fragment, False))
+
     def backlogged(self) -> bool:
         """Fragments of an accepted large record still wait for ring space."""
         return bool(self._fragments)
 
     def _push_fragments(self, head: int, tail: int) -> int:
         while self._fragments:
-            piece, more = self._fragments[0]
-            new_head = self._put(head, tail, piece, MORE if more else 0)
+            pieces, more = self._fragments[0]
+            new_head = self._put(head, tail, pieces, sum(map(len, pieces)), MORE if more else 0)
             if new_head is None:
                 break
             head = new_head
             self._fragments.popleft()
         return head
 
-    def _put(self, head: int, tail: int, data, flags: int) -> int | None:
-        """Write one length-prefixed piece at `head`; the new head, or None if full."""
-        size = len(data)
+    def _put(self, head: int, tail: int, pieces, size: int, flags: int) -> int | None:
+        """Write one length-prefixed record of `size` bytes from `pieces` at `head`;
+        the new head, or None if full."""
         need = 4 + _padded(size)
         pos = head % self.capacity
         room_to_end = self.capacity - pos
         wrap = need > room_to_end
         if (room_to_end if wrap else 0) + need > self.capacity - (head - tail):
             return None
+        buf = self._buf
         if wrap:
-            _u32.pack_into(self._buf, HEADER_SIZE + pos, WRAP)
+            _u32.pack_into(buf, HEADER_SIZE + pos, WRAP)
             head += room_to_end
             pos = 0
         start = HEADER_SIZE + pos
-        _u32.pack_into(self._buf, start, size | flags)
-        self._buf[start + 4:start + 4 + size] = data
+        _u32.pack_into(buf, start, size | flags)
+        start += 4
+        for piece in pieces:
+            end = start + len(piece)
+            buf[start:end] = piece
+            start = end
         return head + need
 
     def flush(self) -> None:
@@ -204,31 +231,35 @@ class Ring:
 
     # -- consumer --------------------------------------------------------------
 
-    def read_many(self, max_records: int = 1 << 30) -> list[bytes]:
-        """Copy out whole records (joining fragments); advance the tail once."""
+    def read_many(self, decode=bytes, max_records: int = 1 << 30) -> list:
+        """`decode(record)` of each whole record (fragments joined), in order; the
+        record is a view of the ring, valid only during the call, so `decode` must
+        copy what it keeps (the default copies the record). Frees the space once."""
         head = self._get(_HEAD)
         tail = self._get(_TAIL)
-        records: list[bytes] = []
+        records: list = []
         buf = self._buf
-        while tail < head and len(records) < max_records:
-            pos = tail % self.capacity
-            word = _u32.unpack_from(buf, HEADER_SIZE + pos)[0]
-            if word == WRAP:
-                tail += self.capacity - pos
-                continue
-            size = word & _LENGTH_MASK
-            start = HEADER_SIZE + pos + 4
-            data = bytes(buf[start:start + size])
-            tail += 4 + _padded(size)
-            if word & MORE:
-                self._partial.append(data)
-            elif self._partial:
-                self._partial.append(data)
-                records.append(b"".join(self._partial))
-                self._partial = []
-            else:
-                records.append(data)
-        self._set(_TAIL, tail)
+        try:
+            while tail < head and len(records) < max_records:
+                pos = tail % self.capacity
+                word = _u32.unpack_from(buf, HEADER_SIZE + pos)[0]
+                if word == WRAP:
+                    tail += self.capacity - pos
+                    continue
+                size = word & _LENGTH_MASK
+                start = HEADER_SIZE + pos + 4
+                tail += 4 + _padded(size)  # the space is freed below, after decoding
+                with buf[start:start + size] as data:
+                    if word & MORE:
+                        self._partial += data
+                    elif self._partial:
+                        self._partial += data
+                        whole, self._partial = self._partial, bytearray()
+                        records.append(decode(whole))
+                    else:
+                        records.append(decode(data))
+        finally:
+            self._set(_TAIL, tail)
         if _u32.unpack_from(buf, _WRITER_WAITING)[0] and \
                 self.capacity - (head - tail) >= self.capacity // 2:
             _u32.pack_into(buf, _WRITER_WAITING, 0)

@@ -24,24 +24,23 @@ from warren.gateway.amqp.frames import FrameReader
 from warren.gateway.config import Config
 from warren.gateway.connection import CLOSE_OK_TIMEOUT, OPEN, Connection
 from warren.gateway.gateway import Gateway
+from warren.loadtest.memtransport import MemoryTransport
 
 from .rawclient import Conversation
 
 TIMEOUT = 10.0  # a shard round trip takes far less; longer means a wedge
 
 
-class FakeTransport(asyncio.Transport):
+class FakeTransport(MemoryTransport):
     """What Connection uses of an asyncio transport; closing calls connection_lost
     on the next loop turn, as a socket transport does."""
 
     def __init__(self, protocol: Connection, peer: tuple = ("127.0.0.1", 40000)):
-        super().__init__()
+        super().__init__(peer)
         self.protocol = protocol
-        self.peer = peer
         self.written = bytearray()
         self.closed = False
         self.aborted = False
-        self.paused = False
         self.writes_after_close = 0
 
     def write(self, data) -> None:
@@ -61,18 +60,6 @@ class FakeTransport(asyncio.Transport):
 
     def is_closing(self) -> bool:
         return self.closed
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
-
-    def is_reading(self) -> bool:
-        return not self.paused
-
-    def get_extra_info(self, name, default=None):
-        return {"peername": self.peer, "sockname": ("127.0.0.1", 5999)}.get(name, default)
 
 
 async def until(condition, timeout: float) -> bool:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 
 import aio_pika
+import pika
+import pytest
 
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
+from warren.gateway.gateway import placement
 
 from .rawclient import RawClient
 
@@ -71,3 +75,67 @@ def test_a_22mb_publish_sends_no_connection_blocked(broker):
         if isinstance(method, m.BasicAck):
             break
     client.close()
+
+
+def small_round_trip(channel, queue: str, n: int, seed: int) -> None:
+    """n small messages published and got back, in order (a deadline, not a timing)."""
+    sent = [f"{seed}-{i}".encode() for i in range(n)]
+    for data in sent:
+        channel.basic_publish("", queue, data)
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        _, _, data = channel.basic_get(queue, auto_ack=True)
+        if data is not None:
+            got.append(data)
+    assert got == sent
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_10mb_message_round_trips_while_small_ones_keep_flowing(broker, persistent):
+    """Other connections' messages keep moving while a 10 MB message is half
+    received and while its delivery sits unread in a slow consumer's socket."""
+    queue = f"large.10mb.{persistent}"
+    big = body(10 * MB, 7)
+    properties = b"\x10\x00\x02" if persistent else b"\x00\x00"  # delivery-mode 2
+    publisher, consumer = RawClient(broker.port, timeout=60), RawClient(broker.port, timeout=60)
+    for client in (publisher, consumer):
+        client.handshake()
+        client.open_channel(1)
+    publisher.call(1, m.QueueDeclare(queue=queue, durable=persistent), m.QueueDeclareOk)
+    publisher.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
+    consumer.call(1, m.BasicConsume(queue=queue, consumer_tag="big", no_ack=True),
+                  m.BasicConsumeOk)
+    # The small messages go through the big one's shard: its rings carry both.
+    shard = placement("/", queue, broker.shards)
+    small_queue = next(name for name in (f"large.small.{n}" for n in range(1000))
+                       if placement("/", name, broker.shards) == shard)
+    small = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+    small_channel = small.channel()
+    small_channel.queue_declare(small_queue, auto_delete=True)
+
+    frames_out = frames.content_frames(1, m.encode_method(m.BasicPublish(routing_key=queue)),
+                                       60, properties, big, 131072)
+    half = len(frames_out) // 2
+    publisher.send(frames_out[:half])  # the broker is assembling it
+    small_round_trip(small_channel, small_queue, 50, 1)
+    publisher.send(frames_out[half:])
+    assert publisher.expect(1, m.BasicAck).delivery_tag == 1
+    # The consumer has not read anything yet: its delivery waits in the broker's
+    # output and the socket, and other traffic still goes through.
+    small_round_trip(small_channel, small_queue, 50, 2)
+    channel, deliver = consumer.next_method()
+    assert channel == 1 and isinstance(deliver, m.BasicDeliver) and deliver.routing_key == queue
+    assert consumer.content() == (properties, big)
+    # and one over several frames, taken with basic.get
+    medium = body(300_000, 8)
+    small_channel.basic_publish("", small_queue, medium)
+    deadline = time.monotonic() + 30
+    got = None
+    while got is None and time.monotonic() < deadline:
+        _, _, got = small_channel.basic_get(small_queue, auto_ack=True)
+    assert got == medium
+    small.close()
+    publisher.call(1, m.QueueDelete(queue=queue), m.QueueDeleteOk)
+    for client in (publisher, consumer):
+        client.close()

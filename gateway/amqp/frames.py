@@ -30,6 +30,10 @@ _frame_prefix = struct.Struct(">BHI")
 _header_prefix = struct.Struct(">HHQ")  # class-id, weight, body-size
 _method_ids = struct.Struct(">HH")
 
+# Payloads this large are copied out of the receive buffer through a view: once,
+# where slicing the bytearray and then making bytes of it copies twice.
+_VIEW_COPY_MIN = 2048
+
 HEARTBEAT_FRAME = _frame_prefix.pack(FRAME_HEARTBEAT, 0, 0) + FRAME_END_BYTE
 
 
@@ -75,7 +79,11 @@ class FrameReader:
         end = offset + 7 + size
         if len(buf) <= end:
             return None
-        payload = bytes(buf[offset + 7:end])
+        if size < _VIEW_COPY_MIN:
+            payload = bytes(buf[offset + 7:end])  # two copies, cheaper than a view when small
+        else:
+            with memoryview(buf) as view:  # released at once: the buffer must stay resizable
+                payload = bytes(view[offset + 7:end])
         if buf[end] != FRAME_END:
             raise FrameError(f"type {frame_type}, all octets = {erlang_binary(payload)}: "
                              f"{{invalid_frame_end_marker,{buf[end]}}}")
@@ -91,18 +99,32 @@ def method_frame(channel: int, method: Method) -> bytes:
     return _frame_prefix.pack(FRAME_METHOD, channel, len(payload)) + payload + FRAME_END_BYTE
 
 
-def content_frames(channel: int, method_payload: bytes, class_id: int, properties: bytes,
-                   body: bytes, frame_max: int) -> bytes:
-    """A method frame, its content header and the body split to fit frame_max."""
+def content_parts(channel: int, method_payload: bytes, class_id: int, properties: bytes,
+                  body, frame_max: int) -> list:
+    """A method frame, its content header and the body split to fit frame_max, as
+    pieces to write back to back: the body's pieces are views of it, not copies."""
     parts = [_frame_prefix.pack(FRAME_METHOD, channel, len(method_payload)), method_payload,
              FRAME_END_BYTE,
              _frame_prefix.pack(FRAME_HEADER, channel, 12 + len(properties)),
              _header_prefix.pack(class_id, 0, len(body)), properties, FRAME_END_BYTE]
     chunk = frame_max - FRAME_OVERHEAD
-    for start in range(0, len(body), chunk):
-        piece = body[start:start + chunk]
+    size = len(body)
+    if size <= chunk:
+        if size:
+            parts += (_frame_prefix.pack(FRAME_BODY, channel, size), body, FRAME_END_BYTE)
+        return parts
+    view = memoryview(body)
+    for start in range(0, size, chunk):
+        piece = view[start:start + chunk]
         parts += (_frame_prefix.pack(FRAME_BODY, channel, len(piece)), piece, FRAME_END_BYTE)
-    return b"".join(parts)
+    return parts
+
+
+def content_frames(channel: int, method_payload: bytes, class_id: int, properties: bytes,
+                   body, frame_max: int) -> bytes:
+    """content_parts as one bytes."""
+    return b"".join(content_parts(channel, method_payload, class_id, properties, body,
+                                  frame_max))
 
 
 def parse_content_header(payload: bytes) -> tuple[int, int, bytes]:
