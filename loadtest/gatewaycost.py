@@ -29,7 +29,7 @@ from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.properties import BasicProperties, encode_properties
 from warren.gateway.config import Config
-from warren.gateway.connection import Connection
+from warren.gateway.connection import OPEN, Connection
 from warren.gateway.gateway import Gateway
 
 QUEUE = "gatewaycost"
@@ -118,6 +118,18 @@ class Bench:
     def __init__(self, loop: asyncio.AbstractEventLoop, gateway: Gateway):
         self.loop = loop
         self.gateway = gateway
+        self.profiler: cProfile.Profile | None = None  # enabled around measured work only
+
+    def measure(self, work) -> float:
+        """CPU seconds this process spent while `work()` ran."""
+        if self.profiler is not None:
+            self.profiler.enable()
+        start = time.process_time()
+        work()
+        spent = time.process_time() - start
+        if self.profiler is not None:
+            self.profiler.disable()
+        return spent
 
     def run(self, condition, timeout: float = TIMEOUT) -> None:
         async def wait() -> None:
@@ -145,6 +157,11 @@ class Bench:
         self.run(lambda: 1 in conn.channels)
         return conn, transport
 
+    def check(self, conn: Connection) -> None:
+        """The run was what it claims: the connection stayed open throughout."""
+        if conn.state != OPEN or conn.channels[1].closing:
+            raise RuntimeError("the broker closed the connection or channel during the run")
+
     def quiet(self) -> bool:
         return not any(link._unreturned or link._batch or link._waiters
                        for link in self.gateway.shards)
@@ -166,14 +183,17 @@ class Bench:
         data = publishes(count, persistent)
 
         def done() -> bool:
-            if transport.offset < len(transport.input) or not self.quiet():
+            reader = conn.reader  # every byte given was read and handled
+            if (transport.offset < len(transport.input)
+                    or len(reader._buffer) > reader._offset or not self.quiet()):
                 return False
             # every confirm resolved and sent
             return not confirm or not (channel.confirms.outstanding or channel.confirms._resolved)
-        start = time.process_time()
-        transport.give(data)
-        self.run(done)
-        spent = time.process_time() - start
+        def work() -> None:
+            transport.give(data)
+            self.run(done)
+        spent = self.measure(work)
+        self.check(conn)
         transport.close()
         self.run(lambda: conn not in self.gateway.connections)
         return spent
@@ -198,11 +218,12 @@ class Bench:
             if no_ack:
                 return delivered >= count
             return acked >= count and not len(channel.unacked) and self.quiet()
-        start = time.process_time()
-        transport.give(method(1, m.BasicQos(prefetch_count=0 if no_ack else 1000))
-                       + method(1, m.BasicConsume(queue=QUEUE, no_ack=no_ack)))
-        self.run(done, TIMEOUT)
-        spent = time.process_time() - start
+        def work() -> None:
+            transport.give(method(1, m.BasicQos(prefetch_count=0 if no_ack else 1000))
+                           + method(1, m.BasicConsume(queue=QUEUE, no_ack=no_ack)))
+            self.run(done)
+        spent = self.measure(work)
+        self.check(conn)
         transport.close()
         self.run(lambda: conn not in self.gateway.connections)
         return spent
@@ -245,10 +266,10 @@ def main(argv: list[str] | None = None) -> None:
                       ", ".join(f"{r / args.messages * 1e6:.2f}" for r in runs) + ")",
                       flush=True)
                 if args.profile:
-                    profiler = cProfile.Profile()
-                    profiler.enable()
+                    # CPU time, not wall time: a loaded machine's waits are not costs.
+                    profiler = bench.profiler = cProfile.Profile(time.process_time)
                     SCENARIOS[name](bench, args.messages)
-                    profiler.disable()
+                    bench.profiler = None
                     out = io.StringIO()
                     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
                     print(_trim(out.getvalue()), flush=True)
