@@ -47,6 +47,23 @@ class Assembler:
         self._received = 0
         self._awaiting_header = False
 
+    def idle(self) -> bool:
+        """No command is half assembled: the next frame must be a method."""
+        return self._method is None
+
+    def whole_publish(self, payload: bytes, properties: bytes, body: bytes) -> tuple:
+        """A basic.publish whose frames came whole and in order (FrameReader.next_publish),
+        assembled without feeding them one by one; only while idle()."""
+        try:
+            method = hotpath.parse_publish(payload)
+        except m.MalformedMethod:
+            method = decode_method(payload)  # raises the full error
+        if len(body) > self.max_size:
+            return (AMQPError(spec.PRECONDITION_FAILED, f"message size {len(body)} is larger "
+                              f"than configured max size {self.max_size}", BASIC_CLASS,
+                              m.BasicPublish.METHOD_ID), properties, b"")
+        return method, properties, body
+
     def feed(self, frame_type: int, payload: bytes) -> tuple | None:
         if frame_type == frames.FRAME_METHOD:
             return self._method_frame(payload)

@@ -103,6 +103,10 @@ class Channel(Declarations, Consuming, Publishing):
         if command is not None:
             self._command(*command)
 
+    def handle_publish(self, payload: bytes, properties: bytes, body: bytes) -> None:
+        """A whole publish (method payload, properties, body) arrived at once."""
+        self._command(*self.assembler.whole_publish(payload, properties, body))
+
     def _command(self, method, properties: bytes | None = None, body: bytes = b"") -> None:
         """A complete command (a method, or a publish with its content): run it now,
         or keep it for its turn while the channel waits for a shard."""

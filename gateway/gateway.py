@@ -523,11 +523,18 @@ class Gateway:
                 feeder=None) -> None:
         """Send a message to the shards of its queues, one record per shard."""
         if len(targets) == 1:  # the common case: nothing to group
-            by_shard = {targets[0].shard: [targets[0].qid]}
-        else:
-            by_shard: dict[int, list[int]] = {}
-            for meta in targets:
-                by_shard.setdefault(meta.shard, []).append(meta.qid)
+            meta = targets[0]
+            link = self.shards[meta.shard]
+            if link.alive:
+                link.send(r.Publish([meta.qid], exchange, routing_key, properties, body,
+                                    persistent, confirm_channel, seq, expiration, priority),
+                          feeder)
+            elif tracker is not None:  # between a shard's death and its restart
+                tracker.reject(seq, meta.shard)
+            return
+        by_shard: dict[int, list[int]] = {}
+        for meta in targets:
+            by_shard.setdefault(meta.shard, []).append(meta.qid)
         for shard, qids in by_shard.items():
             link = self.shards[shard]
             if not link.alive:  # between a shard's death and its restart
