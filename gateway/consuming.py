@@ -259,11 +259,9 @@ class Consuming:
         properties = event.properties
         if event.delivery_count:
             properties = _with_delivery_count(properties, event.delivery_count)
-        data = frames.content_frames(
-            self.number,
-            hotpath.deliver_payload(consumer.tag_shortstr, tag, event.redelivered,
-                                    event.exchange, event.routing_key),
-            BASIC_CLASS, properties, event.body, self.conn.frame_max)
+        data = hotpath.deliver_frames(self.number, consumer.tag_shortstr, tag, event.redelivered,
+                                      event.exchange, event.routing_key, properties, event.body,
+                                      self.conn.frame_max)
         if self.flow_active:
             self.conn.send(data)
         else:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warren.gateway.amqp import hotpath
+from warren.gateway.amqp import frames, hotpath
 from warren.gateway.amqp import methods as m
 
 short = st.text(max_size=60).filter(lambda t: len(t.encode()) <= 255)
@@ -32,3 +32,17 @@ def test_deliver_payload_matches_generic_encoding(tag, delivery_tag, redelivered
                                               routing_key=routing_key))
     assert hotpath.deliver_payload(hotpath.shortstr(tag), delivery_tag, redelivered, exchange,
                                    routing_key) == expected
+
+
+@given(st.integers(0, 65535), short, st.integers(1, 2**64 - 1), st.booleans(), short, short,
+       st.binary(max_size=30), st.binary(max_size=600), st.sampled_from([64, 128, 4096]))
+def test_deliver_frames_match_the_generic_content_frames(channel, tag, delivery_tag, redelivered,
+                                                         exchange, routing_key, properties, body,
+                                                         frame_max):
+    expected = frames.content_frames(
+        channel, m.encode_method(m.BasicDeliver(consumer_tag=tag, delivery_tag=delivery_tag,
+                                                redelivered=redelivered, exchange=exchange,
+                                                routing_key=routing_key)),
+        60, properties, body, frame_max)
+    assert hotpath.deliver_frames(channel, hotpath.shortstr(tag), delivery_tag, redelivered,
+                                  exchange, routing_key, properties, body, frame_max) == expected

@@ -11,11 +11,26 @@ from __future__ import annotations
 import struct
 
 from . import methods as m
-from .spec import method_id
+from .frames import (
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    FRAME_OVERHEAD,
+    content_frames,
+)
+from .spec import CLASS_IDS, method_id
 
 PUBLISH_IDS = struct.pack(">HH", *method_id("basic.publish"))
 DELIVER_IDS = struct.pack(">HH", *method_id("basic.deliver"))
 _u64 = struct.Struct(">Q")
+_BASIC_CLASS = CLASS_IDS["basic"]
+_FRAME_END_BYTE = bytes((FRAME_END,))
+# The fixed pieces of a delivery's three frames, each after a variable part:
+_method_prefix = struct.Struct(">BHI")  # frame type, channel, size
+_tag_redelivered = struct.Struct(">QB")
+_header_frame = struct.Struct(">BBHIHHQ")  # method frame end, header frame prefix, fields
+_body_prefix = struct.Struct(">BBHI")  # header frame end, body frame prefix
 
 
 class Publish:
@@ -75,3 +90,24 @@ def deliver_payload(consumer_tag: bytes, delivery_tag: int, redelivered: bool,
     return b"".join((DELIVER_IDS, consumer_tag, _u64.pack(delivery_tag),
                      b"\x01" if redelivered else b"\x00",
                      _route_shortstrs(exchange, routing_key)))
+
+
+def deliver_frames(channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool,
+                   exchange: str, routing_key: str, properties: bytes, body: bytes,
+                   frame_max: int) -> bytes:
+    """basic.deliver with its content header and body, ready to send: what
+    frames.content_frames(deliver_payload(...)) builds, in one join of a few packed
+    pieces when the body fits one frame (`consumer_tag` a shortstr, as above)."""
+    size = len(body)
+    if not size or size > frame_max - FRAME_OVERHEAD:
+        return content_frames(channel, deliver_payload(consumer_tag, delivery_tag, redelivered,
+                                                       exchange, routing_key),
+                              _BASIC_CLASS, properties, body, frame_max)
+    route = _route_shortstrs(exchange, routing_key)
+    return b"".join((
+        _method_prefix.pack(FRAME_METHOD, channel, 13 + len(consumer_tag) + len(route)),
+        DELIVER_IDS, consumer_tag, _tag_redelivered.pack(delivery_tag, redelivered), route,
+        _header_frame.pack(FRAME_END, FRAME_HEADER, channel, 12 + len(properties), _BASIC_CLASS,
+                           0, size),
+        properties, _body_prefix.pack(FRAME_END, FRAME_BODY, channel, size), body,
+        _FRAME_END_BYTE))
