@@ -76,7 +76,10 @@ class Assembler:
     def _method_frame(self, payload: bytes) -> tuple | None:
         if self._method is not None:
             raise self._out_of_turn()
-        if payload[:4] == hotpath.PUBLISH_IDS:
+        ids = payload[:4]
+        if ids == hotpath.ACK_IDS and len(payload) == hotpath.ACK_SIZE:
+            return hotpath.parse_ack(payload), None, b""
+        if ids == hotpath.PUBLISH_IDS:
             try:
                 method = hotpath.parse_publish(payload)
             except m.MalformedMethod:

@@ -320,9 +320,20 @@ class Consuming:
             self._settle_now(taken, outcome)
 
     def _settle_now(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
-        groups: dict[tuple, list[int]] = {}
         if self.timed_out:
             self._settled_timed_out({tag for tag, _ in taken})
+        if len(taken) == 1:  # one ack of one delivery: the common case, without grouping
+            delivery = taken[0][1]
+            if delivery.holder != self.id:
+                self.consumer_unacked -= 1
+                consumer = self.by_holder.get(delivery.holder)
+                if consumer is not None:
+                    consumer.unacked -= 1
+            delivery.link.send(r.Settle(delivery.qid, delivery.holder, [delivery.seq], outcome))
+            if self.channel_prefetch:
+                self._deal_credit()
+            return
+        groups: dict[tuple, list[int]] = {}
         for _tag, delivery in taken:
             groups.setdefault((delivery.link, delivery.qid, delivery.holder), []).append(
                 delivery.seq)

@@ -46,3 +46,10 @@ def test_deliver_frames_match_the_generic_content_frames(channel, tag, delivery_
         60, properties, body, frame_max)
     assert hotpath.deliver_frames(channel, hotpath.shortstr(tag), delivery_tag, redelivered,
                                   exchange, routing_key, properties, body, frame_max) == expected
+
+
+@given(st.integers(0, 2**64 - 1), st.booleans())
+def test_parse_ack_matches_generic_decoding(delivery_tag, multiple):
+    payload = m.encode_method(m.BasicAck(delivery_tag=delivery_tag, multiple=multiple))
+    assert payload[:4] == hotpath.ACK_IDS and len(payload) == hotpath.ACK_SIZE
+    assert hotpath.parse_ack(payload) == m.decode_method(payload)

@@ -22,6 +22,9 @@ from .frames import (
 from .spec import CLASS_IDS, method_id
 
 PUBLISH_IDS = struct.pack(">HH", *method_id("basic.publish"))
+ACK_IDS = struct.pack(">HH", *method_id("basic.ack"))
+ACK_SIZE = 13  # ids, delivery-tag (longlong), multiple (a bit in one octet)
+_ack_arguments = struct.Struct(">QB")
 DELIVER_IDS = struct.pack(">HH", *method_id("basic.deliver"))
 _u64 = struct.Struct(">Q")
 _BASIC_CLASS = CLASS_IDS["basic"]
@@ -62,6 +65,18 @@ def parse_publish(payload: bytes) -> Publish:
     if len(payload) != key_end + 1:
         raise m.MalformedMethod("basic.publish: trailing bytes")
     return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2))
+
+
+def parse_ack(payload: bytes) -> m.BasicAck:
+    """basic.ack from a payload of exactly ACK_SIZE bytes with ACK_IDS (the caller
+    checks); the generic class, as every other method handler expects."""
+    ack = _new(m.BasicAck)
+    ack.delivery_tag, bits = _ack_arguments.unpack_from(payload, 4)
+    ack.multiple = bool(bits & 1)
+    return ack
+
+
+_new = object.__new__
 
 
 def shortstr(text: str) -> bytes:
