@@ -45,6 +45,7 @@ class Channel(Declarations, Consuming, Publishing):
         self.conn = conn
         self.number = number
         self.gateway = conn.gateway
+        self.vhost = conn.vhost  # channels open only once the connection's vhost is set
         self.id = self.gateway.new_id()
         self.gateway.holders[self.id] = self
         self.holder_ids = {self.id}  # every holder this channel used, for release
@@ -74,10 +75,6 @@ class Channel(Declarations, Consuming, Publishing):
         self._running = None  # the method being handled (a shard request's errors name it)
         self.gateway.totals.channels_opened += 1
 
-    @property
-    def vhost(self):
-        return self.conn.vhost
-
     def snapshot(self) -> ChannelInfo:
         """What the management API and the metrics show of this channel."""
         consumers = [*((c, False) for c in self.consumers.values()),
@@ -105,7 +102,11 @@ class Channel(Declarations, Consuming, Publishing):
 
     def handle_publish(self, payload: bytes, properties: bytes, body: bytes) -> None:
         """A whole publish (method payload, properties, body) arrived at once."""
-        self._command(*self.assembler.whole_publish(payload, properties, body))
+        method, properties, body = self.assembler.whole_publish(payload, properties, body)
+        if self._waiting or type(method) is AMQPError:
+            self._command(method, properties, body)
+        else:  # what _command and _execute would do, without the two calls
+            self._publish(method, properties, body)
 
     def _command(self, method, properties: bytes | None = None, body: bytes = b"") -> None:
         """A complete command (a method, or a publish with its content): run it now,

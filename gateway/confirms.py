@@ -56,6 +56,10 @@ class ConfirmTracker:
     def outstanding(self) -> int:
         return len(self._pending)
 
+    def has_answers(self) -> bool:
+        """Some resolved publishes wait for take_replies."""
+        return bool(self._resolved)
+
     def take_replies(self) -> list[tuple[bool, int, bool]]:
         """(ack?, delivery-tag, multiple) answers to send now, in order."""
         if not self._resolved:

@@ -191,8 +191,8 @@ class Publishing:
             self.gateway.publish(targets, method.exchange, routing_key, properties, body,
                                 persistent, expiration, priority,
                                 self.id if seq else 0, seq, tracker if seq else None, self.conn)
-        if seq:
-            self._confirms_changed()
+        if seq and (tracker is not self.confirms or tracker.has_answers()):
+            self._confirms_changed()  # (a confirm waiting for its shards changes nothing yet)
 
     def _route_reply(self, method: hotpath.Publish, properties: bytes, body: bytes,
                      tracker) -> None:

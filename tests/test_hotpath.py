@@ -19,6 +19,7 @@ def test_parse_publish_matches_generic_decoding(exchange, routing_key, mandatory
     parsed = hotpath.parse_publish(payload)
     assert (parsed.exchange, parsed.routing_key, parsed.mandatory, parsed.immediate) == \
         (exchange, routing_key, mandatory, immediate)
+    assert hotpath.parse_publish(bytes(payload)) is parsed  # kept, for the next like it
     for cut in range(4, len(payload)):
         with pytest.raises(m.MalformedMethod):
             hotpath.parse_publish(payload[:cut])

@@ -51,7 +51,22 @@ class Publish:
         self.immediate = immediate
 
 
+_publish_cache: dict[bytes, Publish] = {}
+
+
 def parse_publish(payload: bytes) -> Publish:
+    """A publisher mostly repeats one exchange and routing key, so parsed publishes
+    are kept by payload (a bounded cache; a Publish is never changed)."""
+    method = _publish_cache.get(payload)
+    if method is None:
+        method = _parse_publish(payload)
+        if len(_publish_cache) >= 4096:
+            _publish_cache.clear()
+        _publish_cache[payload] = method
+    return method
+
+
+def _parse_publish(payload: bytes) -> Publish:
     """Arguments: ticket (short), exchange (shortstr), routing-key (shortstr), then
     mandatory and immediate packed in one octet. Raises m.MalformedMethod."""
     try:
