@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from warren.shards import records as r
 
-from .amqp import frames, spec
+from .amqp import frames, hotpath, spec
 from .amqp import methods as m
 from .assembly import Assembler
 from .confirms import ConfirmTracker
@@ -96,6 +96,18 @@ class Channel(Declarations, Consuming, Publishing):
     # -- frames in -------------------------------------------------------------
 
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
+        if (frame_type == frames.FRAME_METHOD and len(payload) == hotpath.ACK_SIZE
+                and payload[:4] == hotpath.ACK_IDS and not self._waiting
+                and self.assembler.idle()):
+            # basic.ack, a consumer's every message: what feed, _command and
+            # handle_method would do, without the layers.
+            self._running = ack = hotpath.parse_ack(payload)
+            try:
+                self._basic_ack(ack)
+            except AMQPError as error:
+                _name(error, ack)
+                raise
+            return
         command = self.assembler.feed(frame_type, payload)
         if command is not None:
             self._command(*command)
