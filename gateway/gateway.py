@@ -459,17 +459,23 @@ class Gateway:
                         channel.deliver(link, event)
                 elif kind is r.Confirmed or kind is r.Rejected:
                     accepted = kind is r.Confirmed
-                    for channel_id, seq in zip(event.channels, event.seqs):
+                    channels, seqs = event.channels, event.seqs
+                    start, count = 0, len(channels)
+                    while start < count:  # a run of one channel's seqs at a time
+                        channel_id = channels[start]
+                        end = start + 1
+                        while end < count and channels[end] == channel_id:
+                            end += 1
                         channel = holders.get(channel_id)
-                        if channel is None:
-                            continue
-                        try:
-                            if accepted:
-                                channel.confirmed(seq, link.index)
-                            else:
-                                channel.rejected(seq, link.index)
-                        except Exception as error:
-                            channel.conn.fail(error)
+                        if channel is not None:
+                            try:
+                                if accepted:
+                                    channel.confirmed(seqs[start:end], link.index)
+                                else:
+                                    channel.rejected(seqs[start:end], link.index)
+                            except Exception as error:
+                                channel.conn.fail(error)
+                        start = end
                     channel = None
                 elif kind is r.ConsumerCancelled:
                     channel = holders.get(event.holder)

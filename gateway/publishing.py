@@ -240,17 +240,27 @@ class Publishing:
             return self.confirms
         return self.tx.stored if self.tx is not None else None
 
-    def confirmed(self, seq: int, shard: int) -> None:
+    def confirmed(self, seqs: list[int], shard: int) -> None:
+        """The shard stored these publishes of this channel."""
         tracker = self._tracker()
-        if tracker is not None and not self.closing:
+        if tracker is None or self.closing:
+            return
+        if tracker is self.confirms:  # answers go out at the flush: one change for all
+            for seq in seqs:
+                tracker.accept(seq, shard)
+            self._confirms_changed()
+            return
+        for seq in seqs:  # a transaction's: commit-ok as soon as the last is stored
             tracker.accept(seq, shard)
             self._confirms_changed()
 
-    def rejected(self, seq: int, shard: int) -> None:
+    def rejected(self, seqs: list[int], shard: int) -> None:
+        """The shard could not store these publishes of this channel."""
         tracker = self._tracker()
         if tracker is not None and not self.closing:
-            tracker.reject(seq, shard)
-            self._confirms_changed()
+            for seq in seqs:
+                tracker.reject(seq, shard)
+                self._confirms_changed()
 
     def _confirms_changed(self) -> None:
         if self.confirms is not None:
