@@ -262,14 +262,15 @@ class Consuming:
         data = hotpath.deliver_frames(self.number, consumer.tag_shortstr, tag, event.redelivered,
                                       event.exchange, event.routing_key, properties, event.body,
                                       self.conn.frame_max)
+        conn = self.conn
         if self.flow_active:
-            self.conn.send(data)
+            conn.send(data)
         else:
             self.held_deliveries.append(data)
-        if not self._limited(consumer):
+        if consumer.no_ack or not self.channel_prefetch:  # not _limited(consumer): window mode
             consumer.owed_credit += 1
-            self.conn.owed_grants.add(consumer)
-            self.conn.schedule_flush()
+            conn.owed_grants.add(consumer)
+            conn.schedule_flush()
 
     def return_credit(self, consumer: ConsumerState) -> None:
         """Window mode: give back the credit of deliveries that left through the socket."""

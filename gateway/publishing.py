@@ -62,7 +62,7 @@ class Publishing:
         if exchange is None:
             raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
                             method.CLASS_ID, method.METHOD_ID)
-        self._allow("write", "exchange", exchange.name)
+        self.gateway.access.check(self.conn.user, vhost.name, "write", "exchange", exchange.name)
         if exchange.internal:
             raise AMQPError(spec.ACCESS_REFUSED,
                             f"cannot publish to internal {exchange_name(vhost.name, exchange.name)}",
