@@ -120,15 +120,21 @@ class Bench:
         self.gateway = gateway
         self.profiler: cProfile.Profile | None = None  # enabled around measured work only
 
-    def measure(self, work) -> float:
-        """CPU seconds this process spent while `work()` ran."""
+    def measure(self, conn: Connection, transport: Transport, data: bytes, done) -> float:
+        """CPU seconds this process spent from giving `data` to the connection until
+        `done()`; then the connection, checked to have stayed open, is hung up."""
         if self.profiler is not None:
             self.profiler.enable()
         start = time.process_time()
-        work()
+        transport.give(data)
+        self.run(done)
         spent = time.process_time() - start
         if self.profiler is not None:
             self.profiler.disable()
+        if conn.state != OPEN or conn.channels[1].closing:
+            raise RuntimeError("the broker closed the connection or channel during the run")
+        transport.close()
+        self.run(lambda: conn not in self.gateway.connections)
         return spent
 
     def run(self, condition, timeout: float = TIMEOUT) -> None:
@@ -157,10 +163,11 @@ class Bench:
         self.run(lambda: 1 in conn.channels)
         return conn, transport
 
-    def check(self, conn: Connection) -> None:
-        """The run was what it claims: the connection stayed open throughout."""
-        if conn.state != OPEN or conn.channels[1].closing:
-            raise RuntimeError("the broker closed the connection or channel during the run")
+    def handled(self, conn: Connection, transport: Transport) -> bool:
+        """Every byte given was read and handled, and no shard work is in flight."""
+        reader = conn.reader
+        return (transport.offset >= len(transport.input)
+                and len(reader._buffer) <= reader._offset and self.quiet())
 
     def quiet(self) -> bool:
         return not any(link._unreturned or link._batch or link._waiters
@@ -182,28 +189,17 @@ class Bench:
             self.run(lambda: channel.confirms is not None)
         data = publishes(count, persistent)
 
-        def done() -> bool:
-            reader = conn.reader  # every byte given was read and handled
-            if (transport.offset < len(transport.input)
-                    or len(reader._buffer) > reader._offset or not self.quiet()):
-                return False
-            # every confirm resolved and sent
-            return not confirm or not (channel.confirms.outstanding or channel.confirms._resolved)
-        def work() -> None:
-            transport.give(data)
-            self.run(done)
-        spent = self.measure(work)
-        self.check(conn)
-        transport.close()
-        self.run(lambda: conn not in self.gateway.connections)
-        return spent
+        def done() -> bool:  # and every confirm resolved and sent
+            return self.handled(conn, transport) and (not confirm or not (
+                channel.confirms.outstanding or channel.confirms._resolved))
+        return self.measure(conn, transport, data, done)
 
     def deliver(self, count: int, no_ack: bool) -> float:
         """CPU seconds the gateway spent delivering `count` queued messages."""
         conn, transport = self.connect()
         self.declare(conn, transport, durable=False)
         transport.give(publishes(count, False))
-        self.run(lambda: transport.offset >= len(transport.input) and self.quiet())
+        self.run(lambda: self.handled(conn, transport))
         channel = conn.channels[1]
         acked = 0
         # The client's acks, built before the clock starts: one per delivery.
@@ -218,15 +214,9 @@ class Bench:
             if no_ack:
                 return delivered >= count
             return acked >= count and not len(channel.unacked) and self.quiet()
-        def work() -> None:
-            transport.give(method(1, m.BasicQos(prefetch_count=0 if no_ack else 1000))
-                           + method(1, m.BasicConsume(queue=QUEUE, no_ack=no_ack)))
-            self.run(done)
-        spent = self.measure(work)
-        self.check(conn)
-        transport.close()
-        self.run(lambda: conn not in self.gateway.connections)
-        return spent
+        return self.measure(conn, transport,
+                            method(1, m.BasicQos(prefetch_count=0 if no_ack else 1000))
+                            + method(1, m.BasicConsume(queue=QUEUE, no_ack=no_ack)), done)
 
 
 SCENARIOS = {
