@@ -50,6 +50,23 @@ class Assembler:
         self._received = 0
         self._awaiting_header = False
 
+    def idle(self) -> bool:
+        """No command is half assembled: the next frame must be a method."""
+        return self._method is None
+
+    def whole_publish(self, payload: bytes, properties: bytes, body: bytes) -> tuple:
+        """A basic.publish whose frames came whole and in order (FrameReader.next_publish),
+        assembled without feeding them one by one; only while idle()."""
+        try:
+            method = hotpath.parse_publish(payload)
+        except m.MalformedMethod:
+            method = decode_method(payload)  # raises the full error
+        if len(body) > self.max_size:
+            return (AMQPError(spec.PRECONDITION_FAILED, f"message size {len(body)} is larger "
+                              f"than configured max size {self.max_size}", BASIC_CLASS,
+                              m.BasicPublish.METHOD_ID), properties, b"")
+        return method, properties, body
+
     def feed(self, frame_type: int, payload: bytes) -> tuple | None:
         if frame_type == frames.FRAME_METHOD:
             return self._method_frame(payload)
@@ -62,7 +79,10 @@ class Assembler:
     def _method_frame(self, payload: bytes) -> tuple | None:
         if self._method is not None:
             raise self._out_of_turn()
-        if payload[:4] == hotpath.PUBLISH_IDS:
+        ids = payload[:4]
+        if ids == hotpath.ACK_IDS and len(payload) == hotpath.ACK_SIZE:
+            return hotpath.parse_ack(payload), None, b""
+        if ids == hotpath.PUBLISH_IDS:
             try:
                 method = hotpath.parse_publish(payload)
             except m.MalformedMethod:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from warren.shards import records as r
 
-from .amqp import frames, spec
+from .amqp import frames, hotpath, spec
 from .amqp import methods as m
 from .assembly import Assembler
 from .confirms import ConfirmTracker
@@ -45,6 +45,7 @@ class Channel(Declarations, Consuming, Publishing):
         self.conn = conn
         self.number = number
         self.gateway = conn.gateway
+        self.vhost = conn.vhost  # channels open only once the connection's vhost is set
         self.id = self.gateway.new_id()
         self.gateway.holders[self.id] = self
         self.holder_ids = {self.id}  # every holder this channel used, for release
@@ -74,10 +75,6 @@ class Channel(Declarations, Consuming, Publishing):
         self._running = None  # the method being handled (a shard request's errors name it)
         self.gateway.totals.channels_opened += 1
 
-    @property
-    def vhost(self):
-        return self.conn.vhost
-
     def snapshot(self) -> ChannelInfo:
         """What the management API and the metrics show of this channel."""
         consumers = [*((c, False) for c in self.consumers.values()),
@@ -99,9 +96,29 @@ class Channel(Declarations, Consuming, Publishing):
     # -- frames in -------------------------------------------------------------
 
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
+        if (frame_type == frames.FRAME_METHOD and len(payload) == hotpath.ACK_SIZE
+                and payload[:4] == hotpath.ACK_IDS and not self._waiting
+                and self.assembler.idle()):
+            # basic.ack, a consumer's every message: what feed, _command and
+            # handle_method would do, without the layers.
+            self._running = ack = hotpath.parse_ack(payload)
+            try:
+                self._basic_ack(ack)
+            except AMQPError as error:
+                _name(error, ack)
+                raise
+            return
         command = self.assembler.feed(frame_type, payload)
         if command is not None:
             self._command(*command)
+
+    def handle_publish(self, payload: bytes, properties: bytes, body: bytes) -> None:
+        """A whole publish (method payload, properties, body) arrived at once."""
+        method, properties, body = self.assembler.whole_publish(payload, properties, body)
+        if self._waiting or type(method) is AMQPError:
+            self._command(method, properties, body)
+        else:  # what _command and _execute would do, without the two calls
+            self._publish(method, properties, body)
 
     def _command(self, method, properties: bytes | None = None, body: bytes = b"") -> None:
         """A complete command (a method, or a publish with its content): run it now,

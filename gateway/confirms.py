@@ -56,13 +56,24 @@ class ConfirmTracker:
     def outstanding(self) -> int:
         return len(self._pending)
 
+    def has_answers(self) -> bool:
+        """Some resolved publishes wait for take_replies."""
+        return bool(self._resolved)
+
     def take_replies(self) -> list[tuple[bool, int, bool]]:
         """(ack?, delivery-tag, multiple) answers to send now, in order."""
         if not self._resolved:
             return []
         self.acked += sum(self._resolved.values())  # ACK is True
+        if not self._pending:
+            self._low = self.next_seq
         while self._low < self.next_seq and self._low not in self._pending:
             self._low += 1
+        if max(self._resolved) < self._low and NACK not in self._resolved.values():
+            # the common case, all acks below every pending seq: one multiple ack
+            replies = [(ACK, max(self._resolved), True)]
+            self._resolved.clear()
+            return replies
         replies: list[tuple[bool, int, bool]] = []
         run_kind = None
         run_end = 0

@@ -147,13 +147,19 @@ class Connection(asyncio.Protocol):
             if self.state == AWAIT_HEADER and not self._read_protocol_header():
                 return
             budget = FRAMES_PER_TURN
+            reader = self.reader
             while self.state != CLOSED and not self._paused_by:
-                frame = self.reader.next_frame()
-                if frame is None:
-                    break
-                self._handle_frame(*frame)
-                budget -= 1
-                if not budget:
+                publish = reader.next_publish()
+                if publish is not None:  # three frames (or two) in one pass
+                    self._handle_publish(*publish)
+                    budget -= 3
+                else:
+                    frame = reader.next_frame()
+                    if frame is None:
+                        break
+                    self._handle_frame(*frame)
+                    budget -= 1
+                if budget <= 0:
                     self._pause(YIELD)
                     self.loop.call_soon(self._next_turn)
                     break
@@ -358,6 +364,26 @@ class Connection(asyncio.Protocol):
             return
         try:  # run_guarded, inlined: this runs for every frame
             ch.handle_frame(frame_type, payload)
+        except AMQPError as error:
+            if error.hard:
+                self.close_with_error(error)
+            else:
+                self.close_channel_with_error(ch, error)
+
+    def _handle_publish(self, channel: int, payload: bytes, properties: bytes,
+                        body: bytes) -> None:
+        """A whole publish taken from the reader at once; as its frames one by one
+        would be, unless it is for an open channel that waits for no content."""
+        ch = self.channels.get(channel)
+        if ch is None or ch.closing or self.state != OPEN or not ch.assembler.idle():
+            self._handle_frame(frames.FRAME_METHOD, channel, payload)
+            self._handle_frame(frames.FRAME_HEADER, channel,
+                               frames.content_header(len(body), properties))
+            if body:
+                self._handle_frame(frames.FRAME_BODY, channel, body)
+            return
+        try:
+            ch.handle_publish(payload, properties, body)
         except AMQPError as error:
             if error.hard:
                 self.close_with_error(error)

@@ -259,19 +259,25 @@ class Consuming:
         properties = event.properties
         if event.delivery_count:
             properties = _with_delivery_count(properties, event.delivery_count)
-        parts = frames.content_parts(
-            self.number,
-            hotpath.deliver_payload(consumer.tag_shortstr, tag, event.redelivered,
-                                    event.exchange, event.routing_key),
-            BASIC_CLASS, properties, event.body, self.conn.frame_max)
+        conn = self.conn
+        if len(event.body) < r.SIDE_BODY_MIN:  # the frames packed in one join
+            parts = [hotpath.deliver_frames(
+                self.number, consumer.tag_shortstr, tag, event.redelivered, event.exchange,
+                event.routing_key, properties, event.body, conn.frame_max)]
+        else:  # the body's pieces go out uncopied, joined once into the socket's write
+            parts = frames.content_parts(
+                self.number, hotpath.deliver_payload(consumer.tag_shortstr, tag,
+                                                     event.redelivered, event.exchange,
+                                                     event.routing_key),
+                BASIC_CLASS, properties, event.body, conn.frame_max)
         if self.flow_active:
-            self.conn.send_parts(parts)  # the body is copied once, into the socket's write
+            conn.send_parts(parts)
         else:
             self.held_deliveries.append(b"".join(parts))
-        if not self._limited(consumer):
+        if consumer.no_ack or not self.channel_prefetch:  # not _limited(consumer): window mode
             consumer.owed_credit += 1
-            self.conn.owed_grants.add(consumer)
-            self.conn.schedule_flush()
+            conn.owed_grants.add(consumer)
+            conn.schedule_flush()
 
     def return_credit(self, consumer: ConsumerState) -> None:
         """Window mode: give back the credit of deliveries that left through the socket."""
@@ -322,9 +328,20 @@ class Consuming:
             self._settle_now(taken, outcome)
 
     def _settle_now(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
-        groups: dict[tuple, list[int]] = {}
         if self.timed_out:
             self._settled_timed_out({tag for tag, _ in taken})
+        if len(taken) == 1:  # one ack of one delivery: the common case, without grouping
+            delivery = taken[0][1]
+            if delivery.holder != self.id:
+                self.consumer_unacked -= 1
+                consumer = self.by_holder.get(delivery.holder)
+                if consumer is not None:
+                    consumer.unacked -= 1
+            delivery.link.send(r.Settle(delivery.qid, delivery.holder, [delivery.seq], outcome))
+            if self.channel_prefetch:
+                self._deal_credit()
+            return
+        groups: dict[tuple, list[int]] = {}
         for _tag, delivery in taken:
             groups.setdefault((delivery.link, delivery.qid, delivery.holder), []).append(
                 delivery.seq)

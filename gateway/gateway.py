@@ -459,17 +459,23 @@ class Gateway:
                         channel.deliver(link, event)
                 elif kind is r.Confirmed or kind is r.Rejected:
                     accepted = kind is r.Confirmed
-                    for channel_id, seq in zip(event.channels, event.seqs):
+                    channels, seqs = event.channels, event.seqs
+                    start, count = 0, len(channels)
+                    while start < count:  # a run of one channel's seqs at a time
+                        channel_id = channels[start]
+                        end = start + 1
+                        while end < count and channels[end] == channel_id:
+                            end += 1
                         channel = holders.get(channel_id)
-                        if channel is None:
-                            continue
-                        try:
-                            if accepted:
-                                channel.confirmed(seq, link.index)
-                            else:
-                                channel.rejected(seq, link.index)
-                        except Exception as error:
-                            channel.conn.fail(error)
+                        if channel is not None:
+                            try:
+                                if accepted:
+                                    channel.confirmed(seqs[start:end], link.index)
+                                else:
+                                    channel.rejected(seqs[start:end], link.index)
+                            except Exception as error:
+                                channel.conn.fail(error)
+                        start = end
                     channel = None
                 elif kind is r.ConsumerCancelled:
                     channel = holders.get(event.holder)
@@ -523,11 +529,18 @@ class Gateway:
                 feeder=None) -> None:
         """Send a message to the shards of its queues, one record per shard."""
         if len(targets) == 1:  # the common case: nothing to group
-            by_shard = {targets[0].shard: [targets[0].qid]}
-        else:
-            by_shard: dict[int, list[int]] = {}
-            for meta in targets:
-                by_shard.setdefault(meta.shard, []).append(meta.qid)
+            meta = targets[0]
+            link = self.shards[meta.shard]
+            if link.alive:
+                link.send(r.Publish([meta.qid], exchange, routing_key, properties, body,
+                                    persistent, confirm_channel, seq, expiration, priority),
+                          feeder)
+            elif tracker is not None:  # between a shard's death and its restart
+                tracker.reject(seq, meta.shard)
+            return
+        by_shard: dict[int, list[int]] = {}
+        for meta in targets:
+            by_shard.setdefault(meta.shard, []).append(meta.qid)
         for shard, qids in by_shard.items():
             link = self.shards[shard]
             if not link.alive:  # between a shard's death and its restart

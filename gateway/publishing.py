@@ -34,6 +34,22 @@ _HEADERS = flag_mask("headers")
 _EXTRAS = _EXPIRATION | _PRIORITY | _REPLY_TO | _HEADERS
 
 
+_DELIVERY_MODE = flag_mask("delivery_mode")
+# Properties stored before delivery_mode, and the continuation bit of a second flag word.
+_BEFORE_DELIVERY_MODE = (flag_mask("content_type") | flag_mask("content_encoding") | _HEADERS
+                         | 1)
+_LOOK_UP = object()  # _route's default: find the exchange by name
+
+
+def _persistent(properties: bytes) -> bool:
+    """delivery_mode == 2. Read in place when it is the first property present (what
+    most clients send); raises PropertiesError as peek_delivery_mode does."""
+    flags = properties[0] << 8 | properties[1]
+    if not flags & _BEFORE_DELIVERY_MODE and len(properties) > 2:
+        return bool(flags & _DELIVERY_MODE) and properties[2] == 2
+    return peek_delivery_mode(properties) == 2
+
+
 class Publishing:
     # -- basic: publish and confirms -------------------------------------------
 
@@ -46,7 +62,7 @@ class Publishing:
         if exchange is None:
             raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
                             method.CLASS_ID, method.METHOD_ID)
-        self._allow("write", "exchange", exchange.name)
+        self.gateway.access.check(self.conn.user, vhost.name, "write", "exchange", exchange.name)
         if exchange.internal:
             raise AMQPError(spec.ACCESS_REFUSED,
                             f"cannot publish to internal {exchange_name(vhost.name, exchange.name)}",
@@ -54,7 +70,7 @@ class Publishing:
         if exchange.name == RENEW_EXCHANGE:
             return self._renew(method.routing_key, properties)
         expiration, priority, also = -1, 0, ()
-        if len(properties) >= 2 and (properties[0] << 8 | properties[1]) & _EXTRAS:
+        if (properties[0] << 8 | properties[1]) & _EXTRAS:  # a header holds 2 flag bytes
             try:
                 expiration, priority, also, properties = self._read_extras(properties)
             except AMQPError as error:
@@ -65,7 +81,7 @@ class Publishing:
         if self.tx is not None:
             self.tx.publish(TxPublish(method, properties, body, expiration, priority, also))
         else:
-            self._route(method, properties, body, expiration, priority, also)
+            self._route(method, properties, body, expiration, priority, also, exchange)
 
     def _renew(self, consumer_tag: str, properties: bytes) -> None:
         """Warren's lock renewal: a publish to amq.warren.renew with the consumer tag
@@ -128,10 +144,14 @@ class Publishing:
         return expiration, priority, also, properties
 
     def _route(self, method: hotpath.Publish, properties: bytes, body: bytes,
-               expiration: int = -1, priority: int = 0, also: tuple = ()) -> None:
-        """Send a message to the shards of every queue it routes to, in one record each."""
+               expiration: int = -1, priority: int = 0, also: tuple = (),
+               exchange=_LOOK_UP) -> None:
+        """Send a message to the shards of every queue it routes to, in one record each.
+        `exchange` is looked up unless the caller just did (a transaction's publish
+        routes at commit, through the exchanges as they are then)."""
         vhost = self.vhost
-        exchange = vhost.exchanges.get(method.exchange)
+        if exchange is _LOOK_UP:
+            exchange = vhost.exchanges.get(method.exchange)
         routing_key = method.routing_key
         tracker = self._tracker()
         if exchange is None:
@@ -147,12 +167,15 @@ class Publishing:
             for key in also:  # CC / BCC routing keys
                 targets = _union(targets, self.gateway.route(vhost, exchange, key, headers))
         try:
-            persistent = peek_delivery_mode(properties) == 2
+            persistent = _persistent(properties)
         except PropertiesError as error:
             raise AMQPError(spec.SYNTAX_ERROR, f"malformed content properties: {error}",
                             method.CLASS_ID, method.METHOD_ID) from None
-        shards = {meta.shard for meta in targets}
-        seq = tracker.publish(shards) if tracker is not None else 0
+        if tracker is None:
+            seq = 0
+        else:
+            seq = tracker.publish((targets[0].shard,) if len(targets) == 1
+                                  else {meta.shard for meta in targets})
         totals = self.gateway.totals
         totals.received += 1
         if seq:
@@ -168,8 +191,8 @@ class Publishing:
             self.gateway.publish(targets, method.exchange, routing_key, properties, body,
                                 persistent, expiration, priority,
                                 self.id if seq else 0, seq, tracker if seq else None, self.conn)
-        if seq:
-            self._confirms_changed()
+        if seq and (tracker is not self.confirms or tracker.has_answers()):
+            self._confirms_changed()  # (a confirm waiting for its shards changes nothing yet)
 
     def _route_reply(self, method: hotpath.Publish, properties: bytes, body: bytes,
                      tracker) -> None:
@@ -217,17 +240,27 @@ class Publishing:
             return self.confirms
         return self.tx.stored if self.tx is not None else None
 
-    def confirmed(self, seq: int, shard: int) -> None:
+    def confirmed(self, seqs: list[int], shard: int) -> None:
+        """The shard stored these publishes of this channel."""
         tracker = self._tracker()
-        if tracker is not None and not self.closing:
+        if tracker is None or self.closing:
+            return
+        if tracker is self.confirms:  # answers go out at the flush: one change for all
+            for seq in seqs:
+                tracker.accept(seq, shard)
+            self._confirms_changed()
+            return
+        for seq in seqs:  # a transaction's: commit-ok as soon as the last is stored
             tracker.accept(seq, shard)
             self._confirms_changed()
 
-    def rejected(self, seq: int, shard: int) -> None:
+    def rejected(self, seqs: list[int], shard: int) -> None:
+        """The shard could not store these publishes of this channel."""
         tracker = self._tracker()
         if tracker is not None and not self.closing:
-            tracker.reject(seq, shard)
-            self._confirms_changed()
+            for seq in seqs:
+                tracker.reject(seq, shard)
+                self._confirms_changed()
 
     def _confirms_changed(self) -> None:
         if self.confirms is not None:

@@ -154,6 +154,12 @@ class ShardLink:
     def send(self, record, feeder=None) -> None:
         if not self.alive:
             return
+        if type(record) is r.Settle and self._batch:
+            last = self._batch[-1]
+            if type(last) is r.Settle and (last.qid, last.holder, last.outcome) == \
+                    (record.qid, record.holder, record.outcome):
+                last.seqs.extend(record.seqs)  # a run of acks: one record, as one multiple ack
+                return
         self._batch.append(record)
         if feeder is not None:  # a publish: it spends its connection's credit
             cost = PERSISTENT_COST if record.persistent else 1

@@ -99,3 +99,33 @@ def test_a_publish_over_the_size_limit_is_refused_in_its_turn_and_its_body_dropp
     refusal, _, _ = assembler.feed(frames.FRAME_BODY, b"def")
     assert type(refusal) is AMQPError and refusal.code == spec.PRECONDITION_FAILED
     assert refusal.text.endswith("message size 6 is larger than configured max size 4")
+
+
+@given(st.binary(max_size=40), st.binary(max_size=10), st.integers(0, 40))
+def test_a_publish_taken_whole_is_the_command_its_frames_make(body, properties, max_size):
+    """Assembler.whole_publish (a publish read in one pass) agrees with feeding its
+    frames one by one, the size limit's refusal included."""
+    properties = b"\x00\x00" + properties
+    fed = Assembler(max_size)
+    fed.feed(frames.FRAME_METHOD, PUBLISH)
+    command = fed.feed(frames.FRAME_HEADER, header(len(body), properties))
+    if body:
+        command = fed.feed(frames.FRAME_BODY, body)
+    whole = Assembler(max_size)
+    assert whole.idle()
+    taken = whole.whole_publish(PUBLISH, properties, body)
+    assert whole.idle() and fed.idle()
+    assert taken[1:] == command[1:]
+    if type(command[0]) is AMQPError:
+        assert (taken[0].code, taken[0].text) == (command[0].code, command[0].text)
+    else:
+        assert (taken[0].exchange, taken[0].routing_key) == ("x", "k")
+
+
+def test_a_malformed_publish_taken_whole_is_the_same_error():
+    payload = PUBLISH + b"\x00"  # a trailing byte
+    with pytest.raises(AMQPError) as fed:
+        Assembler(100).feed(frames.FRAME_METHOD, payload)
+    with pytest.raises(AMQPError) as whole:
+        Assembler(100).whole_publish(payload, b"\x00\x00", b"")
+    assert (whole.value.code, whole.value.text) == (fed.value.code, fed.value.text)

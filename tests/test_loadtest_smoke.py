@@ -121,3 +121,18 @@ def test_locust_headless(bench_broker, tmp_path):
     assert "get+ack" in stats or "get-empty" in stats, stats
     if rpc:
         assert int(stats["rpc direct-reply-to"]["Request Count"]) > 0, stats
+
+
+def test_gatewaycost_measures_every_path_and_profiles():
+    """`python -m warren.loadtest.gatewaycost` drives an in-process gateway through
+    every scenario and prints a CPU cost per message (and a profile) for each."""
+    run = subprocess.run([sys.executable, "-m", "warren.loadtest.gatewaycost", "-n", "300",
+                          "--repeat", "1", "--profile", "--top", "3"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    costs = [line.split() for line in run.stdout.splitlines() if "µs/msg" in line]
+    assert [cost[0] for cost in costs] == [
+        "publish-transient", "publish-transient-confirm", "publish-persistent",
+        "publish-persistent-confirm", "deliver-autoack", "deliver-manual-ack"]
+    assert all(float(cost[1]) > 0 for cost in costs)
+    assert run.stdout.count("tottime") == len(costs)

@@ -87,6 +87,32 @@ def test_frames_out_of_turn_are_505_in_rabbitmqs_words(inproc, sent, close):
     assert (got.reply_text, got.class_id, got.method_id) == close
 
 
+WHOLE_PUBLISH = publish_then(HEADER, (frames.FRAME_BODY, b"0123456789"))
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["in-one-read", "frame-by-frame"])
+@pytest.mark.parametrize("channel, sent, code, close", [
+    (1, publish_then(*WHOLE_PUBLISH), 505, CONTENT_HEADER_EXPECTED),
+    (1, publish_then(HEADER, *WHOLE_PUBLISH), 505, CONTENT_BODY_EXPECTED),
+    (0, WHOLE_PUBLISH, 504,
+     ("CHANNEL_ERROR - unexpected method in connection state running", 60, 40)),
+    (2, WHOLE_PUBLISH, 504, ("CHANNEL_ERROR - expected 'channel.open'", 60, 40)),
+], ids=["inside-a-publish", "inside-a-body", "on-channel-0", "on-an-unopened-channel"])
+def test_a_whole_publish_where_none_may_come_is_the_same_error_however_it_is_read(
+        inproc, together, channel, sent, code, close):
+    """A publish read in one pass (all its frames in the buffer) is refused exactly as
+    its frames one by one are."""
+    client = inproc.client()
+    client.handshake()
+    client.open_channel(1)
+    data = [struct.pack(">BHI", frame_type, channel, len(payload)) + payload + b"\xce"
+            for frame_type, payload in sent]
+    for piece in [b"".join(data)] if together else data:
+        client.send(piece)
+    got = client.expect_connection_close(code)
+    assert (got.reply_text, got.class_id, got.method_id) == close
+
+
 def test_bad_frame_end_is_501(inproc):
     client = inproc.client()
     client.handshake()

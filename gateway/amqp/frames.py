@@ -29,6 +29,11 @@ FRAME_OVERHEAD = 8  # type(1) + channel(2) + size(4) + frame-end(1)
 _frame_prefix = struct.Struct(">BHI")
 _header_prefix = struct.Struct(">HHQ")  # class-id, weight, body-size
 _method_ids = struct.Struct(">HH")
+# A content header frame's prefix and fixed fields: type, channel, size, class-id,
+# weight, body-size.
+_header_frame = struct.Struct(">BHIHHQ")
+_PUBLISH_IDS = struct.pack(">HH", *spec.method_id("basic.publish"))
+_BASIC_CLASS = spec.CLASS_IDS["basic"]
 
 # Payloads this large are copied out of the receive buffer through a view: once,
 # where slicing the bytearray and then making bytes of it copies twice.
@@ -64,6 +69,39 @@ class FrameReader:
         start = self._offset
         self._offset += len(PROTOCOL_HEADER)
         return bytes(self._buffer[start:self._offset])
+
+    def next_publish(self) -> tuple[int, bytes, bytes, bytes] | None:
+        """A whole basic.publish at the front of the buffer, taken in one pass:
+        (channel, method payload, raw properties, body). Only the plain shape
+        qualifies (method, content header and at most one body frame on one
+        channel, each well formed and the body as long as announced); anything
+        else is None and left for next_frame, which reports its errors."""
+        buf = self._buffer
+        offset = self._offset
+        if buf[offset + 7:offset + 11] != _PUBLISH_IDS or buf[offset] != FRAME_METHOD:
+            return None
+        _type, channel, size = _frame_prefix.unpack_from(buf, offset)
+        header = offset + 8 + size
+        if len(buf) < header + 22 or size > self.frame_max or buf[header - 1] != FRAME_END:
+            return None
+        kind, header_channel, header_size, class_id, _weight, body_size = \
+            _header_frame.unpack_from(buf, header)
+        body = header + 8 + header_size
+        if (kind != FRAME_HEADER or header_channel != channel or class_id != _BASIC_CLASS
+                or header_size < 14 or header_size > self.frame_max or len(buf) < body
+                or buf[body - 1] != FRAME_END):
+            return None
+        if body_size:
+            end = body + 8 + body_size
+            if len(buf) < end or body_size > self.frame_max or buf[end - 1] != FRAME_END \
+                    or _frame_prefix.unpack_from(buf, body) != (FRAME_BODY, channel, body_size):
+                return None
+            content = bytes(buf[body + 7:end - 1])
+        else:
+            end, content = body, b""
+        self._offset = end
+        return (channel, bytes(buf[offset + 7:header - 1]), bytes(buf[header + 19:body - 1]),
+                content)
 
     def next_frame(self) -> tuple[int, int, bytes] | None:
         buf = self._buffer
@@ -133,6 +171,11 @@ def parse_content_header(payload: bytes) -> tuple[int, int, bytes]:
         raise FrameError("content header too short")
     class_id, _weight, body_size = _header_prefix.unpack_from(payload, 0)
     return class_id, body_size, payload[12:]
+
+
+def content_header(body_size: int, properties: bytes) -> bytes:
+    """A basic content header payload (class-id, weight, body-size, properties)."""
+    return _header_prefix.pack(_BASIC_CLASS, 0, body_size) + properties
 
 
 def method_ids(payload: bytes) -> tuple[int, int]:

@@ -11,11 +11,29 @@ from __future__ import annotations
 import struct
 
 from . import methods as m
-from .spec import method_id
+from .frames import (
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    FRAME_OVERHEAD,
+    content_frames,
+)
+from .spec import CLASS_IDS, method_id
 
 PUBLISH_IDS = struct.pack(">HH", *method_id("basic.publish"))
+ACK_IDS = struct.pack(">HH", *method_id("basic.ack"))
+ACK_SIZE = 13  # ids, delivery-tag (longlong), multiple (a bit in one octet)
+_ack_arguments = struct.Struct(">QB")
 DELIVER_IDS = struct.pack(">HH", *method_id("basic.deliver"))
 _u64 = struct.Struct(">Q")
+_BASIC_CLASS = CLASS_IDS["basic"]
+_FRAME_END_BYTE = bytes((FRAME_END,))
+# The fixed pieces of a delivery's three frames, each after a variable part:
+_method_prefix = struct.Struct(">BHI")  # frame type, channel, size
+_tag_redelivered = struct.Struct(">QB")
+_header_frame = struct.Struct(">BBHIHHQ")  # method frame end, header frame prefix, fields
+_body_prefix = struct.Struct(">BBHI")  # header frame end, body frame prefix
 
 
 class Publish:
@@ -33,7 +51,22 @@ class Publish:
         self.immediate = immediate
 
 
+_publish_cache: dict[bytes, Publish] = {}
+
+
 def parse_publish(payload: bytes) -> Publish:
+    """A publisher mostly repeats one exchange and routing key, so parsed publishes
+    are kept by payload (a bounded cache; a Publish is never changed)."""
+    method = _publish_cache.get(payload)
+    if method is None:
+        method = _parse_publish(payload)
+        if len(_publish_cache) >= 4096:
+            _publish_cache.clear()
+        _publish_cache[payload] = method
+    return method
+
+
+def _parse_publish(payload: bytes) -> Publish:
     """Arguments: ticket (short), exchange (shortstr), routing-key (shortstr), then
     mandatory and immediate packed in one octet. Raises m.MalformedMethod."""
     try:
@@ -47,6 +80,18 @@ def parse_publish(payload: bytes) -> Publish:
     if len(payload) != key_end + 1:
         raise m.MalformedMethod("basic.publish: trailing bytes")
     return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2))
+
+
+def parse_ack(payload: bytes) -> m.BasicAck:
+    """basic.ack from a payload of exactly ACK_SIZE bytes with ACK_IDS (the caller
+    checks); the generic class, as every other method handler expects."""
+    ack = _new(m.BasicAck)
+    ack.delivery_tag, bits = _ack_arguments.unpack_from(payload, 4)
+    ack.multiple = bool(bits & 1)
+    return ack
+
+
+_new = object.__new__
 
 
 def shortstr(text: str) -> bytes:
@@ -75,3 +120,24 @@ def deliver_payload(consumer_tag: bytes, delivery_tag: int, redelivered: bool,
     return b"".join((DELIVER_IDS, consumer_tag, _u64.pack(delivery_tag),
                      b"\x01" if redelivered else b"\x00",
                      _route_shortstrs(exchange, routing_key)))
+
+
+def deliver_frames(channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool,
+                   exchange: str, routing_key: str, properties: bytes, body: bytes,
+                   frame_max: int) -> bytes:
+    """basic.deliver with its content header and body, ready to send: what
+    frames.content_frames(deliver_payload(...)) builds, in one join of a few packed
+    pieces when the body fits one frame (`consumer_tag` a shortstr, as above)."""
+    size = len(body)
+    if not size or size > frame_max - FRAME_OVERHEAD:
+        return content_frames(channel, deliver_payload(consumer_tag, delivery_tag, redelivered,
+                                                       exchange, routing_key),
+                              _BASIC_CLASS, properties, body, frame_max)
+    route = _route_shortstrs(exchange, routing_key)
+    return b"".join((
+        _method_prefix.pack(FRAME_METHOD, channel, 13 + len(consumer_tag) + len(route)),
+        DELIVER_IDS, consumer_tag, _tag_redelivered.pack(delivery_tag, redelivered), route,
+        _header_frame.pack(FRAME_END, FRAME_HEADER, channel, 12 + len(properties), _BASIC_CLASS,
+                           0, size),
+        properties, _body_prefix.pack(FRAME_END, FRAME_BODY, channel, size), body,
+        _FRAME_END_BYTE))
