@@ -93,10 +93,12 @@ class Persister:
     def persist(self, qid: int, messages: list[Message], rich: bool = False) -> None:
         batch = self._batch(qid)
         for msg in messages:
+            if msg.content is None:  # settled in the same step (a no-ack consumer took it)
+                continue
             batch.put_message(qid, msg.seq, StoredMessage(*msg.content))
             if rich:
                 batch.mark_rich(qid, msg.seq)
-        self._written.extend((qid, msg) for msg in messages)
+            self._written.append((qid, msg))
 
     def remove(self, qid: int, seqs: list[int]) -> None:
         batch = self._batch(qid)

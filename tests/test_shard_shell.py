@@ -140,3 +140,74 @@ def test_a_full_store_nacks_and_wakes_the_shard_to_write_again(shard, monkeypatc
     shard.commit_now(retry_at)  # the kept writes go to the store this time
     assert shard.stored_ok and shard.timers.next_deadline() is None
     assert [seq for seq, *_ in store.recover(5)] == [1]
+
+
+def consume(shard, qid: int = 5, holder: int = 10, prefetch: int = 100) -> None:
+    shard.run(r.Consume(4, qid, holder, 1, "c", False, False, prefetch, 1000), 0.0)
+
+
+def delivered_seqs(events: list) -> list[int]:
+    return [e.seq for e in events if type(e) is r.Deliver]
+
+
+def test_a_waiting_consumer_gets_a_persistent_message_before_its_commit(shard):
+    """RabbitMQ delivers before the fsync; only the publisher's confirm waits for it."""
+    shard.run(create_queue(2, 5, "d", True), 0.0)
+    consume(shard)
+    shard.commit_now(0.0)
+    shard.take_events()
+    shard.run(durable_publish(1), 0.0)
+    committer = InlineCommitter()
+    assert shard.start_commit(committer, 0.0) == []  # the confirm waits for the fsync...
+    (delivery,) = shard.take_events()  # ...the delivery does not
+    assert type(delivery) is r.Deliver and delivery.body == b"body"
+    shard.run(r.Settle(5, 10, [1], r.SETTLE_ACK), 0.0)  # acked while its commit runs
+    committer.run()
+    assert shard.finish_commit() == [r.Confirmed([3], [1])]
+    assert shard.ram_bytes == 0 and shard.queues[5].ram_bytes == 0  # not evicted twice
+    shard.commit_now(0.0)  # the ack's delete
+    assert list(shard.persister.home.recover(5)) == []
+
+
+def test_a_message_acked_before_its_commit_is_never_written(shard):
+    shard.run(create_queue(2, 5, "d", True), 0.0)
+    consume(shard)
+    shard.commit_now(0.0)
+    fsyncs = shard.commits.fsyncs
+    shard.run(durable_publish(1), 0.0)
+    assert delivered_seqs(shard.take_events()) == [1]
+    shard.run(r.Settle(5, 10, [1], r.SETTLE_ACK), 0.0)
+    assert not shard.persister.has_writes()  # nothing left to write, nor to delete
+    assert shard.start_commit(InlineCommitter(), 0.0) == [r.Confirmed([3], [1])]
+    assert shard.commits.fsyncs == fsyncs and shard.ram_bytes == 0
+
+
+def test_what_arrives_while_a_commit_runs_goes_into_the_next_one(shard):
+    shard.run(create_queue(2, 5, "d", True), 0.0)
+    shard.commit_now(0.0)
+    fsyncs, written = shard.commits.fsyncs, shard.commits.messages
+    committer = InlineCommitter()
+    shard.run(durable_publish(1), 0.0)
+    shard.start_commit(committer, 0.0)
+    for seq in range(2, 42):  # forty turns of a steady stream while the fsync runs
+        shard.run(durable_publish(seq), 0.0)
+        shard.take_events()
+        assert shard.commits.inflight is not None  # no second commit meanwhile
+    committer.run()
+    assert shard.finish_commit() == [r.Confirmed([3], [1])]
+    assert shard.start_commit(committer, 0.0) == []
+    committer.run()
+    assert shard.finish_commit() == [r.Confirmed([3] * 40, list(range(2, 42)))]
+    assert shard.commits.fsyncs - fsyncs == 2  # 1 + 40 messages in two fsyncs
+    assert shard.commits.messages - written == 41
+
+
+def test_a_no_ack_get_carries_the_content_it_settles(shard):
+    shard.run(create_queue(2, 5, "d", True), 0.0)
+    shard.commit_now(0.0)
+    shard.run(durable_publish(1), 0.0)
+    shard.take_events()
+    shard.run(r.Get(6, 5, 9, True), 0.0)
+    (reply,) = shard.take_events()
+    assert reply.seq == 1 and reply.body == b"body"
+    assert shard.ram_bytes == 0 and not shard.persister.has_writes()
