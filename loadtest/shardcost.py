@@ -173,11 +173,12 @@ class Driver:
                 ring.unlink()
 
 
-def thread_cpu(pid: int, tid: int) -> float:
-    """CPU seconds of one thread of a process (the main thread's tid is the pid)."""
+def thread_cpu(pid: int, tid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of one thread of a process (the main thread's tid
+    is the pid)."""
     with open(f"/proc/{pid}/task/{tid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -193,9 +194,11 @@ def measure(messages: int, window: int, prefetch: int, body_size: int, ack_delay
         try:
             before = driver.info()
             pid = driver.process.pid
-            cpu, loop_cpu = tree_cpu([pid]), thread_cpu(pid, pid)
+            cpu, (loop_user, loop_system) = tree_cpu([pid]), thread_cpu(pid, pid)
             seconds = driver.run(messages, window, prefetch, b"x" * body_size, ack_delay)
-            cpu, loop_cpu = tree_cpu([pid]) - cpu, thread_cpu(pid, pid) - loop_cpu
+            cpu = tree_cpu([pid]) - cpu
+            user, system = thread_cpu(pid, pid)
+            loop_user, loop_system = user - loop_user, system - loop_system
             after = driver.info()
         finally:
             driver.stop()
@@ -207,7 +210,9 @@ def measure(messages: int, window: int, prefetch: int, body_size: int, ack_delay
         "messages": messages, "seconds": round(seconds, 3),
         "rate": round(messages / seconds), "nacked": driver.nacked,
         "shard_cpu_us_per_msg": round(cpu / messages * 1e6, 1),
-        "loop_cpu_us_per_msg": round(loop_cpu / messages * 1e6, 1),  # the rest: committer
+        # its loop's share (user, system); the rest is the committer thread's
+        "loop_cpu_us_per_msg": [round(loop_user / messages * 1e6, 1),
+                                round(loop_system / messages * 1e6, 1)],
         "fsyncs": fsyncs, "fsyncs_per_msg": round(fsyncs / messages, 4),
         "msgs_per_commit": round(messages / fsyncs, 1) if fsyncs else None,
         "records_per_commit": round((after.messages - before.messages) / fsyncs, 1)

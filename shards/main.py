@@ -267,6 +267,26 @@ class Shard:
         return accepted
 
 
+def merge_settles(cmds: list) -> list:
+    """The commands with each run of adjacent Settles of one holder, queue and outcome
+    made one: the gateway sends a Settle per basic.ack, and one per run spares the
+    queue a step (and a dispatch) per ack. A queue settles the run's messages as it
+    would one by one; only the dispatch after them happens once, at the end."""
+    out = []
+    last = None
+    for cmd in cmds:
+        if type(cmd) is r.Settle:
+            if (last is not None and last.holder == cmd.holder and last.qid == cmd.qid
+                    and last.outcome == cmd.outcome):
+                last.seqs += cmd.seqs
+                continue
+            last = cmd
+        else:
+            last = None
+        out.append(cmd)
+    return out
+
+
 def _queue_figures(queue: Queue) -> list[int]:
     c = queue.counters
     return [queue.qid, queue.ready_count, queue.unacked_count, len(queue.consumers),
@@ -328,7 +348,7 @@ def serve(spec: r.ShardSpec) -> None:
                 commands.clear_data_doorbell()
             continue
         for batch in batches:
-            for cmd in r.decode_commands(batch):
+            for cmd in merge_settles(r.decode_commands(batch)):
                 shard.run(cmd, now)
         if batches:
             # Credit back for the publishes in these records, behind this turn's

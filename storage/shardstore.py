@@ -4,7 +4,8 @@ Keys are the queue id and the sequence number, each 8 bytes big-endian, so a
 cursor walks a queue in order. Three databases:
 
     queues     qid            -> StoredQueue (its spec and the arguments in force)
-    messages   qid + seq      -> StoredMessage (content; read back on delivery)
+    messages   qid + seq      -> StoredMessage (content; read back on delivery; written
+                                 from the content tuple, which encodes the same)
     marks      qid + seq      -> (delivered, delivery_count, acquired_count, rich)
     manifest   b"manifest"    -> Manifest (the store's format; written when it is created)
 
@@ -60,6 +61,10 @@ class _Mark(msgspec.Struct, array_like=True):
     rich: bool = False  # recovery must read its properties (it expires by itself)
 
 
+DELIVERED = _Mark()  # the common mark, shared: its sealed value is encoded once
+_DELIVERED_VALUE = seal(msgspec.msgpack.encode(DELIVERED))
+
+
 class StoreFull(Exception):
     """A commit failed, for a full map or disk (or another write error): nothing of
     the batch was written, and a later try may succeed."""
@@ -71,7 +76,7 @@ class WriteBatch:
     def __init__(self) -> None:
         self.queue_puts: dict[int, StoredQueue] = {}
         self.queue_deletes: set[int] = set()
-        self.puts: dict[bytes, StoredMessage] = {}
+        self.puts: dict[bytes, tuple] = {}  # (exchange, routing key, properties, body)
         self.deletes: set[bytes] = set()
         self.marks: dict[bytes, _Mark] = {}
 
@@ -87,10 +92,12 @@ class WriteBatch:
             for key in [k for k in pending if k.startswith(prefix)]:
                 del pending[key]
 
-    def put_message(self, qid: int, seq: int, message: StoredMessage) -> None:
+    def put_message(self, qid: int, seq: int, content: tuple) -> None:
+        """Write a message: its content (exchange, routing key, properties, body),
+        which encodes as a StoredMessage."""
         key = _key.pack(qid, seq)
         self.deletes.discard(key)
-        self.puts[key] = message
+        self.puts[key] = content
 
     def delete_message(self, qid: int, seq: int) -> None:
         key = _key.pack(qid, seq)
@@ -102,8 +109,8 @@ class WriteBatch:
         key = _key.pack(qid, seq)
         mark = self.marks.get(key)
         if mark is None:
-            self.marks[key] = _Mark(rich=rich)
-        else:
+            self.marks[key] = _Mark(rich=True) if rich else DELIVERED
+        elif not mark.delivered:
             mark.delivered = True
 
     def mark_rich(self, qid: int, seq: int) -> None:
@@ -181,7 +188,8 @@ class ShardStore:
                     txn.delete(key, db=self._messages)
                     txn.delete(key, db=self._marks)
                 for key, mark in batch.marks.items():
-                    txn.put(key, sealed(mark), db=self._marks)
+                    txn.put(key, _DELIVERED_VALUE if mark is DELIVERED else sealed(mark),
+                            db=self._marks)
         except lmdb.PanicError:  # the environment is unusable: the shard must start over
             raise
         except lmdb.Error as error:  # a full map or disk (ENOSPC, or EIO: a short write)

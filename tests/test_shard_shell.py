@@ -5,13 +5,18 @@ expire messages and queues."""
 
 from __future__ import annotations
 
+import copy
+import random
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from warren.shards import persister as persister_module
 from warren.shards import records as r
-from warren.shards.main import Shard
+from warren.shards.main import Shard, merge_settles
 from warren.shards.persister import Persister
-from warren.shards.queue import Queue
+from warren.shards.queue import Queue, Remove
 from warren.shards.stats import StatsLog
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore, StoreFull
@@ -211,3 +216,58 @@ def test_a_no_ack_get_carries_the_content_it_settles(shard):
     (reply,) = shard.take_events()
     assert reply.seq == 1 and reply.body == b"body"
     assert shard.ram_bytes == 0 and not shard.persister.has_writes()
+
+
+settles = st.builds(lambda holder, qid, outcome, seqs: r.Settle(qid, holder, seqs, outcome),
+                    st.integers(1, 2), st.integers(1, 2), st.sampled_from([0, 1, 2]),
+                    st.lists(st.integers(1, 50), min_size=1, max_size=3))
+others = st.builds(lambda holder: r.Grant(1, holder, 1), st.integers(1, 2))
+
+
+def flattened(cmds: list) -> list:
+    out = []
+    for cmd in cmds:
+        if type(cmd) is r.Settle:
+            out += [(cmd.holder, cmd.qid, cmd.outcome, seq) for seq in cmd.seqs]
+        else:
+            out.append(cmd)
+    return out
+
+
+@given(st.lists(st.one_of(settles, others), max_size=30))
+def test_merged_settles_settle_the_same_messages_in_the_same_order(cmds):
+    expected = flattened(copy.deepcopy(cmds))
+    merged = merge_settles(cmds)
+    assert flattened(merged) == expected
+    for first, second in zip(merged, merged[1:]):  # every run of one kind is one Settle
+        if type(first) is r.Settle and type(second) is r.Settle:
+            assert (first.holder, first.qid, first.outcome) != (
+                second.holder, second.qid, second.outcome)
+
+
+@given(st.integers(1, 60), st.integers(1, 10), st.integers(0, 2**32))
+def test_a_queue_settles_a_merged_run_as_it_would_one_ack_at_a_time(count, prefetch, seed):
+    """One consumer: the same messages delivered, in the same order, and removed."""
+
+    def drive(merge: bool) -> tuple[list, list, int]:
+        queue = Queue(create_queue(0, 5, "d", True))
+        effects = queue.apply(r.Consume(1, 5, 10, 1, "c", False, False, prefetch, 1000), 0.0)
+        for seq in range(1, count + 1):
+            effects += queue.apply(r.Publish([5], "", "d", b"", b"b", True), 0.0)
+        order = random.Random(seed)  # the consumer acks in its own order
+        delivered, removed = [], []
+        while True:
+            held = [e.seq for e in effects if type(e) is r.Deliver]
+            delivered += held
+            removed += [s for e in effects if type(e) is Remove for s in e.seqs]
+            if not held:
+                return delivered, removed, queue.ready_count
+            order.shuffle(held)
+            acks = [r.Settle(5, 10, [seq], r.SETTLE_ACK) for seq in held]
+            effects = []
+            for cmd in (merge_settles(acks) if merge else acks):
+                effects += queue.apply(cmd, 0.0)
+
+    one_by_one = drive(False)
+    assert drive(True) == one_by_one
+    assert sorted(one_by_one[0]) == sorted(one_by_one[1]) == list(range(1, count + 1))

@@ -12,7 +12,7 @@ from warren.shards.persister import Persister
 from warren.shards.queue import Message
 from warren.storage.queuespec import QueueSpec
 from warren.storage.sealed import Damaged, seal, unseal
-from warren.storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
+from warren.storage.shardstore import ShardStore, StoredQueue, StoreFull, WriteBatch
 from warren.storage.verify import check_store
 
 
@@ -29,14 +29,14 @@ def test_merged_batches_end_as_two_commits_in_a_row(tmp_path):
     first = WriteBatch()
     first.put_queue(1, StoredQueue(QueueSpec("/", "q", True, False, False, {}), {}))
     for seq in range(4):
-        first.put_message(1, seq, StoredMessage("", "q", b"", b"%d" % seq))
+        first.put_message(1, seq, ("", "q", b"", b"%d" % seq))
     store.commit(first)
     refused, later = WriteBatch(), WriteBatch()
-    refused.put_message(1, 4, StoredMessage("", "q", b"", b"4"))
+    refused.put_message(1, 4, ("", "q", b"", b"4"))
     refused.delete_message(1, 0)
     later.delete_message(1, 4)  # acked before it was ever written
     later.delete_message(1, 1)
-    later.put_message(1, 5, StoredMessage("", "q", b"", b"5"))
+    later.put_message(1, 5, ("", "q", b"", b"5"))
     refused.merge(later)
     store.commit(refused)
     assert [seq for seq, *_ in store.recover(1)] == [2, 3, 5]
@@ -48,7 +48,7 @@ def test_a_flipped_byte_in_a_message_fails_the_check(tmp_path):
     store = ShardStore(str(path), 1 << 24)
     batch = WriteBatch()
     batch.put_queue(1, StoredQueue(QueueSpec("/", "q", True, False, False, {}), {}))
-    batch.put_message(1, 1, StoredMessage("", "q", b"", b"unique-body-" * 1000))
+    batch.put_message(1, 1, ("", "q", b"", b"unique-body-" * 1000))
     store.commit(batch)
     store.close()
     assert check_store(str(path)).problems == []
@@ -115,7 +115,7 @@ def test_dropping_the_mapped_pages_keeps_the_data_and_frees_the_resident_set(tmp
     for start in range(0, 8000, 20):  # commits of 20 KiB, under the fault-around window
         batch = WriteBatch()
         for seq in range(start, start + 20):
-            batch.put_message(1, seq, StoredMessage("", "q", b"", body))
+            batch.put_message(1, seq, ("", "q", b"", body))
         store.commit(batch)
     data = str(tmp_path / "shard-0" / "data.mdb")
     before = mapped_kb(data)
