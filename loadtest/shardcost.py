@@ -79,6 +79,7 @@ class Driver:
         self.ack_delay = 0.0
         self.delivered = 0
         self.acked = 0
+        self.turns = 0  # shard turns that took commands (one Progress each)
 
     def send(self, records: list) -> None:
         self.records_sent += 1
@@ -107,6 +108,7 @@ class Driver:
                     else:
                         self.nacked += len(event.seqs)
                 elif kind is r.Progress:
+                    self.turns += 1
                     while self.unreturned and self.unreturned[0][0] <= event.records:
                         self.credit += self.unreturned.pop(0)[1]
                 elif kind is r.Reply or kind is r.QueueInfoReply:
@@ -213,6 +215,7 @@ def measure(messages: int, window: int, prefetch: int, body_size: int, ack_delay
         # its loop's share (user, system); the rest is the committer thread's
         "loop_cpu_us_per_msg": [round(loop_user / messages * 1e6, 1),
                                 round(loop_system / messages * 1e6, 1)],
+        "msgs_per_turn": round(messages / driver.turns, 1) if driver.turns else None,
         "fsyncs": fsyncs, "fsyncs_per_msg": round(fsyncs / messages, 4),
         "msgs_per_commit": round(messages / fsyncs, 1) if fsyncs else None,
         "records_per_commit": round((after.messages - before.messages) / fsyncs, 1)

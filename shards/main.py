@@ -325,9 +325,9 @@ def serve(spec: r.ShardSpec) -> None:
                     events.clear_space_doorbell()
                 continue
         if shard.commits.inflight is not None and committer.finished():
-            _send(events, outbox, shard.finish_commit())
+            outbox.put(shard.finish_commit())
             shard.check_resources(spec.memory_limit, shard.stored_ok)
-            _send(events, outbox, shard.take_events())
+            outbox.put(shard.take_events())
         batches = commands.read_many()
         now = time.monotonic()
         next_timer = shard.timers.next_deadline()
@@ -335,7 +335,9 @@ def serve(spec: r.ShardSpec) -> None:
         if not batches and not timers_due:
             if shard.commits.inflight is None and shard.has_commit_work():
                 # what gathered while the last commit ran goes now
-                _send(events, outbox, shard.start_commit(committer, now))
+                outbox.put(shard.start_commit(committer, now))
+                continue
+            if outbox.records:  # written at the top of the loop, before any sleep
                 continue
             stats.tick(time.time(), shard.queues.values(), shard.commits)
             if commands.sleep():
@@ -359,17 +361,21 @@ def serve(spec: r.ShardSpec) -> None:
         # Deliveries and replies go out at once; confirms only once their commit is
         # durable. A commit runs in the committer thread while this loop goes on:
         # what arrives meanwhile gathers into the next one (group commit).
-        _send(events, outbox, shard.take_events())
+        outbox.put(shard.take_events())
         if shard.commits.inflight is None:
             if commands.is_empty() and not shard.holder_queues:
                 # Nothing else to do meanwhile and nobody to deliver to: commit
-                # here, sparing a lone publisher the two thread hand-offs. With
-                # consumers, deliveries never wait for an fsync.
-                _send(events, outbox, shard.commit_now(now))
+                # here, sparing a lone publisher the two thread hand-offs (the
+                # turn's replies go first). With consumers, deliveries never wait
+                # for an fsync.
+                _write(events, outbox)
+                outbox.put(shard.commit_now(now))
             else:
-                _send(events, outbox, shard.start_commit(committer, now))
+                outbox.put(shard.start_commit(committer, now))
         shard.check_resources(spec.memory_limit, shard.stored_ok)
-        _send(events, outbox, shard.take_events())
+        # The turn's events go out at the top of the loop: one ring write, at most
+        # one doorbell.
+        outbox.put(shard.take_events())
         stats.tick(time.time(), shard.queues.values(), shard.commits)
         if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
             shard.persister.drop_mapped_pages()
@@ -378,8 +384,8 @@ def serve(spec: r.ShardSpec) -> None:
     if shard.commits.inflight is not None:  # finish the commit in flight, then what is left
         committer.wait()
         committer.finished()
-        _send(events, outbox, shard.finish_commit())
-    _send(events, outbox, shard.commit_now() + shard.take_events())
+        outbox.put(shard.finish_commit())
+    outbox.put(shard.commit_now() + shard.take_events())
     committer.close()
     while outbox.records or events.backlogged():  # hand over the last events before exiting
         outbox.sent(events.write_many(outbox.records))
@@ -392,10 +398,10 @@ def serve(spec: r.ShardSpec) -> None:
     stats.close()
 
 
-def _send(events: Ring, outbox: Outbox, records: list) -> None:
-    """Put these events behind what waits in the outbox and write what fits."""
-    if records:
-        outbox.put(records)
+def _write(events: Ring, outbox: Outbox) -> None:
+    """Write what fits of the outbox's records into the event ring, ringing its
+    doorbell once."""
+    if outbox.records:
         outbox.sent(events.write_many(outbox.records))
         events.flush()
 
