@@ -244,7 +244,7 @@ class Shard:
             elif kind is Remove:
                 persister.remove(effect.qid, effect.seqs)
             elif kind is Delivered:
-                persister.mark_delivered(effect.qid, effect.seq, effect.rich)
+                persister.mark_delivered(effect.qid, effect.seq, effect.rich, effect.in_order)
             elif kind is Refused:
                 accepted = False
             elif kind is CountsChanged:

@@ -113,8 +113,12 @@ class Persister:
     def update_counts(self, qid: int, seq: int, delivery_count: int, acquired: int) -> None:
         self._batch(qid).update_counts(qid, seq, delivery_count, acquired)
 
-    def mark_delivered(self, qid: int, seq: int, rich: bool = False) -> None:
-        self._batch(qid).mark_delivered(qid, seq, rich)
+    def mark_delivered(self, qid: int, seq: int, rich: bool = False,
+                       in_order: bool = False) -> None:
+        if in_order and not rich:  # the queue's one number, not a mark per message
+            self._batch(qid).delivered_upto(qid, seq)
+        else:
+            self._batch(qid).mark_delivered(qid, seq, rich)
 
     def has_writes(self) -> bool:
         return any(not batch.is_empty() for batch in self._batches.values())

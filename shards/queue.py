@@ -181,14 +181,17 @@ class Remove:
 
 class Delivered:
     """Storage effect: a stored message went out for the first time, so after a
-    crash it must come back marked redelivered."""
+    crash it must come back marked redelivered. `in_order`: the queue hands its
+    messages out for the first time in sequence order (it has no priorities), so
+    every stored message up to this one went out too."""
 
-    __slots__ = ("qid", "seq", "rich")
+    __slots__ = ("qid", "seq", "rich", "in_order")
 
-    def __init__(self, qid: int, seq: int, rich: bool = False):
+    def __init__(self, qid: int, seq: int, rich: bool = False, in_order: bool = False):
         self.qid = qid
         self.seq = seq
         self.rich = rich
+        self.in_order = in_order
 
 
 class Refused:
@@ -663,7 +666,8 @@ class Queue:
             self.locks[(holder, msg.seq)] = deadline
             heapq.heappush(self.lock_heap, (deadline, holder, msg.seq))
         if msg.stored and not msg.redelivered:
-            effects.append(Delivered(self.qid, msg.seq, self._rich(msg)))
+            effects.append(Delivered(self.qid, msg.seq, self._rich(msg),
+                                     type(self.ready) is not PriorityReady))
 
     def _rich(self, msg: Message) -> bool:
         return not self.tracked and type(msg) is RichMessage

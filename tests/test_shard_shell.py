@@ -178,13 +178,15 @@ def test_a_message_acked_before_its_commit_is_never_written(shard):
     shard.run(create_queue(2, 5, "d", True), 0.0)
     consume(shard)
     shard.commit_now(0.0)
-    fsyncs = shard.commits.fsyncs
+    written = shard.commits.messages
     shard.run(durable_publish(1), 0.0)
     assert delivered_seqs(shard.take_events()) == [1]
     shard.run(r.Settle(5, 10, [1], r.SETTLE_ACK), 0.0)
-    assert not shard.persister.has_writes()  # nothing left to write, nor to delete
-    assert shard.start_commit(InlineCommitter(), 0.0) == [r.Confirmed([3], [1])]
-    assert shard.commits.fsyncs == fsyncs and shard.ram_bytes == 0
+    (batch,) = shard.persister._batches.values()
+    assert not batch.puts and not batch.deletes and not batch.marks  # nothing of it to write
+    assert shard.commit_now(0.0) == [r.Confirmed([3], [1])]
+    assert shard.ram_bytes == 0 and list(shard.persister.home.recover(5)) == []
+    assert shard.commits.messages == written + 1  # the queue's delivered number alone
 
 
 def test_what_arrives_while_a_commit_runs_goes_into_the_next_one(shard):
@@ -271,3 +273,23 @@ def test_a_queue_settles_a_merged_run_as_it_would_one_ack_at_a_time(count, prefe
     one_by_one = drive(False)
     assert drive(True) == one_by_one
     assert sorted(one_by_one[0]) == sorted(one_by_one[1]) == list(range(1, count + 1))
+
+
+@pytest.mark.parametrize("arguments, marks", [({}, 0), ({"x-max-priority": 5}, 2)])
+def test_delivered_messages_come_back_redelivered_after_a_restart(tmp_path, arguments, marks):
+    """In order (no priorities): one number per queue; a priority queue: a mark each."""
+    store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
+    shard = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0))
+    shard.run(create_queue(2, 5, "d", True, arguments), 0.0)
+    consume(shard, prefetch=2)
+    for seq in range(1, 5):
+        shard.run(durable_publish(seq), 0.0)
+    assert delivered_seqs(shard.take_events()) == [1, 2]
+    shard.commit_now(0.0)
+    with store.env.begin() as txn:
+        assert txn.stat(store._marks)["entries"] == marks
+    store.close()
+    store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
+    again = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs2"), 0))
+    assert [m.redelivered for m in again.queues[5].ready] == [True, True, False, False]
+    store.close()
