@@ -245,7 +245,7 @@ class Shard:
             elif kind is Remove:
                 persister.remove(effect.qid, effect.seqs)
             elif kind is Delivered:
-                persister.mark_delivered(effect.qid, effect.seq, effect.rich)
+                persister.mark_delivered(effect.qid, effect.seq, effect.rich, effect.in_order)
             elif kind is Refused:
                 accepted = False
             elif kind is CountsChanged:
@@ -266,6 +266,26 @@ class Shard:
                                          timeout_ms=effect.timeout_ms)
                 self.outbox.add(effect)
         return accepted
+
+
+def merge_settles(cmds: list) -> list:
+    """The commands with each run of adjacent Settles of one holder, queue and outcome
+    made one: the gateway sends a Settle per basic.ack, and one per run spares the
+    queue a step (and a dispatch) per ack. A queue settles the run's messages as it
+    would one by one; only the dispatch after them happens once, at the end."""
+    out = []
+    last = None
+    for cmd in cmds:
+        if type(cmd) is r.Settle:
+            if (last is not None and last.holder == cmd.holder and last.qid == cmd.qid
+                    and last.outcome == cmd.outcome):
+                last.seqs += cmd.seqs
+                continue
+            last = cmd
+        else:
+            last = None
+        out.append(cmd)
+    return out
 
 
 def _queue_figures(queue: Queue) -> list[int]:
@@ -306,9 +326,9 @@ def serve(spec: r.ShardSpec) -> None:
                     events.clear_space_doorbell()
                 continue
         if shard.commits.inflight is not None and committer.finished():
-            _send(events, outbox, shard.finish_commit())
+            outbox.put(shard.finish_commit())
             shard.check_resources(spec.memory_limit, shard.stored_ok)
-            _send(events, outbox, shard.take_events())
+            outbox.put(shard.take_events())
         batches = commands.read_many(r.decode_commands)
         now = time.monotonic()
         next_timer = shard.timers.next_deadline()
@@ -316,7 +336,9 @@ def serve(spec: r.ShardSpec) -> None:
         if not batches and not timers_due:
             if shard.commits.inflight is None and shard.has_commit_work():
                 # what gathered while the last commit ran goes now
-                _send(events, outbox, shard.start_commit(committer, now))
+                outbox.put(shard.start_commit(committer, now))
+                continue
+            if outbox.records:  # written at the top of the loop, before any sleep
                 continue
             stats.tick(time.time(), shard.queues.values(), shard.commits)
             if commands.sleep():
@@ -329,7 +351,7 @@ def serve(spec: r.ShardSpec) -> None:
                 commands.clear_data_doorbell()
             continue
         for batch in batches:
-            for cmd in batch:
+            for cmd in merge_settles(batch):
                 shard.run(cmd, now)
         if batches:
             # Credit back for the publishes in these records, behind this turn's
@@ -340,17 +362,21 @@ def serve(spec: r.ShardSpec) -> None:
         # Deliveries and replies go out at once; confirms only once their commit is
         # durable. A commit runs in the committer thread while this loop goes on:
         # what arrives meanwhile gathers into the next one (group commit).
-        _send(events, outbox, shard.take_events())
+        outbox.put(shard.take_events())
         if shard.commits.inflight is None:
             if commands.is_empty() and not shard.holder_queues:
                 # Nothing else to do meanwhile and nobody to deliver to: commit
-                # here, sparing a lone publisher the two thread hand-offs. With
-                # consumers, deliveries never wait for an fsync.
-                _send(events, outbox, shard.commit_now(now))
+                # here, sparing a lone publisher the two thread hand-offs (the
+                # turn's replies go first). With consumers, deliveries never wait
+                # for an fsync.
+                _write(events, outbox)
+                outbox.put(shard.commit_now(now))
             else:
-                _send(events, outbox, shard.start_commit(committer, now))
+                outbox.put(shard.start_commit(committer, now))
         shard.check_resources(spec.memory_limit, shard.stored_ok)
-        _send(events, outbox, shard.take_events())
+        # The turn's events go out at the top of the loop: one ring write, at most
+        # one doorbell.
+        outbox.put(shard.take_events())
         stats.tick(time.time(), shard.queues.values(), shard.commits)
         if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
             shard.persister.drop_mapped_pages()
@@ -359,8 +385,8 @@ def serve(spec: r.ShardSpec) -> None:
     if shard.commits.inflight is not None:  # finish the commit in flight, then what is left
         committer.wait()
         committer.finished()
-        _send(events, outbox, shard.finish_commit())
-    _send(events, outbox, shard.commit_now() + shard.take_events())
+        outbox.put(shard.finish_commit())
+    outbox.put(shard.commit_now() + shard.take_events())
     committer.close()
     while outbox.records or events.backlogged():  # hand over the last events before exiting
         outbox.sent(events.write_many(outbox.records))
@@ -373,10 +399,10 @@ def serve(spec: r.ShardSpec) -> None:
     stats.close()
 
 
-def _send(events: Ring, outbox: Outbox, records: list) -> None:
-    """Put these events behind what waits in the outbox and write what fits."""
-    if records:
-        outbox.put(records)
+def _write(events: Ring, outbox: Outbox) -> None:
+    """Write what fits of the outbox's records into the event ring, ringing its
+    doorbell once."""
+    if outbox.records:
         outbox.sent(events.write_many(outbox.records))
         events.flush()
 

@@ -46,6 +46,7 @@ class Persister:
         self.home = stores[home]  # where new queues go
         self._store_of: dict[int, ShardStore] = {}  # qid -> its store
         self._batches: dict[ShardStore, WriteBatch] = {}
+        self._batch_of: dict[int, WriteBatch] = {}  # qid -> its store's batch, this commit
         self._written: list[tuple[int, Message]] = []  # content to drop from RAM once committed
         self.retry_at: float | None = None  # writes were refused for space: try again then
 
@@ -75,10 +76,13 @@ class Persister:
     # -- this turn's writes ----------------------------------------------------
 
     def _batch(self, qid: int) -> WriteBatch:
-        store = self._store_of.get(qid, self.home)
-        batch = self._batches.get(store)
+        batch = self._batch_of.get(qid)
         if batch is None:
-            batch = self._batches[store] = WriteBatch()
+            store = self._store_of.get(qid, self.home)
+            batch = self._batches.get(store)
+            if batch is None:
+                batch = self._batches[store] = WriteBatch()
+            self._batch_of[qid] = batch
         return batch
 
     def create_queue(self, queue: Queue) -> None:
@@ -89,14 +93,17 @@ class Persister:
         if qid in self._store_of:
             self._batch(qid).delete_queue(qid)
             del self._store_of[qid]
+            self._batch_of.pop(qid, None)
 
     def persist(self, qid: int, messages: list[Message], rich: bool = False) -> None:
         batch = self._batch(qid)
         for msg in messages:
-            batch.put_message(qid, msg.seq, StoredMessage(*msg.content))
+            if msg.content is None:  # settled in the same step (a no-ack consumer took it)
+                continue
+            batch.put_message(qid, msg.seq, msg.content)
             if rich:
                 batch.mark_rich(qid, msg.seq)
-        self._written.extend((qid, msg) for msg in messages)
+            self._written.append((qid, msg))
 
     def remove(self, qid: int, seqs: list[int]) -> None:
         batch = self._batch(qid)
@@ -106,8 +113,12 @@ class Persister:
     def update_counts(self, qid: int, seq: int, delivery_count: int, acquired: int) -> None:
         self._batch(qid).update_counts(qid, seq, delivery_count, acquired)
 
-    def mark_delivered(self, qid: int, seq: int, rich: bool = False) -> None:
-        self._batch(qid).mark_delivered(qid, seq, rich)
+    def mark_delivered(self, qid: int, seq: int, rich: bool = False,
+                       in_order: bool = False) -> None:
+        if in_order and not rich:  # the queue's one number, not a mark per message
+            self._batch(qid).delivered_upto(qid, seq)
+        else:
+            self._batch(qid).mark_delivered(qid, seq, rich)
 
     def has_writes(self) -> bool:
         return any(not batch.is_empty() for batch in self._batches.values())
@@ -126,6 +137,7 @@ class Persister:
         pending = PendingCommit({store: batch for store, batch in self._batches.items()
                                  if not batch.is_empty()}, self._written)
         self._batches = {}
+        self._batch_of = {}
         self._written = []
         return pending
 
@@ -158,13 +170,15 @@ class Persister:
         if pending.ok:
             self.retry_at = None
             for qid, msg in pending.written:
-                evict(qid, msg)
+                if msg.content is not None:  # else settled since: already out of RAM
+                    evict(qid, msg)
         elif pending.refused:
             for store, batch in pending.refused.items():
                 later = self._batches.get(store)
                 if later is not None:
                     batch.merge(later)
                 self._batches[store] = batch
+            self._batch_of = {}
             self._written[:0] = pending.written
             self.retry_at = time.monotonic() + RETRY_AFTER
         return pending.ok

@@ -181,14 +181,17 @@ class Remove:
 
 class Delivered:
     """Storage effect: a stored message went out for the first time, so after a
-    crash it must come back marked redelivered."""
+    crash it must come back marked redelivered. `in_order`: the queue hands its
+    messages out for the first time in sequence order (it has no priorities), so
+    every stored message up to this one went out too."""
 
-    __slots__ = ("qid", "seq", "rich")
+    __slots__ = ("qid", "seq", "rich", "in_order")
 
-    def __init__(self, qid: int, seq: int, rich: bool = False):
+    def __init__(self, qid: int, seq: int, rich: bool = False, in_order: bool = False):
         self.qid = qid
         self.seq = seq
         self.rich = rich
+        self.in_order = in_order
 
 
 class Refused:
@@ -486,11 +489,12 @@ class Queue:
         if msg is None:
             effects.append(r.GetReply(cmd.req, self.qid))
             return
-        redelivered = msg.redelivered
+        # The reply takes the content first: a no-ack get settles the message at once.
+        reply = r.GetReply(cmd.req, self.qid, msg.seq, msg.redelivered,
+                           *(msg.content or NO_CONTENT), self.ready_count,
+                           delivery_count=getattr(msg, "delivery_count", 0))
         self._hand_out(msg, None if cmd.no_ack else cmd.holder, effects)
-        effects.append(r.GetReply(cmd.req, self.qid, msg.seq, redelivered,
-                                  *(msg.content or NO_CONTENT), self.ready_count,
-                                  delivery_count=getattr(msg, "delivery_count", 0)))
+        effects.append(reply)
 
     def _settle(self, cmd: r.Settle, effects: list) -> None:
         consumer = self.consumers.get(cmd.holder)
@@ -502,20 +506,25 @@ class Queue:
         if not held:
             self._dispatch(effects)
             return
+        removed: list[int] = []  # stored messages settled: one Remove for them all
+        locks = self.locks
         for seq in cmd.seqs:
             msg = held.pop(seq, None)
             if msg is None:
                 continue
-            self.locks.pop((cmd.holder, seq), None)
+            if locks:
+                locks.pop((cmd.holder, seq), None)
             if cmd.outcome == r.SETTLE_REQUEUE or cmd.outcome == r.SETTLE_RETURN:
                 self._return(msg, cmd.outcome == r.SETTLE_REQUEUE, effects)
             elif cmd.outcome == r.SETTLE_ACK:
                 self.counters.acked += 1
-                self._settled(msg, effects)
+                self._settled(msg, effects, removed)
             else:
                 self.counters.rejected += 1
                 self._dead_letter(msg, "rejected", effects)
-                self._settled(msg, effects)
+                self._settled(msg, effects, removed)
+        if removed:
+            effects.append(Remove(self.qid, removed))
         if not held:
             del self.holdings[cmd.holder]
         self._dispatch(effects)
@@ -657,7 +666,8 @@ class Queue:
             self.locks[(holder, msg.seq)] = deadline
             heapq.heappush(self.lock_heap, (deadline, holder, msg.seq))
         if msg.stored and not msg.redelivered:
-            effects.append(Delivered(self.qid, msg.seq, self._rich(msg)))
+            effects.append(Delivered(self.qid, msg.seq, self._rich(msg),
+                                     type(self.ready) is not PriorityReady))
 
     def _rich(self, msg: Message) -> bool:
         return not self.tracked and type(msg) is RichMessage
@@ -683,11 +693,18 @@ class Queue:
             self.ready_bytes += getattr(msg, "size", 0)
         heapq.heappush(self.returned, msg)
 
-    def _settled(self, msg: Message, effects: list) -> None:
+    def _settled(self, msg: Message, effects: list, removed: list[int] | None = None) -> None:
+        """The message is gone. Its content leaves RAM now, so a commit that wrote it
+        meanwhile has nothing left to evict. A stored one is removed from storage (its
+        seq goes to `removed` when the caller gathers them into one Remove)."""
         if msg.content is not None:
             self.ram_bytes -= ram_size(msg.content)
+            msg.content = None
         if msg.stored:
-            effects.append(Remove(self.qid, [msg.seq]))
+            if removed is None:
+                effects.append(Remove(self.qid, [msg.seq]))
+            else:
+                removed.append(msg.seq)
 
     def evict(self, msg: Message) -> None:
         """Storage has committed this message: keep only its index in RAM."""
@@ -700,7 +717,10 @@ class Queue:
         self.returned.clear()
         self.ready.clear()
         self.ready_bytes = 0
-        self.ram_bytes -= sum(ram_size(m.content) for m in dropped if m.content is not None)
+        for msg in dropped:
+            if msg.content is not None:
+                self.ram_bytes -= ram_size(msg.content)
+                msg.content = None  # as in _settled: nothing left for a commit to evict
         stored = [m.seq for m in dropped if m.stored]
         if stored:
             effects.append(Remove(self.qid, stored))

@@ -38,6 +38,10 @@ class _ShardView:
         self.queues = self.env.open_db(b"queues", create=False)
         self.messages = self.env.open_db(b"messages", create=False)
         self.marks = self.env.open_db(b"marks", create=False)
+        try:
+            self.delivered = self.env.open_db(b"delivered", create=False)
+        except lmdb.NotFoundError:  # written before it existed, not opened since
+            self.delivered = None
 
     def counts(self, qid: int) -> tuple[int, int]:
         """(messages, bytes of stored values) of a queue."""
@@ -60,14 +64,18 @@ class _ShardView:
         prefix = qid.to_bytes(8, "big")
         out = []
         with self.env.begin() as txn:
+            upto = None if self.delivered is None else txn.get(prefix, db=self.delivered)
+            upto = 0 if upto is None else msgspec.msgpack.decode(unseal(upto), type=int)
             cursor = txn.cursor(db=self.messages)
             if cursor.set_range(prefix):
                 for key, value in cursor:
                     if key[:8] != prefix or len(out) >= limit:
                         break
+                    seq = _key.unpack(key)[1]
                     mark = txn.get(key, db=self.marks)
-                    out.append((_key.unpack(key)[1], decoder.decode(unseal(value)),
-                                _Mark(False) if mark is None else marks.decode(unseal(mark))))
+                    mark = _Mark(False) if mark is None else marks.decode(unseal(mark))
+                    mark.delivered = mark.delivered or seq <= upto  # in order: no mark of its own
+                    out.append((seq, decoder.decode(unseal(value)), mark))
         return out
 
     def close(self) -> None:

@@ -1,16 +1,24 @@
 """A shard's LMDB environment: its durable queues and their persistent messages.
 
 Keys are the queue id and the sequence number, each 8 bytes big-endian, so a
-cursor walks a queue in order. Three databases:
+cursor walks a queue in order. The databases:
 
     queues     qid            -> StoredQueue (its spec and the arguments in force)
-    messages   qid + seq      -> StoredMessage (content; read back on delivery)
+    messages   qid + seq      -> StoredMessage (content; read back on delivery; written
+                                 from the content tuple, which encodes the same)
     marks      qid + seq      -> (delivered, delivery_count, acquired_count, rich)
+    delivered  qid            -> the highest seq of the queue delivered at least once
     manifest   b"manifest"    -> Manifest (the store's format; written when it is created)
 
-`marks` exists only for messages that went out at least once, or that carry
-their own expiration (`rich`: recovery reads their properties); recovery reads
-the keys of `messages` and the small `marks` values, and no other bodies. Every
+A queue without priorities hands its messages out for the first time in
+sequence order, so one number per queue (`delivered`) says which of its messages
+went out at least once: a message costs one record, not a message and a mark.
+`marks` exists only for messages that carry more: a first delivery out of order
+(priority queues), return counts (quorum queues), or their own expiration
+(`rich`: recovery reads their properties). Recovery reads the keys of `messages`
+and the small `marks` and `delivered` values, and no other bodies. Stores
+written before `delivered` existed lack it: it is created when the store is
+opened for writing, and read as empty until then. Every
 value is sealed with its checksum (storage.sealed); storage.verify checks them
 all before the broker starts.
 """
@@ -31,7 +39,7 @@ from .upgrade import MANIFEST_KEY, manifest_value
 
 _key = struct.Struct(">QQ")
 _qid = struct.Struct(">Q")
-_DB_NAMES = (b"queues", b"messages", b"marks", b"manifest")
+_DB_NAMES = (b"queues", b"messages", b"marks", b"delivered", b"manifest")
 
 
 class StoredQueue(msgspec.Struct, array_like=True):
@@ -60,6 +68,10 @@ class _Mark(msgspec.Struct, array_like=True):
     rich: bool = False  # recovery must read its properties (it expires by itself)
 
 
+DELIVERED = _Mark()  # the common mark, shared: its sealed value is encoded once
+_DELIVERED_VALUE = seal(msgspec.msgpack.encode(DELIVERED))
+
+
 class StoreFull(Exception):
     """A commit failed, for a full map or disk (or another write error): nothing of
     the batch was written, and a later try may succeed."""
@@ -71,9 +83,10 @@ class WriteBatch:
     def __init__(self) -> None:
         self.queue_puts: dict[int, StoredQueue] = {}
         self.queue_deletes: set[int] = set()
-        self.puts: dict[bytes, StoredMessage] = {}
+        self.puts: dict[bytes, tuple] = {}  # (exchange, routing key, properties, body)
         self.deletes: set[bytes] = set()
         self.marks: dict[bytes, _Mark] = {}
+        self.delivered: dict[int, int] = {}  # qid -> highest seq delivered in order
 
     def put_queue(self, qid: int, queue: StoredQueue) -> None:
         self.queue_deletes.discard(qid)
@@ -82,15 +95,18 @@ class WriteBatch:
     def delete_queue(self, qid: int) -> None:
         self.queue_puts.pop(qid, None)
         self.queue_deletes.add(qid)
+        self.delivered.pop(qid, None)
         prefix = _qid.pack(qid)
         for pending in (self.puts, self.marks):
             for key in [k for k in pending if k.startswith(prefix)]:
                 del pending[key]
 
-    def put_message(self, qid: int, seq: int, message: StoredMessage) -> None:
+    def put_message(self, qid: int, seq: int, content: tuple) -> None:
+        """Write a message: its content (exchange, routing key, properties, body),
+        which encodes as a StoredMessage."""
         key = _key.pack(qid, seq)
         self.deletes.discard(key)
-        self.puts[key] = message
+        self.puts[key] = content
 
     def delete_message(self, qid: int, seq: int) -> None:
         key = _key.pack(qid, seq)
@@ -102,9 +118,15 @@ class WriteBatch:
         key = _key.pack(qid, seq)
         mark = self.marks.get(key)
         if mark is None:
-            self.marks[key] = _Mark(rich=rich)
-        else:
+            self.marks[key] = _Mark(rich=True) if rich else DELIVERED
+        elif not mark.delivered:
             mark.delivered = True
+
+    def delivered_upto(self, qid: int, seq: int) -> None:
+        """Every message of the queue up to `seq` went out at least once (it hands
+        its messages out for the first time in sequence order)."""
+        if seq > self.delivered.get(qid, 0):
+            self.delivered[qid] = seq
 
     def mark_rich(self, qid: int, seq: int) -> None:
         self.marks[_key.pack(qid, seq)] = _Mark(delivered=False, rich=True)
@@ -127,29 +149,33 @@ class WriteBatch:
             if self.puts.pop(key, None) is None:
                 self.deletes.add(key)
         self.marks.update(later.marks)
+        for qid, seq in later.delivered.items():
+            self.delivered_upto(qid, seq)
 
     def __len__(self) -> int:
-        return len(self.puts) + len(self.deletes) + len(self.marks)
+        return len(self.puts) + len(self.deletes) + len(self.marks) + len(self.delivered)
 
     def is_empty(self) -> bool:
         return not (self.queue_puts or self.queue_deletes or self.puts or self.deletes
-                    or self.marks)
+                    or self.marks or self.delivered)
 
 
 class ShardStore:
     def __init__(self, path: str, map_size: int = 32 << 30):
         os.makedirs(path, exist_ok=True)
         self.path = path
-        self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=4, sync=True,
+        self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=5, sync=True,
                              metasync=True, readahead=False, meminit=False, max_readers=126)
         self._queues = self.env.open_db(b"queues")
         self._messages = self.env.open_db(b"messages")
         self._marks = self.env.open_db(b"marks")
+        self._delivered = self.env.open_db(b"delivered")
         self._manifest = self.env.open_db(b"manifest")
         self._encode = msgspec.msgpack.Encoder().encode
         self._queue_decoder = msgspec.msgpack.Decoder(StoredQueue)
         self._message_decoder = msgspec.msgpack.Decoder(StoredMessage)
         self._mark_decoder = msgspec.msgpack.Decoder(_Mark)
+        self._seq_decoder = msgspec.msgpack.Decoder(int)
         self.fsync_count = 0
         self._mapping: tuple | None = None  # (address, length) of LMDB's map, () if none
         self.committed_messages = 0
@@ -173,6 +199,7 @@ class ShardStore:
                     txn.delete(_qid.pack(qid), db=self._queues)
                     self._delete_prefix(txn, self._messages, qid)
                     self._delete_prefix(txn, self._marks, qid)
+                    txn.delete(_qid.pack(qid), db=self._delivered)
                 for qid, queue in batch.queue_puts.items():
                     txn.put(_qid.pack(qid), sealed(queue), db=self._queues)
                 for key, message in batch.puts.items():
@@ -181,7 +208,10 @@ class ShardStore:
                     txn.delete(key, db=self._messages)
                     txn.delete(key, db=self._marks)
                 for key, mark in batch.marks.items():
-                    txn.put(key, sealed(mark), db=self._marks)
+                    txn.put(key, _DELIVERED_VALUE if mark is DELIVERED else sealed(mark),
+                            db=self._marks)
+                for qid, seq in batch.delivered.items():
+                    txn.put(_qid.pack(qid), sealed(seq), db=self._delivered)
         except lmdb.PanicError:  # the environment is unusable: the shard must start over
             raise
         except lmdb.Error as error:  # a full map or disk (ENOSPC, or EIO: a short write)
@@ -209,6 +239,8 @@ class ShardStore:
         order, without decoding bodies."""
         prefix = _qid.pack(qid)
         with self.env.begin() as txn:
+            value = txn.get(prefix, db=self._delivered)
+            upto = 0 if value is None else self._seq_decoder.decode(unseal(value))
             marks = {}
             cursor = txn.cursor(db=self._marks)
             if cursor.set_range(prefix):
@@ -225,10 +257,10 @@ class ShardStore:
                 mark = marks.get(key)
                 seq = _key.unpack(key)[1]
                 if mark is None:
-                    yield seq, False, 0, 0, False
+                    yield seq, seq <= upto, 0, 0, False
                 else:
-                    yield (seq, mark.delivered, mark.delivery_count, mark.acquired_count,
-                           mark.rich)
+                    yield (seq, mark.delivered or seq <= upto, mark.delivery_count,
+                           mark.acquired_count, mark.rich)
 
     def read(self, qid: int, seq: int) -> StoredMessage | None:
         return self.read_many([(qid, seq)])[0]
@@ -275,7 +307,10 @@ def reusable_bytes(path: str) -> int:
         used = 2 + stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]  # 2 metas
         with env.begin() as txn:
             for name in _DB_NAMES:
-                sub = txn.stat(env.open_db(name, txn=txn, create=False))
+                try:
+                    sub = txn.stat(env.open_db(name, txn=txn, create=False))
+                except lmdb.NotFoundError:  # `delivered`, in a store not yet opened since
+                    continue
                 used += sub["branch_pages"] + sub["leaf_pages"] + sub["overflow_pages"]
         return max(0, pages - used) * stat["psize"]
     except (lmdb.Error, OSError):

@@ -25,7 +25,8 @@ from .shardstore import StoredMessage, StoredQueue, _Mark
 from .upgrade import FORMAT, Manifest, found_format
 
 SHARD_DBS = {b"manifest": Manifest, b"queues": StoredQueue, b"messages": StoredMessage,
-             b"marks": _Mark}
+             b"marks": _Mark, b"delivered": int}
+OPTIONAL_DBS = {"delivered"}  # created when a shard first opens a store written before it
 META_DBS = {b"manifest": Manifest, **{kind.encode(): struct for kind, struct in _KINDS.items()},
             b"counters": None}
 
@@ -78,7 +79,8 @@ def _check_db(env, txn, name: str, struct, report: StoreReport) -> None:
     try:
         db = env.open_db(name.encode(), txn=txn, create=False)
     except lmdb.NotFoundError:
-        report.problems.append(f"its {name} database is missing")
+        if name not in OPTIONAL_DBS:
+            report.problems.append(f"its {name} database is missing")
         return
     decode = (msgspec.msgpack.Decoder(struct) if struct else msgspec.msgpack.Decoder()).decode
     expected = txn.stat(db)["entries"]

@@ -5,13 +5,18 @@ expire messages and queues."""
 
 from __future__ import annotations
 
+import copy
+import random
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from warren.shards import persister as persister_module
 from warren.shards import records as r
-from warren.shards.main import Shard
+from warren.shards.main import Shard, merge_settles
 from warren.shards.persister import Persister
-from warren.shards.queue import Queue
+from warren.shards.queue import Queue, Remove
 from warren.shards.stats import StatsLog
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore, StoreFull
@@ -140,3 +145,151 @@ def test_a_full_store_nacks_and_wakes_the_shard_to_write_again(shard, monkeypatc
     shard.commit_now(retry_at)  # the kept writes go to the store this time
     assert shard.stored_ok and shard.timers.next_deadline() is None
     assert [seq for seq, *_ in store.recover(5)] == [1]
+
+
+def consume(shard, qid: int = 5, holder: int = 10, prefetch: int = 100) -> None:
+    shard.run(r.Consume(4, qid, holder, 1, "c", False, False, prefetch, 1000), 0.0)
+
+
+def delivered_seqs(events: list) -> list[int]:
+    return [e.seq for e in events if type(e) is r.Deliver]
+
+
+def test_a_waiting_consumer_gets_a_persistent_message_before_its_commit(shard):
+    """RabbitMQ delivers before the fsync; only the publisher's confirm waits for it."""
+    shard.run(create_queue(2, 5, "d", True), 0.0)
+    consume(shard)
+    shard.commit_now(0.0)
+    shard.take_events()
+    shard.run(durable_publish(1), 0.0)
+    committer = InlineCommitter()
+    assert shard.start_commit(committer, 0.0) == []  # the confirm waits for the fsync...
+    (delivery,) = shard.take_events()  # ...the delivery does not
+    assert type(delivery) is r.Deliver and delivery.body == b"body"
+    shard.run(r.Settle(5, 10, [1], r.SETTLE_ACK), 0.0)  # acked while its commit runs
+    committer.run()
+    assert shard.finish_commit() == [r.Confirmed([3], [1])]
+    assert shard.ram_bytes == 0 and shard.queues[5].ram_bytes == 0  # not evicted twice
+    shard.commit_now(0.0)  # the ack's delete
+    assert list(shard.persister.home.recover(5)) == []
+
+
+def test_a_message_acked_before_its_commit_is_never_written(shard):
+    shard.run(create_queue(2, 5, "d", True), 0.0)
+    consume(shard)
+    shard.commit_now(0.0)
+    written = shard.commits.messages
+    shard.run(durable_publish(1), 0.0)
+    assert delivered_seqs(shard.take_events()) == [1]
+    shard.run(r.Settle(5, 10, [1], r.SETTLE_ACK), 0.0)
+    (batch,) = shard.persister._batches.values()
+    assert not batch.puts and not batch.deletes and not batch.marks  # nothing of it to write
+    assert shard.commit_now(0.0) == [r.Confirmed([3], [1])]
+    assert shard.ram_bytes == 0 and list(shard.persister.home.recover(5)) == []
+    assert shard.commits.messages == written + 1  # the queue's delivered number alone
+
+
+def test_what_arrives_while_a_commit_runs_goes_into_the_next_one(shard):
+    shard.run(create_queue(2, 5, "d", True), 0.0)
+    shard.commit_now(0.0)
+    fsyncs, written = shard.commits.fsyncs, shard.commits.messages
+    committer = InlineCommitter()
+    shard.run(durable_publish(1), 0.0)
+    shard.start_commit(committer, 0.0)
+    for seq in range(2, 42):  # forty turns of a steady stream while the fsync runs
+        shard.run(durable_publish(seq), 0.0)
+        shard.take_events()
+        assert shard.commits.inflight is not None  # no second commit meanwhile
+    committer.run()
+    assert shard.finish_commit() == [r.Confirmed([3], [1])]
+    assert shard.start_commit(committer, 0.0) == []
+    committer.run()
+    assert shard.finish_commit() == [r.Confirmed([3] * 40, list(range(2, 42)))]
+    assert shard.commits.fsyncs - fsyncs == 2  # 1 + 40 messages in two fsyncs
+    assert shard.commits.messages - written == 41
+
+
+def test_a_no_ack_get_carries_the_content_it_settles(shard):
+    shard.run(create_queue(2, 5, "d", True), 0.0)
+    shard.commit_now(0.0)
+    shard.run(durable_publish(1), 0.0)
+    shard.take_events()
+    shard.run(r.Get(6, 5, 9, True), 0.0)
+    (reply,) = shard.take_events()
+    assert reply.seq == 1 and reply.body == b"body"
+    assert shard.ram_bytes == 0 and not shard.persister.has_writes()
+
+
+settles = st.builds(lambda holder, qid, outcome, seqs: r.Settle(qid, holder, seqs, outcome),
+                    st.integers(1, 2), st.integers(1, 2), st.sampled_from([0, 1, 2]),
+                    st.lists(st.integers(1, 50), min_size=1, max_size=3))
+others = st.builds(lambda holder: r.Grant(1, holder, 1), st.integers(1, 2))
+
+
+def flattened(cmds: list) -> list:
+    out = []
+    for cmd in cmds:
+        if type(cmd) is r.Settle:
+            out += [(cmd.holder, cmd.qid, cmd.outcome, seq) for seq in cmd.seqs]
+        else:
+            out.append(cmd)
+    return out
+
+
+@given(st.lists(st.one_of(settles, others), max_size=30))
+def test_merged_settles_settle_the_same_messages_in_the_same_order(cmds):
+    expected = flattened(copy.deepcopy(cmds))
+    merged = merge_settles(cmds)
+    assert flattened(merged) == expected
+    for first, second in zip(merged, merged[1:]):  # every run of one kind is one Settle
+        if type(first) is r.Settle and type(second) is r.Settle:
+            assert (first.holder, first.qid, first.outcome) != (
+                second.holder, second.qid, second.outcome)
+
+
+@given(st.integers(1, 60), st.integers(1, 10), st.integers(0, 2**32))
+def test_a_queue_settles_a_merged_run_as_it_would_one_ack_at_a_time(count, prefetch, seed):
+    """One consumer: the same messages delivered, in the same order, and removed."""
+
+    def drive(merge: bool) -> tuple[list, list, int]:
+        queue = Queue(create_queue(0, 5, "d", True))
+        effects = queue.apply(r.Consume(1, 5, 10, 1, "c", False, False, prefetch, 1000), 0.0)
+        for seq in range(1, count + 1):
+            effects += queue.apply(r.Publish([5], "", "d", b"", b"b", True), 0.0)
+        order = random.Random(seed)  # the consumer acks in its own order
+        delivered, removed = [], []
+        while True:
+            held = [e.seq for e in effects if type(e) is r.Deliver]
+            delivered += held
+            removed += [s for e in effects if type(e) is Remove for s in e.seqs]
+            if not held:
+                return delivered, removed, queue.ready_count
+            order.shuffle(held)
+            acks = [r.Settle(5, 10, [seq], r.SETTLE_ACK) for seq in held]
+            effects = []
+            for cmd in (merge_settles(acks) if merge else acks):
+                effects += queue.apply(cmd, 0.0)
+
+    one_by_one = drive(False)
+    assert drive(True) == one_by_one
+    assert sorted(one_by_one[0]) == sorted(one_by_one[1]) == list(range(1, count + 1))
+
+
+@pytest.mark.parametrize("arguments, marks", [({}, 0), ({"x-max-priority": 5}, 2)])
+def test_delivered_messages_come_back_redelivered_after_a_restart(tmp_path, arguments, marks):
+    """In order (no priorities): one number per queue; a priority queue: a mark each."""
+    store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
+    shard = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0))
+    shard.run(create_queue(2, 5, "d", True, arguments), 0.0)
+    consume(shard, prefetch=2)
+    for seq in range(1, 5):
+        shard.run(durable_publish(seq), 0.0)
+    assert delivered_seqs(shard.take_events()) == [1, 2]
+    shard.commit_now(0.0)
+    with store.env.begin() as txn:
+        assert txn.stat(store._marks)["entries"] == marks
+    store.close()
+    store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
+    again = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs2"), 0))
+    assert [m.redelivered for m in again.queues[5].ready] == [True, True, False, False]
+    store.close()

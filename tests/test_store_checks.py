@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from warren.shards import persister as persister_module
 from warren.shards.persister import Persister
 from warren.shards.queue import Message
 from warren.storage.queuespec import QueueSpec
 from warren.storage.sealed import Damaged, seal, unseal
-from warren.storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
+from warren.storage.shardstore import ShardStore, StoredQueue, StoreFull, WriteBatch
 from warren.storage.verify import check_store
 
 
@@ -29,14 +31,14 @@ def test_merged_batches_end_as_two_commits_in_a_row(tmp_path):
     first = WriteBatch()
     first.put_queue(1, StoredQueue(QueueSpec("/", "q", True, False, False, {}), {}))
     for seq in range(4):
-        first.put_message(1, seq, StoredMessage("", "q", b"", b"%d" % seq))
+        first.put_message(1, seq, ("", "q", b"", b"%d" % seq))
     store.commit(first)
     refused, later = WriteBatch(), WriteBatch()
-    refused.put_message(1, 4, StoredMessage("", "q", b"", b"4"))
+    refused.put_message(1, 4, ("", "q", b"", b"4"))
     refused.delete_message(1, 0)
     later.delete_message(1, 4)  # acked before it was ever written
     later.delete_message(1, 1)
-    later.put_message(1, 5, StoredMessage("", "q", b"", b"5"))
+    later.put_message(1, 5, ("", "q", b"", b"5"))
     refused.merge(later)
     store.commit(refused)
     assert [seq for seq, *_ in store.recover(1)] == [2, 3, 5]
@@ -48,7 +50,7 @@ def test_a_flipped_byte_in_a_message_fails_the_check(tmp_path):
     store = ShardStore(str(path), 1 << 24)
     batch = WriteBatch()
     batch.put_queue(1, StoredQueue(QueueSpec("/", "q", True, False, False, {}), {}))
-    batch.put_message(1, 1, StoredMessage("", "q", b"", b"unique-body-" * 1000))
+    batch.put_message(1, 1, ("", "q", b"", b"unique-body-" * 1000))
     store.commit(batch)
     store.close()
     assert check_store(str(path)).problems == []
@@ -115,7 +117,7 @@ def test_dropping_the_mapped_pages_keeps_the_data_and_frees_the_resident_set(tmp
     for start in range(0, 8000, 20):  # commits of 20 KiB, under the fault-around window
         batch = WriteBatch()
         for seq in range(start, start + 20):
-            batch.put_message(1, seq, StoredMessage("", "q", b"", body))
+            batch.put_message(1, seq, ("", "q", b"", body))
         store.commit(batch)
     data = str(tmp_path / "shard-0" / "data.mdb")
     before = mapped_kb(data)
@@ -123,4 +125,61 @@ def test_dropping_the_mapped_pages_keeps_the_data_and_frees_the_resident_set(tmp
     store.drop_mapped_pages()
     assert mapped_kb(data) < before // 10
     assert [m.body for m in store.read_many([(1, 0), (1, 7999)])] == [body, body]
+    store.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 30), st.data())
+def test_in_order_deliveries_come_back_redelivered_from_one_number(tmp_path_factory, count,
+                                                                    data):
+    """A queue without priorities delivers in sequence order: its stored messages up
+    to the last one delivered come back redelivered, with no mark of their own."""
+    path = str(tmp_path_factory.mktemp("store") / "shard-0")
+    store = ShardStore(path, 1 << 24)
+    batch = WriteBatch()
+    batch.put_queue(1, StoredQueue(QueueSpec("/", "q", True, False, False, {}), {}))
+    for seq in range(1, count + 1):
+        batch.put_message(1, seq, ("", "q", b"", b"m"))
+    upto = data.draw(st.integers(0, count))
+    split = data.draw(st.integers(0, upto))  # delivered over two commits, merged or not
+    later = WriteBatch()
+    if split:
+        batch.delivered_upto(1, split)
+    if upto:
+        later.delivered_upto(1, upto)
+    acked = data.draw(st.sets(st.integers(1, upto))) if upto else set()
+    for seq in acked:
+        later.delete_message(1, seq)
+    if data.draw(st.booleans()):
+        batch.merge(later)
+        store.commit(batch)
+    else:
+        store.commit(batch)
+        store.commit(later)
+    store.close()
+    assert check_store(path).problems == []
+    store = ShardStore(path, 1 << 24)
+    recovered = [(seq, delivered) for seq, delivered, *_ in store.recover(1)]
+    assert recovered == [(seq, seq <= upto) for seq in range(1, count + 1) if seq not in acked]
+    with store.env.begin() as txn:
+        assert txn.stat(store._marks)["entries"] == 0  # one record per message
+    store.close()
+
+
+def test_a_store_written_before_the_delivered_numbers_checks_and_recovers(tmp_path):
+    path = str(tmp_path / "shard-0")
+    store = ShardStore(path, 1 << 24)
+    batch = WriteBatch()
+    batch.put_queue(1, StoredQueue(QueueSpec("/", "q", True, False, False, {}), {}))
+    batch.put_message(1, 1, ("", "q", b"", b"m"))
+    batch.mark_delivered(1, 1)
+    batch.put_message(1, 2, ("", "q", b"", b"m"))
+    store.commit(batch)
+    with store.env.begin(write=True) as txn:
+        txn.drop(store._delivered, delete=True)  # as an older Warren left it
+    store.close()
+    assert check_store(path).problems == []
+    store = ShardStore(path, 1 << 24)
+    assert [(seq, delivered) for seq, delivered, *_ in store.recover(1)] == [(1, True),
+                                                                              (2, False)]
     store.close()
