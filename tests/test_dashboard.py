@@ -25,7 +25,7 @@ import urllib.request
 import pika
 import pytest
 
-from .conftest import RunningBroker, wait_until
+from .conftest import RunningBroker, managed_broker, wait_until
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="Playwright is not installed (pip install -e '.[test]')")
@@ -85,10 +85,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def warren(tmp_path_factory):
-    running = RunningBroker(tmp_path_factory.mktemp("dashboard") / "data",
-                            management=True).start()
-    yield running
-    running.stop()
+    yield from managed_broker(tmp_path_factory, "dashboard")
 
 
 @pytest.fixture

@@ -11,15 +11,12 @@ import re
 
 import pytest
 
-from .conftest import RunningBroker
+from .conftest import managed_broker
 
 
 @pytest.fixture(scope="module")
 def warren(tmp_path_factory):
-    running = RunningBroker(tmp_path_factory.mktemp("dashboard-files") / "data",
-                            management=True).start()
-    yield running
-    running.stop()
+    yield from managed_broker(tmp_path_factory, "dashboard-files")
 
 
 def fetch(warren, path: str, headers: dict | None = None) -> http.client.HTTPResponse:
