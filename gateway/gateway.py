@@ -117,6 +117,8 @@ class Gateway:
         """Check the data directory (recovery.Refused if it is damaged), open the
         metastore and start the shards; if that fails, what had started is stopped
         again."""
+        # Kept: asyncio.get_running_loop() costs a getpid() system call each time.
+        self._loop = asyncio.get_running_loop()
         ready = recovery.prepare(self.data_dir, self.shards.count,
                                  self.config.quarantine_damaged, self.config.rebuild_definitions)
         for line in ready.upgraded:
@@ -435,7 +437,7 @@ class Gateway:
         self._dirty.append(conn)
         if not self._flush_pending:
             self._flush_pending = True
-            asyncio.get_running_loop().call_soon(self.flush_output)
+            self._loop.call_soon(self.flush_output)
 
     def flush_output(self) -> None:
         self._flush_pending = False
