@@ -20,6 +20,7 @@ import lmdb
 
 from warren.shards import logsetup
 from warren.shards.malloc import keep_freed_memory
+from warren.shards.ring import remove_orphans
 from warren.storage import recovery
 
 from . import management
@@ -91,6 +92,8 @@ async def serve(settings: Config) -> None:
         data.release(remove_created=True)
         raise
 
+    for name in remove_orphans():  # once started: a failed start changes nothing
+        log.warning("removed /dev/shm/%s, a ring left behind by a killed broker", name)
     for server in servers:
         await server.start_serving()
     # RabbitMQ's lines in the log; the printed ones are for whoever started it.

@@ -54,6 +54,29 @@ class RingSpec(msgspec.Struct, array_like=True):
     space_fd: int  # consumer -> producer: space available
 
 
+def remove_orphans(folder: str = "/dev/shm") -> list[str]:
+    """Unlink the rings of processes that are gone (a gateway killed with -9 cannot
+    unlink its own): warren_<pid>_* whose creator no longer runs. Their names."""
+    removed = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        parts = name.split("_")
+        if len(parts) != 3 or parts[0] != "warren" or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+            continue  # its creator runs (or a process that reuses its pid does)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # someone else's process
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
 def _padded(n: int) -> int:
     return (n + 3) & ~3
 

@@ -196,3 +196,19 @@ def test_sigterm_stops_a_healthy_broker_and_leaves_no_shared_memory(tmp_path):
     wait_until(lambda: not processes_using(data), timeout=20)
     assert "leaked shared_memory" not in broker.log_text()
     assert "Traceback" not in broker.log_text()
+
+
+def test_a_start_removes_the_rings_a_killed_broker_left(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = f"/dev/shm/warren_{gone.pid}_0d15ea5e"  # as a gateway killed with -9 leaves it
+    with open(left, "wb") as ring:
+        ring.write(bytes(4096))
+    broker = RunningBroker(tmp_path / "data", shards=1).start()
+    try:
+        wait_until(lambda: f"removed {left}" in broker.log_text(), timeout=10)
+        assert not os.path.exists(left)
+    finally:
+        broker.stop()
+        if os.path.exists(left):
+            os.unlink(left)

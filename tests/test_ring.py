@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warren.shards.ring import Ring
+from warren.shards.ring import Ring, remove_orphans
 
 from .conftest import ROOT
 
@@ -241,3 +241,15 @@ def test_million_records_between_two_processes(ring):
             child.wait()
         child.stderr.close()
     assert r.is_empty()
+
+
+def test_rings_of_processes_that_are_gone_are_removed(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for name in (f"warren_{gone.pid}_0a1b2c3d", f"warren_{os.getpid()}_4e5f6a7b",
+                 "warren_notapid_01234567", "psm_1234", f"other_{gone.pid}_0a1b2c3d"):
+        (tmp_path / name).write_bytes(b"ring")
+    assert remove_orphans(str(tmp_path)) == [f"warren_{gone.pid}_0a1b2c3d"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([
+        f"warren_{os.getpid()}_4e5f6a7b", "warren_notapid_01234567", "psm_1234",
+        f"other_{gone.pid}_0a1b2c3d"])
