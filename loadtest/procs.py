@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
+import subprocess
 import time
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -99,9 +101,21 @@ def listener_pid(port: int) -> int | None:
 
 
 def free_port() -> int:
+    """A TCP port nobody listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def wait_for_port(port: int, timeout: float, alive=lambda: True) -> bool:

@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import procs
 from .fastclient import AMQPError, FastClient, parse_url
 from .output import log
 from .procs import free_port, listener_pid, read_line, wait_for_port
@@ -68,13 +69,7 @@ class WarrenTarget(Target):
         return self.process.pid if self.process.poll() is None else None
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        procs.stop(self.process, 30)
         if self.process.stdout:
             self.process.stdout.close()
         self.log_file.close()

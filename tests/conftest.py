@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from warren.loadtest.procs import read_line
+from warren.loadtest import procs
+from warren.loadtest.procs import free_port, read_line
 
 from .inproc import InProcessGateway, running_gateway
 
@@ -83,23 +82,11 @@ class RunningBroker:
         return self.process.wait(timeout)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            procs.stop(self.process, 20)
         if self.process is not None and self.process.stdout:
             self.process.stdout.close()
         self.log.close()
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager
