@@ -24,12 +24,17 @@ from .unacked import Delivery
 # be on their way between its shard and the socket. Credit comes back as
 # deliveries are written to the socket, so a slow reader stops its shard.
 FLOW_WINDOW = 2000
+# Window credit goes back in chunks, once the shard's share is down to this (as
+# RabbitMQ's credit_flow grants after half its initial credit): a grant at every
+# socket write would wake the shard for it at every loop turn.
+GRANT_BELOW = FLOW_WINDOW // 2
 
 
 class ConsumerState:
     """The gateway's side of a consumer. Credit is handed out in one of two modes:
 
-    * window: FLOW_WINDOW credit, returned as deliveries leave through the socket
+    * window: FLOW_WINDOW credit, returned in chunks as deliveries leave through
+      the socket
       (no-ack consumers, and every consumer of a channel without a global limit);
     * limited: manual-ack consumers of a channel with basic.qos global=true share
       the channel's limit; credit comes back only as deliveries are settled, and
@@ -276,8 +281,9 @@ class Consuming:
             self.held_deliveries.append(b"".join(parts))
         if consumer.no_ack or not self.channel_prefetch:  # not _limited(consumer): window mode
             consumer.owed_credit += 1
-            conn.owed_grants.add(consumer)
-            conn.schedule_flush()
+            if consumer.credit <= GRANT_BELOW:
+                conn.owed_grants.add(consumer)
+                conn.schedule_flush()
 
     def return_credit(self, consumer: ConsumerState) -> None:
         """Window mode: give back the credit of deliveries that left through the socket."""

@@ -1,0 +1,41 @@
+"""A consumer's delivery window, in-process (tests/inproc.py): the gateway gives the
+shard its credit back in chunks, never a record (and a shard wake-up) per write."""
+
+from __future__ import annotations
+
+from warren.gateway.amqp import methods as m
+from warren.gateway.consuming import FLOW_WINDOW, GRANT_BELOW
+from warren.shards import records as r
+
+MESSAGES = 3 * FLOW_WINDOW
+
+
+def test_a_no_ack_consumer_gives_credit_back_in_chunks(inproc):
+    client = inproc.client()
+    client.handshake()
+    client.open_channel(1)
+    queue = client.call(1, m.QueueDeclare(queue="", exclusive=True), m.QueueDeclareOk).queue
+    meta = inproc.gateway.vhosts["/"].queues[queue]
+    link = inproc.gateway.shards[meta.shard]
+    grants = []
+    send = link.send
+
+    def counting(record, feeder=None):
+        if type(record) is r.Grant:
+            grants.append(record.credit)
+        send(record, feeder)
+
+    link.send = counting
+    try:
+        client.call(1, m.BasicConsume(queue=queue, no_ack=True), m.BasicConsumeOk)
+        for n in range(MESSAGES):  # one by one: each delivery its own socket write
+            client.publish(1, queue, b"%d" % n)
+            assert type(client.expect(1, m.BasicDeliver)) is m.BasicDeliver
+            assert client.content()[1] == b"%d" % n
+    finally:
+        del link.send
+    # The shard never ran dry (every message came), and its credit came back in
+    # chunks of at least half the window.
+    assert grants and all(credit >= FLOW_WINDOW - GRANT_BELOW for credit in grants)
+    assert len(grants) <= MESSAGES // (FLOW_WINDOW - GRANT_BELOW)
+    client.close()
