@@ -207,11 +207,12 @@ class Connection(asyncio.Protocol):
             self.gateway.flush_soon(self)
 
     def flush(self) -> None:
-        self._flush_scheduled = False
-        if self.owed_confirms:
+        if self.owed_confirms:  # their acks join this write (no second flush for them)
+            self._flush_scheduled = True
             owed, self.owed_confirms = self.owed_confirms, set()
             for channel in owed:
                 channel.send_confirms()
+        self._flush_scheduled = False
         if self._out and self.state != CLOSED:
             out, self._out = self._out, []
             data = b"".join(out)

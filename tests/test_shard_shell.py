@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from warren.shards import persister as persister_module
 from warren.shards import records as r
-from warren.shards.main import Shard, merge_settles
+from warren.shards.main import Shard, before_commit, merge_settles
 from warren.shards.persister import Persister
 from warren.shards.queue import Queue, Remove
 from warren.shards.stats import StatsLog
@@ -293,3 +293,11 @@ def test_delivered_messages_come_back_redelivered_after_a_restart(tmp_path, argu
     again = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs2"), 0))
     assert [m.redelivered for m in again.queues[5].ready] == [True, True, False, False]
     store.close()
+
+
+def test_credit_alone_waits_for_the_confirms_of_an_in_loop_commit():
+    progress = r.Progress(4)
+    assert before_commit([progress]) == ([], [progress])
+    reply = r.Reply(2)
+    assert before_commit([progress, reply]) == ([progress, reply], [])
+    assert before_commit([]) == ([], [])
