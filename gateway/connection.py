@@ -76,6 +76,7 @@ class Connection(asyncio.Protocol):
         self.owed_confirms: set[Channel] = set()
         self.owed_grants: set = set()
         self._out: list[bytes] = []
+        self._writev = False  # _out holds a large body's pieces: writelines, not a join
         self._flush_scheduled = False
         self._writing_paused = False
         # Why reading is held: shard links (credit spent, ring full), ALARM, or YIELD
@@ -186,11 +187,13 @@ class Connection(asyncio.Protocol):
         self._out.append(data)
         self.schedule_flush()
 
-    def send_parts(self, parts: list) -> None:
-        """Like send, for pieces to go out back to back (joined once, at flush)."""
+    def send_uncopied(self, parts: list) -> None:
+        """Like send, for pieces that go out back to back by writev, never joined:
+        a large body's frames."""
         if self.state >= CLOSING:
             return
         self._out += parts
+        self._writev = True
         self.schedule_flush()
 
     def _send_closing(self, method) -> None:
@@ -215,9 +218,14 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         if self._out and self.state != CLOSED:
             out, self._out = self._out, []
-            data = b"".join(out)
-            self.transport.write(data)
-            self.send_oct += len(data)
+            if self._writev:
+                self._writev = False
+                self.transport.writelines(out)
+                self.send_oct += sum(map(len, out))
+            else:
+                data = b"".join(out)
+                self.transport.write(data)
+                self.send_oct += len(data)
             self.send_cnt += 1
             self._last_sent = time.monotonic()
         self._grant_credit()

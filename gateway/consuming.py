@@ -266,19 +266,23 @@ class Consuming:
             properties = _with_delivery_count(properties, event.delivery_count)
         conn = self.conn
         if len(event.body) < r.SIDE_BODY_MIN:  # the frames packed in one join
-            parts = [hotpath.deliver_frames(
+            data = hotpath.deliver_frames(
                 self.number, consumer.tag_shortstr, tag, event.redelivered, event.exchange,
-                event.routing_key, properties, event.body, conn.frame_max)]
-        else:  # the body's pieces go out uncopied, joined once into the socket's write
+                event.routing_key, properties, event.body, conn.frame_max)
+            if self.flow_active:
+                conn.send(data)
+            else:
+                self.held_deliveries.append(data)
+        else:  # the body goes out uncopied, by writev
             parts = frames.content_parts(
                 self.number, hotpath.deliver_payload(consumer.tag_shortstr, tag,
                                                      event.redelivered, event.exchange,
                                                      event.routing_key),
                 BASIC_CLASS, properties, event.body, conn.frame_max)
-        if self.flow_active:
-            conn.send_parts(parts)
-        else:
-            self.held_deliveries.append(b"".join(parts))
+            if self.flow_active:
+                conn.send_uncopied(parts)
+            else:
+                self.held_deliveries.append(b"".join(parts))
         if consumer.no_ack or not self.channel_prefetch:  # not _limited(consumer): window mode
             consumer.owed_credit += 1
             if consumer.credit <= GRANT_BELOW:

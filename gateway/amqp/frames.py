@@ -96,7 +96,11 @@ class FrameReader:
             if len(buf) < end or body_size > self.frame_max or buf[end - 1] != FRAME_END \
                     or _frame_prefix.unpack_from(buf, body) != (FRAME_BODY, channel, body_size):
                 return None
-            content = bytes(buf[body + 7:end - 1])
+            if body_size < _VIEW_COPY_MIN:
+                content = bytes(buf[body + 7:end - 1])
+            else:  # copied once; the view is released at once (the buffer must stay resizable)
+                with memoryview(buf) as view:
+                    content = bytes(view[body + 7:end - 1])
         else:
             end, content = body, b""
         self._offset = end
@@ -139,12 +143,14 @@ def method_frame(channel: int, method: Method) -> bytes:
 
 def content_parts(channel: int, method_payload: bytes, class_id: int, properties: bytes,
                   body, frame_max: int) -> list:
-    """A method frame, its content header and the body split to fit frame_max, as
-    pieces to write back to back: the body's pieces are views of it, not copies."""
-    parts = [_frame_prefix.pack(FRAME_METHOD, channel, len(method_payload)), method_payload,
-             FRAME_END_BYTE,
-             _frame_prefix.pack(FRAME_HEADER, channel, 12 + len(properties)),
-             _header_prefix.pack(class_id, 0, len(body)), properties, FRAME_END_BYTE]
+    """A method frame and its content header (one piece), then the body split to
+    fit frame_max, as pieces to write back to back: the body's pieces are views of
+    it, not copies."""
+    parts = [b"".join((_frame_prefix.pack(FRAME_METHOD, channel, len(method_payload)),
+                       method_payload, FRAME_END_BYTE,
+                       _frame_prefix.pack(FRAME_HEADER, channel, 12 + len(properties)),
+                       _header_prefix.pack(class_id, 0, len(body)), properties,
+                       FRAME_END_BYTE))]
     chunk = frame_max - FRAME_OVERHEAD
     size = len(body)
     if size <= chunk:
