@@ -165,9 +165,8 @@ class Bench:
 
     def handled(self, conn: Connection, transport: Transport) -> bool:
         """Every byte given was read and handled, and no shard work is in flight."""
-        reader = conn.reader
-        return (transport.offset >= len(transport.input)
-                and len(reader._buffer) <= reader._offset and self.quiet())
+        return (transport.offset >= len(transport.input) and not conn.reader.buffered
+                and self.quiet())
 
     def quiet(self) -> bool:
         return not any(link._unreturned or link._batch or link._waiters

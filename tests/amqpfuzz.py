@@ -504,6 +504,5 @@ def check_output(written: bytes) -> Verdict:
                 closed_at = len(verdict.methods)
             elif channel == 0:
                 verdict.problems.append("channel.close on channel 0")
-    rest = len(reader._buffer) - reader._offset
-    verdict.partial = rest > 0
+    verdict.partial = reader.buffered > 0
     return verdict

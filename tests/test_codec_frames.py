@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from warren.gateway.amqp import frames
@@ -137,3 +138,170 @@ def test_a_plain_publish_is_taken_whole():
     channel, _payload, properties, body = reader.next_publish()
     assert (channel, properties, body) == (5, b"\x10\x00\x02", b"")
     assert reader.next_publish() is None and reader.next_frame() is None
+
+
+# -- reading into the reader's buffer (get_buffer / buffer_updated) -----------------
+
+BUFFERED_FRAME_MAX = 200_000  # above the room offered: large frames make the buffer grow
+
+
+def publish_or_frame():
+    """A valid publish (its body in one frame or several), a frame of any kind, or
+    something broken: a frame too large, a bad frame end, a short method frame."""
+    body = st.builds(lambda size, byte: bytes((byte,)) * size,
+                     st.one_of(st.integers(0, 300), st.integers(60_000, 150_000)),
+                     st.integers(0, 255))
+    return st.one_of(
+        st.builds(publish_bytes, st.integers(0, 3), body, st.sampled_from([4096, 131072])),
+        st.builds(frame, st.sampled_from([1, 2, 3, 8]), st.integers(0, 3), body),
+        st.builds(lambda size: struct.pack(">BHI", 3, 1, size) + b"x",
+                  st.integers(BUFFERED_FRAME_MAX + 1, 2**32 - 1)),
+        st.builds(frame, st.just(3), st.integers(0, 3), st.binary(max_size=20),
+                  st.integers(0, 205)),
+        st.builds(frame, st.just(1), st.integers(0, 3), st.binary(max_size=3)),
+        st.binary(max_size=12))
+
+
+def drain(reader: FrameReader, out: list, publishes: bool) -> bool:
+    """What the connection does with the buffer: publishes in one pass where they
+    are whole (if `publishes`), frames otherwise, until more input is needed.
+    False once a framing error ends the connection."""
+    try:
+        while True:
+            got = reader.next_publish() if publishes else None
+            if got is None:
+                got = reader.next_frame()
+                if got is None:
+                    return True
+            out.append(got)
+    except FrameError as error:
+        out.append(("error", error.text))
+        return False
+
+
+# How each piece of the stream arrives: copied in by receive_data, or read into
+# the room get_buffer offers, filling it or writing fewer bytes than offered.
+deliveries = st.lists(st.tuples(st.sampled_from(["copied", "read"]), st.integers(1, 70_000)),
+                      min_size=1, max_size=40)
+
+
+def read_in(reader: FrameReader, data: bytes, ways, publishes: bool) -> tuple[list, list]:
+    """`data` given to `reader` piece by piece as `ways` says, parsed after each
+    piece while the room is still exported (as uvloop holds it), so any resize
+    there would raise BufferError. The output and the pieces as they arrived."""
+    out, pieces, start, turn = [], [], 0, 0
+    while start < len(data):
+        how, size = ways[turn % len(ways)]
+        turn += 1
+        if how == "copied":
+            piece = data[start:start + size]
+            reader.receive_data(piece)
+            going = drain(reader, out, publishes)
+        else:
+            room = reader.get_buffer(size)
+            assert len(room) >= max(size, frames.READ_SIZE)
+            piece = data[start:start + min(size, len(room))]
+            room[:len(piece)] = piece
+            reader.buffer_updated(len(piece))
+            going = drain(reader, out, publishes)
+            room.release()
+        pieces.append(piece)
+        start += len(piece)
+        if not going:
+            break
+    return out, pieces
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(publish_or_frame(), max_size=12), deliveries)
+def test_frames_read_into_the_buffer_come_out_as_bytes_copied_in_would(sent, ways):
+    data = b"".join(sent)
+    # Frame by frame, the output does not depend on how the bytes arrived at all.
+    whole = []
+    copied = FrameReader(BUFFERED_FRAME_MAX)
+    copied.receive_data(data)
+    drain(copied, whole, publishes=False)
+    assert read_in(FrameReader(BUFFERED_FRAME_MAX), data, ways, publishes=False)[0] == whole
+    # A publish is taken whole only once all of it is in, so the same pieces copied
+    # in are what the reading is compared with.
+    got, pieces = read_in(FrameReader(BUFFERED_FRAME_MAX), data, ways, publishes=True)
+    expected = []
+    reference = FrameReader(BUFFERED_FRAME_MAX)
+    for piece in pieces:
+        reference.receive_data(piece)
+        if not drain(reference, expected, publishes=True):
+            break
+    assert got == expected
+
+
+def test_the_buffer_is_not_resized_while_the_transport_holds_it():
+    """uvloop keeps the room exported until buffer_updated returns: reading the
+    frames then must not resize the buffer (CPython raises BufferError if it does)."""
+    reader = FrameReader(BUFFERED_FRAME_MAX)
+    data = (publish_bytes(1, b"a" * 70_000, 131072) + publish_bytes(1, b"b" * 10, 131072)
+            + frame(3, 1, b"c" * 100_000) + frame(8, 0, b""))
+    got, expected, copied = [], [], FrameReader(BUFFERED_FRAME_MAX)
+    for start in range(0, len(data), 50_000):
+        piece = data[start:start + 50_000]
+        room = reader.get_buffer(65536)
+        room[:len(piece)] = piece
+        reader.buffer_updated(len(piece))
+        drain(reader, got, publishes=True)
+        with pytest.raises(BufferError):  # the export is real: a resize would fail
+            reader._buffer.append(0)
+        room.release()
+        copied.receive_data(piece)
+        drain(copied, expected, publishes=True)
+    assert got == expected
+    assert (3, 1, b"c" * 100_000) in got and got[-1] == (8, 0, b"")
+    assert got[-3][2:] == (b"\x10\x00\x02", b"b" * 10)  # a publish taken whole
+
+
+def test_the_protocol_header_can_arrive_in_the_buffer_a_byte_at_a_time():
+    reader = FrameReader(4096)
+    for byte in frames.PROTOCOL_HEADER:
+        assert reader.read_protocol_header() is None
+        room = reader.get_buffer(1)
+        room[0] = byte
+        reader.buffer_updated(1)
+        room.release()
+    assert reader.read_protocol_header() == frames.PROTOCOL_HEADER
+    assert reader.next_frame() is None
+
+
+def allocated(action) -> int:
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = action()
+        return tracemalloc.get_traced_memory()[0] - before, kept
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_large_frame_does_not_leave_the_buffer_large():
+    reader = FrameReader(8 << 20)
+    reader.receive_data(frame(3, 1, bytes(4 << 20)))
+    assert reader.next_frame() == (3, 1, bytes(4 << 20))
+    # The next read is given a buffer of the usual size, not the 4 MiB one.
+    assert len(reader.get_buffer(65536)) == frames.READ_SIZE
+
+
+def test_an_idle_reader_gives_its_memory_back():
+    def read_a_frame_and_rest():
+        reader = FrameReader(4096)
+        room = reader.get_buffer(65536)
+        room[:8] = frame(8, 0, b"")
+        reader.buffer_updated(8)
+        room.release()
+        assert reader.next_frame() == (8, 0, b"")
+        reader.release()
+        return reader
+
+    grown, reader = allocated(read_a_frame_and_rest)
+    assert grown < 4096
+    # Nor does release drop data not yet read.
+    reader.receive_data(frame(8, 0, b"")[:5])
+    reader.release()
+    reader.receive_data(frame(8, 0, b"")[5:])
+    assert reader.next_frame() == (8, 0, b"")

@@ -145,7 +145,7 @@ class Harness:
 
 
 def _buffered(conn: Connection) -> bool:
-    return len(conn.reader._buffer) > conn.reader._offset
+    return conn.reader.buffered > 0
 
 
 @pytest.fixture(scope="module")
