@@ -1,4 +1,4 @@
-"""One client connection: an asyncio.Protocol around the sans-IO framing.
+"""One client connection: an asyncio.BufferedProtocol around the sans-IO framing.
 
 Handshake (protocol header, start/start-ok, tune/tune-ok, open), heartbeats,
 channel multiplexing, connection-level errors and flow control. Output for a
@@ -10,6 +10,9 @@ confirms, credit) are taken in; a connection handles at most FRAMES_PER_TURN
 frames per loop turn and then yields to everyone else. Reading stops while the
 connection is held: out of credit towards a shard or a shard's ring full
 (state `flow`), or a resource alarm (state `blocked`, with connection.blocked).
+
+Input: the transport reads the socket straight into the frame reader's buffer
+(get_buffer, buffer_updated); bytes handed to data_received are copied in.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED =
 STATE_NAMES = ("pre_init", "starting", "tuning", "opening", "running", "closing", "closed")
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     def __init__(self, gateway):
         self.gateway = gateway
         config = gateway.config  # what connection.tune offers
@@ -127,16 +130,28 @@ class Connection(asyncio.Protocol):
         for link in self.gateway.shards:
             link.forget(self)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # The transport holds the buffer until this returns: the reader is not
+        # resized here (nor by what handles the frames).
+        if self.state != CLOSED:  # lingering after close-ok: dropped
+            self.reader.buffer_updated(nbytes)
+            self._received(nbytes)
+
     def data_received(self, data: bytes) -> None:
-        if self.state == CLOSED:
-            return  # lingering after close-ok: dropped
+        if self.state != CLOSED:
+            self.reader.receive_data(data)
+            self._received(len(data))
+
+    def _received(self, nbytes: int) -> None:
         if not self._received_any:  # RabbitMQ logs a connection once it sends something
             self._received_any = True
             log.info("accepting AMQP connection (%s)", self.name, extra=self._log_fields())
         self._last_received = time.monotonic()
-        self.recv_oct += len(data)
+        self.recv_oct += nbytes
         self.recv_cnt += 1
-        self.reader.receive_data(data)
         self._handle_input()
 
     def _handle_input(self) -> None:
@@ -642,6 +657,9 @@ class Connection(asyncio.Protocol):
             self.state = CLOSED
             self.transport.abort()
             return
+        # An idle connection (most of them, when there are thousands) need not hold
+        # a read buffer: it is allocated again by the next read.
+        self.reader.release()
         if now - self._last_sent >= self.heartbeat / 2:
             self.send(frames.HEARTBEAT_FRAME)
         self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)

@@ -55,7 +55,7 @@ class TLSHandshake(asyncio.Protocol):
         await asyncio.sleep(0)
         self._upgrading = True
         if self._early:
-            loop.call_soon(_feed, self.transport.get_protocol(), bytes(self._early))
+            loop.call_soon(feed, self.transport.get_protocol(), bytes(self._early))
             self._early.clear()
         try:
             tls = await upgrade
@@ -86,14 +86,18 @@ class TLSHandshake(asyncio.Protocol):
                 extra={"connection": self.name})
 
 
-def _feed(protocol: asyncio.BaseProtocol, data: bytes) -> None:
-    """Give `data` to `protocol` as its transport would (TLS protocols are buffered)."""
+def feed(protocol: asyncio.BaseProtocol, data) -> None:
+    """Give `data` to `protocol` as its transport would: a buffered protocol (TLS
+    protocols, Connection) gets it read into the room it offers, which stays
+    exported until buffer_updated returns and is let go before more is asked for."""
     if isinstance(protocol, asyncio.BufferedProtocol) or hasattr(protocol, "get_buffer"):
-        while data:
-            buffer = protocol.get_buffer(len(data))
-            n = min(len(buffer), len(data))
-            buffer[:n] = data[:n]
-            protocol.buffer_updated(n)
-            data = data[n:]
+        rest = memoryview(data)
+        while rest:
+            room = protocol.get_buffer(len(rest))
+            size = min(len(room), len(rest))
+            room[:size] = rest[:size]
+            protocol.buffer_updated(size)
+            del room
+            rest = rest[size:]
     else:
         protocol.data_received(data)

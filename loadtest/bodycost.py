@@ -6,8 +6,9 @@
 A Gateway runs in this process's event loop with one shard process. One client
 connection publishes `count` messages of `size` bytes to a queue, another consumes
 them with manual acks (multiple=true every ACK_EVERY), both over in-memory
-transports: input is handed to the connection as its socket would (chunks of up to
-the selector transport's 256 KiB), output is counted and dropped. The driver's own
+transports: input is read into the connection's buffer as its socket would (up to
+READ_SIZE at a time, in reads the size of the room it offers), output is counted
+and dropped. The driver's own
 work is a slice and a length per chunk, so this process's CPU time is the
 gateway's; the shard's comes from /proc. CPU time, not wall time, so a loaded
 machine gives the same answer, only slower.
@@ -29,13 +30,14 @@ from warren.gateway.amqp import methods as m
 from warren.gateway.config import Config
 from warren.gateway.connection import Connection
 from warren.gateway.gateway import Gateway
+from warren.gateway.tlshandshake import feed
 from warren.shards.malloc import keep_freed_memory
 
 from .memtransport import MemoryTransport
 from .procs import tree_cpu
 
 FRAME_MAX = 131072  # what RabbitMQ's clients ask for
-READ_SIZE = 256 * 1024  # asyncio's selector transport reads at most this much at once
+READ_SIZE = 256 * 1024  # input made ready at once, as a socket's receive buffer holds
 ACK_EVERY = 50
 WINDOW = 200  # messages published ahead of those consumed
 
@@ -71,8 +73,8 @@ class _Client:
         self.reader = frames.FrameReader(1 << 30)
         self._seen = 0
 
-    def send(self, data: bytes) -> None:
-        self.conn.data_received(data)
+    def send(self, data) -> None:
+        feed(self.conn, data)
 
     async def expect(self, kind):
         deadline = time.monotonic() + 10
@@ -141,7 +143,7 @@ async def _run(gateway: Gateway, size: int, count: int, persistent: bool,
                 pending = memoryview(one * batch)
                 published += batch
             if pending:
-                publisher.send(bytes(pending[:READ_SIZE]))
+                publisher.send(pending[:READ_SIZE])
                 pending = pending[READ_SIZE:]
         await asyncio.sleep(0)
     if profile is not None:

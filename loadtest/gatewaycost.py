@@ -31,10 +31,11 @@ from warren.gateway.amqp.properties import BasicProperties, encode_properties
 from warren.gateway.config import Config
 from warren.gateway.connection import OPEN, Connection
 from warren.gateway.gateway import Gateway
+from warren.gateway.tlshandshake import feed
 
 QUEUE = "gatewaycost"
 BODY = b"x" * 100
-CHUNK = 65536  # bytes handed to data_received at once, as a socket read would
+CHUNK = 65536  # bytes read into the connection at once, as uvloop's socket read would
 TIMEOUT = 120.0
 
 
@@ -72,9 +73,9 @@ class Transport(asyncio.Transport):
         self.feeding = False
         if self.paused or self.offset >= len(self.input):
             return
-        chunk = self.input[self.offset:self.offset + CHUNK]
+        chunk = memoryview(self.input)[self.offset:self.offset + CHUNK]
         self.offset += len(chunk)
-        self.conn.data_received(chunk)
+        feed(self.conn, chunk)
         self._schedule()
 
     def pause_reading(self) -> None:

@@ -24,6 +24,7 @@ from warren.gateway.amqp.frames import FrameReader
 from warren.gateway.config import Config
 from warren.gateway.connection import CLOSE_OK_TIMEOUT, OPEN, Connection
 from warren.gateway.gateway import Gateway
+from warren.gateway.tlshandshake import feed
 from warren.loadtest.memtransport import MemoryTransport
 
 from .rawclient import Conversation
@@ -199,10 +200,12 @@ class Client(Conversation):
     # -- input to the broker ---------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        """Hand bytes to the connection as its socket would: in the loop (input
-        buffered while the broker holds reading is read when it resumes)."""
+        """Hand bytes to the connection as its socket would: in the loop, read into
+        the room it offers, which stays exported while the connection handles them
+        (as uvloop holds it: a resize there fails). Input buffered while the broker
+        holds reading is read when it resumes."""
         async def received() -> None:
-            self.conn.data_received(data)
+            feed(self.conn, data)
         if not self.transport.closed:
             self.server.loop.run_until_complete(received())
 
