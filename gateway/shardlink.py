@@ -35,13 +35,6 @@ log = logging.getLogger("warren.shard")
 
 COMMAND_RING_BYTES = 16 * 1024 * 1024
 EVENT_RING_BYTES = 16 * 1024 * 1024
-# Credit of a connection towards one shard, in units of shard work (chosen by
-# measurement, see docs/architecture.md): enough to keep a shard busy across a loop
-# turn, little enough that a consumer's ack behind it waits milliseconds, not
-# seconds. A persistent publish costs the shard a write, a commit and a read back
-# on delivery, so it spends more.
-PUBLISH_CREDIT = 150
-PERSISTENT_COST = 3
 
 
 class ShardLink:
@@ -162,8 +155,7 @@ class ShardLink:
                 return
         self._batch.append(record)
         if feeder is not None:  # a publish: it spends its connection's credit
-            cost = PERSISTENT_COST if record.persistent else 1
-            self._feeds[feeder] = self._feeds.get(feeder, 0) + cost
+            self._feeds[feeder] = self._feeds.get(feeder, 0) + r.credit_cost(record)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
@@ -194,7 +186,7 @@ class ShardLink:
         self._unreturned.append((self._records_sent, feeds))
         credit = self.credit
         for conn, count in feeds.items():
-            left = credit[conn] = credit.get(conn, PUBLISH_CREDIT) - count
+            left = credit[conn] = credit.get(conn, r.PUBLISH_CREDIT) - count
             if left <= 0:
                 self._hold(conn)
 
@@ -244,7 +236,7 @@ class ShardLink:
         if not self.paused or self._pending or self.commands.backlogged():
             return
         credit = self.credit
-        for conn in [c for c in self.paused if credit.get(c, PUBLISH_CREDIT) > 0]:
+        for conn in [c for c in self.paused if credit.get(c, r.PUBLISH_CREDIT) > 0]:
             self.paused.discard(conn)
             conn.release(self)
 

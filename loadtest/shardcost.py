@@ -35,8 +35,8 @@ from collections import deque
 
 import msgspec
 
-from warren.gateway.shardlink import PERSISTENT_COST, PUBLISH_CREDIT
 from warren.shards import records as r
+from warren.shards.records import PERSISTENT_COST, PUBLISH_CREDIT
 from warren.shards.ring import Ring
 from warren.storage.queuespec import QueueSpec
 

@@ -288,13 +288,15 @@ def merge_settles(cmds: list) -> list:
     return out
 
 
-def before_commit(events: list) -> tuple[list, list]:
+def before_commit(events: list, credit: int) -> tuple[list, list]:
     """A turn's events split into those to send before a commit made in the loop's
-    own thread and those to send with its confirms: replies and deliveries go
-    first, but credit alone (Progress) waits, sparing the gateway a wake-up."""
-    if any(type(event) is not r.Progress for event in events):
-        return events, []
-    return [], events
+    own thread and those to send with its confirms. Replies and deliveries go
+    first; credit alone (Progress) waits, sparing the gateway a wake-up, unless
+    the turn's publishes spent enough of it (`credit` units) that a publisher
+    may be waiting for it while the commit runs."""
+    if credit <= r.PUBLISH_CREDIT // 2 and all(type(e) is r.Progress for e in events):
+        return [], events
+    return events, []
 
 
 def _queue_figures(queue: Queue) -> list[int]:
@@ -377,7 +379,8 @@ def serve(spec: r.ShardSpec) -> None:
                 # Nothing else to do meanwhile and nobody to deliver to: commit
                 # here, sparing a lone publisher the two thread hand-offs. With
                 # consumers, deliveries never wait for an fsync.
-                early, turn_events = before_commit(turn_events)
+                early, turn_events = before_commit(
+                    turn_events, sum(r.credit_cost(cmd) for batch in batches for cmd in batch))
                 if early:
                     outbox.put(early)
                     _write(events, outbox)

@@ -302,6 +302,22 @@ class QueueDeleted(_Record, tag=55):
     qid: int
 
 
+# Credit of a connection towards one shard, in units of shard work (chosen by
+# measurement, see docs/architecture.md): enough to keep a shard busy across a loop
+# turn, little enough that a consumer's ack behind it waits milliseconds, not
+# seconds. A persistent publish costs the shard a write, a commit and a read back
+# on delivery, so it spends more. The gateway spends it; Progress returns it.
+PUBLISH_CREDIT = 150
+PERSISTENT_COST = 3
+
+
+def credit_cost(cmd) -> int:
+    """The credit a command spent: a publish's (others spend none)."""
+    if type(cmd) is not Publish:
+        return 0
+    return PERSISTENT_COST if cmd.persistent else 1
+
+
 class Progress(_Record, tag=61):
     """The shard has worked through this many command ring records since it started;
     the gateway credits the publishes in them back to their connections."""
