@@ -144,12 +144,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def best_rabbit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The better RabbitMQ row of a scenario (classic vs quorum): by confirmed/s, then
-    delivered/s."""
+    """The better RabbitMQ row of a scenario (classic vs quorum): by its sustained rate,
+    the lesser of confirmed/s and consumed/s (a queue type that confirms faster than
+    it delivers is only growing its queue), then by confirmed/s."""
     good = [r for r in rows if r["status"] == "ok"]
     if not good:
         return rows[0] if rows else None
-    return max(good, key=lambda r: (r.get("confirmed_per_s") or 0, r.get("consumed_per_s") or 0))
+
+    def sustained(row: dict[str, Any]) -> tuple[float, float]:
+        confirmed = row.get("confirmed_per_s") or 0
+        consumed = row.get("consumed_per_s")
+        return (confirmed if consumed is None else min(confirmed, consumed), confirmed)
+    return max(good, key=sustained)
 
 
 def run_client(target: Target, name: str, client: str, options, run_id: str,

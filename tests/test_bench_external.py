@@ -215,3 +215,16 @@ def test_amqp_perf_against_a_private_warren():
     assert row["client"] == "amqp-perf" and row["status"] == "ok", row
     assert row["published"] > 0 and row["external"]["ok"] is True, row
     assert "--pid" in row["command"], row
+
+
+def test_rabbitmq_queue_type_compared_is_the_one_that_sustains_more():
+    # Quorum confirmed more but delivered a third of it: classic sustains more.
+    classic = {"status": "ok", "queue_type": "classic", "confirmed_per_s": 30_834,
+               "consumed_per_s": 30_805}
+    quorum = {"status": "ok", "queue_type": "quorum", "confirmed_per_s": 50_109,
+              "consumed_per_s": 17_119}
+    assert bench.best_rabbit([classic, quorum]) is classic
+    assert bench.best_rabbit([{**classic, "status": "error"}, quorum]) is quorum
+    no_consumer = {"status": "ok", "confirmed_per_s": 2_000}  # latency-1: confirms only
+    assert bench.best_rabbit([no_consumer, {**no_consumer, "confirmed_per_s": 1_000}]) \
+        is no_consumer
