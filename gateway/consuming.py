@@ -34,8 +34,8 @@ class ConsumerState:
     """The gateway's side of a consumer. Credit is handed out in one of two modes:
 
     * window: FLOW_WINDOW credit, returned in chunks as deliveries leave through
-      the socket
-      (no-ack consumers, and every consumer of a channel without a global limit);
+      the socket (no-ack consumers, and every consumer of a channel without a
+      global limit);
     * limited: manual-ack consumers of a channel with basic.qos global=true share
       the channel's limit; credit comes back only as deliveries are settled, and
       credit outstanding + unacked never exceeds the limit (docs/architecture.md).

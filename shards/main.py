@@ -374,22 +374,20 @@ def serve(spec: r.ShardSpec) -> None:
         # durable. A commit runs in the committer thread while this loop goes on:
         # what arrives meanwhile gathers into the next one (group commit).
         turn_events = shard.take_events()
-        if shard.commits.inflight is None:
-            if commands.is_empty() and not shard.holder_queues:
-                # Nothing else to do meanwhile and nobody to deliver to: commit
-                # here, sparing a lone publisher the two thread hand-offs. With
-                # consumers, deliveries never wait for an fsync.
-                early, turn_events = before_commit(
-                    turn_events, sum(r.credit_cost(cmd) for batch in batches for cmd in batch))
-                if early:
-                    outbox.put(early)
-                    _write(events, outbox)
-                outbox.put(turn_events + shard.commit_now(now))
-            else:
-                outbox.put(turn_events)
-                outbox.put(shard.start_commit(committer, now))
+        if shard.commits.inflight is None and commands.is_empty() and not shard.holder_queues:
+            # Nothing else to do meanwhile and nobody to deliver to: commit here,
+            # sparing a lone publisher the two thread hand-offs. With consumers,
+            # deliveries never wait for an fsync.
+            early, turn_events = before_commit(
+                turn_events, sum(r.credit_cost(cmd) for batch in batches for cmd in batch))
+            if early:
+                outbox.put(early)
+                _write(events, outbox)
+            outbox.put(turn_events + shard.commit_now(now))
         else:
             outbox.put(turn_events)
+            if shard.commits.inflight is None:
+                outbox.put(shard.start_commit(committer, now))
         shard.check_resources(spec.memory_limit, shard.stored_ok)
         # The turn's events go out at the top of the loop: one ring write, at most
         # one doorbell.
