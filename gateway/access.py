@@ -8,7 +8,7 @@ import logging
 
 from warren.storage.metastore import MetaStore, PermissionDef, UserDef
 
-from . import auth
+from . import auth, replication
 from .amqp import spec
 from .errors import AMQPError
 
@@ -18,8 +18,10 @@ FULL_ACCESS = ".*"
 
 
 class AccessControl:
-    def __init__(self, meta: MetaStore | None, loopback_users: list[str] | None = None):
+    def __init__(self, meta: MetaStore | None, loopback_users: list[str] | None = None,
+                 changed=None):
         self.meta = meta
+        self._changed = changed or (lambda change: None)  # for the other gateways
         self.loopback_users = set(loopback_users if loopback_users is not None else ["guest"])
         self.users: dict[str, UserDef] = {}
         self.permissions: dict[tuple[str, str], PermissionDef] = {}  # (user, vhost) ->
@@ -54,6 +56,7 @@ class AccessControl:
         self.users[name] = user
         if self.meta is not None:
             self.meta.put_user(user)
+        self._changed(replication.UserPut(user))
         return user
 
     def delete_user(self, name: str) -> bool:
@@ -63,6 +66,7 @@ class AccessControl:
             self.clear_permissions(*key)
         if self.meta is not None:
             self.meta.delete_user(name)
+        self._changed(replication.UserDeleted(name))
         return True
 
     def set_permissions(self, user: str, vhost: str, configure: str, write: str,
@@ -72,6 +76,7 @@ class AccessControl:
         self._decisions.clear()
         if self.meta is not None:
             self.meta.put_permission(permission)
+        self._changed(replication.PermissionPut(permission))
 
     def clear_permissions(self, user: str, vhost: str) -> bool:
         if self.permissions.pop((user, vhost), None) is None:
@@ -79,6 +84,7 @@ class AccessControl:
         self._decisions.clear()
         if self.meta is not None:
             self.meta.delete_permission(user, vhost)
+        self._changed(replication.PermissionDeleted(user, vhost))
         return True
 
     def forget_vhost(self, vhost: str) -> None:

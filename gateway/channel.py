@@ -73,6 +73,8 @@ class Channel(Declarations, Consuming, Publishing):
         self._waiting = False
         self._backlog: deque = deque()
         self._running = None  # the method being handled (a shard request's errors name it)
+        if not self.gateway.authority:  # declarations run on gateway 0
+            self._handlers = Channel._forwarding_handlers
         self.gateway.totals.channels_opened += 1
 
     def snapshot(self) -> ChannelInfo:
@@ -322,4 +324,12 @@ Channel._handlers = {
     m.TxSelect: Channel._tx_select,
     m.TxCommit: Channel._tx_commit,
     m.TxRollback: Channel._tx_rollback,
+}
+
+# Another gateway's channel: what changes the catalogue, gateway 0 runs (purge does not).
+Channel._forwarding_handlers = {
+    **Channel._handlers,
+    **dict.fromkeys((m.ExchangeDeclare, m.ExchangeDelete, m.ExchangeBind, m.ExchangeUnbind,
+                     m.QueueDeclare, m.QueueBind, m.QueueUnbind, m.QueueDelete),
+                    Channel._forward),
 }

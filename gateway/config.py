@@ -15,6 +15,7 @@ import tomllib
 import msgspec
 
 from warren.shards.logsetup import FORMATS, LEVELS, LogSettings
+from warren.shards.records import MAX_GATEWAYS
 
 MAX_MESSAGE_SIZE_LIMIT = 536_870_912  # RabbitMQ's ceiling for max_message_size
 
@@ -30,6 +31,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     port: int = 5672
     data_dir: str = "./warren-data"
     shards: int = 0
+    gateways: int = 0
     frame_max: int = 131072
     heartbeat: int = 60
     channel_max: int = 2047
@@ -66,6 +68,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def shard_count(self) -> int:
         return self.shards or os.cpu_count() or 1
 
+    def gateway_count(self) -> int:
+        """Gateway processes: as given, else one per two CPUs (one on two cores or
+        fewer), at most MAX_GATEWAYS."""
+        return self.gateways or min(MAX_GATEWAYS, max(1, (os.cpu_count() or 1) // 2))
+
     def memory_limit_bytes(self) -> int:
         """As RabbitMQ's vm_memory_high_watermark: 40% of the machine's memory."""
         if self.memory_limit >= 0:
@@ -87,6 +94,8 @@ HELP = {
     "port": "AMQP port (0: any free port)",
     "data_dir": "data directory",
     "shards": "shard processes (0: one per CPU)",
+    "gateways": "gateway processes accepting AMQP connections on the same ports "
+                "(0: one per two CPUs)",
     "frame_max": "largest frame offered to clients, bytes",
     "heartbeat": "heartbeat interval offered to clients, seconds (0: off)",
     "channel_max": "most channels per connection",
@@ -188,6 +197,8 @@ def check(config: Config) -> None:
             fail(key, "must be a port number, 0-65535")
     if config.shards < 0:
         fail("shards", "must be 0 (one per CPU) or more")
+    if not 0 <= config.gateways <= MAX_GATEWAYS:
+        fail("gateways", f"must be 0 (one per two CPUs) to {MAX_GATEWAYS}")
     if config.frame_max < 4096:
         fail("frame_max", "must be at least 4096")
     if not 0 <= config.heartbeat <= 65535:

@@ -64,6 +64,7 @@ STATE_NAMES = ("pre_init", "starting", "tuning", "opening", "running", "closing"
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, gateway):
         self.gateway = gateway
+        self.id = gateway.new_id()  # broker-wide: owner of its exclusive queues
         config = gateway.config  # what connection.tune offers
         self.channel_max = config.channel_max
         self.frame_max = config.frame_max
@@ -87,6 +88,7 @@ class Connection(asyncio.BufferedProtocol):
         self._paused_by: set = set()
         self.has_published = False
         self.exclusive_queues: set = set()  # QueueMeta of the exclusive queues it owns
+        self.declared = False  # declared through gateway 0 (on another gateway)
         self._last_received = self._last_sent = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._received_any = False

@@ -10,12 +10,41 @@ from warren.storage.queuespec import QueueSpec
 from . import declare, replyto
 from .amqp import methods as m
 from .amqp import spec
+from .controllink import Forward
 from .errors import AMQPError, exchange_name, refusal_error
 from .exchange import EXCHANGE, QUEUE, Exchange
 from .gateway import QueueMeta, server_generated_name
 
 
 class Declarations:
+    # -- many gateways -----------------------------------------------------------
+
+    def _forward(self, method) -> None:
+        """On a gateway other than gateway 0, which alone changes the catalogue: have
+        it run the declaration as if this connection were there, then answer as it
+        did. Its changes to the catalogue arrive here before its answer."""
+        self.conn.declared = True
+
+        def answered(answer) -> None:
+            self.last_queue = answer.last_queue
+            if answer.code:
+                raise AMQPError(answer.code, answer.detail, answer.class_id, answer.method_id)
+            if answer.frames:
+                self.conn.send(answer.frames)
+
+        conn = self.conn
+        self._request(self.gateway.leader, lambda req: Forward(
+            req, conn.id, conn.user, self.vhost.name, self.number, m.encode_method(method),
+            self.last_queue), answered)
+
+    def _reply_seen(self, method, nowait: bool = False) -> None:
+        """Answer a change of the catalogue once every gateway process has it, so a
+        client told -ok finds the change on whichever gateway it uses next."""
+        followers = self.gateway.followers
+        if followers is None or followers.caught_up():
+            return self._reply(method, nowait)
+        self._request(followers, lambda req: None, lambda _: self._reply(method, nowait))
+
     # -- exchanges -------------------------------------------------------------
 
     def _exchange_declare(self, method: m.ExchangeDeclare) -> None:
@@ -32,7 +61,7 @@ class Declarations:
         declare.declare_exchange(self.gateway, Exchange(
             vhost.name, name, method.type, method.durable, method.auto_delete, method.internal,
             method.arguments))
-        self._reply(m.ExchangeDeclareOk(), method.nowait)
+        self._reply_seen(m.ExchangeDeclareOk(), method.nowait)
 
     def _exchange_delete(self, method: m.ExchangeDelete) -> None:
         name = method.exchange
@@ -47,17 +76,17 @@ class Declarations:
                 raise AMQPError(spec.PRECONDITION_FAILED,
                                 f"{exchange_name(self.vhost.name, name)} in use")
             self.gateway.delete_exchange(exchange)
-        self._reply(m.ExchangeDeleteOk(), method.nowait)
+        self._reply_seen(m.ExchangeDeleteOk(), method.nowait)
 
     def _exchange_bind(self, method: m.ExchangeBind) -> None:
         self._bind(method.source, (EXCHANGE, method.destination), method.routing_key,
                    method.arguments)
-        self._reply(m.ExchangeBindOk(), method.nowait)
+        self._reply_seen(m.ExchangeBindOk(), method.nowait)
 
     def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
         self._unbind(method.source, (EXCHANGE, method.destination), method.routing_key,
                      method.arguments)
-        self._reply(m.ExchangeUnbindOk(), method.nowait)
+        self._reply_seen(m.ExchangeUnbindOk(), method.nowait)
 
     # -- bindings --------------------------------------------------------------
 
@@ -126,8 +155,8 @@ class Declarations:
         if not created:
             return self._queue_declare_existing(method, meta)
         self.last_queue = name
-        self._reply(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
-                    method.nowait)
+        self._reply_seen(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
+                         method.nowait)
 
     def _queue_declare_existing(self, method: m.QueueDeclare, meta: QueueMeta) -> None:
         self.last_queue = meta.spec.name
@@ -145,12 +174,12 @@ class Declarations:
     def _queue_bind(self, method: m.QueueBind) -> None:
         queue, routing_key = self._queue_binding(method)
         self._bind(method.exchange, (QUEUE, queue), routing_key, method.arguments)
-        self._reply(m.QueueBindOk(), method.nowait)
+        self._reply_seen(m.QueueBindOk(), method.nowait)
 
     def _queue_unbind(self, method: m.QueueUnbind) -> None:
         queue, routing_key = self._queue_binding(method)
         self._unbind(method.exchange, (QUEUE, queue), routing_key, method.arguments)
-        self.send(m.QueueUnbindOk())
+        self._reply_seen(m.QueueUnbindOk())
 
     def _queue_binding(self, method: m.QueueBind | m.QueueUnbind) -> tuple[str, str]:
         """The queue and routing key of a queue.bind or unbind. With neither given,
@@ -184,7 +213,7 @@ class Declarations:
             if reply.refused:
                 raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
             self.gateway.forget_queue(meta)
-            self._reply(m.QueueDeleteOk(message_count=reply.message_count), method.nowait)
+            self._reply_seen(m.QueueDeleteOk(message_count=reply.message_count), method.nowait)
 
         self._request(self._link(meta),
                       lambda req: r.DeleteQueue(req, meta.qid, method.if_unused, method.if_empty),

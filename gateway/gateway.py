@@ -21,8 +21,6 @@ import xxhash
 from warren.shards import records as r
 from warren.storage import recovery
 from warren.storage.metastore import (
-    BindingDef,
-    ExchangeDef,
     MetaStore,
     PolicyDef,
     QueueDef,
@@ -30,7 +28,7 @@ from warren.storage.metastore import (
 )
 from warren.storage.queuespec import QueueSpec
 
-from . import deadletter, policies, replyto
+from . import deadletter, policies, replication, replyto
 from .access import AccessControl
 from .alarms import Alarms
 from .amqp.properties import PropertiesError, decode_properties, encode_properties
@@ -91,11 +89,29 @@ def server_generated_name(prefix: str) -> str:
     return prefix + secrets.token_urlsafe(16)
 
 
+class RemoteOwner:
+    """The owner of an exclusive queue, a connection of another gateway process:
+    no connection here is it, so every one of them gets 405 RESOURCE_LOCKED."""
+
+    __slots__ = ("id", "exclusive_queues")
+
+    def __init__(self, id: int):
+        self.id = id
+        self.exclusive_queues: set = set()
+
+
 class Gateway:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, index: int = 0):
         self.config = config
+        # Gateway 0 is the metadata authority: it alone changes the catalogue, writes
+        # DATA/meta/ and tells the shards about queues (docs/architecture.md).
+        self.index = index
+        self.authority = index == 0
+        self.followers = None  # gateway 0 with others: where its changes go (followers.py)
+        self.leader = None  # any other gateway: its link to gateway 0 (follower.py)
+        self.remote_owners: dict[int, RemoteOwner] = {}
         self.data_dir = os.path.abspath(config.data_dir)
-        self.access = AccessControl(None, config.loopback_users)
+        self.access = AccessControl(None, config.loopback_users, self._changed)
         self.vhosts: dict[str, VHost] = {}
         self.vhost_defs: dict[str, VHostDef] = {}
         self.policies: dict[str, dict[str, PolicyDef]] = {}  # vhost -> name -> policy
@@ -113,12 +129,17 @@ class Gateway:
         self.stopping = False
         self.totals = Totals()
 
-    async def start(self) -> None:
+    async def start(self, rings: list | None = None) -> None:
         """Check the data directory (recovery.Refused if it is damaged), open the
         metastore and start the shards; if that fails, what had started is stopped
-        again."""
+        again. Another gateway than gateway 0 only attaches to the shards' `rings`
+        it was given."""
         # Kept: asyncio.get_running_loop() costs a getpid() system call each time.
         self._loop = asyncio.get_running_loop()
+        if not self.authority:
+            self.meta = replication.NoStore()
+            self.shards.attach(rings)
+            return
         ready = recovery.prepare(self.data_dir, self.shards.count,
                                  self.config.quarantine_damaged, self.config.rebuild_definitions)
         for line in ready.upgraded:
@@ -172,7 +193,7 @@ class Gateway:
             vhost = self.vhosts.get(b.vhost)
             exchange = vhost.exchanges.get(b.source) if vhost else None
             if exchange is not None:
-                self._add_binding(vhost, exchange, (b.destination_type, b.destination),
+                self.add_binding(vhost, exchange, (b.destination_type, b.destination),
                                   b.routing_key, b.arguments)
 
     def _redeclare_queues(self, link: ShardLink) -> None:
@@ -192,10 +213,16 @@ class Gateway:
 
     # -- vhosts ------------------------------------------------------------------
 
+    def _changed(self, change) -> None:
+        """A change of the catalogue, for the other gateways to replay."""
+        if self.followers is not None:
+            self.followers.add(change)
+
     def add_vhost(self, name: str, description: str = "", limits: dict | None = None) -> VHost:
         definition = VHostDef(name, description, limits or {})
         self.vhost_defs[name] = definition
         self.meta.put_vhost(definition)
+        self._changed(replication.VHostPut(definition))
         return self.vhosts.setdefault(name, VHost(name))
 
     def delete_vhost(self, name: str) -> bool:
@@ -207,12 +234,14 @@ class Gateway:
         for conn in [c for c in self.connections if c.vhost is vhost]:
             conn.close_forced(f"vhost '{name}' is deleted")
         for meta in list(vhost.queues.values()):
-            self.shards[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
+            if self.authority:
+                self.shards[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
             self.queues_by_qid.pop(meta.qid, None)
         self.vhost_defs.pop(name, None)
         self.policies.pop(name, None)
         self.access.forget_vhost(name)
         self.meta.delete_vhost(name)
+        self._changed(replication.VHostDeleted(name))
         return True
 
     # -- policies ----------------------------------------------------------------
@@ -227,12 +256,14 @@ class Gateway:
             raise ValueError(f"no vhost '{policy.vhost}'")
         self.policies.setdefault(policy.vhost, {})[policy.name] = policy
         self.meta.put_policy(policy)
+        self._changed(replication.PolicyPut(policy))
         self._apply_policies(self.vhosts[policy.vhost])
 
     def delete_policy(self, vhost: str, name: str) -> bool:
         if self.policies.get(vhost, {}).pop(name, None) is None:
             return False
         self.meta.delete_policy(vhost, name)
+        self._changed(replication.PolicyDeleted(vhost, name))
         if vhost in self.vhosts:
             self._apply_policies(self.vhosts[vhost])
         return True
@@ -241,7 +272,7 @@ class Gateway:
         for meta in vhost.queues.values():
             before = meta.effective
             self._set_queue_policy(meta)
-            if send and meta.effective != before:
+            if send and self.authority and meta.effective != before:
                 self.shards[meta.shard].send(r.ConfigureQueue(meta.qid, meta.effective))
         for exchange in vhost.exchanges.values():
             self._set_exchange_policy(exchange)
@@ -268,10 +299,22 @@ class Gateway:
         key = replyto.key_of(address)
         return self.reply_channels.get(key) if key else None
 
+    def owner_of(self, id: int):
+        """The connection an exclusive queue's owner id names (0: none)."""
+        if not id:
+            return None
+        if r.gateway_of(id) == self.index:
+            return next((c for c in self.connections if c.id == id), None)
+        owner = self.remote_owners.get(id)
+        if owner is None:
+            owner = self.remote_owners[id] = RemoteOwner(id)
+        return owner
+
     def new_id(self) -> int:
-        """A broker-wide id for a channel or consumer (shard 'holders')."""
+        """A broker-wide id for a connection, channel or consumer (shard 'holders'):
+        it names this gateway (records.gateway_of), so shards know where to answer."""
         self._next_id += 1
-        return self._next_id
+        return self._next_id * r.MAX_GATEWAYS + self.index
 
     # -- queues ----------------------------------------------------------------
 
@@ -284,15 +327,23 @@ class Gateway:
             # Transient queues die with the broker: ids from a range of their own.
             self._next_qid += 1
             qid = TRANSIENT_QIDS + self._next_qid
-        meta = QueueMeta(qid, placement(spec.vhost, spec.name, self.shards.count), spec, owner)
-        self._set_queue_policy(meta)
+        definition = QueueDef(spec, qid, placement(spec.vhost, spec.name, self.shards.count))
         if spec.stored:
-            self.meta.put_queue(QueueDef(spec, qid, meta.shard))
-        self.vhosts[spec.vhost].queues[spec.name] = self.queues_by_qid[qid] = meta
+            self.meta.put_queue(definition)
+        meta = self.add_queue(definition, owner)
+        self.shards[meta.shard].send(r.CreateQueue(0, qid, spec, meta.effective))
+        return meta
+
+    def add_queue(self, definition: QueueDef, owner=None) -> QueueMeta:
+        """A new queue in the catalogue (created here, or by gateway 0)."""
+        spec = definition.spec
+        meta = QueueMeta(definition.qid, definition.shard, spec, owner)
+        self._set_queue_policy(meta)
+        self.vhosts[spec.vhost].queues[spec.name] = self.queues_by_qid[meta.qid] = meta
         if owner is not None:
             owner.exclusive_queues.add(meta)
-        self.shards[meta.shard].send(r.CreateQueue(0, qid, spec, meta.effective))
         self.totals.queues_created += 1
+        self._changed(replication.QueuePut(definition, owner.id if owner is not None else 0))
         return meta
 
     def forget_queue(self, meta: QueueMeta) -> None:
@@ -308,6 +359,7 @@ class Gateway:
             meta.owner.exclusive_queues.discard(meta)
         if spec.stored:
             self.meta.delete_queue(spec.vhost, spec.name)
+        self._changed(replication.QueueForgotten(meta.qid))
 
     # -- exchanges and bindings ------------------------------------------------
 
@@ -315,9 +367,8 @@ class Gateway:
         self.vhosts[exchange.vhost].exchanges[exchange.name] = exchange
         self._set_exchange_policy(exchange)
         if exchange.durable:
-            self.meta.put_exchange(ExchangeDef(exchange.vhost, exchange.name, exchange.type,
-                                               exchange.durable, exchange.auto_delete,
-                                               exchange.internal, exchange.arguments))
+            self.meta.put_exchange(replication.exchange_def(exchange))
+        self._changed(replication.ExchangePut(replication.exchange_def(exchange)))
 
     def delete_exchange(self, exchange: Exchange) -> None:
         vhost = self.vhosts[exchange.vhost]
@@ -329,14 +380,15 @@ class Gateway:
         del vhost.exchanges[exchange.name]
         if exchange.durable:
             self.meta.delete_exchange(exchange.vhost, exchange.name)
+        self._changed(replication.ExchangeDeleted(exchange.vhost, exchange.name))
 
     def bind(self, exchange: Exchange, destination: tuple, routing_key: str,
              arguments: dict) -> None:
         vhost = self.vhosts[exchange.vhost]
-        if self._add_binding(vhost, exchange, destination, routing_key, arguments) \
+        if self.add_binding(vhost, exchange, destination, routing_key, arguments) \
                 and self._durable_binding(vhost, exchange, destination):
-            self.meta.put_binding(BindingDef(exchange.vhost, exchange.name, destination[1],
-                                             destination[0], routing_key, arguments))
+            self.meta.put_binding(replication.binding_def(exchange, destination, routing_key,
+                                                          arguments))
 
     def unbind(self, exchange: Exchange, destination: tuple, routing_key: str, arguments: dict,
                auto_delete: bool = True) -> None:
@@ -350,17 +402,21 @@ class Gateway:
             if not inbound:
                 del vhost.inbound[destination]
         if self._durable_binding(vhost, exchange, destination):
-            self.meta.delete_binding(BindingDef(exchange.vhost, exchange.name, destination[1],
-                                                destination[0], routing_key, arguments))
+            self.meta.delete_binding(replication.binding_def(exchange, destination, routing_key,
+                                                             arguments))
+        self._changed(replication.BindingDeleted(replication.binding_def(
+            exchange, destination, routing_key, arguments)))
         if auto_delete and exchange.auto_delete and not exchange.bindings:
             self.delete_exchange(exchange)
 
-    def _add_binding(self, vhost: VHost, exchange: Exchange, destination: tuple,
-                     routing_key: str, arguments: dict) -> bool:
+    def add_binding(self, vhost: VHost, exchange: Exchange, destination: tuple,
+                    routing_key: str, arguments: dict) -> bool:
         if not exchange.bind(destination, routing_key, arguments):
             return False
         vhost.inbound.setdefault(destination, set()).add(
             (exchange.name, routing_key, arguments_key(arguments)))
+        self._changed(replication.BindingPut(replication.binding_def(
+            exchange, destination, routing_key, arguments)))
         return True
 
     def _unbind_destination(self, vhost: VHost, destination: tuple) -> None:
@@ -385,6 +441,9 @@ class Gateway:
         return target is not None and target.durable
 
     def delete_exclusive_queues(self, owner) -> None:
+        if not self.authority:  # gateway 0 deletes them, told the owner closed
+            self.leader.connection_closed(owner)
+            return
         for meta in list(owner.exclusive_queues):
             self.forget_queue(meta)
             self.shards[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
@@ -554,14 +613,14 @@ class Gateway:
 
     def _queue_deleted_by_shard(self, shard: int, qid: int) -> None:
         meta = self.queues_by_qid.get(qid)
-        if meta is not None and meta.shard == shard:
+        if meta is not None and meta.shard == shard and self.authority:
             self.forget_queue(meta)
 
     def _shard_lost(self, link: ShardLink) -> None:
         """A shard died. Its transient queues died with it (durable ones come back
         from its store), its alarms are off, its consumers are cancelled and its
         unconfirmed publishes nacked."""
-        for vhost in self.vhosts.values():
+        for vhost in self.vhosts.values() if self.authority else ():
             for meta in [m for m in vhost.queues.values()
                          if m.shard == link.index and not m.spec.stored]:
                 self.forget_queue(meta)

@@ -20,6 +20,7 @@ log = logging.getLogger("warren.connection")
 class InternalConnection:
     def __init__(self, gateway, user: str, vhost):
         self.gateway = gateway
+        self.id = gateway.new_id()
         self.user = user
         self.vhost = vhost
         self.name = f"internal ({user})"

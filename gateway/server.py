@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import ssl
 import sys
 
@@ -26,6 +27,7 @@ from warren.storage import recovery
 from . import management
 from .config import Config
 from .connection import Connection
+from .followers import Followers
 from .gateway import Gateway
 from .tlshandshake import TLSHandshake
 
@@ -52,19 +54,17 @@ async def serve(settings: Config) -> None:
     tls = tls_context(settings) if settings.tls_enabled else None
     data = DataDir(os.path.abspath(settings.data_dir))
     gateway = Gateway(settings)
+    many = settings.gateway_count() > 1
     servers = []  # bound, not serving until the broker has started
     try:
-        amqp = await _bound(loop.create_server(
-            lambda: Connection(gateway), settings.bind, settings.port,
-            reuse_address=True, start_serving=False), settings.bind, settings.port, "--port")
-        servers.append(amqp)
+        if many:  # no other process may hold the ports the gateways will share
+            settings.port = _free_port(settings.bind, settings.port, "--port")
+            if tls is not None:
+                settings.tls_port = _free_port(settings.bind, settings.tls_port, "--tls-port")
+        servers += await listen(gateway, settings, tls, reuse_port=many)
+        amqp = servers[0]
         host, port = amqp.sockets[0].getsockname()[:2]
-        if tls is not None:
-            amqps = await _bound(loop.create_server(
-                lambda: TLSHandshake(lambda: Connection(gateway), tls), settings.bind,
-                settings.tls_port, reuse_address=True, start_serving=False),
-                settings.bind, settings.tls_port, "--tls-port")
-            servers.append(amqps)
+        amqps = servers[1] if tls is not None else None
         if settings.management_port:  # 0: no management listener
             listeners = [{"node": management.NODE, "protocol": protocol, "ip_address": address,
                           "port": number} for protocol, address, number in (
@@ -92,6 +92,9 @@ async def serve(settings: Config) -> None:
         data.release(remove_created=True)
         raise
 
+    if many:
+        gateway.followers = Followers(gateway, settings.gateway_count() - 1)
+        await gateway.followers.start(port, amqps.sockets[0].getsockname()[1] if amqps else 0)
     for name in remove_orphans():  # once started: a failed start changes nothing
         log.warning("removed /dev/shm/%s, a ring left behind by a killed broker", name)
     for server in servers:
@@ -108,6 +111,16 @@ async def serve(settings: Config) -> None:
         print(f"Warren management on http://{_address(http)}", flush=True)
 
     await stop.wait()
+    if gateway.followers is not None:
+        await gateway.followers.stop()  # they close their clients' connections
+    await close_connections(gateway, servers)
+    await gateway.stop()
+    data.release()
+    print("Warren stopped", flush=True)
+
+
+async def close_connections(gateway: Gateway, servers: list) -> None:
+    """Stop listening and close every client's connection."""
     log.info("stopping: closing the listeners and %d connections", len(gateway.connections))
     for server in servers:
         server.close()
@@ -120,9 +133,40 @@ async def serve(settings: Config) -> None:
     for conn in list(gateway.connections):
         conn.transport.abort()
     await asyncio.sleep(0)  # their connection_lost, before the shards stop
-    await gateway.stop()
-    data.release()
-    print("Warren stopped", flush=True)
+
+
+async def listen(gateway: Gateway, settings: Config, tls: ssl.SSLContext | None,
+                 reuse_port: bool = False) -> list:
+    """The gateway's AMQP (and AMQPS) listeners, bound, not serving yet. With
+    `reuse_port` every gateway process binds the same ports and the kernel spreads
+    the connections (SO_REUSEPORT). WARREN_GATEWAY_PORTS=1 (a test hook) adds a
+    listener of this gateway's own on a free port, announced on stdout."""
+    loop = asyncio.get_running_loop()
+    servers = [await _bound(loop.create_server(
+        lambda: Connection(gateway), settings.bind, settings.port, reuse_address=True,
+        reuse_port=reuse_port, start_serving=False), settings.bind, settings.port, "--port")]
+    if tls is not None:
+        servers.append(await _bound(loop.create_server(
+            lambda: TLSHandshake(lambda: Connection(gateway), tls), settings.bind,
+            settings.tls_port, reuse_address=True, reuse_port=reuse_port,
+            start_serving=False), settings.bind, settings.tls_port, "--tls-port"))
+    if os.environ.get("WARREN_GATEWAY_PORTS") == "1":
+        own = await loop.create_server(lambda: Connection(gateway), settings.bind, 0)
+        print(f"Warren gateway {gateway.index} on amqp://{_address(own)}", flush=True)
+        servers.append(own)
+    return servers
+
+
+def _free_port(host: str, port: int, option: str) -> int:
+    """`port` (a free one for 0), checked to be held by no other process: a socket
+    with SO_REUSEPORT would share it with any other that sets it too."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise _listen_error(error, host, port, option) from None
+        return probe.getsockname()[1]
 
 
 async def _bound(create, host: str, port: int, port_option: str, bind_option: str = "--bind"):
@@ -130,13 +174,18 @@ async def _bound(create, host: str, port: int, port_option: str, bind_option: st
     try:
         return await create
     except OSError as error:
-        if error.errno == errno.EADDRINUSE:
-            hint = f"another broker is running there; pick another port with {port_option}"
-        elif error.errno == errno.EACCES:
-            hint = f"ports below 1024 need privileges; pick another port with {port_option}"
-        else:
-            hint = f"pick another address with {bind_option} or port with {port_option}"
-        raise StartupError(f"cannot listen on {host}:{port} ({_reason(error)}): {hint}") from None
+        raise _listen_error(error, host, port, port_option, bind_option) from None
+
+
+def _listen_error(error: OSError, host: str, port: int, port_option: str,
+                  bind_option: str = "--bind") -> StartupError:
+    if error.errno == errno.EADDRINUSE:
+        hint = f"another broker is running there; pick another port with {port_option}"
+    elif error.errno == errno.EACCES:
+        hint = f"ports below 1024 need privileges; pick another port with {port_option}"
+    else:
+        hint = f"pick another address with {bind_option} or port with {port_option}"
+    return StartupError(f"cannot listen on {host}:{port} ({_reason(error)}): {hint}")
 
 
 def _address(server) -> str:

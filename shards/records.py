@@ -25,6 +25,12 @@ from warren.storage.queuespec import QueueSpec
 from .logsetup import LogSettings
 from .ring import RingSpec
 
+MAX_GATEWAYS = 64  # every id a gateway makes names it: id % MAX_GATEWAYS
+
+
+def gateway_of(id: int) -> int:
+    return id % MAX_GATEWAYS
+
 
 class _Record(msgspec.Struct, array_like=True, tag=True, omit_defaults=False):
     pass

@@ -1,0 +1,109 @@
+"""The link between gateway 0 and another gateway process: msgpack messages,
+each behind its 4-byte length, over a Unix socket pair, in order both ways.
+
+Gateway 0 sends the catalogue's changes (`Changes`, answered with `Applied`)
+and the answers to declarations; the other gateway forwards its clients'
+declarations (`Forward`, answered with `Answer`) and says when a connection
+that declared through it has closed (its exclusive queues go with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import Callable, Union
+
+import msgspec
+
+from .replication import Change
+
+log = logging.getLogger("warren")
+
+_length = struct.Struct("<I")
+
+
+class _Message(msgspec.Struct, array_like=True, tag=True):
+    pass
+
+
+class Hello(_Message, tag=1):
+    gateway: int
+
+
+class Changes(_Message, tag=2):
+    seq: int  # the last change's number: changes are numbered from 1, broker-wide
+    changes: list[Change]
+
+
+class Applied(_Message, tag=3):
+    seq: int
+
+
+class Forward(_Message, tag=4):
+    """A client's declaration (exchange.*, queue.* but purge), for gateway 0 to run
+    as if its connection were there."""
+
+    req: int
+    connection: int  # the connection's id (exclusive queues' owner)
+    user: str
+    vhost: str
+    channel: int  # the channel's number
+    method: bytes  # the method frame's payload
+    last_queue: str  # the channel's last declared queue ("" in queue.bind means it)
+
+
+class Answer(_Message, tag=5):
+    req: int
+    frames: bytes = b""  # the reply frames to send the client (none for nowait)
+    last_queue: str = ""
+    code: int = 0  # an error's reply code (0: no error) ...
+    detail: str = ""  # ... its text (after the code's name) and the method it names
+    class_id: int = 0
+    method_id: int = 0
+
+
+class ConnectionClosed(_Message, tag=6):
+    connection: int
+
+
+Message = Union[Hello, Changes, Applied, Forward, Answer, ConnectionClosed]
+_decode = msgspec.msgpack.Decoder(Message).decode
+_encode = msgspec.msgpack.Encoder().encode
+
+
+class ControlLink(asyncio.Protocol):
+    def __init__(self, on_message: Callable, on_lost: Callable):
+        self._on_message = on_message  # (message) -> None
+        self._on_lost = on_lost  # () -> None
+        self._buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+        self._on_lost()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        while len(buffer) - start >= 4:
+            (size,) = _length.unpack_from(buffer, start)
+            if len(buffer) - start - 4 < size:
+                break
+            message = _decode(buffer[start + 4:start + 4 + size])
+            start += 4 + size
+            self._on_message(message)
+        del buffer[:start]
+
+    def send(self, message) -> None:
+        if self.transport is not None:
+            data = _encode(message)
+            self.transport.write(_length.pack(len(data)) + data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()

@@ -1,0 +1,108 @@
+"""A gateway process other than gateway 0: `python -m warren.gateway.follower SPEC`,
+started (and restarted) by gateway 0 (followers.py).
+
+It accepts AMQP connections on the same ports as gateway 0 and talks to every
+shard over rings of its own, so publishing, consuming and acks never pass
+through another process. The catalogue it routes with is gateway 0's,
+replayed from the control link (replication.py); declarations are forwarded
+there (Declarations._forward). It accepts connections only once it holds the
+whole catalogue, and exits when gateway 0 is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+
+import msgspec
+
+from warren.shards import logsetup
+from warren.shards.malloc import keep_freed_memory
+
+from . import replication
+from .config import Config
+from .controllink import Answer, Applied, Changes, ConnectionClosed, ControlLink
+from .followers import FollowerSpec
+from .gateway import Gateway
+from .server import close_connections, listen, tls_context
+
+log = logging.getLogger("warren")
+
+
+class Leader:
+    """This gateway's end of the control link to gateway 0."""
+
+    def __init__(self, gateway: Gateway, lost: asyncio.Event):
+        self.gateway = gateway
+        self.ready = asyncio.Event()  # the whole catalogue is here
+        self._lost = lost
+        self._waiters: dict = {}
+        self._next_req = 0
+        self.link = ControlLink(self._message, lost.set)
+
+    def request(self, make, answered) -> None:
+        """Send `make(req)` to gateway 0; `answered(answer)` runs when it answers."""
+        if self.link.transport is None:
+            return
+        self._next_req += 1
+        self._waiters[self._next_req] = answered
+        self.link.send(make(self._next_req))
+
+    def connection_closed(self, conn) -> None:
+        """A client's connection closed: gateway 0 deletes its exclusive queues."""
+        if conn.declared:
+            self.link.send(ConnectionClosed(conn.id))
+
+    def _message(self, message) -> None:
+        kind = type(message)
+        if kind is Changes:
+            for change in message.changes:
+                try:
+                    replication.apply(self.gateway, change)
+                except Exception:  # a bug: log it, keep the rest of the catalogue right
+                    log.exception("gateway %d: applying %s failed", self.gateway.index, change)
+            self.link.send(Applied(message.seq))
+            self.ready.set()
+        elif kind is Answer:
+            answered = self._waiters.pop(message.req, None)
+            if answered is not None:
+                answered(message)
+
+
+async def serve(spec: FollowerSpec) -> None:
+    keep_freed_memory()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    settings = msgspec.convert(spec.config, Config)
+    settings.port, settings.tls_port = spec.port, spec.tls_port
+    gateway = Gateway(settings, spec.index)
+    leader = gateway.leader = Leader(gateway, stop)
+    await loop.connect_accepted_socket(lambda: leader.link,
+                                       sock=socket.socket(fileno=spec.control_fd))
+    await gateway.start(spec.rings)
+    await leader.ready.wait()
+    tls = tls_context(settings) if settings.tls_enabled else None
+    servers = await listen(gateway, settings, tls, reuse_port=True)
+    for server in servers:
+        await server.start_serving()
+    log.info("gateway %d started", spec.index)
+    await stop.wait()
+    await close_connections(gateway, servers)
+    await gateway.stop()
+
+
+def main() -> None:
+    spec = msgspec.json.decode(sys.argv[1], type=FollowerSpec)
+    settings = msgspec.convert(spec.config, Config)
+    logsetup.configure(settings.log_settings(), f"gateway-{spec.index}", rotate=False)
+    import uvloop
+    uvloop.run(serve(spec))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""The other gateway processes, seen from gateway 0: it starts them, restarts one
+that dies, sends them the catalogue's changes and runs their declarations.
+
+Every change to the catalogue goes to every other gateway, numbered; each
+answers with the last number it applied. A declaration's -ok waits until all
+have applied its changes (`request`: the channel parks as for a shard), so a
+client that is told -ok finds the change on every gateway. A gateway that starts
+gets the whole catalogue first, and accepts connections only once it has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import subprocess
+import sys
+
+import msgspec
+
+from warren.shards import records as r
+from warren.shards.ring import RingSpec
+
+from . import replication
+from .controllink import (
+    Applied,
+    Changes,
+    ConnectionClosed,
+    ControlLink,
+    Forward,
+)
+from .mirror import Mirror
+
+log = logging.getLogger("warren")
+
+STABLE = 10.0  # seconds a restarted gateway must stay up to count as recovered
+
+
+class FollowerSpec(msgspec.Struct, array_like=True):
+    """What `python -m warren.gateway.follower` is started with."""
+
+    index: int
+    config: dict
+    control_fd: int  # its end of the control link's socket pair
+    rings: list[tuple[RingSpec, RingSpec]]  # per shard: (commands, events)
+    port: int  # the AMQP listener's port (gateway 0's, which may have been 0)
+    tls_port: int
+
+
+class Followers:
+    def __init__(self, gateway, count: int):
+        self.gateway = gateway
+        self.count = count  # gateways besides gateway 0
+        self.links: dict[int, ControlLink] = {}  # gateway index -> its live link
+        self.applied: dict[int, int] = {}  # gateway index -> the last change it applied
+        self.seq = 0  # number of the last change sent
+        self._pending: list = []
+        self._flush_scheduled = False
+        self._waiters: list[tuple[int, object]] = []  # (change number, answered)
+        self.mirrors: dict[int, Mirror] = {}  # connection id -> its stand-in
+        self.processes: dict[int, subprocess.Popen] = {}
+        self.failing: dict[int, int] = {}  # gateway index -> deaths in a row
+        self.stopping = False
+        self._ports = (0, 0)
+
+    # -- changes ---------------------------------------------------------------
+
+    def add(self, change) -> None:
+        self._pending.append(change)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._pending:
+            return
+        self.seq += len(self._pending)
+        message = Changes(self.seq, self._pending)
+        self._pending = []
+        for link in self.links.values():
+            link.send(message)
+
+    def caught_up(self) -> bool:
+        return not self._pending and all(seq >= self.seq for seq in self.applied.values())
+
+    def request(self, make, answered) -> None:
+        """Call `answered(None)` once every live gateway applied the changes so far
+        (a ShardLink's request interface, for Channel._request)."""
+        self.flush()
+        self._waiters.append((self.seq, answered))
+        self._release()
+
+    def _release(self) -> None:
+        low = min(self.applied.values(), default=self.seq)
+        ready = [w for w in self._waiters if w[0] <= low]
+        if ready:
+            self._waiters = [w for w in self._waiters if w[0] > low]
+            for _, answered in ready:
+                answered(None)
+
+    # -- messages from the other gateways ---------------------------------------
+
+    def _message(self, index: int, message) -> None:
+        kind = type(message)
+        if kind is Applied:
+            self.applied[index] = message.seq
+            self._release()
+        elif kind is Forward:
+            mirror = self.mirrors.get(message.connection)
+            if mirror is None:
+                mirror = self.mirrors[message.connection] = Mirror(
+                    self.gateway, message, self.links[index].send)
+            mirror.run(message)
+        elif kind is ConnectionClosed:
+            mirror = self.mirrors.pop(message.connection, None)
+            if mirror is not None:
+                mirror.close()
+
+    # -- processes ---------------------------------------------------------------
+
+    async def start(self, port: int, tls_port: int) -> None:
+        self._ports = (port, tls_port)
+        for index in range(1, self.count + 1):
+            await self._start(index)
+
+    async def _start(self, index: int) -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        rings = [link.rings_for(index) for link in self.gateway.shards]
+        spec = FollowerSpec(index, msgspec.to_builtins(self.gateway.config), theirs.fileno(),
+                            rings, *self._ports)
+        fds = {theirs.fileno()}
+        for commands, events in rings:
+            fds |= {commands.data_fd, commands.space_fd, events.data_fd, events.space_fd}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "warren.gateway.follower", msgspec.json.encode(spec).decode()],
+            pass_fds=sorted(fds))
+        theirs.close()
+        self.processes[index] = process
+        _, link = await loop.connect_accepted_socket(
+            lambda: ControlLink(lambda message: self._message(index, message),
+                                lambda: self._lost(index, link)), sock=ours)
+        self.links[index] = link
+        self.applied[index] = 0
+        self.flush()  # what is pending belongs to the snapshot
+        link.send(Changes(self.seq, replication.snapshot(self.gateway)))
+        pidfd = os.pidfd_open(process.pid)
+        loop.add_reader(pidfd, self._exited, index, process, pidfd)
+        loop.call_later(STABLE, self._stable, index, process)
+
+    def _lost(self, index: int, link: ControlLink) -> None:
+        """Its control link closed: it died or is stopping. Its connections are gone."""
+        if self.links.get(index) is not link:
+            return
+        del self.links[index]
+        self.applied.pop(index, None)
+        for key in [k for k in self.mirrors if r.gateway_of(k) == index]:
+            self.mirrors.pop(key).close()
+        self._release()
+
+    def _exited(self, index: int, process: subprocess.Popen, pidfd: int) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        returncode = process.wait()
+        link = self.links.get(index)
+        if link is not None:
+            link.close()
+            self._lost(index, link)
+        if self.stopping or self.processes.get(index) is not process:
+            return
+        failures = self.failing[index] = self.failing.get(index, 0) + 1
+        delay = 0.0 if failures == 1 else min(0.1 * 2 ** failures, 60.0)
+        log.error("gateway %d exited with code %s (failure %d in a row); restarting it in "
+                  "%.1f s", index, returncode, failures, delay)
+        # The shards drop what it held (its consumers' messages are requeued) and
+        # reset its rings before a new process attaches to them.
+        left = [len(self.gateway.shards.links)]
+
+        def released(_reply) -> None:
+            left[0] -= 1
+            if left[0] == 0 and not self.stopping:
+                loop.call_later(delay, lambda: loop.create_task(self._start(index)))
+
+        for shard in self.gateway.shards:
+            shard.request(lambda req: r.GatewayLost(req, index), released)
+        self.gateway.shards.send()
+
+    def _stable(self, index: int, process: subprocess.Popen) -> None:
+        if self.processes.get(index) is process and process.poll() is None \
+                and self.failing.pop(index, None):
+            log.warning("gateway %d is up again", index)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop the other gateways (they close their clients' connections) and wait."""
+        self.stopping = True
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while any(p.poll() is None for p in self.processes.values()) \
+                and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()

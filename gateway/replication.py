@@ -1,0 +1,202 @@
+"""The catalogue shared by every gateway process: what changes, as records, and
+how another gateway replays them.
+
+Gateway 0 is the metadata authority (docs/architecture.md, "Many gateways"): it
+alone changes the catalogue and writes DATA/meta/. Each change is recorded
+where it happens, at the lowest level (a binding added, an exchange removed),
+so the other gateways replay the records in order through the same Gateway
+methods and end with the same vhosts, exchanges, bindings, queues (with their
+placement and exclusive owner), policies, users and permissions. A gateway that
+starts is sent the whole catalogue as such records first (`snapshot`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Union
+
+import msgspec
+
+from warren.storage.metastore import (
+    BindingDef,
+    ExchangeDef,
+    PermissionDef,
+    PolicyDef,
+    QueueDef,
+    UserDef,
+    VHostDef,
+)
+
+from .exchange import Exchange
+
+if TYPE_CHECKING:
+    from .gateway import Gateway
+
+
+class _Change(msgspec.Struct, array_like=True, tag=True):
+    pass
+
+
+class VHostPut(_Change, tag=1):
+    definition: VHostDef
+
+
+class VHostDeleted(_Change, tag=2):
+    name: str
+
+
+class PolicyPut(_Change, tag=3):
+    policy: PolicyDef
+
+
+class PolicyDeleted(_Change, tag=4):
+    vhost: str
+    name: str
+
+
+class ExchangePut(_Change, tag=5):
+    definition: ExchangeDef
+
+
+class ExchangeDeleted(_Change, tag=6):
+    vhost: str
+    name: str
+
+
+class QueuePut(_Change, tag=7):
+    definition: QueueDef
+    owner: int  # the owning connection's id of an exclusive queue, else 0
+
+
+class QueueForgotten(_Change, tag=8):
+    qid: int
+
+
+class BindingPut(_Change, tag=9):
+    definition: BindingDef
+
+
+class BindingDeleted(_Change, tag=10):
+    definition: BindingDef
+
+
+class UserPut(_Change, tag=11):
+    definition: UserDef
+
+
+class UserDeleted(_Change, tag=12):
+    name: str
+
+
+class PermissionPut(_Change, tag=13):
+    definition: PermissionDef
+
+
+class PermissionDeleted(_Change, tag=14):
+    user: str
+    vhost: str
+
+
+Change = Union[VHostPut, VHostDeleted, PolicyPut, PolicyDeleted, ExchangePut, ExchangeDeleted,
+               QueuePut, QueueForgotten, BindingPut, BindingDeleted, UserPut, UserDeleted,
+               PermissionPut, PermissionDeleted]
+
+
+def exchange_def(exchange: Exchange) -> ExchangeDef:
+    return ExchangeDef(exchange.vhost, exchange.name, exchange.type, exchange.durable,
+                       exchange.auto_delete, exchange.internal, exchange.arguments)
+
+
+def binding_def(exchange: Exchange, destination: tuple, routing_key: str,
+                arguments: dict) -> BindingDef:
+    return BindingDef(exchange.vhost, exchange.name, destination[1], destination[0],
+                      routing_key, arguments)
+
+
+def snapshot(gateway: "Gateway") -> list:
+    """The whole catalogue as changes that build it on an empty gateway."""
+    from .gateway import VHost
+    changes: list = [VHostPut(d) for d in gateway.vhost_defs.values()]
+    changes += [UserPut(u) for u in gateway.access.users.values()]
+    changes += [PermissionPut(p) for p in gateway.access.permissions.values()]
+    changes += [PolicyPut(p) for named in gateway.policies.values() for p in named.values()]
+    bindings = []
+    for vhost in gateway.vhosts.values():
+        predeclared = VHost(vhost.name).exchanges  # every vhost has these already
+        for exchange in vhost.exchanges.values():
+            if exchange.name not in predeclared:
+                changes.append(ExchangePut(exchange_def(exchange)))
+            bindings += [BindingPut(binding_def(exchange, destination, routing_key, arguments))
+                         for (destination, routing_key, _), arguments
+                         in exchange.bindings.items()]
+        changes += [QueuePut(QueueDef(meta.spec, meta.qid, meta.shard),
+                             meta.owner.id if meta.owner is not None else 0)
+                    for meta in vhost.queues.values()]
+    return changes + bindings
+
+
+def apply(gateway: "Gateway", change) -> None:
+    """Replay one change of the authority's catalogue on this gateway's."""
+    kind = type(change)
+    if kind is BindingPut or kind is BindingDeleted:
+        b = change.definition
+        vhost = gateway.vhosts.get(b.vhost)
+        exchange = vhost.exchanges.get(b.source) if vhost else None
+        if exchange is None:
+            return
+        destination = (b.destination_type, b.destination)
+        if kind is BindingPut:
+            gateway.add_binding(vhost, exchange, destination, b.routing_key, b.arguments)
+        else:
+            gateway.unbind(exchange, destination, b.routing_key, b.arguments,
+                           auto_delete=False)
+    elif kind is QueuePut:
+        gateway.add_queue(change.definition, gateway.owner_of(change.owner))
+    elif kind is QueueForgotten:
+        meta = gateway.queues_by_qid.get(change.qid)
+        if meta is not None:
+            gateway.forget_queue(meta)
+    elif kind is ExchangePut:
+        e = change.definition
+        gateway.add_exchange(Exchange(e.vhost, e.name, e.type, e.durable, e.auto_delete,
+                                      e.internal, e.arguments))
+    elif kind is ExchangeDeleted:
+        vhost = gateway.vhosts.get(change.vhost)
+        exchange = vhost.exchanges.get(change.name) if vhost else None
+        if exchange is not None:
+            gateway.delete_exchange(exchange)
+    elif kind is VHostPut:
+        d = change.definition
+        gateway.add_vhost(d.name, d.description, d.limits)
+    elif kind is VHostDeleted:
+        gateway.delete_vhost(change.name)
+    elif kind is PolicyPut:
+        gateway.put_policy(change.policy)
+    elif kind is PolicyDeleted:
+        gateway.delete_policy(change.vhost, change.name)
+    elif kind is UserPut:
+        u = change.definition
+        gateway.access.put_user(u.name, None, u.tags, u.password_hash, u.limits)
+    elif kind is UserDeleted:
+        gateway.access.delete_user(change.name)
+    elif kind is PermissionPut:
+        p = change.definition
+        gateway.access.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+    elif kind is PermissionDeleted:
+        gateway.access.clear_permissions(change.user, change.vhost)
+
+
+class NoStore:
+    """The metadata store of a gateway that is not the authority: gateway 0 writes
+    DATA/meta/, the others replay its changes and store nothing."""
+
+    def put_vhost(self, *_) -> None: pass
+    def delete_vhost(self, *_) -> None: pass
+    def put_policy(self, *_) -> None: pass
+    def delete_policy(self, *_) -> None: pass
+    def put_queue(self, *_) -> None: pass
+    def delete_queue(self, *_) -> None: pass
+    def put_exchange(self, *_) -> None: pass
+    def delete_exchange(self, *_) -> None: pass
+    def put_binding(self, *_) -> None: pass
+    def delete_binding(self, *_) -> None: pass
+    def close(self) -> None: pass
