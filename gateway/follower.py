@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -90,7 +91,7 @@ async def serve(spec: FollowerSpec) -> None:
     servers = await listen(gateway, settings, tls, reuse_port=True)
     for server in servers:
         await server.start_serving()
-    log.info("gateway %d started", spec.index)
+    log.info("gateway %d started (pid %d)", spec.index, os.getpid())
     await stop.wait()
     await close_connections(gateway, servers)
     await gateway.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -20,8 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class RunningBroker:
     def __init__(self, data_dir: Path, shards: int = 2, extra_args: list[str] | None = None,
-                 management: bool = False):
+                 management: bool = False, gateways: int = 1):
         self.data_dir = data_dir
+        self.gateways = gateways
         # The management listener is off unless a test asks for it (on a free port),
         # so that brokers of parallel tests never compete for 15672.
         self.management_port = free_port() if management else 0
@@ -36,15 +38,39 @@ class RunningBroker:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "warren.gateway.cli", "serve", "--port", "0", "--data",
              str(self.data_dir), "--shards", str(self.shards), "--management-port",
-             str(self.management_port), *self.extra_args],
-            stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT)
-        line = read_line(self.process.stdout, timeout)
-        if "listening on amqp://" not in line:
-            self.stop()
-            raise RuntimeError(f"broker did not start: {line!r}; log:\n{self.log_text()}")
+             str(self.management_port), "--gateways", str(self.gateways), *self.extra_args],
+            stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT,
+            # each gateway announces a port of its own, to pin a client to it
+            env={**os.environ, "WARREN_GATEWAY_PORTS": "1" if self.gateways > 1 else ""})
+        self._lines = []
+        while "listening on amqp://" not in (line := read_line(self.process.stdout, timeout)):
+            if not line.startswith("Warren gateway "):
+                self.stop()
+                raise RuntimeError(f"broker did not start: {line!r}; log:\n{self.log_text()}")
+            self._lines.append(line)
         self.port = int(line.split("amqp://", 1)[1].split()[0].rsplit(":", 1)[1])
-        self._lines = [line]
+        self._lines.append(line)
         return self
+
+    def gateway_port(self, index: int, timeout: float = 30.0) -> int:
+        """The port only gateway `index` listens on (with gateways > 1)."""
+        marker = f"Warren gateway {index} on amqp://"
+        while True:
+            for line in self._lines:
+                if line.startswith(marker):
+                    return int(line[len(marker):].split()[0].rsplit(":", 1)[1])
+            line = read_line(self.process.stdout, timeout)
+            if not line:
+                raise RuntimeError(f"gateway {index} announced no port")
+            self._lines.append(line)
+
+    def forget_gateway_port(self, index: int) -> None:
+        """Gateway `index` was restarted: its next announced port is the one."""
+        self._lines = [line for line in self._lines
+                       if not line.startswith(f"Warren gateway {index} on")]
+
+    def gateway_url(self, index: int) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.gateway_port(index)}/%2F"
 
     def listener_port(self, scheme: str, timeout: float = 10.0) -> int:
         """The port of another listener (amqps, http) from the lines the broker

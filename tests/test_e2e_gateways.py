@@ -1,0 +1,135 @@
+"""Many gateways (`warren serve --gateways 2`): one broker, whichever gateway a
+client lands on. Clients are pinned to a gateway through the port each one
+announces (WARREN_GATEWAY_PORTS, a test hook)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pika
+import pika.exceptions
+import pytest
+
+from .conftest import RunningBroker, wait_until
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    broker = RunningBroker(tmp_path_factory.mktemp("gateways") / "data", shards=2,
+                           gateways=2).start()
+    yield broker
+    broker.stop()
+
+
+def connect(broker: RunningBroker, gateway: int) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(broker.gateway_url(gateway)))
+
+
+def take(channel, queue: str, count: int, timeout: float = 10.0) -> list:
+    got = []
+
+    def one():
+        method, props, body = channel.basic_get(queue, auto_ack=True)
+        if method is not None:
+            got.append(body)
+        return len(got) >= count
+
+    wait_until(one, timeout, message=f"{count} messages from {queue}")
+    return got
+
+
+def test_declared_on_one_gateway_used_on_the_other(two):
+    a, b = connect(two, 0), connect(two, 1)
+    try:
+        ca, cb = a.channel(), b.channel()
+        # gateway 1 declares: gateway 0 must route with it at once after the -ok
+        cb.exchange_declare("gw.x", "topic")
+        cb.queue_declare("gw.q1")
+        cb.queue_bind("gw.q1", "gw.x", "k.#")
+        ca.basic_publish("gw.x", "k.1", b"from 0")
+        assert take(cb, "gw.q1", 1) == [b"from 0"]
+        # and the other way round
+        ca.queue_declare("gw.q0")
+        ca.queue_bind("gw.q0", "gw.x", "j.*")
+        cb.basic_publish("gw.x", "j.1", b"from 1")
+        assert take(ca, "gw.q0", 1) == [b"from 1"]
+        # consumers on gateway 1 of a queue gateway 0 publishes to
+        received = []
+        cb.basic_consume("gw.q1", lambda ch, m, p, body: received.append(body), auto_ack=True)
+        for i in range(100):
+            ca.basic_publish("gw.x", "k.2", str(i).encode())
+        wait_until(lambda: (b.process_data_events(0.05), len(received) >= 100)[1], 10)
+        assert received == [str(i).encode() for i in range(100)]
+        cb.queue_delete("gw.q0")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            ca.queue_declare("gw.q0", passive=True)
+        assert closed.value.reply_code == 404
+    finally:
+        a.close()
+        b.close()
+
+
+def test_errors_of_a_forwarded_declaration(two):
+    b = connect(two, 1)
+    try:
+        ch = b.channel()
+        ch.queue_declare("gw.err", durable=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            ch.queue_declare("gw.err", durable=False)
+        assert closed.value.reply_code == 406
+        assert "inequivalent arg 'durable'" in closed.value.reply_text
+        ch = b.channel()  # the connection goes on
+        assert ch.queue_declare("gw.err", passive=True).method.message_count == 0
+        ch.queue_delete("gw.err")
+    finally:
+        b.close()
+
+
+def test_exclusive_queue_owned_on_another_gateway(two):
+    owner, other = connect(two, 1), connect(two, 0)
+    try:
+        name = owner.channel().queue_declare("", exclusive=True).method.queue
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            other.channel().basic_consume(name, lambda *a: None)
+        assert closed.value.reply_code == 405
+        owner.close()
+        ch = other.channel()
+
+        def gone():
+            try:
+                other.channel().queue_declare(name, passive=True)
+            except pika.exceptions.ChannelClosedByBroker as error:
+                return error.reply_code == 404
+            return False
+
+        wait_until(gone, 10, message="the exclusive queue deleted with its owner")
+        ch.close()
+    finally:
+        if owner.is_open:
+            owner.close()
+        other.close()
+
+
+def test_a_dead_gateway_is_restarted_and_its_messages_come_back(two):
+    a, b = connect(two, 0), connect(two, 1)
+    ca, cb = a.channel(), b.channel()
+    ca.queue_declare("gw.dead")
+    for i in range(5):
+        ca.basic_publish("", "gw.dead", str(i).encode())
+    cb.basic_qos(prefetch_count=10)
+    held = []
+    cb.basic_consume("gw.dead", lambda ch, m, p, body: held.append(body))
+    wait_until(lambda: (b.process_data_events(0.05), len(held) == 5)[1], 10)
+    pid = int(next(line for line in two.log_text().splitlines()
+                   if "gateway 1 started" in line).rsplit("pid ", 1)[1].split(")")[0])
+    two.forget_gateway_port(1)
+    os.kill(pid, signal.SIGKILL)
+    # gateway 0's client is unaffected and gets the unacked messages again
+    got = take(ca, "gw.dead", 5)
+    assert sorted(got) == [str(i).encode() for i in range(5)]
+    # gateway 1 is back, with the catalogue
+    c = connect(two, 1)
+    c.channel().queue_declare("gw.dead", passive=True)
+    c.close()
+    a.close()
