@@ -3,8 +3,9 @@ each behind its 4-byte length, over a Unix socket pair, in order both ways.
 
 Gateway 0 sends the catalogue's changes (`Changes`, answered with `Applied`)
 and the answers to declarations; the other gateway forwards its clients'
-declarations (`Forward`, answered with `Answer`) and says when a connection
-that declared through it has closed (its exclusive queues go with it).
+declarations (`Forward`, answered with `Answer`), says when a connection
+that declared through it has closed (its exclusive queues go with it), and
+shows its connections to the management API (`Connections`, `CloseConnection`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Callable, Union
 import msgspec
 
 from .replication import Change
+from .snapshots import ConnectionInfo
 
 log = logging.getLogger("warren")
 
@@ -67,7 +69,23 @@ class ConnectionClosed(_Message, tag=6):
     connection: int
 
 
-Message = Union[Hello, Changes, Applied, Forward, Answer, ConnectionClosed]
+class Connections(_Message, tag=7):
+    """Another gateway's connections as they are now, sent every second, for the
+    management API and the metrics."""
+
+    ids: list[int]
+    infos: list[ConnectionInfo]
+
+
+class CloseConnection(_Message, tag=8):
+    """Close a connection (the management API's DELETE), 320 with `reason`."""
+
+    connection: int
+    reason: str
+
+
+Message = Union[Hello, Changes, Applied, Forward, Answer, ConnectionClosed, Connections,
+                CloseConnection]
 _decode = msgspec.msgpack.Decoder(Message).decode
 _encode = msgspec.msgpack.Encoder().encode
 

@@ -25,12 +25,22 @@ from warren.shards.malloc import keep_freed_memory
 
 from . import replication
 from .config import Config
-from .controllink import Answer, Applied, Changes, ConnectionClosed, ControlLink
+from .controllink import (
+    Answer,
+    Applied,
+    Changes,
+    CloseConnection,
+    ConnectionClosed,
+    Connections,
+    ControlLink,
+)
 from .followers import FollowerSpec
 from .gateway import Gateway
 from .server import close_connections, listen, tls_context
 
 log = logging.getLogger("warren")
+
+REPORT_INTERVAL = 1.0  # seconds between reports of this gateway's connections
 
 
 class Leader:
@@ -71,6 +81,18 @@ class Leader:
             answered = self._waiters.pop(message.req, None)
             if answered is not None:
                 answered(message)
+        elif kind is CloseConnection:
+            conn = next((c for c in self.gateway.connections if c.id == message.connection),
+                        None)
+            if conn is not None:
+                conn.close_forced(message.reason)
+
+    async def report(self) -> None:
+        """Show gateway 0 this gateway's connections, every REPORT_INTERVAL."""
+        while self.link.transport is not None:
+            opened = [c for c in self.gateway.connections if c.vhost is not None]
+            self.link.send(Connections([c.id for c in opened], [c.snapshot() for c in opened]))
+            await asyncio.sleep(REPORT_INTERVAL)
 
 
 async def serve(spec: FollowerSpec) -> None:
@@ -92,7 +114,9 @@ async def serve(spec: FollowerSpec) -> None:
     for server in servers:
         await server.start_serving()
     log.info("gateway %d started (pid %d)", spec.index, os.getpid())
+    reporting = loop.create_task(leader.report())
     await stop.wait()
+    reporting.cancel()
     await close_connections(gateway, servers)
     await gateway.stop()
 

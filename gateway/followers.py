@@ -26,7 +26,9 @@ from . import replication
 from .controllink import (
     Applied,
     Changes,
+    CloseConnection,
     ConnectionClosed,
+    Connections,
     ControlLink,
     Forward,
 )
@@ -48,6 +50,23 @@ class FollowerSpec(msgspec.Struct, array_like=True):
     tls_port: int
 
 
+class RemoteConnection:
+    """A connection of another gateway, as the management API lists and closes it."""
+
+    def __init__(self, id: int, info, link: ControlLink):
+        self.id = id
+        self.name = info.name
+        self.user = info.user
+        self._info = info
+        self._link = link
+
+    def snapshot(self):
+        return self._info
+
+    def close_forced(self, reason: str) -> None:
+        self._link.send(CloseConnection(self.id, reason))
+
+
 class Followers:
     def __init__(self, gateway, count: int):
         self.gateway = gateway
@@ -59,6 +78,7 @@ class Followers:
         self._flush_scheduled = False
         self._waiters: list[tuple[int, object]] = []  # (change number, answered)
         self.mirrors: dict[int, Mirror] = {}  # connection id -> its stand-in
+        self.remote: dict[int, list[RemoteConnection]] = {}  # gateway index -> connections
         self.processes: dict[int, subprocess.Popen] = {}
         self.failing: dict[int, int] = {}  # gateway index -> deaths in a row
         self.stopping = False
@@ -113,10 +133,18 @@ class Followers:
                 mirror = self.mirrors[message.connection] = Mirror(
                     self.gateway, message, self.links[index].send)
             mirror.run(message)
+        elif kind is Connections:
+            link = self.links[index]
+            self.remote[index] = [RemoteConnection(id, info, link)
+                                  for id, info in zip(message.ids, message.infos)]
         elif kind is ConnectionClosed:
             mirror = self.mirrors.pop(message.connection, None)
             if mirror is not None:
                 mirror.close()
+
+    def connections(self) -> list[RemoteConnection]:
+        """The other gateways' open connections, as each last reported them."""
+        return [c for listed in self.remote.values() for c in listed]
 
     # -- processes ---------------------------------------------------------------
 
@@ -156,6 +184,7 @@ class Followers:
             return
         del self.links[index]
         self.applied.pop(index, None)
+        self.remote.pop(index, None)
         for key in [k for k in self.mirrors if r.gateway_of(k) == index]:
             self.mirrors.pop(key).close()
         self._release()

@@ -610,7 +610,10 @@ class Management:
     # -- connections, channels, consumers -------------------------------------------------------
 
     def connections(self) -> list:
-        return [c for c in self.gateway.connections if c.vhost is not None]
+        """Every open connection of the broker: this gateway's and the others'."""
+        local = [c for c in self.gateway.connections if c.vhost is not None]
+        followers = self.gateway.followers
+        return local if followers is None else local + followers.connections()
 
     async def api_connections(self, request: Request, rest: list[str]) -> Response:
         if not rest:
