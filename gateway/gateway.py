@@ -108,6 +108,7 @@ class Gateway:
         self.holders: dict[int, "Channel"] = {}  # consumer id -> its channel
         self.reply_channels: dict[str, "Channel"] = {}  # direct reply-to key -> channel
         self.queues_by_qid: dict[int, QueueMeta] = {}
+        self.index = 0  # this gateway process's number (issue 19), in every id it makes
         self._next_id = 0
         self._next_qid = 0
         self.stopping = False
@@ -269,9 +270,10 @@ class Gateway:
         return self.reply_channels.get(key) if key else None
 
     def new_id(self) -> int:
-        """A broker-wide id for a channel or consumer (shard 'holders')."""
+        """A broker-wide id for a channel or consumer (shard 'holders'): it names
+        this gateway process, so shards send what concerns it here."""
         self._next_id += 1
-        return self._next_id
+        return self._next_id * r.MAX_GATEWAYS + self.index
 
     # -- queues ----------------------------------------------------------------
 
