@@ -87,12 +87,15 @@ class Shard:
 
     def gateway_lost(self, origin: int, cmd: r.GatewayLost, now: float) -> None:
         """A gateway died: release its holders as its channels' close would, and
-        drop what waits for it (events, the confirms of its channels)."""
+        drop what waits for it (events, the confirms of its channels). The one
+        that replaces it hears of the alarms in force."""
         holders = [h for h in self.holder_queues if r.gateway_of(h) == cmd.gateway]
         if holders:
             self.handle(r.ReleaseHolders(holders), now)
         self.outbox.drop(cmd.gateway)
         self.commits.forget(cmd.gateway)
+        for resource in sorted(self.alarms):  # for the gateway that replaces it
+            self.outbox.add_to(cmd.gateway, r.Alarm(resource, True))
         self.outbox.origin = origin
         self.outbox.add(r.Reply(cmd.req))
 

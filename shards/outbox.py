@@ -38,6 +38,10 @@ class Outbox:
     def add(self, event) -> None:
         """An event to go out at the end of this turn (set per turn by take())."""
 
+    def add_to(self, gateway: int, event) -> None:
+        """An event for one gateway, whatever it concerns."""
+        self._turn[gateway].append(event)
+
     def take(self) -> list[list]:
         """This turn's events per gateway, to have their content filled in and be put."""
         turn, self._turn = self._turn, [[] for _ in range(self.gateways)]

@@ -216,6 +216,16 @@ def test_a_lost_gateways_confirms_go_nowhere_whichever_commit_carries_them(shard
     assert shard.queues[5].ready_count == 3  # its messages stay: they were published
 
 
+def test_the_gateway_replacing_a_lost_one_hears_of_the_alarms_in_force(shard):
+    shard.run(publish(5, b"x" * 100), 0.0)
+    shard.check_resources(memory_limit=10, stored=True)
+    assert shard.take_events() == [[r.Alarm("memory", True)]] * 2
+    shard.run(r.GatewayLost(2, 1), 0.0)
+    for origin, lost in shard.take_lost():
+        shard.gateway_lost(origin, lost, 0.0)
+    assert shard.take_events() == [[r.Reply(2)], [r.Alarm("memory", True)]]
+
+
 def test_losing_no_such_gateway_is_refused(shard):
     shard.run(r.GatewayLost(3, 0), 0.0)  # gateway 0 cannot lose itself
     shard.run(r.GatewayLost(4, 2), 0.0)
