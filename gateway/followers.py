@@ -20,7 +20,6 @@ import sys
 import msgspec
 
 from warren.shards import records as r
-from warren.shards.ring import RingSpec
 
 from . import replication
 from .controllink import (
@@ -45,7 +44,7 @@ class FollowerSpec(msgspec.Struct, array_like=True):
     index: int
     config: dict
     control_fd: int  # its end of the control link's socket pair
-    rings: list[tuple[RingSpec, RingSpec]]  # per shard: (commands, events)
+    rings: list[r.RingPair]  # by shard
     port: int  # the AMQP listener's port (gateway 0's, which may have been 0)
     tls_port: int
 
@@ -160,8 +159,9 @@ class Followers:
         spec = FollowerSpec(index, msgspec.to_builtins(self.gateway.config), theirs.fileno(),
                             rings, *self._ports)
         fds = {theirs.fileno()}
-        for commands, events in rings:
-            fds |= {commands.data_fd, commands.space_fd, events.data_fd, events.space_fd}
+        for pair in rings:
+            fds |= {pair.commands.data_fd, pair.commands.space_fd, pair.events.data_fd,
+                    pair.events.space_fd}
         process = subprocess.Popen(
             [sys.executable, "-m", "warren.gateway.follower", msgspec.json.encode(spec).decode()],
             pass_fds=sorted(fds))

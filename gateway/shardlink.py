@@ -1,5 +1,9 @@
 """The gateway's end of one shard: its process, its two rings, batching, credit.
 
+The link also makes the rings of the other gateway processes (issue 19): one
+pair per gateway, their command rings sharing one doorbell so the shard sleeps
+on one fd; this gateway (0) uses pair 0 and hands pair k to gateway k.
+
 Records for the shard collect during a loop turn and go out as one msgpack
 array, one ring write and one doorbell. Events from the shard arrive on the
 event ring's doorbell (or when a connection polls before reading more input)
@@ -40,8 +44,10 @@ EVENT_RING_BYTES = 16 * 1024 * 1024
 class ShardLink:
     def __init__(self, index: int, data_dir: str, stores: list[int], memory_limit: int,
                  stats_interval: float, store_map_size: int, on_events: Callable,
-                 on_exit: Callable, log_dir: str = "", log: LogSettings = LogSettings()):
+                 on_exit: Callable, log_dir: str = "", log: LogSettings = LogSettings(),
+                 gateways: int = 1):
         self.index = index
+        self.gateways = gateways
         self.log_dir = log_dir
         self.log = log
         self.data_dir = data_dir
@@ -69,14 +75,18 @@ class ShardLink:
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
-        self.commands = Ring.create(COMMAND_RING_BYTES)
-        self.events = Ring.create(EVENT_RING_BYTES)
+        self._doorbell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # the shard's one
+        self._pairs = [(Ring.create(COMMAND_RING_BYTES, self._doorbell),
+                        Ring.create(EVENT_RING_BYTES)) for _ in range(self.gateways)]
+        self.commands, self.events = self._pairs[0]
         lifeline_read, self._lifeline_write = os.pipe()
-        spec = r.ShardSpec(self.index, self.data_dir, self.commands.spec(), self.events.spec(),
-                         lifeline_read, self.stores, self.memory_limit, self.stats_interval,
-                         self.store_map_size, self.log_dir, self.log)
-        fds = [self.commands.spec().data_fd, self.commands.spec().space_fd,
-               self.events.spec().data_fd, self.events.spec().space_fd, lifeline_read]
+        spec = r.ShardSpec(self.index, self.data_dir,
+                           [self.rings_for(k) for k in range(self.gateways)],
+                           lifeline_read, self.stores, self.memory_limit, self.stats_interval,
+                           self.store_map_size, self.log_dir, self.log)
+        fds = [self._doorbell, lifeline_read]
+        for commands, events in self._pairs:
+            fds += [commands.spec().space_fd, events.spec().data_fd, events.spec().space_fd]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "warren.shards.main", msgspec.json.encode(spec).decode()],
             pass_fds=fds)
@@ -87,10 +97,21 @@ class ShardLink:
         self.alive = True
         self._read_events()  # arms the doorbell (tells the shard we sleep)
 
+    def attach(self, rings: r.RingPair) -> None:
+        """Another gateway's link (not gateway 0's): the rings gateway 0 made for
+        this gateway; the shard's process is gateway 0's to start and stop."""
+        self.commands, self.events = Ring.attach(rings.commands), Ring.attach(rings.events)
+        self._pairs = [(self.commands, self.events)]
+        self._loop.add_reader(self.events.spec().data_fd, self._read_events)
+        self.alive = True
+        self._read_events()
+
     async def stop(self, timeout: float = 10.0) -> None:
         """Ask the shard to finish its work and exit; kill it if it will not."""
         if not self.alive:
             return
+        if self.process is None:  # attached: gateway 0 stops the shard
+            return self._teardown()
         self.send(r.Stop())
         self.flush()
         deadline = self._loop.time() + timeout
@@ -110,14 +131,17 @@ class ShardLink:
         if not self.alive:
             return
         self.alive = False
-        self._loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
         self._loop.remove_reader(self.events.spec().data_fd)
         self._loop.remove_reader(self.commands.spec().space_fd)
-        os.close(self._lifeline_write)
-        for ring in (self.commands, self.events):
-            ring.close()
-            ring.unlink()
+        for pair in self._pairs:
+            for ring in pair:
+                ring.close()
+                ring.unlink()
+        if self.process is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            os.close(self._lifeline_write)
+            os.close(self._doorbell)
         self._batch.clear()
         self._pending.clear()
         self._feeds.clear()
@@ -128,6 +152,12 @@ class ShardLink:
         for callback in waiters.values():
             callback(r.Reply(0, r.Refusal.SHARD_DOWN))
         self._resume_paused()
+
+    def rings_for(self, gateway: int) -> r.RingPair:
+        """The rings gateway `gateway` attaches to (with their doorbells' fds, which
+        its process must inherit): fresh ones after each start of the shard."""
+        commands, events = self._pairs[gateway]
+        return r.RingPair(commands.spec(), events.spec())
 
     # -- commands out ----------------------------------------------------------
 

@@ -19,8 +19,9 @@ SHARD_STABLE = 10.0  # seconds a restarted shard must stay up to count as recove
 
 class ShardPool:
     def __init__(self, config: Config, on_events: Callable, on_started: Callable,
-                 on_lost: Callable):
+                 on_lost: Callable, gateways: int = 1):
         self.config = config
+        self.gateways = gateways  # gateway processes: each shard gets a pair of rings per one
         self.data_dir = os.path.abspath(config.data_dir)
         self.count = config.shard_count()
         self.links: list[ShardLink] = []
@@ -40,6 +41,15 @@ class ShardPool:
     def start(self) -> None:
         for index in range(self.count):
             self.links.append(self._start(index))
+
+    def attach(self, rings: list) -> None:
+        """Another gateway's shards (not gateway 0's): links over the rings gateway 0
+        made for this gateway, `rings[shard]`."""
+        self.count = len(rings)
+        for index, pair in enumerate(rings):
+            link = ShardLink(index, self.data_dir, [], 0, 0, 0, self._on_events, self._exited)
+            link.attach(pair)
+            self.links.append(link)
 
     async def stop(self) -> None:
         self.stopping = True
@@ -73,7 +83,8 @@ class ShardPool:
         link = ShardLink(index, self.data_dir, self._stores_of(index),
                          config.memory_limit_bytes() // self.count, config.stats_interval,
                          config.store_map_size, self._on_events, self._exited,
-                         os.path.abspath(config.logs_dir()), config.log_settings())
+                         os.path.abspath(config.logs_dir()), config.log_settings(),
+                         self.gateways)
         link.start()
         asyncio.get_running_loop().call_later(SHARD_STABLE, self._stable, index, link)
         self._on_started(link)

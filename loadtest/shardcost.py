@@ -50,24 +50,55 @@ FLOW_WINDOW = 2000  # the gateway's delivery window towards one consumer
 PERSISTENT_PROPERTIES = b"\x10\x00\x02"  # basic properties: delivery-mode 2 only
 
 
-class Driver:
-    """The gateway's part: rings, credit, confirms, acks; and the figures."""
+class RingEnd:
+    """One gateway process's end of a shard: its two rings, records out, events in."""
 
-    def __init__(self, data_dir: str, profile: str | None):
-        self.commands = Ring.create(16 << 20)
-        self.events = Ring.create(16 << 20)
+    def __init__(self, commands: Ring, events: Ring):
+        self.commands = commands
+        self.events = events
+        self.records_sent = 0
+
+    def send(self, records: list) -> None:
+        self.records_sent += 1
+        while not self.commands.write_many([r.encode_batch(records)]):
+            time.sleep(0.001)  # credit keeps the ring far from full
+        self.commands.flush()
+
+    def receive(self, timeout: float) -> list:
+        """The shard's events; wait up to `timeout` if there are none."""
+        batches = self.events.read_many()
+        if not batches and self.events.sleep():
+            select.select([self.events.spec().data_fd], [], [], timeout)
+            self.events.clear_data_doorbell()
+            batches = self.events.read_many()
+        return [event for batch in batches for event in r.decode_events(batch)]
+
+
+class Driver:
+    """The gateway's part: rings, credit, confirms, acks; and the figures. With
+    `gateways`, the shard has that many gateways' rings (`ends`); the driver
+    plays gateway 0."""
+
+    def __init__(self, data_dir: str, profile: str | None = None, gateways: int = 1,
+                 memory_limit: int = 0):
+        self._doorbell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.ends = [RingEnd(Ring.create(16 << 20, self._doorbell), Ring.create(16 << 20))
+                     for _ in range(gateways)]
+        self.commands, self.events = self.ends[0].commands, self.ends[0].events
         lifeline_read, self._lifeline = os.pipe()
-        spec = r.ShardSpec(0, data_dir, self.commands.spec(), self.events.spec(),
-                           lifeline_read, [0], stats_interval=60.0)
-        fds = [self.commands.spec().data_fd, self.commands.spec().space_fd,
-               self.events.spec().data_fd, self.events.spec().space_fd, lifeline_read]
+        spec = r.ShardSpec(0, data_dir, [r.RingPair(end.commands.spec(), end.events.spec())
+                                         for end in self.ends],
+                           lifeline_read, [0], memory_limit, stats_interval=60.0)
+        fds = [self._doorbell, lifeline_read]
+        for end in self.ends:
+            fds += [end.commands.spec().space_fd, end.events.spec().data_fd,
+                    end.events.spec().space_fd]
         argv = [sys.executable, "-m", "warren.loadtest.shardcost", "--serve",
                 msgspec.json.encode(spec).decode()]
         if profile:
             argv += ["--profile", profile]
         self.process = subprocess.Popen(argv, pass_fds=fds)
         os.close(lifeline_read)
-        self.records_sent = 0
         self.replies: dict[int, r.Event] = {}
         self.unreturned: list[tuple[int, int]] = []  # (record number, credit units)
         self.credit = PUBLISH_CREDIT
@@ -81,38 +112,34 @@ class Driver:
         self.acked = 0
         self.turns = 0  # shard turns that took commands (one Progress each)
 
+    @property
+    def records_sent(self) -> int:
+        return self.ends[0].records_sent
+
     def send(self, records: list) -> None:
-        self.records_sent += 1
-        while not self.commands.write_many([r.encode_batch(records)]):
-            time.sleep(0.001)  # credit keeps the ring far from full
-        self.commands.flush()
+        self.ends[0].send(records)
 
     def poll(self, timeout: float) -> None:
         """Take in the shard's events; wait up to `timeout` if there are none."""
-        batches = self.events.read_many()
-        if not batches and self.events.sleep():
-            select.select([self.events.spec().data_fd], [], [], timeout)
-            self.events.clear_data_doorbell()
-            batches = self.events.read_many()
+        events = self.ends[0].receive(timeout)
         now = time.monotonic()
-        for batch in batches:
-            for event in r.decode_events(batch):
-                kind = type(event)
-                if kind is r.Deliver:
-                    self.to_ack.append((now + self.ack_delay, event.seq))
-                elif kind is r.Confirmed or kind is r.Rejected:
-                    for seq in event.seqs:
-                        self.latencies.append(now - self.sent_at.pop(seq))
-                    if kind is r.Confirmed:
-                        self.confirmed += len(event.seqs)
-                    else:
-                        self.nacked += len(event.seqs)
-                elif kind is r.Progress:
-                    self.turns += 1
-                    while self.unreturned and self.unreturned[0][0] <= event.records:
-                        self.credit += self.unreturned.pop(0)[1]
-                elif kind is r.Reply or kind is r.QueueInfoReply:
-                    self.replies[event.req] = event
+        for event in events:
+            kind = type(event)
+            if kind is r.Deliver:
+                self.to_ack.append((now + self.ack_delay, event.seq))
+            elif kind is r.Confirmed or kind is r.Rejected:
+                for seq in event.seqs:
+                    self.latencies.append(now - self.sent_at.pop(seq))
+                if kind is r.Confirmed:
+                    self.confirmed += len(event.seqs)
+                else:
+                    self.nacked += len(event.seqs)
+            elif kind is r.Progress:
+                self.turns += 1
+                while self.unreturned and self.unreturned[0][0] <= event.records:
+                    self.credit += self.unreturned.pop(0)[1]
+            elif kind is r.Reply or kind is r.QueueInfoReply:
+                self.replies[event.req] = event
 
     def request(self, record) -> r.Event:
         self.send([record])
@@ -170,9 +197,11 @@ class Driver:
             self.process.wait(60)
         finally:
             os.close(self._lifeline)
-            for ring in (self.commands, self.events):
-                ring.close()
-                ring.unlink()
+            for end in self.ends:
+                for ring in (end.commands, end.events):
+                    ring.close()
+                    ring.unlink()
+            os.close(self._doorbell)
 
 
 def thread_cpu(pid: int, tid: int) -> tuple[float, float]:

@@ -63,6 +63,17 @@ class GroupCommit:
         commit, self.inflight = self.inflight, None
         return commit
 
+    def forget(self, gateway: int) -> None:
+        """A gateway died: the confirms of its channels go to nobody, whether they
+        wait for the next commit or ride on the one in flight (its thread never
+        reads them)."""
+        def kept(confirms):
+            return [c for c in confirms if r.gateway_of(c[0]) != gateway]
+
+        self._gathering = kept(self._gathering)
+        if self.inflight is not None:
+            self.inflight.confirms = kept(self.inflight.confirms)
+
     def finished(self, commit: Commit, stored: bool, sizes: list[int], now: float) -> list:
         """`commit` ended: count its fsyncs (`sizes`: records per store transaction)
         and return its confirm records, Confirmed if `stored`, else Rejected."""

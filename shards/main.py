@@ -1,15 +1,17 @@
 """The shard process: a thin I/O shell around its queues' state machines.
 
-One loop turn: read every command batch waiting in the command ring, apply
-them to the queues, then carry out the effects in one go: storage writes, then
-events (deliveries, replies, confirms) to the gateway in one ring write and one
-doorbell. The logic lives elsewhere: the queues (queue.py), which confirms wait
-for which commit (groupcommit.py), what goes to the gateway in which order
-(outbox.py) and when queues have timed work (timers.py).
+One loop turn: read every command batch waiting in the command rings (one per
+gateway process), apply them to the queues, then carry out the effects in one
+go: storage writes, then events (deliveries, replies, confirms) to each gateway
+in one ring write and one doorbell. The logic lives elsewhere: the queues
+(queue.py), which confirms wait for which commit (groupcommit.py), what goes to
+which gateway in which order (outbox.py), the gateways' rings
+(gatewayrings.py) and when queues have timed work (timers.py).
 
-When the command ring is empty the shard sleeps on the ring's doorbell; when
-the event ring is full it stops reading commands, which is the backpressure the
-gateway feels. Started by the gateway as `python -m warren.shards.main SPEC_JSON`.
+When the command rings are empty the shard sleeps on their shared doorbell;
+when a gateway's event ring is full it stops reading that gateway's commands,
+which is the backpressure the gateway feels. Started by the gateway as
+`python -m warren.shards.main SPEC_JSON`.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from warren.storage.shardstore import ShardStore
 from . import logsetup
 from . import records as r
 from .committer import Committer
+from .gatewayrings import GatewayRings
 from .groupcommit import Commit, GroupCommit
 from .malloc import keep_freed_memory
 from .outbox import Outbox
 from .persister import Persister
 from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
-from .ring import Ring
 from .stats import StatsLog
 from .timers import TimerHeap
 
@@ -46,7 +48,7 @@ log = logging.getLogger("warren.shard")
 class Shard:
     """Commands in, effects out; the queues hold all the logic."""
 
-    def __init__(self, index: int, persister: Persister, stats: StatsLog):
+    def __init__(self, index: int, persister: Persister, stats: StatsLog, gateways: int = 1):
         self.index = index
         self.persister = persister
         self.stats = stats
@@ -57,7 +59,8 @@ class Shard:
                     queues=len(self.queues),
                     messages=sum(q.ready_count for q in self.queues.values()))
         self.holder_queues: dict[int, set[int]] = {}  # who holds what where, for channel close
-        self.outbox = Outbox()
+        self.outbox = Outbox(gateways)
+        self.lost: list[tuple[int, r.GatewayLost]] = []  # (origin, report), handled last
         self.commits = GroupCommit()
         # When queues have timed work (message TTL, x-expires, consumer timeouts).
         self.timers = TimerHeap()
@@ -68,11 +71,33 @@ class Shard:
         self.alarms: set[str] = set()
         self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # content in RAM
 
-    def take_events(self) -> list:
-        """This turn's events but confirms, with stored content read back."""
-        events = self.outbox.take()
-        self.persister.fill(events)
-        return events
+    def take_events(self) -> list[list]:
+        """This turn's events but confirms, per gateway, with stored content read back."""
+        turn = self.outbox.take()
+        for events in turn:
+            if events:
+                self.persister.fill(events)
+        return turn
+
+    def take_lost(self) -> list[tuple[int, r.GatewayLost]]:
+        """This turn's GatewayLost reports with the gateway each came from: handled
+        after the turn's other commands, which may include the lost gateway's last."""
+        lost, self.lost = self.lost, []
+        return lost
+
+    def gateway_lost(self, origin: int, cmd: r.GatewayLost, now: float) -> None:
+        """A gateway died: release its holders as its channels' close would, and
+        drop what waits for it (events, the confirms of its channels). The one
+        that replaces it hears of the alarms in force."""
+        holders = [h for h in self.holder_queues if r.gateway_of(h) == cmd.gateway]
+        if holders:
+            self.handle(r.ReleaseHolders(holders), now)
+        self.outbox.drop(cmd.gateway)
+        self.commits.forget(cmd.gateway)
+        for resource in sorted(self.alarms):  # for the gateway that replaces it
+            self.outbox.add_to(cmd.gateway, r.Alarm(resource, True))
+        self.outbox.origin = origin
+        self.outbox.add(r.Reply(cmd.req))
 
     # -- commits and confirms ------------------------------------------------------
 
@@ -209,6 +234,10 @@ class Shard:
                 self.commits.fsyncs, self.commits.messages))
         elif kind is r.Stop:
             self.running = False
+        elif kind is r.GatewayLost:
+            if not 0 < cmd.gateway < self.outbox.gateways or cmd.gateway == self.outbox.origin:
+                raise ValueError(f"no gateway {cmd.gateway} to lose")
+            self.lost.append((self.outbox.origin, cmd))
         else:
             queue = self.queues.get(cmd.qid)
             if queue is None:
@@ -311,87 +340,101 @@ def _has_timers(queue: Queue) -> bool:
 
 
 def serve(spec: r.ShardSpec) -> None:
-    commands = Ring.attach(spec.commands)
-    events = Ring.attach(spec.events)
+    rings = GatewayRings(spec.gateways)
     stores = {k: ShardStore(os.path.join(spec.data_dir, f"shard-{k}"), spec.store_map_size)
               for k in spec.stores}
     stats = StatsLog(spec.log_dir or os.path.join(spec.data_dir, "logs"), spec.index,
                      spec.stats_interval)
-    shard = Shard(spec.index, Persister(stores, spec.index), stats)
+    shard = Shard(spec.index, Persister(stores, spec.index), stats, len(spec.gateways))
     committer = Committer(Persister.run_commit)
     poller = select.poll()
-    poller.register(spec.commands.data_fd, select.POLLIN)
+    poller.register(rings.doorbell, select.POLLIN)
     poller.register(spec.lifeline_fd, select.POLLIN)
     poller.register(committer.done_fd, select.POLLIN)
     outbox = shard.outbox
-    records_done = 0  # command ring records worked through (credit flow)
     unmap_at = 0.0
 
     while shard.running:
-        if outbox.records or events.backlogged():
-            outbox.sent(events.write_many(outbox.records))
-            events.flush()
-            if outbox.records or events.backlogged():
-                if events.want_space():
-                    _wait(poller, events.spec().space_fd, spec.lifeline_fd)
-                    events.clear_space_doorbell()
-                continue
+        rings.write(outbox)
+        if rings.blocked and rings.all_blocked():
+            fds = rings.space_fds()
+            if fds is not None:
+                _wait(poller, fds, spec.lifeline_fd)
+                rings.clear_space()
+            continue
         if shard.commits.inflight is not None and committer.finished():
-            outbox.put(shard.finish_commit())
+            outbox.put_routed(shard.finish_commit())
             shard.check_resources(spec.memory_limit, shard.stored_ok)
-            outbox.put(shard.take_events())
-        batches = commands.read_many(r.decode_commands)
+            outbox.put_each(shard.take_events())
+        got = rings.read()
         now = time.monotonic()
         next_timer = shard.timers.next_deadline()
         timers_due = next_timer is not None and next_timer <= now
-        if not batches and not timers_due:
+        if not got and not timers_due:
             if shard.commits.inflight is None and shard.has_commit_work():
                 # what gathered while the last commit ran goes now
-                outbox.put(shard.start_commit(committer, now))
+                outbox.put_routed(shard.start_commit(committer, now))
                 continue
-            if outbox.records:  # written at the top of the loop, before any sleep
+            if rings.unsent(outbox):  # written at the top of the loop, before any sleep
                 continue
             stats.tick(time.time(), shard.queues.values(), shard.commits)
-            if commands.sleep():
-                # Wake for commands, the end of a commit, at least once an interval
-                # (an idle shard still logs), and in time for the next queue timer.
-                timeout = spec.stats_interval
-                if next_timer is not None:
-                    timeout = max(0.0, min(timeout, next_timer - now))
-                _wait(poller, None, spec.lifeline_fd, timeout)
-                commands.clear_data_doorbell()
+            if rings.sleep():
+                # Wake for commands, the end of a commit, room for a blocked gateway's
+                # events, at least once an interval (an idle shard still logs), and
+                # in time for the next queue timer.
+                fds = rings.space_fds()
+                if fds is not None:
+                    timeout = spec.stats_interval
+                    if next_timer is not None:
+                        timeout = max(0.0, min(timeout, next_timer - now))
+                    _wait(poller, fds, spec.lifeline_fd, timeout)
+                    rings.clear_space()
+                rings.woke()
             continue
-        for batch in batches:
-            for cmd in merge_settles(batch):
-                shard.run(cmd, now)
-        if batches:
+        for gateway, batches in got:
+            outbox.origin = gateway  # replies go back where their requests came from
+            for batch in batches:
+                for cmd in merge_settles(batch):
+                    shard.run(cmd, now)
+        for gateway, batches in got:
             # Credit back for the publishes in these records, behind this turn's
             # deliveries: a shard that is behind returns credit later.
-            records_done += len(batches)
-            shard.outbox.add(r.Progress(records_done))
+            rings.done[gateway] += len(batches)
+            outbox.origin = gateway
+            outbox.add(r.Progress(rings.done[gateway]))
+        for origin, lost in shard.take_lost():
+            shard.gateway_lost(origin, lost, now)
+            rings.reset(lost.gateway)
         shard.run_timers(now)
         # Deliveries and replies go out at once; confirms only once their commit is
         # durable. A commit runs in the committer thread while this loop goes on:
         # what arrives meanwhile gathers into the next one (group commit).
-        turn_events = shard.take_events()
-        if shard.commits.inflight is None and commands.is_empty() and not shard.holder_queues:
+        turn = shard.take_events()
+        if shard.commits.inflight is None and rings.is_empty() and not shard.holder_queues:
             # Nothing else to do meanwhile and nobody to deliver to: commit here,
             # sparing a lone publisher the two thread hand-offs. With consumers,
             # deliveries never wait for an fsync.
-            early, turn_events = before_commit(
-                turn_events, sum(r.credit_cost(cmd) for batch in batches for cmd in batch))
-            if early:
-                outbox.put(early)
-                _write(events, outbox)
-            outbox.put(turn_events + shard.commit_now(now))
+            spent = {gateway: sum(r.credit_cost(cmd) for batch in batches for cmd in batch)
+                     for gateway, batches in got}
+            early_any = False
+            for gateway, events in enumerate(turn):
+                early, turn[gateway] = before_commit(events, spent.get(gateway, 0))
+                if early:
+                    outbox.put(gateway, early)
+                    early_any = True
+            if early_any:
+                rings.write(outbox)
+            confirms = outbox.route(shard.commit_now(now))
+            for gateway, events in enumerate(turn):
+                outbox.put(gateway, events + confirms[gateway])
         else:
-            outbox.put(turn_events)
+            outbox.put_each(turn)
             if shard.commits.inflight is None:
-                outbox.put(shard.start_commit(committer, now))
+                outbox.put_routed(shard.start_commit(committer, now))
         shard.check_resources(spec.memory_limit, shard.stored_ok)
         # The turn's events go out at the top of the loop: one ring write, at most
-        # one doorbell.
-        outbox.put(shard.take_events())
+        # one doorbell, per gateway.
+        outbox.put_each(shard.take_events())
         stats.tick(time.time(), shard.queues.values(), shard.commits)
         if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
             shard.persister.drop_mapped_pages()
@@ -400,39 +443,34 @@ def serve(spec: r.ShardSpec) -> None:
     if shard.commits.inflight is not None:  # finish the commit in flight, then what is left
         committer.wait()
         committer.finished()
-        outbox.put(shard.finish_commit())
-    outbox.put(shard.commit_now() + shard.take_events())
+        outbox.put_routed(shard.finish_commit())
+    outbox.put_routed(shard.commit_now())
+    outbox.put_each(shard.take_events())
     committer.close()
-    while outbox.records or events.backlogged():  # hand over the last events before exiting
-        outbox.sent(events.write_many(outbox.records))
-        events.flush()
-        if (outbox.records or events.backlogged()) and events.want_space():
-            _wait(poller, events.spec().space_fd, spec.lifeline_fd)
-            events.clear_space_doorbell()
+    while True:  # hand over the last events before exiting
+        rings.write(outbox)
+        if not rings.blocked:
+            break
+        fds = rings.space_fds()
+        if fds is not None:
+            _wait(poller, fds, spec.lifeline_fd)
+            rings.clear_space()
     shard.persister.close()
     stats.tick(time.time(), shard.queues.values(), shard.commits, force=True)
     stats.close()
 
 
-def _write(events: Ring, outbox: Outbox) -> None:
-    """Write what fits of the outbox's records into the event ring, ringing its
-    doorbell once."""
-    if outbox.records:
-        outbox.sent(events.write_many(outbox.records))
-        events.flush()
-
-
-def _wait(poller: select.poll, extra_fd: int | None, lifeline_fd: int,
+def _wait(poller: select.poll, extra_fds: list[int], lifeline_fd: int,
           timeout: float | None = None) -> set[int]:
-    """Block until a registered fd (or `extra_fd`) is readable or `timeout` seconds
-    pass; exit if the gateway died."""
-    if extra_fd is not None:
-        poller.register(extra_fd, select.POLLIN)
+    """Block until a registered fd (or one of `extra_fds`) is readable or `timeout`
+    seconds pass; exit if the gateway died."""
+    for fd in extra_fds:
+        poller.register(fd, select.POLLIN)
     try:
         fds = {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}
     finally:
-        if extra_fd is not None:
-            poller.unregister(extra_fd)
+        for fd in extra_fds:
+            poller.unregister(fd)
     if lifeline_fd in fds:
         sys.exit(0)
     return fds

@@ -1,4 +1,4 @@
-"""What a shard has to send to the gateway, in order, encoded for the event ring.
+"""What a shard has to send to its gateways, in order, encoded for the event rings.
 
 Deliveries, replies, alarms and Progress are added as a turn makes them and
 leave at once: the shell takes them at the end of the turn, reads back the
@@ -7,6 +7,12 @@ as they arise: group commit (groupcommit.py) holds them until the commit that
 covers them is durable, and the shell then puts them in. Put events become ring
 records of at most EVENTS_PER_RECORD events each, which wait here while the
 event ring is full and leave in order.
+
+With several gateway processes each event goes to the one it concerns: a
+delivery or a consumer's end to the gateway of its holder, a confirm to the
+gateway of its channel, a reply (and Progress) back to the gateway whose ring
+the command came in on (`origin`), an alarm or a queue's deletion to all, a
+dead-lettered message to gateway 0, which republishes it.
 """
 
 from __future__ import annotations
@@ -15,26 +21,92 @@ from . import records as r
 
 EVENTS_PER_RECORD = 512
 
+_TO_HOLDER = frozenset((r.Deliver, r.ConsumerCancelled, r.ConsumerTimedOut))
+_TO_ORIGIN = frozenset((r.Reply, r.GetReply, r.QueueInfoReply, r.Progress))
+_TO_ALL = frozenset((r.Alarm, r.QueueDeleted))
+_CONFIRMS = frozenset((r.Confirmed, r.Rejected))
+
 
 class Outbox:
-    def __init__(self):
-        self._events: list = []  # this turn's, not yet taken
-        self.records: list = []  # encoded, waiting for room in the event ring
+    def __init__(self, gateways: int = 1):
+        self.gateways = gateways
+        self.origin = 0  # the gateway whose command the shard is handling
+        self._turn: list[list] = []  # this turn's events per gateway, not yet taken
+        self.records: list[list] = [[] for _ in range(gateways)]  # encoded, per gateway
+        self.take()
 
     def add(self, event) -> None:
-        """An event to go out at the end of this turn."""
-        self._events.append(event)
+        """An event to go out at the end of this turn (set per turn by take())."""
 
-    def take(self) -> list:
-        """This turn's events, to have their content filled in and be put."""
-        events, self._events = self._events, []
-        return events
+    def add_to(self, gateway: int, event) -> None:
+        """An event for one gateway, whatever it concerns."""
+        self._turn[gateway].append(event)
 
-    def put(self, events: list) -> None:
-        """Events ready to go: encode them behind what is waiting."""
-        self.records += [r.encode_batch(events[i:i + EVENTS_PER_RECORD])
-                         for i in range(0, len(events), EVENTS_PER_RECORD)]
+    def take(self) -> list[list]:
+        """This turn's events per gateway, to have their content filled in and be put."""
+        turn, self._turn = self._turn, [[] for _ in range(self.gateways)]
+        # One gateway has every event: add is its list's append, nothing to route.
+        self.add = self._turn[0].append if self.gateways == 1 else self._route_one
+        return turn
 
-    def sent(self, count: int) -> None:
-        """The first `count` records are in the ring."""
-        del self.records[:count]
+    def route(self, events: list) -> list[list]:
+        """Events per gateway (confirms are split by their channels' gateways)."""
+        if self.gateways == 1:
+            return [events]
+        turn = [[] for _ in range(self.gateways)]
+        for event in events:
+            self._route(event, turn)
+        return turn
+
+    def _route_one(self, event) -> None:
+        self._route(event, self._turn)
+
+    def _route(self, event, turn: list[list]) -> None:
+        kind = type(event)
+        if kind in _TO_HOLDER:
+            gateway = r.gateway_of(event.holder)
+            if gateway < self.gateways:
+                turn[gateway].append(event)
+        elif kind in _TO_ORIGIN:
+            turn[self.origin].append(event)
+        elif kind in _CONFIRMS:
+            split: dict[int, tuple[list, list]] = {}
+            for channel, seq in zip(event.channels, event.seqs):
+                channels, seqs = split.setdefault(r.gateway_of(channel), ([], []))
+                channels.append(channel)
+                seqs.append(seq)
+            for gateway, (channels, seqs) in split.items():
+                if gateway < self.gateways:
+                    turn[gateway].append(kind(channels, seqs))
+        elif kind in _TO_ALL:
+            for events in turn:
+                events.append(event)
+        else:  # DeadLettered: gateway 0 republishes
+            turn[0].append(event)
+
+    def put(self, gateway: int, events: list) -> None:
+        """Events ready to go to `gateway`: encode them behind what is waiting."""
+        self.records[gateway] += [r.encode_batch(events[i:i + EVENTS_PER_RECORD])
+                                  for i in range(0, len(events), EVENTS_PER_RECORD)]
+
+    def put_each(self, turn: list[list]) -> None:
+        """Each gateway's events (as take() or route() returns them) ready to go."""
+        for gateway, events in enumerate(turn):
+            if events:
+                self.put(gateway, events)
+
+    def put_routed(self, events: list) -> None:
+        """Events for any gateways (a commit's confirms) ready to go."""
+        self.put_each(self.route(events))
+
+    def waiting(self) -> bool:
+        return any(self.records)
+
+    def sent(self, gateway: int, count: int) -> None:
+        """The first `count` records of `gateway` are in its ring."""
+        del self.records[gateway][:count]
+
+    def drop(self, gateway: int) -> None:
+        """The gateway died: nothing waits for it any more."""
+        self._turn[gateway].clear()
+        self.records[gateway].clear()

@@ -11,6 +11,13 @@ Identifiers chosen by the gateway:
             for messages taken with basic.get. Both come from one counter, so
             they never collide.
 * `req`     request id for commands that expect a `Reply`.
+
+A shard serves several gateway processes, each over its own pair of rings.
+Channel and holder ids name the gateway that made them (`gateway_of`), so a
+shard sends deliveries and confirms to the gateway whose consumer or channel
+they are for, whichever gateway's command caused them; ids stay unique across
+gateways without any coordination. A request id needs no such mark: the reply
+goes back on the ring the request came in on.
 """
 
 from __future__ import annotations
@@ -25,12 +32,6 @@ from warren.storage.queuespec import QueueSpec
 from .logsetup import LogSettings
 from .ring import RingSpec
 
-MAX_GATEWAYS = 64  # every id a gateway makes names it: id % MAX_GATEWAYS
-
-
-def gateway_of(id: int) -> int:
-    return id % MAX_GATEWAYS
-
 
 class _Record(msgspec.Struct, array_like=True, tag=True, omit_defaults=False):
     pass
@@ -38,12 +39,25 @@ class _Record(msgspec.Struct, array_like=True, tag=True, omit_defaults=False):
 
 # --- how the gateway starts a shard process ----------------------------------
 
+MAX_GATEWAYS = 64  # gateway processes a broker can have: ids are n * MAX_GATEWAYS + gateway
+
+
+def gateway_of(ident: int) -> int:
+    """The gateway that made a channel or holder id."""
+    return ident % MAX_GATEWAYS
+
+
+class RingPair(msgspec.Struct, array_like=True):
+    """One gateway's rings to a shard."""
+
+    commands: RingSpec  # gateway -> shard; every gateway's share one data doorbell
+    events: RingSpec  # shard -> gateway
+
 
 class ShardSpec(msgspec.Struct):
     index: int
     data_dir: str
-    commands: RingSpec
-    events: RingSpec
+    gateways: list[RingPair]  # by gateway index
     lifeline_fd: int  # read end of a pipe the gateway holds open; EOF = gateway gone
     stores: list[int]  # store directories DATA/shard-K to open: its own, then adopted ones
     memory_limit: int = 0  # bytes of message content in RAM before publishers are blocked
@@ -176,6 +190,15 @@ class QueueInfo(_Record, tag=15):
 
     req: int
     qids: list[int]
+
+
+class GatewayLost(_Record, tag=17):
+    """Gateway 0, which supervises the others: gateway `gateway` died. Its holders
+    are released as a channel close does, what waits for it is dropped and its
+    rings are reset for the gateway that replaces it."""
+
+    req: int
+    gateway: int
 
 
 class Stop(_Record, tag=13):
@@ -334,6 +357,7 @@ class Progress(_Record, tag=61):
 Command = (
     CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
     | Get | Settle | Grant | ReleaseHolders | Stop | ConfigureQueue | QueueInfo | Renew
+    | GatewayLost
 )
 Event = (Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted
          | Alarm | DeadLettered | QueueInfoReply | ConsumerTimedOut | Progress)

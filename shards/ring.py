@@ -22,7 +22,10 @@ function as a view of the ring itself and frees the space after, so what it
 decodes is copied out once (a joined fragmented record once more).
 
 Doorbells never lose a wake-up: a sleeper sets its flag, then re-checks; the
-other side publishes its counter, then reads the flag and rings. Plain stores
+other side publishes its counter, then reads the flag and rings. Rings with one reader
+may share a data doorbell (a shard reads every gateway's command ring): the
+reader sets the flag of each, re-checks each, then waits on the one eventfd.
+Plain stores
 are enough for that ordering on x86-64 (TSO); a weaker memory model would need
 fences around the counter updates.
 """
@@ -82,8 +85,10 @@ def _padded(n: int) -> int:
 
 
 class Ring:
-    def __init__(self, spec: RingSpec, buf, owner: shared_memory.SharedMemory | None, mapping):
+    def __init__(self, spec: RingSpec, buf, owner: shared_memory.SharedMemory | None, mapping,
+                 own_fds: tuple[int, ...] = ()):
         self._spec = spec
+        self._own_fds = own_fds  # the doorbells this ring made, closed with it
         self.capacity = spec.capacity
         self._buf = buf
         self._owner = owner
@@ -95,15 +100,21 @@ class Ring:
         self._partial = bytearray()  # consumer: fragments of a record being joined
 
     @classmethod
-    def create(cls, capacity: int = 8 * 1024 * 1024) -> "Ring":
+    def create(cls, capacity: int = 8 * 1024 * 1024, data_fd: int | None = None) -> "Ring":
+        """A new ring; with `data_fd`, its data doorbell is that eventfd, shared with
+        other rings the same reader sleeps on (the caller keeps it and closes it)."""
         capacity = _padded(capacity)
         # Named after the creating process, so a leaked segment in /dev/shm says whose it is.
         shm = shared_memory.SharedMemory(f"warren_{os.getpid()}_{secrets.token_hex(4)}",
                                          create=True, size=HEADER_SIZE + capacity)
         shm.buf[:HEADER_SIZE] = bytes(HEADER_SIZE)
-        spec = RingSpec(shm.name, capacity, os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC),
-                        os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
-        return cls(spec, shm.buf, shm, None)
+        space_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        own = (space_fd,)
+        if data_fd is None:
+            data_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            own += (data_fd,)
+        spec = RingSpec(shm.name, capacity, data_fd, space_fd)
+        return cls(spec, shm.buf, shm, None, own)
 
     @classmethod
     def attach(cls, spec: RingSpec) -> "Ring":
@@ -124,7 +135,7 @@ class Ring:
         self._buf.release()
         if self._owner is not None:
             self._owner.close()
-            for fd in (self._spec.data_fd, self._spec.space_fd):
+            for fd in self._own_fds:
                 os.close(fd)
         elif self._mapping is not None:
             self._mapping.close()
@@ -132,6 +143,14 @@ class Ring:
     def unlink(self) -> None:
         if self._owner is not None:
             self._owner.unlink()
+
+    def reset(self) -> None:
+        """Empty the ring, as new: for when the process at its other end died and
+        this one is its only user. A doorbell rung before stays rung (a spurious
+        wake-up, which both sides take in their stride)."""
+        self._buf[:HEADER_SIZE] = bytes(HEADER_SIZE)
+        self._fragments.clear()
+        self._partial = bytearray()
 
     # -- shared counters -------------------------------------------------------
 
@@ -297,6 +316,11 @@ class Ring:
             _u32.pack_into(self._buf, _READER_SLEEPING, 0)
             return False
         return True
+
+    def awake(self) -> None:
+        """Consumer no longer sleeps on this ring (its doorbell is drained elsewhere:
+        shared with other rings)."""
+        _u32.pack_into(self._buf, _READER_SLEEPING, 0)
 
     def clear_data_doorbell(self) -> None:
         _u32.pack_into(self._buf, _READER_SLEEPING, 0)

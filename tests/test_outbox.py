@@ -23,23 +23,23 @@ def test_events_leave_in_order_whatever_the_ring_takes(puts, ring_room):
         events = [r.Progress(n + i) for i in range(size)]
         n += size
         expected += events
-        outbox.put(events)
-        assert all(len(r.decode_events(rec)) <= EVENTS_PER_RECORD for rec in outbox.records)
-        room = ring_room.pop() if ring_room else len(outbox.records)
-        taken = outbox.records[:room]
+        outbox.put(0, events)
+        assert all(len(r.decode_events(rec)) <= EVENTS_PER_RECORD for rec in outbox.records[0])
+        room = ring_room.pop() if ring_room else len(outbox.records[0])
+        taken = outbox.records[0][:room]
         ring += taken
-        outbox.sent(len(taken))
-    ring += outbox.records
-    outbox.sent(len(outbox.records))
-    assert decoded(ring) == expected and outbox.records == []
+        outbox.sent(0, len(taken))
+    ring += outbox.records[0]
+    outbox.sent(0, len(outbox.records[0]))
+    assert decoded(ring) == expected and not outbox.waiting()
 
 
 def test_a_turn_events_are_taken_once_and_confirms_join_when_put():
     outbox = Outbox()
     outbox.add(r.Reply(1))
     outbox.add(r.Progress(1))
-    events = outbox.take()
-    assert events == [r.Reply(1), r.Progress(1)] and outbox.take() == []
-    outbox.put(events)
-    outbox.put([r.Confirmed([3], [9])])  # its commit became durable
-    assert decoded(outbox.records) == [r.Reply(1), r.Progress(1), r.Confirmed([3], [9])]
+    (events,) = outbox.take()
+    assert events == [r.Reply(1), r.Progress(1)] and outbox.take() == [[]]
+    outbox.put(0, events)
+    outbox.put_routed([r.Confirmed([3], [9])])  # its commit became durable
+    assert decoded(outbox.records[0]) == [r.Reply(1), r.Progress(1), r.Confirmed([3], [9])]

@@ -253,3 +253,29 @@ def test_rings_of_processes_that_are_gone_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([
         f"warren_{os.getpid()}_4e5f6a7b", "warren_notapid_01234567", "psm_1234",
         f"other_{gone.pid}_0a1b2c3d"])
+
+
+def test_rings_sharing_a_doorbell_ring_it_and_leave_it_open():
+    doorbell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    rings = [Ring.create(4096, doorbell) for _ in range(2)]
+    try:
+        assert all(r.sleep() for r in rings)  # the reader sleeps on both
+        rings[1].write(b"for the second")
+        rings[1].flush()
+        assert readable(doorbell)
+        assert rings[1].read_many() == [b"for the second"]
+    finally:
+        for r in rings:
+            r.close()
+            r.unlink()
+    os.eventfd_write(doorbell, 1)  # still open: its owner closes it
+    os.close(doorbell)
+
+
+def test_a_reset_ring_forgets_half_written_records(ring):
+    r = ring(4096)
+    assert r.write(b"x" * 6000)  # more than the ring: fragments wait in the writer
+    assert r.read_many() == [] and r.backlogged()  # the reader holds the first ones
+    r.reset()
+    assert r.is_empty() and not r.backlogged() and r.free_space() == r.capacity
+    assert r.write(b"new") and r.read_many() == [b"new"]

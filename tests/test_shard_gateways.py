@@ -1,0 +1,283 @@
+"""A shard serving several gateway processes (issue 19), each over its own pair
+of rings: what concerns a gateway reaches that gateway whichever gateway caused
+it, credit is counted per ring, and a lost gateway's holdings come back to the
+queues while its rings start afresh for the next one. Over a real shard process
+(played by loadtest/shardcost.py's Driver) and in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from warren.gateway.shardlink import ShardLink
+from warren.loadtest.shardcost import Driver, RingEnd
+from warren.shards import records as r
+from warren.shards.main import Shard
+from warren.shards.outbox import Outbox
+from warren.shards.persister import Persister
+from warren.shards.ring import Ring
+from warren.shards.stats import StatsLog
+from warren.storage.queuespec import QueueSpec
+from warren.storage.shardstore import ShardStore
+
+from .test_shard_shell import InlineCommitter
+
+TIMEOUT = 10.0
+PROPERTIES = b"\x00\x00"
+
+
+def made_by(gateway: int, n: int) -> int:
+    """The n-th id gateway `gateway` makes (gateway.Gateway.new_id)."""
+    return n * r.MAX_GATEWAYS + gateway
+
+
+def create_queue(req: int, qid: int, name: str, durable: bool = False) -> r.CreateQueue:
+    spec = QueueSpec("/", name, durable, False, False, {})
+    return r.CreateQueue(req, qid, spec, spec.arguments)
+
+
+def consume(req: int, qid: int, holder: int, channel: int) -> r.Consume:
+    return r.Consume(req, qid, holder, channel, f"c{holder}", False, False, 0, 1000)
+
+
+def publish(qid: int, body: bytes, channel: int = 0, seq: int = 0,
+            durable: bool = False) -> r.Publish:
+    return r.Publish([qid], "", "q", PROPERTIES, body, durable, channel, seq)
+
+
+def collect(end: RingEnd, done, got: list | None = None) -> list:
+    """Events from `end` until `done(events)` holds (or the deadline: the caller's
+    assertion then shows what came)."""
+    got = [] if got is None else got
+    deadline = time.monotonic() + TIMEOUT
+    while not done(got) and time.monotonic() < deadline:
+        got += end.receive(0.1)
+    return got
+
+
+def answer(end: RingEnd, req: int, got: list | None = None):
+    """The reply to request `req` on this gateway's ring."""
+    got = collect(end, lambda events: any(getattr(e, "req", None) == req for e in events
+                                          if type(e) is not r.Progress), got)
+    (reply,) = [e for e in got if type(e) is not r.Progress and getattr(e, "req", None) == req]
+    return reply
+
+
+def of(kind, events: list) -> list:
+    return [e for e in events if type(e) is kind]
+
+
+@pytest.fixture
+def driver(tmp_path):
+    driver = Driver(str(tmp_path), gateways=2, memory_limit=4096)
+    yield driver
+    driver.stop()
+
+
+def test_what_a_gateway_is_sent_follows_its_ids_and_its_ring(driver):
+    gw0, gw1 = driver.ends
+    gw0.send([create_queue(1, 1, "q")])
+    assert answer(gw0, 1) == r.Reply(1)
+    consumer, channel1, channel0 = made_by(1, 1), made_by(1, 2), made_by(0, 1)
+    gw1.send([consume(1, 1, consumer, channel1)])  # the same request id as gateway 0's
+    assert answer(gw1, 1) == r.Reply(1, consumer_count=1)
+    gw0.send([publish(1, b"from 0", channel0, 1)])
+    gw1.send([publish(1, b"from 1", channel1, 1)])
+    gw0.send([r.QueueInfo(2, [1])])
+
+    events1 = collect(gw1, lambda got: len(of(r.Deliver, got)) == 2 and of(r.Confirmed, got)
+                      and r.Progress(2) in got)
+    assert sorted(d.body for d in of(r.Deliver, events1)) == [b"from 0", b"from 1"]
+    assert {d.holder for d in of(r.Deliver, events1)} == {consumer}
+    assert of(r.Confirmed, events1) == [r.Confirmed([channel1], [1])]
+    # Progress counts the records of each ring: gateway 1 sent two
+    assert [p.records for p in of(r.Progress, events1)][-1] == 2
+
+    events0 = collect(gw0, lambda got: of(r.Confirmed, got) and r.Progress(3) in got)
+    assert of(r.Deliver, events0) == []
+    assert of(r.Confirmed, events0) == [r.Confirmed([channel0], [1])]
+    assert [p.records for p in of(r.Progress, events0)][-1] == 3
+    assert of(r.QueueInfoReply, events0)[0].req == 2
+    assert of(r.QueueInfoReply, events1) == []
+
+
+def test_an_alarm_reaches_every_gateway(driver):
+    gw0, gw1 = driver.ends
+    gw0.send([create_queue(1, 1, "q")])
+    answer(gw0, 1)
+    gw1.send([publish(1, b"x" * 8192)])  # over the shard's memory limit (4 KiB)
+    for end in driver.ends:
+        assert r.Alarm("memory", True) in collect(end, lambda got: of(r.Alarm, got))
+
+
+def shard_sleeps(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+def test_a_sleeping_shard_wakes_for_the_second_gateways_ring(driver):
+    gw0, gw1 = driver.ends
+    gw0.send([create_queue(1, 1, "q")])
+    answer(gw0, 1)
+    deadline = time.monotonic() + TIMEOUT
+    while not shard_sleeps(driver.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for req in (1, 2):  # and again, after it slept once more
+        gw1.send([r.QueueInfo(req, [1])])
+        assert answer(gw1, req).queues[0][0] == 1  # well before its 60 s statistics wake-up
+
+
+def test_a_gateway_that_reads_nothing_holds_up_only_itself(driver):
+    gw0, gw1 = driver.ends
+    gw0.send([create_queue(1, 1, "q")])
+    answer(gw0, 1)
+    gw1.send([consume(1, 1, made_by(1, 1), made_by(1, 2))])
+    body = b"x" * (1 << 20)
+    for _ in range(24):  # more than gateway 1's event ring holds, and it reads none of it
+        gw0.send([publish(1, body)])
+    gw0.send([create_queue(2, 2, "q2")])
+    assert answer(gw0, 2) == r.Reply(2)
+    gw0.send([r.GatewayLost(3, 1)])  # had it died: its report is read
+    assert answer(gw0, 3) == r.Reply(3)
+
+
+def test_a_lost_gateways_messages_come_back_and_its_rings_serve_the_next_one(driver):
+    gw0, gw1 = driver.ends
+    gw0.send([create_queue(1, 1, "q", durable=True)])
+    answer(gw0, 1)
+    lost_consumer, lost_channel = made_by(1, 1), made_by(1, 2)
+    gw1.send([consume(1, 1, lost_consumer, lost_channel)])
+    answer(gw1, 1)
+    gw0.send([publish(1, b"m%d" % i) for i in range(3)])
+    assert len(of(r.Deliver, collect(gw1, lambda got: len(of(r.Deliver, got)) == 3))) == 3
+    # unacked by gateway 1, which then dies with confirms outstanding
+    gw1.send([publish(1, b"late", lost_channel, seq, durable=True) for seq in (1, 2, 3)])
+    gw0.send([r.GatewayLost(2, 1)])
+    assert answer(gw0, 2) == r.Reply(2)
+
+    consumer0 = made_by(0, 1)
+    gw0.send([consume(3, 1, consumer0, made_by(0, 2))])
+    got = collect(gw0, lambda got: len(of(r.Deliver, got)) >= 3)
+    first = of(r.Deliver, got)[:3]
+    assert [(d.body, d.redelivered, d.holder) for d in first] == \
+        [(b"m%d" % i, True, consumer0) for i in range(3)]
+
+    fresh = RingEnd(Ring.attach(gw1.commands.spec()), Ring.attach(gw1.events.spec()))
+    try:
+        consumer1, channel1 = made_by(1, 1), made_by(1, 2)  # a new process counts anew
+        fresh.send([create_queue(1, 2, "q2"), consume(2, 2, consumer1, channel1)])
+        fresh.send([publish(2, b"fresh", channel1, 101)])
+        events = collect(fresh, lambda got: of(r.Deliver, got) and of(r.Confirmed, got))
+        assert [d.body for d in of(r.Deliver, events)] == [b"fresh"]
+        assert of(r.Confirmed, events) == [r.Confirmed([channel1], [101])]  # none of the dead one's
+        assert events[0] == r.Reply(1)  # nothing of the dead gateway's went before
+        assert r.Progress(2) in events  # its records are counted from the reset
+    finally:
+        fresh.commands.close()
+        fresh.events.close()
+
+
+# -- in-process ----------------------------------------------------------------
+
+
+@pytest.fixture
+def shard(tmp_path):
+    store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
+    shard = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0), gateways=2)
+    shard.run(create_queue(1, 5, "d", durable=True), 0.0)
+    shard.take_events()
+    yield shard
+    store.close()
+
+
+def test_a_lost_gateways_confirms_go_nowhere_whichever_commit_carries_them(shard):
+    outbox = shard.outbox
+    ours, theirs = made_by(0, 1), made_by(1, 1)
+    outbox.origin = 1
+    shard.run(publish(5, b"a", theirs, 1, durable=True), 0.0)
+    outbox.origin = 0
+    shard.run(publish(5, b"b", ours, 1, durable=True), 0.0)
+    committer = InlineCommitter()
+    shard.start_commit(committer, 0.0)  # both ride on the commit in flight
+    outbox.origin = 1
+    shard.run(publish(5, b"c", theirs, 2, durable=True), 0.0)  # gathers for the next
+    shard.run(r.QueueStatus(7, 5), 0.0)  # answered to gateway 1 ...
+    outbox.origin = 0
+    shard.run(r.GatewayLost(9, 1), 0.0)
+    for origin, lost in shard.take_lost():  # ... which dies before the answer leaves
+        shard.gateway_lost(origin, lost, 0.0)
+    assert shard.take_events() == [[r.Reply(9)], []]
+    committer.run()
+    assert shard.finish_commit() == [r.Confirmed([ours], [1])]
+    assert shard.commit_now(0.0) == []
+    assert shard.queues[5].ready_count == 3  # its messages stay: they were published
+
+
+def test_the_gateway_replacing_a_lost_one_hears_of_the_alarms_in_force(shard):
+    shard.run(publish(5, b"x" * 100), 0.0)
+    shard.check_resources(memory_limit=10, stored=True)
+    assert shard.take_events() == [[r.Alarm("memory", True)]] * 2
+    shard.run(r.GatewayLost(2, 1), 0.0)
+    for origin, lost in shard.take_lost():
+        shard.gateway_lost(origin, lost, 0.0)
+    assert shard.take_events() == [[r.Reply(2)], [r.Alarm("memory", True)]]
+
+
+def test_losing_no_such_gateway_is_refused(shard):
+    shard.run(r.GatewayLost(3, 0), 0.0)  # gateway 0 cannot lose itself
+    shard.run(r.GatewayLost(4, 2), 0.0)
+    assert shard.take_events()[0] == [r.Reply(3, r.Refusal.FAILED), r.Reply(4, r.Refusal.FAILED)]
+    assert shard.take_lost() == []
+
+
+def test_events_go_to_the_gateway_they_concern():
+    outbox = Outbox(3)
+    outbox.origin = 2
+    outbox.add(r.Reply(1))
+    outbox.add(r.Deliver(made_by(1, 7), 5, 1, False, "", "q", b"", b"x"))
+    outbox.add(r.ConsumerCancelled(made_by(0, 7), 5))
+    outbox.add(r.Alarm("memory", True))
+    outbox.add(r.DeadLettered(5, 1, "expired", None, None, None, None))
+    assert outbox.take() == [
+        [r.ConsumerCancelled(made_by(0, 7), 5), r.Alarm("memory", True),
+         r.DeadLettered(5, 1, "expired", None, None, None, None)],
+        [r.Deliver(made_by(1, 7), 5, 1, False, "", "q", b"", b"x"), r.Alarm("memory", True)],
+        [r.Reply(1), r.Alarm("memory", True)]]
+    a, b, c = made_by(0, 1), made_by(2, 1), made_by(0, 2)
+    assert outbox.route([r.Confirmed([a, b, c], [1, 2, 3]), r.Rejected([b], [4])]) == [
+        [r.Confirmed([a, c], [1, 3])], [], [r.Confirmed([b], [2]), r.Rejected([b], [4])]]
+
+
+# -- the gateway's end ---------------------------------------------------------
+
+
+def test_a_link_makes_rings_for_every_gateway_and_removes_them(tmp_path):
+    async def scenario() -> list[str]:
+        link = ShardLink(0, str(tmp_path), [0], 0, 60.0, 1 << 26, lambda *a: None,
+                         lambda *a: None, gateways=2)
+        link.start()
+        names = [spec.shm_name for k in range(2)
+                 for spec in (link.rings_for(k).commands, link.rings_for(k).events)]
+        end = RingEnd(Ring.attach(link.rings_for(1).commands), Ring.attach(link.rings_for(1).events))
+        try:
+            replies = []
+            link.request(lambda req: r.QueueInfo(req, []), replies.append)
+            end.send([create_queue(1, 1, "q")])
+            deadline = time.monotonic() + TIMEOUT
+            got: list = []
+            while not (replies and r.Reply(1) in got) and time.monotonic() < deadline:
+                got += end.receive(0.01)
+                await asyncio.sleep(0.01)
+            assert r.Reply(1) in got and type(replies[0]) is r.QueueInfoReply
+        finally:
+            end.commands.close()
+            end.events.close()
+            await link.stop()
+        return names
+
+    names = asyncio.run(scenario())
+    assert len(set(names)) == 4
+    assert not any(os.path.exists(f"/dev/shm/{name}") for name in names)
