@@ -110,6 +110,8 @@ class Gateway:
         self.followers = None  # gateway 0 with others: where its changes go (followers.py)
         self.leader = None  # any other gateway: its link to gateway 0 (follower.py)
         self.remote_owners: dict[int, RemoteOwner] = {}
+        if not self.authority:  # gateway 0 writes DATA/meta/
+            self.meta = replication.NoStore()
         self.data_dir = os.path.abspath(config.data_dir)
         self.access = AccessControl(None, config.loopback_users, self._changed)
         self.vhosts: dict[str, VHost] = {}
@@ -137,7 +139,6 @@ class Gateway:
         # Kept: asyncio.get_running_loop() costs a getpid() system call each time.
         self._loop = asyncio.get_running_loop()
         if not self.authority:
-            self.meta = replication.NoStore()
             self.shards.attach(rings)
             return
         ready = recovery.prepare(self.data_dir, self.shards.count,
