@@ -204,7 +204,7 @@ class Consuming:
         if tag in self.consumers:
             raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         self.reply_consumer = tag
-        self.reply_key, self.reply_address = replyto.new_address()
+        self.reply_key, self.reply_address = replyto.new_address(self.gateway.index)
         self.gateway.reply_channels[self.reply_key] = self
         self._reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
 

@@ -84,8 +84,19 @@ class CloseConnection(_Message, tag=8):
     reason: str
 
 
+class Reply(_Message, tag=9):
+    """A reply published on one gateway to a direct reply-to address of another
+    (`gateway`): gateway 0 passes it on, the other delivers it."""
+
+    gateway: int
+    exchange: str
+    routing_key: str
+    properties: bytes
+    body: bytes
+
+
 Message = Union[Hello, Changes, Applied, Forward, Answer, ConnectionClosed, Connections,
-                CloseConnection]
+                CloseConnection, Reply]
 _decode = msgspec.msgpack.Decoder(Message).decode
 _encode = msgspec.msgpack.Encoder().encode
 

@@ -33,6 +33,7 @@ from .controllink import (
     ConnectionClosed,
     Connections,
     ControlLink,
+    Reply,
 )
 from .followers import FollowerSpec
 from .gateway import Gateway
@@ -81,6 +82,8 @@ class Leader:
             answered = self._waiters.pop(message.req, None)
             if answered is not None:
                 answered(message)
+        elif kind is Reply:
+            self.gateway.deliver_reply(message)
         elif kind is CloseConnection:
             conn = next((c for c in self.gateway.connections if c.id == message.connection),
                         None)

@@ -30,6 +30,7 @@ from .controllink import (
     Connections,
     ControlLink,
     Forward,
+    Reply,
 )
 from .mirror import Mirror
 
@@ -132,6 +133,11 @@ class Followers:
                 mirror = self.mirrors[message.connection] = Mirror(
                     self.gateway, message, self.links[index].send)
             mirror.run(message)
+        elif kind is Reply:
+            if message.gateway == 0:
+                self.gateway.deliver_reply(message)
+            else:
+                self.pass_reply(message)
         elif kind is Connections:
             link = self.links[index]
             self.remote[index] = [RemoteConnection(id, info, link)
@@ -140,6 +146,14 @@ class Followers:
             mirror = self.mirrors.pop(message.connection, None)
             if mirror is not None:
                 mirror.close()
+
+    def pass_reply(self, reply: Reply) -> bool:
+        """A direct reply to another gateway's channel: send it there."""
+        link = self.links.get(reply.gateway)
+        if link is None:
+            return False
+        link.send(reply)
+        return True
 
     def connections(self) -> list[RemoteConnection]:
         """The other gateways' open connections, as each last reported them."""

@@ -33,6 +33,7 @@ from .access import AccessControl
 from .alarms import Alarms
 from .amqp.properties import PropertiesError, decode_properties, encode_properties
 from .config import Config
+from .controllink import Reply
 from .exchange import EXCHANGE, QUEUE, RENEW_EXCHANGE, Exchange, arguments_key
 from .shardlink import ShardLink
 from .shardpool import ShardPool
@@ -299,6 +300,26 @@ class Gateway:
         """The channel behind a direct reply-to address, if it still consumes."""
         key = replyto.key_of(address)
         return self.reply_channels.get(key) if key else None
+
+    def reply_elsewhere(self, exchange: str, routing_key: str, properties: bytes,
+                        body: bytes) -> bool:
+        """Send a reply to a direct reply-to address of another gateway process
+        there (through gateway 0); False if the address is not another's."""
+        index = replyto.gateway_of(routing_key)
+        if index is None or index == self.index:
+            return False
+        reply = Reply(index, exchange, routing_key, properties, body)
+        if self.leader is not None:
+            self.leader.link.send(reply)
+            return True
+        return self.followers is not None and self.followers.pass_reply(reply)
+
+    def deliver_reply(self, reply) -> None:
+        """A reply from another gateway to a reply-to address of this one."""
+        channel = self.reply_channel(reply.routing_key)
+        if channel is not None:
+            channel.deliver_reply(reply.exchange, reply.routing_key, reply.properties,
+                                  reply.body)
 
     def owner_of(self, id: int):
         """The connection an exclusive queue's owner id names (0: none)."""

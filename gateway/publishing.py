@@ -199,6 +199,9 @@ class Publishing:
         """A reply to a direct reply-to address: straight to that channel."""
         channel = self.gateway.reply_channel(method.routing_key)
         self._confirm_at_once(tracker)
+        if channel is None and self.gateway.reply_elsewhere(
+                method.exchange, method.routing_key, properties, body):
+            return  # to the gateway that has the channel (no basic.return from there)
         if channel is None:
             if method.mandatory:
                 self._return_unroutable(method, properties, body)

@@ -19,11 +19,18 @@ def is_reply_queue(name: str) -> bool:
     return name == REPLY_QUEUE or name.startswith(_PREFIX)
 
 
-def new_address() -> tuple[str, str]:
-    """(key, reply-to address) for a channel's reply consumer."""
-    key = secrets.token_urlsafe(18)
+def new_address(gateway: int = 0) -> tuple[str, str]:
+    """(key, reply-to address) for a channel's reply consumer on gateway process
+    `gateway`: the key names it, so a reply published on another gateway finds it."""
+    key = f"{gateway}.{secrets.token_urlsafe(18)}"
     return key, _PREFIX + key
 
 
 def key_of(address: str) -> str | None:
     return address[len(_PREFIX):] if address.startswith(_PREFIX) else None
+
+
+def gateway_of(address: str) -> int | None:
+    """The gateway process whose channel a reply-to address names, if any."""
+    number = (key_of(address) or "").split(".", 1)[0]
+    return int(number) if number.isdigit() else None

@@ -17,13 +17,24 @@ from warren.loadtest.procs import free_port, read_line
 from .inproc import InProcessGateway, running_gateway
 
 ROOT = Path(__file__).resolve().parent.parent
+GATEWAYS = 1  # of every broker a test starts, unless it says: pytest --gateways N
+
+
+def pytest_addoption(parser):
+    parser.addoption("--gateways", type=int, default=1,
+                     help="gateway processes of the brokers the end-to-end tests start")
+
+
+def pytest_configure(config):
+    global GATEWAYS
+    GATEWAYS = config.getoption("--gateways")
 
 
 class RunningBroker:
     def __init__(self, data_dir: Path, shards: int = 2, extra_args: list[str] | None = None,
-                 management: bool = False, gateways: int = 1):
+                 management: bool = False, gateways: int | None = None):
         self.data_dir = data_dir
-        self.gateways = gateways
+        self.gateways = GATEWAYS if gateways is None else gateways
         # The management listener is off unless a test asks for it (on a free port),
         # so that brokers of parallel tests never compete for 15672.
         self.management_port = free_port() if management else 0

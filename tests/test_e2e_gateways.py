@@ -133,3 +133,30 @@ def test_a_dead_gateway_is_restarted_and_its_messages_come_back(two):
     c.channel().queue_declare("gw.dead", passive=True)
     c.close()
     a.close()
+
+
+@pytest.mark.parametrize("client_on,server_on", [(1, 0), (0, 1)])
+def test_direct_reply_to_across_gateways(two, client_on, server_on):
+    client, server = connect(two, client_on), connect(two, server_on)
+    try:
+        cc, sc = client.channel(), server.channel()
+        service = f"gw.rpc{server_on}"
+        sc.queue_declare(service)
+        replies = []
+        cc.basic_consume("amq.rabbitmq.reply-to", lambda ch, m, p, body: replies.append(body),
+                         auto_ack=True)
+        cc.basic_publish("", service, b"2+2",
+                         pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+        request = []
+        wait_until(lambda: request.append(sc.basic_get(service, auto_ack=True)) or request[-1][0],
+                   10, message="the request")
+        _, props, body = request[-1]
+        assert body == b"2+2"
+        # its reply_to names the client's channel on the client's gateway
+        sc.basic_publish("", props.reply_to, b"4")
+        wait_until(lambda: (client.process_data_events(0.05), replies)[1], 10,
+                   message="the reply on the client's gateway")
+        assert replies == [b"4"]
+    finally:
+        client.close()
+        server.close()
