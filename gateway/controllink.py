@@ -69,9 +69,13 @@ class ConnectionClosed(_Message, tag=6):
     connection: int
 
 
+class ListConnections(_Message, tag=10):
+    """Gateway 0 asks for another gateway's connections (a management request)."""
+
+
 class Connections(_Message, tag=7):
-    """Another gateway's connections as they are now, sent every second, for the
-    management API and the metrics."""
+    """Another gateway's connections as they are now, for the management API and
+    the metrics."""
 
     ids: list[int]
     infos: list[ConnectionInfo]
@@ -95,8 +99,8 @@ class Reply(_Message, tag=9):
     body: bytes
 
 
-Message = Union[Hello, Changes, Applied, Forward, Answer, ConnectionClosed, Connections,
-                CloseConnection, Reply]
+Message = Union[Hello, Changes, Applied, Forward, Answer, ConnectionClosed, ListConnections,
+                Connections, CloseConnection, Reply]
 _decode = msgspec.msgpack.Decoder(Message).decode
 _encode = msgspec.msgpack.Encoder().encode
 

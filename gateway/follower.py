@@ -33,6 +33,7 @@ from .controllink import (
     ConnectionClosed,
     Connections,
     ControlLink,
+    ListConnections,
     Reply,
 )
 from .followers import FollowerSpec
@@ -40,8 +41,6 @@ from .gateway import Gateway
 from .server import close_connections, listen, tls_context
 
 log = logging.getLogger("warren")
-
-REPORT_INTERVAL = 1.0  # seconds between reports of this gateway's connections
 
 
 class Leader:
@@ -89,13 +88,9 @@ class Leader:
                         None)
             if conn is not None:
                 conn.close_forced(message.reason)
-
-    async def report(self) -> None:
-        """Show gateway 0 this gateway's connections, every REPORT_INTERVAL."""
-        while self.link.transport is not None:
+        elif kind is ListConnections:
             opened = [c for c in self.gateway.connections if c.vhost is not None]
             self.link.send(Connections([c.id for c in opened], [c.snapshot() for c in opened]))
-            await asyncio.sleep(REPORT_INTERVAL)
 
 
 async def serve(spec: FollowerSpec) -> None:
@@ -117,9 +112,7 @@ async def serve(spec: FollowerSpec) -> None:
     for server in servers:
         await server.start_serving()
     log.info("gateway %d started (pid %d)", spec.index, os.getpid())
-    reporting = loop.create_task(leader.report())
     await stop.wait()
-    reporting.cancel()
     await close_connections(gateway, servers)
     await gateway.stop()
 

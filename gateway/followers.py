@@ -30,6 +30,7 @@ from .controllink import (
     Connections,
     ControlLink,
     Forward,
+    ListConnections,
     Reply,
 )
 from .mirror import Mirror
@@ -37,6 +38,7 @@ from .mirror import Mirror
 log = logging.getLogger("warren")
 
 STABLE = 10.0  # seconds a restarted gateway must stay up to count as recovered
+LIST_TIMEOUT = 2.0  # seconds the management API waits for another gateway's connections
 
 
 class FollowerSpec(msgspec.Struct, array_like=True):
@@ -79,8 +81,10 @@ class Followers:
         self._waiters: list[tuple[int, object]] = []  # (change number, answered)
         self.mirrors: dict[int, Mirror] = {}  # connection id -> its stand-in
         self.remote: dict[int, list[RemoteConnection]] = {}  # gateway index -> connections
+        self._listing: dict[int, asyncio.Future] = {}  # gateway index -> its list, awaited
         self.processes: dict[int, subprocess.Popen] = {}
         self.failing: dict[int, int] = {}  # gateway index -> deaths in a row
+        self._replacing: set[int] = set()  # stopped to be started again at once
         self.stopping = False
         self._ports = (0, 0)
 
@@ -142,6 +146,9 @@ class Followers:
             link = self.links[index]
             self.remote[index] = [RemoteConnection(id, info, link)
                                   for id, info in zip(message.ids, message.infos)]
+            listing = self._listing.pop(index, None)
+            if listing is not None and not listing.done():
+                listing.set_result(None)
         elif kind is ConnectionClosed:
             mirror = self.mirrors.pop(message.connection, None)
             if mirror is not None:
@@ -154,6 +161,17 @@ class Followers:
             return False
         link.send(reply)
         return True
+
+    async def list_connections(self) -> None:
+        """Have every other gateway report its connections now (`connections()`)."""
+        loop = asyncio.get_running_loop()
+        for index, link in self.links.items():
+            if index not in self._listing:
+                self._listing[index] = loop.create_future()
+                link.send(ListConnections())
+        waiting = list(self._listing.values())
+        if waiting:
+            await asyncio.wait(waiting, timeout=LIST_TIMEOUT)
 
     def connections(self) -> list[RemoteConnection]:
         """The other gateways' open connections, as each last reported them."""
@@ -199,6 +217,9 @@ class Followers:
         del self.links[index]
         self.applied.pop(index, None)
         self.remote.pop(index, None)
+        listing = self._listing.pop(index, None)
+        if listing is not None and not listing.done():
+            listing.set_result(None)
         for key in [k for k in self.mirrors if r.gateway_of(k) == index]:
             self.mirrors.pop(key).close()
         self._release()
@@ -214,10 +235,14 @@ class Followers:
             self._lost(index, link)
         if self.stopping or self.processes.get(index) is not process:
             return
-        failures = self.failing[index] = self.failing.get(index, 0) + 1
-        delay = 0.0 if failures == 1 else min(0.1 * 2 ** failures, 60.0)
-        log.error("gateway %d exited with code %s (failure %d in a row); restarting it in "
-                  "%.1f s", index, returncode, failures, delay)
+        if index in self._replacing:
+            self._replacing.discard(index)
+            delay = 0.0
+        else:
+            failures = self.failing[index] = self.failing.get(index, 0) + 1
+            delay = 0.0 if failures == 1 else min(0.1 * 2 ** failures, 60.0)
+            log.error("gateway %d exited with code %s (failure %d in a row); restarting it "
+                      "in %.1f s", index, returncode, failures, delay)
         # The shards drop what it held (its consumers' messages are requeued) and
         # reset its rings before a new process attaches to them.
         left = [len(self.gateway.shards.links)]
@@ -230,6 +255,15 @@ class Followers:
         for shard in self.gateway.shards:
             shard.request(lambda req: r.GatewayLost(req, index), released)
         self.gateway.shards.send()
+
+    def replace_all(self, reason: str) -> None:
+        """Stop every other gateway (their clients are closed with 320 and
+        reconnect) to start them again at once: a restarted shard has new rings."""
+        for index, process in self.processes.items():
+            if process.poll() is None:
+                log.warning("restarting gateway %d: %s", index, reason)
+                self._replacing.add(index)
+                process.terminate()
 
     def _stable(self, index: int, process: subprocess.Popen) -> None:
         if self.processes.get(index) is process and process.poll() is None \

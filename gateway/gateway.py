@@ -201,7 +201,10 @@ class Gateway:
     def _redeclare_queues(self, link: ShardLink) -> None:
         """A shard (re)started: declare its durable queues again. One whose declaration
         it had not committed when it died (or the broker stopped) would otherwise be
-        missing from its store; queues it recovered ignore this."""
+        missing from its store; queues it recovered ignore this. The other
+        gateways are restarted onto its new rings."""
+        if self.followers is not None:
+            self.followers.replace_all(f"shard {link.index} restarted with new rings")
         for meta in self.queues_by_qid.values():
             if meta.shard == link.index and meta.spec.stored:
                 link.send(r.CreateQueue(0, meta.qid, meta.spec, meta.effective))

@@ -12,6 +12,7 @@ import pika.exceptions
 import pytest
 
 from .conftest import RunningBroker, wait_until
+from .test_e2e_basic import shard_pids
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +161,32 @@ def test_direct_reply_to_across_gateways(two, client_on, server_on):
     finally:
         client.close()
         server.close()
+
+
+def test_a_restarted_shard_takes_every_gateway_along(tmp_path):
+    """A shard that restarts has new rings: the other gateways are restarted onto
+    them, their clients reconnect, and nothing confirmed is lost."""
+    broker = RunningBroker(tmp_path / "data", shards=1, gateways=2).start()
+    try:
+        conn = connect(broker, 1)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("gw.kept", durable=True)
+        ch.basic_publish("", "gw.kept", b"kept", pika.BasicProperties(delivery_mode=2))
+        [pid] = shard_pids(broker)
+        broker.forget_gateway_port(1)
+        os.kill(pid, signal.SIGKILL)
+
+        def closed():
+            try:
+                conn.process_data_events(0.05)
+            except pika.exceptions.ConnectionClosedByBroker as error:
+                return error.reply_code == 320
+            return False
+
+        wait_until(closed, 30, message="gateway 1's client closed with 320")
+        again = connect(broker, 1)  # the restarted gateway 1, on the new rings
+        assert take(again.channel(), "gw.kept", 1, timeout=30) == [b"kept"]
+        again.close()
+    finally:
+        broker.stop()

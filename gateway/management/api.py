@@ -220,6 +220,8 @@ class Management:
         served = static.serve(request)  # the dashboard's page and files
         if served is not None:
             return served
+        if self.gateway.followers is not None:  # the other gateways' connections, now
+            await self.gateway.followers.list_connections()
         parts = request.parts
         if parts in (["metrics"], ["metrics", "per-object"]):  # as rabbitmq_prometheus
             return Response(200, await metrics.render(self, per_object=len(parts) == 2),
