@@ -141,6 +141,7 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         if not self.authority:
             self.shards.attach(rings)
+            self.alarms.watch_disk(self.data_dir, self.config.disk_free_limit)
             return
         ready = recovery.prepare(self.data_dir, self.shards.count,
                                  self.config.quarantine_damaged, self.config.rebuild_definitions)

@@ -190,3 +190,22 @@ def test_a_restarted_shard_takes_every_gateway_along(tmp_path):
         again.close()
     finally:
         broker.stop()
+
+
+def test_the_disk_alarm_blocks_publishers_on_every_gateway(tmp_path):
+    # A free-disk limit larger than any disk: the alarm is on from the start.
+    broker = RunningBroker(tmp_path / "data", shards=1, gateways=2,
+                           extra_args=["--disk-free-limit", str(10**18)]).start()
+    try:
+        events = []
+        pub = connect(broker, 1)
+        pub.add_on_connection_blocked_callback(lambda c, f: events.append(f.method.reason))
+        ch = pub.channel()
+        ch.queue_declare("gw.held")
+        for _ in range(10):
+            ch.basic_publish("", "gw.held", b"x")
+        wait_until(lambda: (pub.process_data_events(time_limit=0.05), events)[1], timeout=10)
+        assert events == ["low on disk"]
+        pub.close()
+    finally:
+        broker.stop()
