@@ -42,6 +42,7 @@ CLOSE_OK_TIMEOUT = 3.0
 FRAMES_PER_TURN = 90
 ALARM = "alarm"  # why reading is held, beside the shard links that hold it
 YIELD = "yield"
+ADMIT = "admit"  # another gateway waits for gateway 0 to count this connection or channel
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -89,6 +90,7 @@ class Connection(asyncio.BufferedProtocol):
         self.has_published = False
         self.exclusive_queues: set = set()  # QueueMeta of the exclusive queues it owns
         self.declared = False  # declared through gateway 0 (on another gateway)
+        self.admitted = False  # counted by gateway 0 (on another gateway)
         self._last_received = self._last_sent = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._received_any = False
@@ -453,15 +455,23 @@ class Connection(asyncio.BufferedProtocol):
         if type(method) is not m.ChannelOpen:
             raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'",
                             method.CLASS_ID, method.METHOD_ID)
-        limit = self.gateway.access.user_limit(self.user, "max-channels")
-        if 0 <= limit <= sum(len(c.channels) for c in self.gateway.connections
-                             if c.user == self.user):
-            raise AMQPError(spec.NOT_ALLOWED,
-                            f"number of channels opened for user '{self.user}' has reached the "
-                            f"maximum allowed user limit of ({limit})",
-                            method.CLASS_ID, method.METHOD_ID)
+        leader = self.gateway.leader
+        if leader is None:
+            refusal = self.gateway.limit_refusal(self.user, self.vhost.name, channel=True)
+            if refusal is not None:
+                raise AMQPError(spec.NOT_ALLOWED, refusal, method.CLASS_ID, method.METHOD_ID)
+        elif self.gateway.access.user_limit(self.user, "max-channels") >= 0:
+            self._pause(ADMIT)  # gateway 0 counts the user's channels broker-wide
+            return leader.admit(self, self.vhost.name, len(self.channels) + 1,
+                                lambda refusal: self._admitted(
+                                    refusal, method, lambda: self._add_channel(number)))
+        self._add_channel(number)
+
+    def _add_channel(self, number: int) -> None:
         self.channels[number] = Channel(self, number)
         self.method(number, m.ChannelOpenOk())
+        if self.gateway.leader is not None:
+            self.gateway.leader.channels_changed(self)
 
     def close_channel_with_error(self, ch: Channel, error: AMQPError) -> None:
         log.error("Channel error on connection (%s), channel %d:\noperation %s caused a "
@@ -489,10 +499,16 @@ class Connection(asyncio.BufferedProtocol):
             raise AMQPError(spec.CHANNEL_ERROR, "second 'channel.open' seen",
                             method.CLASS_ID, method.METHOD_ID)
 
+    @property
+    def is_open(self) -> bool:
+        return self.state == OPEN
+
     def forget_channel(self, ch: Channel) -> None:
         ch.release()
         self.channels.pop(ch.number, None)
         self.owed_confirms.discard(ch)
+        if self.gateway.leader is not None:
+            self.gateway.leader.channels_changed(self)
 
     def _handle_while_closing(self, frame_type: int, channel: int, payload: bytes) -> None:
         if channel != 0 or frame_type != frames.FRAME_METHOD:
@@ -612,19 +628,33 @@ class Connection(asyncio.BufferedProtocol):
             refuse = f"vhost {name} not found"
         elif not self.gateway.access.may_use_vhost(self.user, name):
             refuse = f"access to vhost '{name}' refused for user '{self.user}'"
+        elif self.gateway.leader is not None:  # gateway 0 counts connections broker-wide
+            self._pause(ADMIT)
+            self.gateway.leader.admit(self, name, 0, lambda refusal: self._admitted(
+                refusal, method, lambda: self._opened(vhost)))
+            return
         else:
-            limit = self.gateway.vhost_limit(name, "max-connections")
-            if 0 <= limit <= sum(1 for c in self.gateway.connections
-                                 if c.vhost is vhost and c.state == OPEN):
-                refuse = (f"access to vhost '{name}' refused for user '{self.user}': "
-                          f"connection limit ({limit}) is reached")
-            limit = self.gateway.access.user_limit(self.user, "max-connections")
-            if 0 <= limit <= sum(1 for c in self.gateway.connections
-                                 if c.user == self.user and c.state == OPEN):
-                refuse = (f"Connection refused for user '{self.user}': user connection limit "
-                          f"({limit}) is reached")
+            refuse = self.gateway.limit_refusal(self.user, name)
         if refuse is not None:
             raise AMQPError(spec.NOT_ALLOWED, refuse, method.CLASS_ID, method.METHOD_ID)
+        self._opened(vhost)
+
+    def _admitted(self, refusal: str, method, then) -> None:
+        """Gateway 0 counted this connection or channel against the limits."""
+        self._resume(ADMIT)
+        if self.state == CLOSED:
+            return
+        if refusal:
+            self.close_with_error(AMQPError(spec.NOT_ALLOWED, refusal, method.CLASS_ID,
+                                            method.METHOD_ID))
+            return
+        try:
+            then()
+        except Exception as error:
+            self.fail(error)
+
+    def _opened(self, vhost) -> None:
+        name = vhost.name
         self.vhost = vhost
         self.state = OPEN
         if self._timer is not None:

@@ -99,7 +99,31 @@ class Reply(_Message, tag=9):
     body: bytes
 
 
-Message = Union[Hello, Changes, Applied, Forward, Answer, ConnectionClosed, ListConnections,
+class Admit(_Message, tag=11):
+    """May a connection open (channels 0), or open its `channels`th channel? Gateway 0
+    counts it against the vhost's and user's limits over every gateway, and holds
+    the count until ConnectionClosed; answered with `Admitted`."""
+
+    req: int
+    connection: int
+    user: str
+    vhost: str
+    channels: int
+
+
+class Admitted(_Message, tag=12):
+    req: int
+    refusal: str = ""  # why not ("": admitted)
+
+
+class ChannelCount(_Message, tag=13):
+    """A connection's channels now (for the limits gateway 0 counts)."""
+
+    connection: int
+    channels: int
+
+
+Message = Union[Admit, Admitted, ChannelCount, Hello, Changes, Applied, Forward, Answer, ConnectionClosed, ListConnections,
                 Connections, CloseConnection, Reply]
 _decode = msgspec.msgpack.Decoder(Message).decode
 _encode = msgspec.msgpack.Encoder().encode

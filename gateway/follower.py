@@ -26,9 +26,12 @@ from warren.shards.malloc import keep_freed_memory
 from . import replication
 from .config import Config
 from .controllink import (
+    Admit,
+    Admitted,
     Answer,
     Applied,
     Changes,
+    ChannelCount,
     CloseConnection,
     ConnectionClosed,
     Connections,
@@ -63,9 +66,21 @@ class Leader:
         self.link.send(make(self._next_req))
 
     def connection_closed(self, conn) -> None:
-        """A client's connection closed: gateway 0 deletes its exclusive queues."""
-        if conn.declared:
+        """A client's connection closed: gateway 0 stops counting it and deletes its
+        exclusive queues."""
+        if conn.declared or conn.admitted:
             self.link.send(ConnectionClosed(conn.id))
+
+    def admit(self, conn, vhost: str, channels: int, answered) -> None:
+        """Have gateway 0 count a connection (channels 0) or its new channel against
+        the limits; `answered(refusal)` ("" if admitted)."""
+        conn.admitted = True
+        self.request(lambda req: Admit(req, conn.id, conn.user, vhost, channels),
+                     lambda reply: answered(reply.refusal))
+
+    def channels_changed(self, conn) -> None:
+        if conn.admitted:
+            self.link.send(ChannelCount(conn.id, len(conn.channels)))
 
     def _message(self, message) -> None:
         kind = type(message)
@@ -77,7 +92,7 @@ class Leader:
                     log.exception("gateway %d: applying %s failed", self.gateway.index, change)
             self.link.send(Applied(message.seq))
             self.ready.set()
-        elif kind is Answer:
+        elif kind is Answer or kind is Admitted:
             answered = self._waiters.pop(message.req, None)
             if answered is not None:
                 answered(message)

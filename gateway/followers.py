@@ -23,8 +23,11 @@ from warren.shards import records as r
 
 from . import replication
 from .controllink import (
+    Admit,
+    Admitted,
     Applied,
     Changes,
+    ChannelCount,
     CloseConnection,
     ConnectionClosed,
     Connections,
@@ -81,6 +84,9 @@ class Followers:
         self._waiters: list[tuple[int, object]] = []  # (change number, answered)
         self.mirrors: dict[int, Mirror] = {}  # connection id -> its stand-in
         self.remote: dict[int, list[RemoteConnection]] = {}  # gateway index -> connections
+        # connection id -> (user, vhost, channels) of the other gateways' connections,
+        # for the vhost and user limits
+        self.tally: dict[int, tuple[str, str, int]] = {}
         self._listing: dict[int, asyncio.Future] = {}  # gateway index -> its list, awaited
         self.processes: dict[int, subprocess.Popen] = {}
         self.failing: dict[int, int] = {}  # gateway index -> deaths in a row
@@ -137,6 +143,12 @@ class Followers:
                 mirror = self.mirrors[message.connection] = Mirror(
                     self.gateway, message, self.links[index].send)
             mirror.run(message)
+        elif kind is Admit:
+            self._admit(index, message)
+        elif kind is ChannelCount:
+            counted = self.tally.get(message.connection)
+            if counted is not None:
+                self.tally[message.connection] = (*counted[:2], message.channels)
         elif kind is Reply:
             if message.gateway == 0:
                 self.gateway.deliver_reply(message)
@@ -150,9 +162,19 @@ class Followers:
             if listing is not None and not listing.done():
                 listing.set_result(None)
         elif kind is ConnectionClosed:
+            self.tally.pop(message.connection, None)
             mirror = self.mirrors.pop(message.connection, None)
             if mirror is not None:
                 mirror.close()
+
+    def _admit(self, index: int, ask: Admit) -> None:
+        """Count a connection or channel of another gateway, unless a limit says no."""
+        if ask.channels:  # its channels so far count; the new one if admitted
+            self.tally[ask.connection] = (ask.user, ask.vhost, ask.channels - 1)
+        refusal = self.gateway.limit_refusal(ask.user, ask.vhost, channel=ask.channels > 0)
+        if refusal is None:
+            self.tally[ask.connection] = (ask.user, ask.vhost, ask.channels)
+        self.links[index].send(Admitted(ask.req, refusal or ""))
 
     def pass_reply(self, reply: Reply) -> bool:
         """A direct reply to another gateway's channel: send it there."""
@@ -222,6 +244,8 @@ class Followers:
             listing.set_result(None)
         for key in [k for k in self.mirrors if r.gateway_of(k) == index]:
             self.mirrors.pop(key).close()
+        for key in [k for k in self.tally if r.gateway_of(k) == index]:
+            del self.tally[key]
         self._release()
 
     def _exited(self, index: int, process: subprocess.Popen, pidfd: int) -> None:

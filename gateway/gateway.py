@@ -300,6 +300,39 @@ class Gateway:
         value = definition.limits.get(limit, -1) if definition else -1
         return value if isinstance(value, int) else -1
 
+    def limit_refusal(self, user: str, vhost: str, channel: bool = False) -> str | None:
+        """Why a connection of `user` to `vhost` (or, with `channel`, another channel
+        of it) may not open: a limit reached, counting every gateway's connections
+        (gateway 0 decides for all)."""
+        if channel:
+            channels = self.access.user_limit(user, "max-channels")
+            if channels < 0:
+                return None
+            if channels <= sum(n for u, _, n in self._opened() if u == user):
+                return (f"number of channels opened for user '{user}' has reached the "
+                        f"maximum allowed user limit of ({channels})")
+            return None
+        in_vhost = self.vhost_limit(vhost, "max-connections")
+        of_user = self.access.user_limit(user, "max-connections")
+        if in_vhost < 0 and of_user < 0:
+            return None
+        opened = self._opened()
+        if 0 <= in_vhost <= sum(1 for _, v, _ in opened if v == vhost):
+            return (f"access to vhost '{vhost}' refused for user '{user}': "
+                    f"connection limit ({in_vhost}) is reached")
+        if 0 <= of_user <= sum(1 for u, _, _ in opened if u == user):
+            return (f"Connection refused for user '{user}': user connection limit "
+                    f"({of_user}) is reached")
+        return None
+
+    def _opened(self) -> list[tuple[str, str, int]]:
+        """(user, vhost, channels) of every open connection, of every gateway."""
+        opened = [(c.user, c.vhost.name, len(c.channels)) for c in self.connections
+                  if c.vhost is not None and c.is_open]
+        if self.followers is not None:
+            opened += self.followers.tally.values()
+        return opened
+
     def reply_channel(self, address: str):
         """The channel behind a direct reply-to address, if it still consumes."""
         key = replyto.key_of(address)

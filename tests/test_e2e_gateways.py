@@ -11,6 +11,9 @@ import pika
 import pika.exceptions
 import pytest
 
+from warren.gateway.access import AccessControl
+from warren.storage.metastore import MetaStore, VHostDef
+
 from .conftest import RunningBroker, wait_until
 from .test_e2e_basic import shard_pids
 
@@ -206,5 +209,51 @@ def test_the_disk_alarm_blocks_publishers_on_every_gateway(tmp_path):
             ch.basic_publish("", "gw.held", b"x")
         wait_until(lambda: (pub.process_data_events(time_limit=0.05), events)[1], timeout=10)
         assert events == ["low on disk"]  # and it is not read: the broker's stop closes it
+    finally:
+        broker.stop()
+
+
+def test_limits_count_the_connections_and_channels_of_every_gateway(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    meta = MetaStore(str(data / "meta"))
+    meta.put_vhost(VHostDef("/", "", {}))
+    meta.put_vhost(VHostDef("one", "", {"max-connections": 1}))
+    access = AccessControl(meta)
+    access.put_user("guest", "guest", ["administrator"])
+    access.set_permissions("guest", "/", ".*", ".*", ".*")
+    access.set_permissions("guest", "one", ".*", ".*", ".*")
+    access.put_user("two", "pw", [], limits={"max-channels": 2})
+    access.set_permissions("two", "/", ".*", ".*", ".*")
+    meta.close()
+    broker = RunningBroker(data, shards=1, gateways=2).start()
+
+    def open_on(gateway: int, vhost: str = "/", user: str = "guest", password: str = "guest"):
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", broker.gateway_port(gateway), vhost,
+            pika.PlainCredentials(user, password), connection_attempts=1))
+
+    try:
+        for first, second in ((0, 1), (1, 0)):
+            held = open_on(first, "one")
+            with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as raised:
+                open_on(second, "one")
+            assert "access to vhost 'one' refused for user 'guest': connection limit (1) " \
+                   "is reached" in str(raised.value)
+            held.close()
+        on0, on1 = open_on(0, user="two", password="pw"), open_on(1, user="two", password="pw")
+        on0.channel()
+        on1.channel()  # the user's two channels, on two gateways
+        refusal = ("NOT_ALLOWED - number of channels opened for user 'two' has reached the "
+                   "maximum allowed user limit of (2)")
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
+            on1.channel()  # counted on gateway 0 with gateway 0's channel
+        assert raised.value.reply_text == refusal
+        # on1's channel went with it; gateway 0 counts the one on gateway 1 too
+        on1 = open_on(1, user="two", password="pw")
+        on1.channel()
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
+            on0.channel()
+        assert raised.value.reply_text == refusal
     finally:
         broker.stop()
