@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import urllib.parse
 
 import pika
 import pika.exceptions
@@ -255,5 +256,76 @@ def test_limits_count_the_connections_and_channels_of_every_gateway(tmp_path):
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
             on0.channel()
         assert raised.value.reply_text == refusal
+    finally:
+        broker.stop()
+
+
+def test_single_active_consumer_across_gateways(two):
+    a, b = connect(two, 0), connect(two, 1)
+    try:
+        ca, cb = a.channel(), b.channel()
+        ca.queue_declare("gw.sac", arguments={"x-single-active-consumer": True})
+        got = {0: [], 1: []}
+        tag = ca.basic_consume("gw.sac", lambda ch, m, p, body: got[0].append(body),
+                               auto_ack=True)
+        cb.basic_consume("gw.sac", lambda ch, m, p, body: got[1].append(body), auto_ack=True)
+        for i in range(10):
+            ca.basic_publish("", "gw.sac", b"first")
+        wait_until(lambda: (a.process_data_events(0.02), b.process_data_events(0.02),
+                            len(got[0]) == 10)[2], 10)
+        ca.basic_cancel(tag)  # the consumer on gateway 1 becomes the active one
+        for i in range(10):
+            ca.basic_publish("", "gw.sac", b"second")
+        wait_until(lambda: (b.process_data_events(0.02), len(got[1]) == 10)[1], 10)
+        assert got == {0: [b"first"] * 10, 1: [b"second"] * 10}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_deleting_a_queue_cancels_its_consumers_on_every_gateway(two):
+    a, b = connect(two, 0), connect(two, 1)
+    try:
+        ca, cb = a.channel(), b.channel()
+        ca.queue_declare("gw.doomed")
+        cancelled = []
+        for gateway, (conn, ch) in enumerate(((a, ca), (b, cb))):
+            ch.add_on_cancel_callback(lambda frame, g=gateway: cancelled.append(g))
+            ch.basic_consume("gw.doomed", lambda *args: None)
+        cb.queue_delete("gw.doomed")
+        wait_until(lambda: (a.process_data_events(0.02), b.process_data_events(0.02),
+                            sorted(cancelled) == [0, 1])[2], 10,
+                   message="basic.cancel on both gateways")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_management_sees_and_closes_the_connections_of_every_gateway(tmp_path):
+    from .test_management_api import call, get
+    broker = RunningBroker(tmp_path / "data", shards=1, gateways=2, management=True).start()
+    try:
+        a, b = connect(broker, 0), connect(broker, 1)
+        b.channel().basic_consume(b.channel().queue_declare("").method.queue, lambda *x: None)
+        ports = {conn._impl._transport._sock.getsockname()[1] for conn in (a, b)}
+        names = [c["name"] for c in get(broker, "/api/connections")]
+        assert {int(n.split(" -> ")[0].rsplit(":", 1)[1]) for n in names} == ports
+        [consumer] = get(broker, "/api/consumers")  # on gateway 1
+        assert consumer["queue"]["name"].startswith("amq.gen-")
+        assert len(get(broker, "/api/channels")) == 2
+        port = b._impl._transport._sock.getsockname()[1]
+        name = next(n for n in names if n.startswith(f"127.0.0.1:{port} "))
+        status, _ = call(broker, "DELETE", "/api/connections/" + urllib.parse.quote(name))
+        assert status == 204
+
+        def closed():
+            try:
+                b.process_data_events(0.05)
+            except pika.exceptions.ConnectionClosedByBroker as error:
+                return error.reply_code == 320
+            return False
+
+        wait_until(closed, 10, message="gateway 1's connection closed through the API")
+        a.close()
     finally:
         broker.stop()
