@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import socket
 import ssl
 import subprocess
@@ -329,11 +330,11 @@ def test_failed_tls_handshakes_are_logged_naming_the_client(tmp_path, certificat
             with pytest.raises(ssl.SSLCertVerificationError):  # does not trust our cert
                 ssl.create_default_context().wrap_socket(raw, server_hostname="localhost")
         for reason, client_port in names.items():
-            wait_until(lambda: (
-                f"[error] <gateway> Error on AMQP connection (127.0.0.1:{client_port} -> "
-                f"127.0.0.1:{port}):\n") in broker.log_text() and (
-                f"[error] <gateway> TLS handshake failed: {reason}\n") in broker.log_text(),
-                message=broker.log_text()[-2000:])
+            wait_until(lambda: re.search(
+                rf"\[error\] <gateway(-\d+)?> Error on AMQP connection \(127\.0\.0\.1:"
+                rf"{client_port} -> 127\.0\.0\.1:{port}\):\n", broker.log_text()) and re.search(
+                rf"\[error\] <gateway(-\d+)?> TLS handshake failed: {re.escape(reason)}\n",
+                broker.log_text()), message=broker.log_text()[-2000:])
         # a client that completes the handshake is served as before
         context = ssl.create_default_context(cafile=str(cert))
         conn = pika.BlockingConnection(pika.ConnectionParameters(

@@ -43,7 +43,7 @@ def test_a_connections_life_and_its_channel_error_read_as_rabbitmqs(broker):
     conn.close()
 
     full = f"{name} - orders-app"
-    prefix = r"\S+ \S+ \[(\w+)\] <gateway> "
+    prefix = r"\S+ \S+ \[(\w+)\] <gateway(?:-\d+)?> "
     expected = [
         ("info", f"accepting AMQP connection ({name})"),
         ("info", f"connection ({name}) has a client-provided name: orders-app"),
@@ -77,8 +77,9 @@ def test_a_connection_error_names_the_operation_and_the_exception(broker):
     client.send_method(0, m.ConnectionCloseOk())
     client.close()
     wait_until(lambda: re.search(
-        rf"\[error\] <gateway> Error on AMQP connection \({re.escape(name)}, vhost: '/', "
-        r"user: 'guest', state: running\):\n.* \[error\] <gateway>  operation channel\.open "
+        rf"\[error\] <gateway(-\d+)?> Error on AMQP connection \({re.escape(name)}, "
+        r"vhost: '/', user: 'guest', state: running\):\n.* \[error\] <gateway(-\d+)?>  "
+        r"operation channel\.open "
         r"caused a connection exception channel_error: \"unexpected method in connection "
         r"state running\"\n", broker.log_text()))
 

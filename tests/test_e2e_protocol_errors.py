@@ -133,8 +133,9 @@ def test_an_abrupt_disconnect_is_logged_as_rabbitmq_logs_it(broker):
     client.close()
     # RabbitMQ's two lines, each with the line prefix: the connection, then why
     wait_until(lambda: re.search(
-        rf"\[warning\] <gateway> closing AMQP connection \({re.escape(name)}, vhost: '/', "
-        r"user: 'guest'\):\n.* \[warning\] <gateway> client unexpectedly closed TCP "
+        rf"\[warning\] <gateway(-\d+)?> closing AMQP connection \({re.escape(name)}, "
+        r"vhost: '/', user: 'guest'\):\n.* \[warning\] <gateway(-\d+)?> client unexpectedly "
+        r"closed TCP "
         r"connection\n", broker.log_text()))
 
 
