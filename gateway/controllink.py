@@ -79,6 +79,7 @@ class Connections(_Message, tag=7):
 
     ids: list[int]
     infos: list[ConnectionInfo]
+    totals: dict[str, int]  # its Totals since it started
 
 
 class CloseConnection(_Message, tag=8):

@@ -105,7 +105,8 @@ class Leader:
                 conn.close_forced(message.reason)
         elif kind is ListConnections:
             opened = [c for c in self.gateway.connections if c.vhost is not None]
-            self.link.send(Connections([c.id for c in opened], [c.snapshot() for c in opened]))
+            self.link.send(Connections([c.id for c in opened], [c.snapshot() for c in opened],
+                                       self.gateway.totals.as_dict()))
 
 
 async def serve(spec: FollowerSpec) -> None:

@@ -88,6 +88,8 @@ class Followers:
         # for the vhost and user limits
         self.tally: dict[int, tuple[str, str, int]] = {}
         self._listing: dict[int, asyncio.Future] = {}  # gateway index -> its list, awaited
+        self.totals: dict[int, dict] = {}  # gateway index -> its Totals, as last reported
+        self._retired: dict[str, int] = {}  # the Totals of gateway processes gone
         self.processes: dict[int, subprocess.Popen] = {}
         self.failing: dict[int, int] = {}  # gateway index -> deaths in a row
         self._replacing: set[int] = set()  # stopped to be started again at once
@@ -158,6 +160,7 @@ class Followers:
             link = self.links[index]
             self.remote[index] = [RemoteConnection(id, info, link)
                                   for id, info in zip(message.ids, message.infos)]
+            self.totals[index] = message.totals
             listing = self._listing.pop(index, None)
             if listing is not None and not listing.done():
                 listing.set_result(None)
@@ -194,6 +197,13 @@ class Followers:
         waiting = list(self._listing.values())
         if waiting:
             await asyncio.wait(waiting, timeout=LIST_TIMEOUT)
+
+    def add_totals(self, totals: dict[str, int]) -> dict[str, int]:
+        """`totals` (gateway 0's) with every other gateway's, past ones included."""
+        for counted in (*self.totals.values(), self._retired):
+            for name, count in counted.items():
+                totals[name] = totals.get(name, 0) + count
+        return totals
 
     def connections(self) -> list[RemoteConnection]:
         """The other gateways' open connections, as each last reported them."""
@@ -239,6 +249,8 @@ class Followers:
         del self.links[index]
         self.applied.pop(index, None)
         self.remote.pop(index, None)
+        for name, count in self.totals.pop(index, {}).items():  # counters never go back
+            self._retired[name] = self._retired.get(name, 0) + count
         listing = self._listing.pop(index, None)
         if listing is not None and not listing.done():
             listing.set_result(None)

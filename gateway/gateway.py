@@ -300,6 +300,11 @@ class Gateway:
         value = definition.limits.get(limit, -1) if definition else -1
         return value if isinstance(value, int) else -1
 
+    def broker_totals(self) -> dict[str, int]:
+        """The broker's counters since start: this gateway's and the others'."""
+        totals = self.totals.as_dict()
+        return totals if self.followers is None else self.followers.add_totals(totals)
+
     def limit_refusal(self, user: str, vhost: str, channel: bool = False) -> str | None:
         """Why a connection of `user` to `vhost` (or, with `channel`, another channel
         of it) may not open: a limit reached, counting every gateway's connections
@@ -401,7 +406,8 @@ class Gateway:
         self.vhosts[spec.vhost].queues[spec.name] = self.queues_by_qid[meta.qid] = meta
         if owner is not None:
             owner.exclusive_queues.add(meta)
-        self.totals.queues_created += 1
+        if self.authority:  # not again where the change is replayed
+            self.totals.queues_created += 1
         self._changed(replication.QueuePut(definition, owner.id if owner is not None else 0))
         return meta
 
@@ -413,7 +419,8 @@ class Gateway:
         self._unbind_destination(vhost, (QUEUE, spec.name))  # while the queue is known
         del vhost.queues[spec.name]
         del self.queues_by_qid[meta.qid]
-        self.totals.queues_deleted += 1
+        if self.authority:  # not again where the change is replayed
+            self.totals.queues_deleted += 1
         if meta.owner is not None:
             meta.owner.exclusive_queues.discard(meta)
         if spec.stored:

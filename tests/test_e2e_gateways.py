@@ -313,6 +313,13 @@ def test_management_sees_and_closes_the_connections_of_every_gateway(tmp_path):
         [consumer] = get(broker, "/api/consumers")  # on gateway 1
         assert consumer["queue"]["name"].startswith("amq.gen-")
         assert len(get(broker, "/api/channels")) == 2
+        publisher = b.channel()
+        publisher.confirm_delivery()
+        for _ in range(3):
+            publisher.basic_publish("", "nowhere", b"counted")  # on gateway 1
+        overview = get(broker, "/api/overview")
+        assert overview["message_stats"]["publish"] == 3
+        assert overview["object_totals"]["connections"] == 2
         port = b._impl._transport._sock.getsockname()[1]
         name = next(n for n in names if n.startswith(f"127.0.0.1:{port} "))
         status, _ = call(broker, "DELETE", "/api/connections/" + urllib.parse.quote(name))

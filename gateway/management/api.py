@@ -122,7 +122,7 @@ class Management:
         figures = await self._queue_info()
         counters: dict = {("queue", qid): {name: values[name] for name in COUNTED}
                           for qid, values in figures.items()}
-        counters["totals"] = totals_of(self.gateway)
+        counters["totals"] = self.gateway.broker_totals()
         for info in (c.snapshot() for c in self.connections()):
             counters[("connection", info.name)] = _traffic(info)
         self.rates.sample(time.monotonic(), counters)
@@ -139,7 +139,7 @@ class Management:
         return self.rates.rate(("connection", info.name), time.monotonic(), _traffic(info))
 
     def totals_rates(self) -> dict:
-        return self.rates.rate("totals", time.monotonic(), totals_of(self.gateway))
+        return self.rates.rate("totals", time.monotonic(), self.gateway.broker_totals())
 
     # -- authentication ----------------------------------------------------------------
 
@@ -283,7 +283,7 @@ class Management:
         return Response.json(overview)
 
     def _global_stats(self) -> dict:
-        totals, rates = totals_of(self.gateway), self.totals_rates()
+        totals, rates = self.gateway.broker_totals(), self.totals_rates()
         stats = {}
         for name, key in GLOBAL_STATS:
             stats[name] = totals[key]
@@ -750,10 +750,6 @@ GLOBAL_STATS = (("publish", "received"), ("confirm", "confirmed"), ("deliver_get
                 ("get_empty", "get_empty"), ("redeliver", "redelivered"),
                 ("ack", "acknowledged"), ("drop_unroutable", "unroutable_dropped"),
                 ("return_unroutable", "unroutable_returned"))
-
-
-def totals_of(gateway) -> dict[str, int]:
-    return gateway.totals.as_dict()
 
 
 def _traffic(info) -> dict[str, int]:

@@ -167,10 +167,10 @@ class BrokerCollector(Collector):
                      "all consumers on a channel", sum(ch.global_prefetch_count for ch in channels))
         yield _gauge("rabbitmq_process_open_tcp_sockets", "Open TCP sockets", len(connections))
         yield from self._queues(queues)
-        totals = gateway.totals
+        totals = gateway.broker_totals()
         for name, field, text, labels in GLOBAL_COUNTERS:
             family = CounterMetricFamily(name, text, labels=list(labels))
-            family.add_metric(list(labels.values()), getattr(totals, field))
+            family.add_metric(list(labels.values()), totals[field])
             yield family
         yield from self._resources()
         yield from self._shards()
