@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,17 +18,35 @@ from warren.loadtest.procs import free_port, read_line
 from .inproc import InProcessGateway, running_gateway
 
 ROOT = Path(__file__).resolve().parent.parent
-GATEWAYS = 1  # of every broker a test starts, unless it says: pytest --gateways N
+GATEWAYS = 1  # of the brokers a test starts, unless it says (the gateway_count fixture)
+# The end-to-end modules run with each gateway count of --gateways (default 1 and 2):
+# whichever gateway process a client lands on, the broker must behave the same.
+END_TO_END = re.compile(r"test_(e2e_(?!gateways)\w+|management_\w+|ctl|chaos_kill|metrics|"
+                        r"dashboard)$")
 
 
 def pytest_addoption(parser):
-    parser.addoption("--gateways", type=int, default=1,
-                     help="gateway processes of the brokers the end-to-end tests start")
+    parser.addoption("--gateways", default="1,2",
+                     help="gateway processes of the brokers the end-to-end tests start; "
+                          "with several counts (1,2) each of those tests runs with each")
 
 
-def pytest_configure(config):
+def pytest_generate_tests(metafunc):
+    if "gateway_count" in metafunc.fixturenames and \
+            END_TO_END.search(metafunc.module.__name__):
+        counts = [int(n) for n in metafunc.config.getoption("--gateways").split(",")]
+        metafunc.parametrize("gateway_count", counts, indirect=True, scope="module",
+                             ids=[f"gateways{n}" for n in counts])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gateway_count(request) -> int:
+    """Gateway processes of the brokers this module's tests start. Module-scoped
+    broker fixtures take it as an argument, so each count gets its own broker."""
     global GATEWAYS
-    GATEWAYS = config.getoption("--gateways")
+    GATEWAYS = getattr(request, "param", 1)
+    yield GATEWAYS
+    GATEWAYS = 1
 
 
 class RunningBroker:
@@ -165,7 +184,7 @@ def wait_until(condition, timeout: float = 10.0, interval: float = 0.01, message
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory):
+def broker(tmp_path_factory, gateway_count):
     running = RunningBroker(tmp_path_factory.mktemp("warren") / "data", shards=4).start()
     yield running
     running.stop()

@@ -16,7 +16,7 @@ from .conftest import ROOT, RunningBroker
 
 
 @pytest.fixture(scope="module")
-def managed(tmp_path_factory):
+def managed(tmp_path_factory, gateway_count):
     broker = RunningBroker(tmp_path_factory.mktemp("ctl") / "data", management=True).start()
     yield broker
     broker.stop()

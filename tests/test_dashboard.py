@@ -84,7 +84,7 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def warren(tmp_path_factory):
+def warren(tmp_path_factory, gateway_count):
     yield from managed_broker(tmp_path_factory, "dashboard")
 
 

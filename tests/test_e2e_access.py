@@ -120,7 +120,7 @@ def prepare_users(data_dir) -> None:
 
 
 @pytest.fixture(scope="module")
-def users_broker(tmp_path_factory):
+def users_broker(tmp_path_factory, gateway_count):
     data = tmp_path_factory.mktemp("users") / "data"
     data.mkdir()
     prepare_users(data)

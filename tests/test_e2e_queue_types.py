@@ -24,7 +24,7 @@ GLOBAL_TIMEOUT_MS = 300
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory):
+def broker(tmp_path_factory, gateway_count):
     running = RunningBroker(tmp_path_factory.mktemp("qt") / "data", shards=2,
                             extra_args=["--consumer-timeout", str(GLOBAL_TIMEOUT_MS)]).start()
     yield running

@@ -106,7 +106,7 @@ VISIBLE = {
 
 
 @pytest.fixture(scope="module")
-def tagged(tmp_path_factory):
+def tagged(tmp_path_factory, gateway_count):
     broker = RunningBroker(tmp_path_factory.mktemp("access") / "data", shards=1,
                            management=True).start()
     setup = [("PUT", "/api/vhosts/a", {}), ("PUT", "/api/vhosts/b", {})]

@@ -22,7 +22,7 @@ from .conftest import ROOT, RunningBroker, wait_until
 
 
 @pytest.fixture(scope="module")
-def managed(tmp_path_factory):
+def managed(tmp_path_factory, gateway_count):
     broker = RunningBroker(tmp_path_factory.mktemp("mgmt") / "data", shards=2,
                            management=True).start()
     yield broker

@@ -19,7 +19,7 @@ AUTH = "Authorization: Basic " + base64.b64encode(b"guest:guest").decode()
 
 
 @pytest.fixture(scope="module")
-def managed(tmp_path_factory):
+def managed(tmp_path_factory, gateway_count):
     broker = RunningBroker(tmp_path_factory.mktemp("input") / "data", shards=1,
                            management=True).start()
     yield broker

@@ -17,7 +17,7 @@ from .test_management_api import call, get
 
 
 @pytest.fixture(scope="module")
-def managed(tmp_path_factory):
+def managed(tmp_path_factory, gateway_count):
     yield from managed_broker(tmp_path_factory, "messages", shards=2)
 
 

@@ -44,7 +44,7 @@ RABBITMQ_NAMES = [
 
 
 @pytest.fixture(scope="module")
-def managed(tmp_path_factory):
+def managed(tmp_path_factory, gateway_count):
     yield from managed_broker(tmp_path_factory, "metrics", shards=2)
 
 
