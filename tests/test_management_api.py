@@ -5,6 +5,7 @@ definitions and connection closing (metrics: test_metrics.py)."""
 from __future__ import annotations
 
 import base64
+import copy
 import http.client
 import json
 import subprocess
@@ -441,9 +442,9 @@ def test_definitions_import_reports_every_problem_and_changes_nothing(managed):
     assert call(managed, "GET", "/api/vhosts/defs-bad")[0] == 404
     assert "defs-user" not in [u["name"] for u in get(managed, "/api/users")]
     # the same document without its problems imports
-    good = {"vhosts": BAD_DEFINITIONS["vhosts"],
-            "users": BAD_DEFINITIONS["users"][1:],
-            "queues": BAD_DEFINITIONS["queues"][:1]}
+    good = copy.deepcopy({"vhosts": BAD_DEFINITIONS["vhosts"],  # BAD_DEFINITIONS stays as is
+                          "users": BAD_DEFINITIONS["users"][1:],
+                          "queues": BAD_DEFINITIONS["queues"][:1]})
     good["users"][0]["hashing_algorithm"] = "rabbit_password_hashing_sha256"
     try:
         assert call(managed, "POST", "/api/definitions", good)[0] == 204
