@@ -124,6 +124,13 @@ class Followers:
         self._waiters.append((self.seq, answered))
         self._release()
 
+    async def applied_everywhere(self) -> None:
+        """Return once every live gateway has applied the changes made so far."""
+        if not self.caught_up():
+            done = asyncio.get_running_loop().create_future()
+            self.request(None, lambda _: done.done() or done.set_result(None))
+            await done
+
     def _release(self) -> None:
         low = min(self.applied.values(), default=self.seq)
         ready = [w for w in self._waiters if w[0] <= low]

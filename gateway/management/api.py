@@ -233,7 +233,10 @@ class Management:
         handler = getattr(self, f"api_{name.replace('-', '_')}", None)
         if handler is None:
             raise not_found()
-        return await handler(request, parts[2:])
+        response = await handler(request, parts[2:])
+        if self.gateway.followers is not None:  # what it changed is on every gateway first
+            await self.gateway.followers.applied_everywhere()
+        return response
 
     # -- overview and nodes ----------------------------------------------------------------
 
