@@ -31,6 +31,15 @@ def connect(broker: RunningBroker, gateway: int) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.URLParameters(broker.gateway_url(gateway)))
 
 
+def closed_with_320(conn: pika.BlockingConnection) -> bool:
+    """Has the broker closed `conn` with 320 CONNECTION_FORCED (one poll)?"""
+    try:
+        conn.process_data_events(0.05)
+    except pika.exceptions.ConnectionClosedByBroker as error:
+        return error.reply_code == 320
+    return False
+
+
 def take(channel, queue: str, count: int, timeout: float = 10.0) -> list:
     got = []
 
@@ -180,15 +189,7 @@ def test_a_restarted_shard_takes_every_gateway_along(tmp_path):
         [pid] = shard_pids(broker)
         broker.forget_gateway_port(1)
         os.kill(pid, signal.SIGKILL)
-
-        def closed():
-            try:
-                conn.process_data_events(0.05)
-            except pika.exceptions.ConnectionClosedByBroker as error:
-                return error.reply_code == 320
-            return False
-
-        wait_until(closed, 30, message="gateway 1's client closed with 320")
+        wait_until(lambda: closed_with_320(conn), 30, message="gateway 1's client closed")
         again = connect(broker, 1)  # the restarted gateway 1, on the new rings
         assert take(again.channel(), "gw.kept", 1, timeout=30) == [b"kept"]
         again.close()
@@ -324,15 +325,8 @@ def test_management_sees_and_closes_the_connections_of_every_gateway(tmp_path):
         name = next(n for n in names if n.startswith(f"127.0.0.1:{port} "))
         status, _ = call(broker, "DELETE", "/api/connections/" + urllib.parse.quote(name))
         assert status == 204
-
-        def closed():
-            try:
-                b.process_data_events(0.05)
-            except pika.exceptions.ConnectionClosedByBroker as error:
-                return error.reply_code == 320
-            return False
-
-        wait_until(closed, 10, message="gateway 1's connection closed through the API")
+        wait_until(lambda: closed_with_320(b), 10,
+                   message="gateway 1's connection closed through the API")
         a.close()
     finally:
         broker.stop()
