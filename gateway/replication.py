@@ -12,7 +12,7 @@ starts is sent the whole catalogue as such records first (`snapshot`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
 import msgspec
 
@@ -27,9 +27,6 @@ from warren.storage.metastore import (
 )
 
 from .exchange import Exchange
-
-if TYPE_CHECKING:
-    from .gateway import Gateway
 
 
 class _Change(msgspec.Struct, array_like=True, tag=True):
@@ -112,19 +109,17 @@ def binding_def(exchange: Exchange, destination: tuple, routing_key: str,
                       routing_key, arguments)
 
 
-def snapshot(gateway: "Gateway") -> list:
-    """The whole catalogue as changes that build it on an empty gateway."""
-    from .gateway import VHost
+def snapshot(gateway) -> list:
+    """The whole catalogue of a Gateway as changes that build it on an empty one
+    (a vhost's predeclared exchanges come again, the same)."""
     changes: list = [VHostPut(d) for d in gateway.vhost_defs.values()]
     changes += [UserPut(u) for u in gateway.access.users.values()]
     changes += [PermissionPut(p) for p in gateway.access.permissions.values()]
     changes += [PolicyPut(p) for named in gateway.policies.values() for p in named.values()]
     bindings = []
     for vhost in gateway.vhosts.values():
-        predeclared = VHost(vhost.name).exchanges  # every vhost has these already
         for exchange in vhost.exchanges.values():
-            if exchange.name not in predeclared:
-                changes.append(ExchangePut(exchange_def(exchange)))
+            changes.append(ExchangePut(exchange_def(exchange)))
             bindings += [BindingPut(binding_def(exchange, destination, routing_key, arguments))
                          for (destination, routing_key, _), arguments
                          in exchange.bindings.items()]
@@ -134,8 +129,8 @@ def snapshot(gateway: "Gateway") -> list:
     return changes + bindings
 
 
-def apply(gateway: "Gateway", change) -> None:
-    """Replay one change of the authority's catalogue on this gateway's."""
+def apply(gateway, change) -> None:
+    """Replay one change of the authority's catalogue on a Gateway's."""
     kind = type(change)
     if kind is BindingPut or kind is BindingDeleted:
         b = change.definition
