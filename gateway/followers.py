@@ -42,6 +42,9 @@ log = logging.getLogger("warren")
 
 STABLE = 10.0  # seconds a restarted gateway must stay up to count as recovered
 LIST_TIMEOUT = 2.0  # seconds the management API waits for another gateway's connections
+# Seconds a gateway may take to apply the catalogue's changes before it is taken for
+# stuck and restarted: declarations everywhere wait for it meanwhile.
+APPLY_TIMEOUT = 5.0
 
 
 class FollowerSpec(msgspec.Struct, array_like=True):
@@ -123,6 +126,17 @@ class Followers:
         self.flush()
         self._waiters.append((self.seq, answered))
         self._release()
+        if self._waiters:
+            asyncio.get_running_loop().call_later(APPLY_TIMEOUT, self._check_applied, self.seq)
+
+    def _check_applied(self, seq: int) -> None:
+        """Restart a gateway that has not applied change `seq` in APPLY_TIMEOUT."""
+        for index, applied in list(self.applied.items()):
+            process = self.processes.get(index)
+            if applied < seq and process is not None and process.poll() is None:
+                log.error("gateway %d has not applied the catalogue's changes in %.0f s; "
+                          "restarting it", index, APPLY_TIMEOUT)
+                process.kill()  # its exit releases the waiters and restarts it
 
     async def applied_everywhere(self) -> None:
         """Return once every live gateway has applied the changes made so far."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import urllib.parse
 
 import pika
@@ -328,5 +329,27 @@ def test_management_sees_and_closes_the_connections_of_every_gateway(tmp_path):
         wait_until(lambda: closed_with_320(b), 10,
                    message="gateway 1's connection closed through the API")
         a.close()
+    finally:
+        broker.stop()
+
+
+def test_a_stuck_gateway_is_restarted_and_declarations_go_on(tmp_path):
+    broker = RunningBroker(tmp_path / "data", shards=1, gateways=2).start()
+    try:
+        connect(broker, 1).close()  # gateway 1 is up
+        pid = int(next(line for line in broker.log_text().splitlines()
+                       if "gateway 1 started" in line).rsplit("pid ", 1)[1].split(")")[0])
+        os.kill(pid, signal.SIGSTOP)  # it applies no more changes
+        conn = connect(broker, 0)
+        declaring = threading.Thread(target=lambda: conn.channel().queue_declare("gw.after"))
+        declaring.start()
+        declaring.join(30)  # answered once gateway 1 is replaced, not never
+        assert not declaring.is_alive()
+        assert "gateway 1 has not applied the catalogue's changes" in broker.log_text()
+        broker.forget_gateway_port(1)
+        again = connect(broker, 1)  # the new gateway 1 has the queue
+        again.channel().queue_declare("gw.after", passive=True)
+        again.close()
+        conn.close()
     finally:
         broker.stop()
