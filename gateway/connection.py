@@ -89,8 +89,9 @@ class Connection(asyncio.BufferedProtocol):
         self._paused_by: set = set()
         self.has_published = False
         self.exclusive_queues: set = set()  # QueueMeta of the exclusive queues it owns
-        self.declared = False  # declared through gateway 0 (on another gateway)
-        self.admitted = False  # counted by gateway 0 (on another gateway)
+        # counted by gateway 0 (on another gateway): every connection that opened,
+        # so the one that may declare, own exclusive queues and count against limits
+        self.admitted = False
         self._last_received = self._last_sent = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._received_any = False

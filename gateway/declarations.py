@@ -23,8 +23,6 @@ class Declarations:
         """On a gateway other than gateway 0, which alone changes the catalogue: have
         it run the declaration as if this connection were there, then answer as it
         did. Its changes to the catalogue arrive here before its answer."""
-        self.conn.declared = True
-
         def answered(answer) -> None:
             self.last_queue = answer.last_queue
             if answer.code:

@@ -68,7 +68,7 @@ class Leader:
     def connection_closed(self, conn) -> None:
         """A client's connection closed: gateway 0 stops counting it and deletes its
         exclusive queues."""
-        if conn.declared or conn.admitted:
+        if conn.admitted:
             self.link.send(ConnectionClosed(conn.id))
 
     def admit(self, conn, vhost: str, channels: int, answered) -> None:
