@@ -17,9 +17,12 @@ DISK_CHECK_INTERVAL = 1.0  # seconds
 
 
 class Alarms:
-    def __init__(self, on_change: Callable[[str], None]):
+    def __init__(self, on_change: Callable[[str], None], logs: bool = True):
         self.active: set[tuple] = set()  # (source, resource): a shard index or "gateway"
         self._on_change = on_change  # (reason, "" once all are off) -> None
+        # Every gateway process sees every alarm; one (gateway 0) tells the log, as
+        # a RabbitMQ node logs it once.
+        self._logs = logs
         self.disk_free = 0  # bytes, as of the last check (free pages of the stores included)
         self.disk_free_limit = 0
         self._disk_timer: asyncio.TimerHandle | None = None
@@ -29,7 +32,8 @@ class Alarms:
             return
         was_on = bool(self.active)
         (self.active.add if active else self.active.discard)(key)
-        log.warning("resource alarm %s %s: %s", key[1], "on" if active else "off", key)
+        if self._logs:
+            log.warning("resource alarm %s %s: %s", key[1], "on" if active else "off", key)
         if bool(self.active) != was_on:
             self._on_change(self.reason())
 

@@ -120,7 +120,7 @@ class Gateway:
         self.policies: dict[str, dict[str, PolicyDef]] = {}  # vhost -> name -> policy
         self.shards = ShardPool(config, self._on_events, self._redeclare_queues,
                                 self._shard_lost, config.gateway_count())
-        self.alarms = Alarms(self._alarm_changed)
+        self.alarms = Alarms(self._alarm_changed, logs=self.authority)
         self._dirty: list = []  # connections with output to write this turn
         self._flush_pending = False
         self.connections: set = set()

@@ -212,6 +212,8 @@ def test_the_disk_alarm_blocks_publishers_on_every_gateway(tmp_path):
             ch.basic_publish("", "gw.held", b"x")
         wait_until(lambda: (pub.process_data_events(time_limit=0.05), events)[1], timeout=10)
         assert events == ["low on disk"]  # and it is not read: the broker's stop closes it
+        # every gateway watches the disk, and the log tells of the alarm once
+        assert broker.log_text().count("resource alarm disk on") == 1
     finally:
         broker.stop()
 
