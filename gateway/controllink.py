@@ -124,8 +124,23 @@ class ChannelCount(_Message, tag=13):
     channels: int
 
 
-Message = Union[Admit, Admitted, ChannelCount, Hello, Changes, Applied, Forward, Answer, ConnectionClosed, ListConnections,
-                Connections, CloseConnection, Reply]
+class AskReplyConsumer(_Message, tag=14):
+    """Gateway 0 asks the gateway a direct reply-to address names whether its
+    channel still consumes (a passive queue.declare of the address); answered
+    with `ReplyConsumer`."""
+
+    req: int
+    address: str
+
+
+class ReplyConsumer(_Message, tag=15):
+    req: int
+    consuming: bool
+
+
+Message = Union[Admit, Admitted, ChannelCount, Hello, Changes, Applied, Forward, Answer,
+                ConnectionClosed, ListConnections, Connections, CloseConnection, Reply,
+                AskReplyConsumer, ReplyConsumer]
 _decode = msgspec.msgpack.Decoder(Message).decode
 _encode = msgspec.msgpack.Encoder().encode
 

@@ -10,7 +10,7 @@ from warren.storage.queuespec import QueueSpec
 from . import declare, replyto
 from .amqp import methods as m
 from .amqp import spec
-from .controllink import Forward
+from .controllink import AskReplyConsumer, Forward
 from .errors import AMQPError, exchange_name, refusal_error
 from .exchange import EXCHANGE, QUEUE, Exchange
 from .gateway import QueueMeta, server_generated_name
@@ -130,9 +130,8 @@ class Declarations:
         vhost = self.vhost
         name = method.queue
         if method.passive:
-            if replyto.is_reply_queue(name) and self.gateway.reply_channel(name) is not None:
-                return self._reply(m.QueueDeclareOk(queue=name, message_count=0,
-                                                    consumer_count=1), method.nowait)
+            if replyto.is_reply_queue(name):
+                return self._declare_reply_address(method)
             meta = self._queue_named(name)
             return self._queue_declare_existing(method, meta)
         server_named = name == ""
@@ -155,6 +154,28 @@ class Declarations:
         self.last_queue = name
         self._reply_seen(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
                          method.nowait)
+
+    def _declare_reply_address(self, method: m.QueueDeclare) -> None:
+        """A passive declare of a direct reply-to address: as in RabbitMQ, it exists
+        (one consumer) while the channel it names consumes, and is 404 after. An
+        address of another gateway process is asked there. The pseudo-queue itself
+        always exists (clients check for the feature so)."""
+        address = method.queue
+
+        def answer(consuming: bool) -> None:
+            if not consuming:
+                self._queue_named(address)  # 404, as for any queue that is not there
+            self._reply(m.QueueDeclareOk(queue=address, message_count=0, consumer_count=1),
+                        method.nowait)
+
+        if address == replyto.REPLY_QUEUE:
+            return answer(True)
+        index = replyto.gateway_of(address)
+        followers = self.gateway.followers
+        if index is None or index == self.gateway.index or followers is None:
+            return answer(self.gateway.reply_channel(address) is not None)
+        self._request(followers.at(index), lambda req: AskReplyConsumer(req, address),
+                      lambda reply: answer(reply is not None and reply.consuming))
 
     def _queue_declare_existing(self, method: m.QueueDeclare, meta: QueueMeta) -> None:
         self.last_queue = meta.spec.name

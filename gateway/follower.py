@@ -30,6 +30,7 @@ from .controllink import (
     Admitted,
     Answer,
     Applied,
+    AskReplyConsumer,
     Changes,
     ChannelCount,
     CloseConnection,
@@ -38,6 +39,7 @@ from .controllink import (
     ControlLink,
     ListConnections,
     Reply,
+    ReplyConsumer,
 )
 from .followers import FollowerSpec
 from .gateway import Gateway
@@ -103,6 +105,9 @@ class Leader:
                         None)
             if conn is not None:
                 conn.close_forced(message.reason)
+        elif kind is AskReplyConsumer:
+            consuming = self.gateway.reply_channel(message.address) is not None
+            self.link.send(ReplyConsumer(message.req, consuming))
         elif kind is ListConnections:
             opened = [c for c in self.gateway.connections if c.vhost is not None]
             self.link.send(Connections([c.id for c in opened], [c.snapshot() for c in opened],

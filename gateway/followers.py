@@ -35,6 +35,7 @@ from .controllink import (
     Forward,
     ListConnections,
     Reply,
+    ReplyConsumer,
 )
 from .mirror import Mirror
 
@@ -75,6 +76,18 @@ class RemoteConnection:
         self._link.send(CloseConnection(self.id, reason))
 
 
+class Asking:
+    """Another gateway as a link for Channel._request: `make(req)` goes there and
+    `answered` gets its answer, or None if that gateway is not running or goes."""
+
+    def __init__(self, followers: "Followers", index: int):
+        self._followers = followers
+        self._index = index
+
+    def request(self, make, answered) -> None:
+        self._followers.ask(self._index, make, answered)
+
+
 class Followers:
     def __init__(self, gateway, count: int):
         self.gateway = gateway
@@ -96,6 +109,8 @@ class Followers:
         self.processes: dict[int, subprocess.Popen] = {}
         self.failing: dict[int, int] = {}  # gateway index -> deaths in a row
         self._replacing: set[int] = set()  # stopped to be started again at once
+        self._asked: dict[int, tuple[int, object]] = {}  # req -> (gateway index, answered)
+        self._next_ask = 0
         self.stopping = False
         self._ports = (0, 0)
 
@@ -185,6 +200,10 @@ class Followers:
             listing = self._listing.pop(index, None)
             if listing is not None and not listing.done():
                 listing.set_result(None)
+        elif kind is ReplyConsumer:
+            asked = self._asked.pop(message.req, None)
+            if asked is not None:
+                asked[1](message)
         elif kind is ConnectionClosed:
             self.tally.pop(message.connection, None)
             mirror = self.mirrors.pop(message.connection, None)
@@ -199,6 +218,20 @@ class Followers:
         if refusal is None:
             self.tally[ask.connection] = (ask.user, ask.vhost, ask.channels)
         self.links[index].send(Admitted(ask.req, refusal or ""))
+
+    def at(self, index: int) -> Asking:
+        return Asking(self, index)
+
+    def ask(self, index: int, make, answered) -> None:
+        """Send `make(req)` to gateway `index`; `answered(answer)` runs when it
+        answers (with None at once if it is not running, or when it goes)."""
+        link = self.links.get(index)
+        if link is None:
+            asyncio.get_running_loop().call_soon(answered, None)
+            return
+        self._next_ask += 1
+        self._asked[self._next_ask] = (index, answered)
+        link.send(make(self._next_ask))
 
     def pass_reply(self, reply: Reply) -> bool:
         """A direct reply to another gateway's channel: send it there."""
@@ -279,6 +312,8 @@ class Followers:
             self.mirrors.pop(key).close()
         for key in [k for k in self.tally if r.gateway_of(k) == index]:
             del self.tally[key]
+        for req in [req for req, (asked, _) in self._asked.items() if asked == index]:
+            self._asked.pop(req)[1](None)
         self._release()
 
     def _exited(self, index: int, process: subprocess.Popen, pidfd: int) -> None:

@@ -167,11 +167,20 @@ def test_direct_reply_to_across_gateways(two, client_on, server_on):
                    10, message="the request")
         _, props, body = request[-1]
         assert body == b"2+2"
-        # its reply_to names the client's channel on the client's gateway
+        # its reply_to names the client's channel on the client's gateway, where
+        # it consumes: a passive declare of it says so from either gateway
+        for conn in (server, client):
+            ok = conn.channel().queue_declare(props.reply_to, passive=True)
+            assert (ok.method.queue, ok.method.consumer_count) == (props.reply_to, 1)
         sc.basic_publish("", props.reply_to, b"4")
         wait_until(lambda: (client.process_data_events(0.05), replies)[1], 10,
                    message="the reply on the client's gateway")
         assert replies == [b"4"]
+        cc.close()  # the address goes with the channel
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            server.channel().queue_declare(props.reply_to, passive=True)
+        assert closed.value.reply_code == 404
+        assert closed.value.reply_text == f"NOT_FOUND - no queue '{props.reply_to}' in vhost '/'"
     finally:
         client.close()
         server.close()

@@ -595,10 +595,18 @@ def test_direct_reply_to_rpc(broker):
         wait_until(lambda: client_conn.process_data_events(0.05) or replies)
         [(reply_props, reply_body)] = replies
         assert reply_body == b"4" and reply_props.correlation_id == "c1"
+        # the address is there while its channel consumes (RabbitMQ: one consumer),
+        # and so is the pseudo-queue, for clients that check for the feature
+        for name in (props.reply_to, "amq.rabbitmq.reply-to"):
+            ok = server.queue_declare(name, passive=True).method
+            assert (ok.queue, ok.message_count, ok.consumer_count) == (name, 0, 1)
         # once the requester is gone, a reply to it is simply dropped
         client_conn.close()
         server.basic_publish("", props.reply_to, b"late")
         server.queue_declare(service, passive=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            server.queue_declare(props.reply_to, passive=True)
+        assert closed.value.reply_text == f"NOT_FOUND - no queue '{props.reply_to}' in vhost '/'"
     finally:
         for conn in (server_conn, client_conn):
             if conn.is_open:
