@@ -67,6 +67,10 @@ class Channel(Declarations, Consuming, Publishing):
         self.timed_out: dict[str, tuple[ConsumerState, set[int]]] = {}
         self.reply_key = ""
         self.reply_address = ""
+        # mandatory replies sent to another gateway's reply-to address, until it says
+        # whether they were delivered: number -> (method, properties, body, seq)
+        self.remote_replies: dict[int, tuple] = {}
+        self.replies_asked = 0
         self.closing = False  # we sent channel.close and wait for close-ok
         self.closed = False
         self.assembler = Assembler(self.gateway.config.max_message_size)

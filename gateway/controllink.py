@@ -91,13 +91,25 @@ class CloseConnection(_Message, tag=8):
 
 class Reply(_Message, tag=9):
     """A reply published on one gateway to a direct reply-to address of another
-    (`gateway`): gateway 0 passes it on, the other delivers it."""
+    (`gateway`): gateway 0 passes it on, the other delivers it. A mandatory one
+    names its publisher's channel (`origin`, with its number for it, `ask`),
+    which hears back whether it was delivered (`ReplyOutcome`)."""
 
     gateway: int
     exchange: str
     routing_key: str
     properties: bytes
     body: bytes
+    origin: int = 0
+    ask: int = 0
+
+
+class ReplyOutcome(_Message, tag=16):
+    """Was a mandatory Reply delivered? `returned`: its requester had gone."""
+
+    origin: int
+    ask: int
+    returned: bool
 
 
 class Admit(_Message, tag=11):
@@ -140,7 +152,7 @@ class ReplyConsumer(_Message, tag=15):
 
 Message = Union[Admit, Admitted, ChannelCount, Hello, Changes, Applied, Forward, Answer,
                 ConnectionClosed, ListConnections, Connections, CloseConnection, Reply,
-                AskReplyConsumer, ReplyConsumer]
+                AskReplyConsumer, ReplyConsumer, ReplyOutcome]
 _decode = msgspec.msgpack.Decoder(Message).decode
 _encode = msgspec.msgpack.Encoder().encode
 

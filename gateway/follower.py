@@ -40,6 +40,7 @@ from .controllink import (
     ListConnections,
     Reply,
     ReplyConsumer,
+    ReplyOutcome,
 )
 from .followers import FollowerSpec
 from .gateway import Gateway
@@ -100,6 +101,8 @@ class Leader:
                 answered(message)
         elif kind is Reply:
             self.gateway.deliver_reply(message)
+        elif kind is ReplyOutcome:
+            self.gateway.reply_outcome(message)
         elif kind is CloseConnection:
             conn = next((c for c in self.gateway.connections if c.id == message.connection),
                         None)

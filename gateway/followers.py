@@ -36,6 +36,7 @@ from .controllink import (
     ListConnections,
     Reply,
     ReplyConsumer,
+    ReplyOutcome,
 )
 from .mirror import Mirror
 
@@ -110,6 +111,7 @@ class Followers:
         self.failing: dict[int, int] = {}  # gateway index -> deaths in a row
         self._replacing: set[int] = set()  # stopped to be started again at once
         self._asked: dict[int, tuple[int, object]] = {}  # req -> (gateway index, answered)
+        self._relayed: dict[tuple[int, int], int] = {}  # mandatory replies -> their gateway
         self._next_ask = 0
         self.stopping = False
         self._ports = (0, 0)
@@ -190,8 +192,11 @@ class Followers:
         elif kind is Reply:
             if message.gateway == 0:
                 self.gateway.deliver_reply(message)
-            else:
-                self.pass_reply(message)
+            elif not self.pass_reply(message) and message.origin:
+                self.gateway.reply_outcome(ReplyOutcome(message.origin, message.ask, True))
+        elif kind is ReplyOutcome:
+            self._relayed.pop((message.origin, message.ask), None)
+            self.gateway.reply_outcome(message)
         elif kind is Connections:
             link = self.links[index]
             self.remote[index] = [RemoteConnection(id, info, link)
@@ -234,12 +239,21 @@ class Followers:
         link.send(make(self._next_ask))
 
     def pass_reply(self, reply: Reply) -> bool:
-        """A direct reply to another gateway's channel: send it there."""
+        """A direct reply to another gateway's channel: send it there (False if
+        that gateway is not running). A mandatory one is noted until its outcome
+        passes back, to be returned should that gateway go first."""
         link = self.links.get(reply.gateway)
         if link is None:
             return False
         link.send(reply)
+        if reply.origin:
+            self._relayed[(reply.origin, reply.ask)] = reply.gateway
         return True
+
+    def pass_outcome(self, outcome: ReplyOutcome) -> None:
+        link = self.links.get(r.gateway_of(outcome.origin))
+        if link is not None:
+            link.send(outcome)
 
     async def list_connections(self) -> None:
         """Have every other gateway report its connections now (`connections()`)."""
@@ -314,6 +328,12 @@ class Followers:
             del self.tally[key]
         for req in [req for req, (asked, _) in self._asked.items() if asked == index]:
             self._asked.pop(req)[1](None)
+        for key, to in list(self._relayed.items()):
+            if to == index:  # it went with its requester's channel: returned
+                del self._relayed[key]
+                self.gateway.reply_outcome(ReplyOutcome(*key, True))
+            elif r.gateway_of(key[0]) == index:  # its publisher went
+                del self._relayed[key]
         self._release()
 
     def _exited(self, index: int, process: subprocess.Popen, pidfd: int) -> None:

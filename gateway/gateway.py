@@ -33,7 +33,7 @@ from .access import AccessControl
 from .alarms import Alarms
 from .amqp.properties import PropertiesError, decode_properties, encode_properties
 from .config import Config
-from .controllink import Reply
+from .controllink import Reply, ReplyOutcome
 from .exchange import EXCHANGE, QUEUE, RENEW_EXCHANGE, Exchange, arguments_key
 from .shardlink import ShardLink
 from .shardpool import ShardPool
@@ -344,24 +344,40 @@ class Gateway:
         return self.reply_channels.get(key) if key else None
 
     def reply_elsewhere(self, exchange: str, routing_key: str, properties: bytes,
-                        body: bytes) -> bool:
+                        body: bytes, origin: int = 0, ask: int = 0) -> bool:
         """Send a reply to a direct reply-to address of another gateway process
-        there (through gateway 0); False if the address is not another's."""
+        there (through gateway 0); False if the address is not another's, or that
+        gateway is not running. With `origin` (the publishing channel's id), the
+        channel hears back whether it was delivered (`reply_outcome`)."""
         index = replyto.gateway_of(routing_key)
         if index is None or index == self.index:
             return False
-        reply = Reply(index, exchange, routing_key, properties, body)
+        reply = Reply(index, exchange, routing_key, properties, body, origin, ask)
         if self.leader is not None:
             self.leader.link.send(reply)
             return True
         return self.followers is not None and self.followers.pass_reply(reply)
 
-    def deliver_reply(self, reply) -> None:
+    def deliver_reply(self, reply: Reply) -> None:
         """A reply from another gateway to a reply-to address of this one."""
         channel = self.reply_channel(reply.routing_key)
         if channel is not None:
             channel.deliver_reply(reply.exchange, reply.routing_key, reply.properties,
                                   reply.body)
+        if reply.origin:
+            self.reply_outcome(ReplyOutcome(reply.origin, reply.ask, channel is None))
+
+    def reply_outcome(self, outcome: ReplyOutcome) -> None:
+        """What became of a mandatory reply: to its publisher's channel, whichever
+        gateway has it (through gateway 0)."""
+        if r.gateway_of(outcome.origin) == self.index:
+            channel = self.holders.get(outcome.origin)
+            if channel is not None:
+                channel.reply_outcome(outcome.ask, outcome.returned)
+        elif self.leader is not None:
+            self.leader.link.send(outcome)
+        elif self.followers is not None:
+            self.followers.pass_outcome(outcome)
 
     def owner_of(self, id: int):
         """The connection an exclusive queue's owner id names (0: none)."""

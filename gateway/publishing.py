@@ -32,6 +32,9 @@ _PRIORITY = flag_mask("priority")
 _REPLY_TO = flag_mask("reply_to")
 _HEADERS = flag_mask("headers")
 _EXTRAS = _EXPIRATION | _PRIORITY | _REPLY_TO | _HEADERS
+# What a mandatory reply to another gateway's reply-to address waits for before its
+# confirm, in place of a shard: that gateway's word (ReplyOutcome).
+REMOTE_REPLY = -1
 
 
 _DELIVERY_MODE = flag_mask("delivery_mode")
@@ -196,17 +199,40 @@ class Publishing:
 
     def _route_reply(self, method: hotpath.Publish, properties: bytes, body: bytes,
                      tracker) -> None:
-        """A reply to a direct reply-to address: straight to that channel."""
+        """A reply to a direct reply-to address: straight to that channel, or, for
+        another gateway's address, to that gateway. A mandatory reply whose
+        requester has gone comes back (basic.return), before its confirm: one sent
+        to another gateway is confirmed once that gateway says what became of it."""
         channel = self.gateway.reply_channel(method.routing_key)
-        self._confirm_at_once(tracker)
-        if channel is None and self.gateway.reply_elsewhere(
-                method.exchange, method.routing_key, properties, body):
-            return  # to the gateway that has the channel (no basic.return from there)
-        if channel is None:
-            if method.mandatory:
-                self._return_unroutable(method, properties, body)
+        if channel is not None:
+            self._confirm_at_once(tracker)
+            channel.deliver_reply(method.exchange, method.routing_key, properties, body)
             return
-        channel.deliver_reply(method.exchange, method.routing_key, properties, body)
+        if not method.mandatory:
+            self._confirm_at_once(tracker)
+            self.gateway.reply_elsewhere(method.exchange, method.routing_key, properties, body)
+            return
+        self.replies_asked += 1
+        ask = self.replies_asked
+        if self.gateway.reply_elsewhere(method.exchange, method.routing_key, properties, body,
+                                        self.id, ask):
+            seq = tracker.publish((REMOTE_REPLY,)) if tracker is not None else 0
+            self.remote_replies[ask] = (method, properties, body, seq)
+            return
+        self._confirm_at_once(tracker)
+        self._return_unroutable(method, properties, body)
+
+    def reply_outcome(self, ask: int, returned: bool) -> None:
+        """Another gateway delivered (or, its requester gone, returns) a mandatory reply."""
+        pending = self.remote_replies.pop(ask, None)
+        if pending is None or self.closing or self.closed:
+            return
+        method, properties, body, seq = pending
+        if returned:
+            self._return_unroutable(method, properties, body)
+            self.conn.schedule_flush()
+        if seq:
+            self.confirmed([seq], REMOTE_REPLY)
 
     def _return_unroutable(self, method: hotpath.Publish, properties: bytes, body: bytes) -> None:
         self.conn.send(frames.content_frames(

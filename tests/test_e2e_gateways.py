@@ -172,7 +172,9 @@ def test_direct_reply_to_across_gateways(two, client_on, server_on):
         for conn in (server, client):
             ok = conn.channel().queue_declare(props.reply_to, passive=True)
             assert (ok.method.queue, ok.method.consumer_count) == (props.reply_to, 1)
-        sc.basic_publish("", props.reply_to, b"4")
+        confirmed = server.channel()
+        confirmed.confirm_delivery()
+        confirmed.basic_publish("", props.reply_to, b"4", mandatory=True)  # acked, not returned
         wait_until(lambda: (client.process_data_events(0.05), replies)[1], 10,
                    message="the reply on the client's gateway")
         assert replies == [b"4"]
@@ -181,6 +183,11 @@ def test_direct_reply_to_across_gateways(two, client_on, server_on):
             server.channel().queue_declare(props.reply_to, passive=True)
         assert closed.value.reply_code == 404
         assert closed.value.reply_text == f"NOT_FOUND - no queue '{props.reply_to}' in vhost '/'"
+        # a mandatory reply to a requester gone comes back, before its confirm
+        with pytest.raises(pika.exceptions.UnroutableError) as unroutable:
+            confirmed.basic_publish("", props.reply_to, b"late", mandatory=True)
+        [returned] = unroutable.value.messages
+        assert (returned.method.reply_text, returned.body) == ("NO_ROUTE", b"late")
     finally:
         client.close()
         server.close()
