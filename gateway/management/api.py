@@ -128,7 +128,10 @@ class Management:
         self.rates.sample(time.monotonic(), counters)
 
     async def keep_sampling(self) -> None:
-        while True:
+        # Until cancelled (at exit), even when Python 3.11's wait_for swallows the
+        # cancel because a shard answered at the same moment: asked once, it stops.
+        task = asyncio.current_task()
+        while not task.cancelling():
             try:
                 await self.sample()
             except Exception:  # never stop sampling over one bad turn
