@@ -30,7 +30,7 @@ from warren.storage.shardstore import ShardStore
 from . import logsetup
 from . import records as r
 from .committer import Committer
-from .gatewayrings import GatewayRings
+from .gatewayrings import STALLED_AFTER, GatewayRings
 from .groupcommit import Commit, GroupCommit
 from .malloc import keep_freed_memory
 from .outbox import Outbox
@@ -40,6 +40,9 @@ from .stats import StatsLog
 from .timers import TimerHeap
 
 UNMAP_INTERVAL = 1.0  # seconds between drops of the stores' mapped pages under load
+# Ready messages beyond which a queue with consumers counts as behind them (a few
+# delivery windows): with several gateways, its publishers' credit then waits.
+BEHIND_AT = 10_000
 STORE_RETRY = "store retry"  # the timer for writing again what a full store refused
 
 log = logging.getLogger("warren.shard")
@@ -70,6 +73,10 @@ class Shard:
         self.stored_ok = True  # did the last commit succeed (else: the disk alarm)
         self.alarms: set[str] = set()
         self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # content in RAM
+        # Gateways whose publishes this turn fed a queue whose consumers are behind:
+        # their credit waits for the other gateways (gatewayrings.py).
+        self.behind: set[int] = set()
+        self.paced = gateways > 1
 
     def take_events(self) -> list[list]:
         """This turn's events but confirms, per gateway, with stored content read back."""
@@ -207,8 +214,11 @@ class Shard:
             accepted = True  # by every queue (x-overflow reject-publish turns it away)
             for qid in cmd.qids:
                 queue = self.queues.get(qid)
-                if queue is not None and not self._apply(queue, cmd, now):
-                    accepted = False
+                if queue is not None:
+                    if not self._apply(queue, cmd, now):
+                        accepted = False
+                    if self.paced and queue.ready_count >= BEHIND_AT and queue.consumers:
+                        self.behind.add(self.outbox.origin)
             if cmd.confirm_channel:
                 self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted)
         elif kind is r.CreateQueue:
@@ -356,6 +366,8 @@ def serve(spec: r.ShardSpec) -> None:
 
     while shard.running:
         rings.write(outbox)
+        if rings.holding():
+            rings.pass_credit(outbox, time.monotonic())
         if rings.blocked and rings.all_blocked():
             fds = rings.space_fds()
             if fds is not None:
@@ -380,14 +392,18 @@ def serve(spec: r.ShardSpec) -> None:
             stats.tick(time.time(), shard.queues.values(), shard.commits)
             if rings.sleep():
                 # Wake for commands, the end of a commit, room for a blocked gateway's
-                # events, at least once an interval (an idle shard still logs), and
-                # in time for the next queue timer.
+                # events, a gateway reading what held credit waits for, at least once
+                # an interval (an idle shard still logs), and in time for the next
+                # queue timer.
                 fds = rings.space_fds()
-                if fds is not None:
+                reads = rings.read_waits() if fds is not None and rings.holding() else []
+                if fds is not None and reads is not None:
                     timeout = spec.stats_interval
                     if next_timer is not None:
                         timeout = max(0.0, min(timeout, next_timer - now))
-                    _wait(poller, fds, spec.lifeline_fd, timeout)
+                    if rings.holding():  # and to see a gateway that stopped reading
+                        timeout = min(timeout, STALLED_AFTER)
+                    _wait(poller, fds + reads, spec.lifeline_fd, timeout)
                     rings.clear_space()
                 rings.woke()
             continue
@@ -399,9 +415,8 @@ def serve(spec: r.ShardSpec) -> None:
         for gateway, batches in got:
             # Credit back for the publishes in these records, behind this turn's
             # deliveries: a shard that is behind returns credit later.
-            rings.done[gateway] += len(batches)
-            outbox.origin = gateway
-            outbox.add(r.Progress(rings.done[gateway]))
+            rings.worked(gateway, len(batches), outbox, gateway in shard.behind)
+        shard.behind.clear()
         for origin, lost in shard.take_lost():
             shard.gateway_lost(origin, lost, now)
             rings.reset(lost.gateway)

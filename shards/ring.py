@@ -166,6 +166,14 @@ class Ring:
     def is_empty(self) -> bool:
         return self._get(_HEAD) == self._get(_TAIL)
 
+    def written(self) -> int:
+        """Bytes ever written (a position in the ring's stream)."""
+        return self._get(_HEAD)
+
+    def consumed(self) -> int:
+        """Bytes ever read and freed by the consumer."""
+        return self._get(_TAIL)
+
     # -- producer --------------------------------------------------------------
 
     def write(self, record) -> bool:
@@ -264,6 +272,16 @@ class Ring:
         (wait for space_fd, then clear_space_doorbell() and write again)."""
         _u32.pack_into(self._buf, _WRITER_WAITING, 1)
         if self.free_space() >= self.capacity // 2:
+            _u32.pack_into(self._buf, _WRITER_WAITING, 0)
+            return False
+        return True
+
+    def want_read_to(self, position: int) -> bool:
+        """Producer waits for the consumer to read up to `position` (written()
+        then): ask for the space doorbell. True if still unread (wait for space_fd;
+        it rings once a read leaves half the ring free)."""
+        _u32.pack_into(self._buf, _WRITER_WAITING, 1)
+        if self._get(_TAIL) >= position:
             _u32.pack_into(self._buf, _WRITER_WAITING, 0)
             return False
         return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import time
 
 import pytest
@@ -15,7 +16,8 @@ import pytest
 from warren.gateway.shardlink import ShardLink
 from warren.loadtest.shardcost import Driver, RingEnd
 from warren.shards import records as r
-from warren.shards.main import Shard
+from warren.shards.gatewayrings import STALLED_AFTER, GatewayRings
+from warren.shards.main import BEHIND_AT, Shard
 from warren.shards.outbox import Outbox
 from warren.shards.persister import Persister
 from warren.shards.ring import Ring
@@ -281,3 +283,123 @@ def test_a_link_makes_rings_for_every_gateway_and_removes_them(tmp_path):
     names = asyncio.run(scenario())
     assert len(set(names)) == 4
     assert not any(os.path.exists(f"/dev/shm/{name}") for name in names)
+
+
+# -- credit across gateways (gatewayrings.py) ------------------------------------
+
+
+class Rings:
+    """A shard's GatewayRings over in-process rings, with each gateway's ends."""
+
+    def __init__(self, gateways: int):
+        self.commands = [Ring.create(1 << 16) for _ in range(gateways)]
+        self.events = [Ring.create(1 << 16) for _ in range(gateways)]
+        self.shard = GatewayRings([r.RingPair(c.spec(), e.spec())
+                                   for c, e in zip(self.commands, self.events)])
+        self.outbox = Outbox(gateways)
+
+    def deliver_to(self, gateway: int) -> None:
+        """A turn's delivery for `gateway`, written to its event ring."""
+        self.outbox.put(gateway, [r.Deliver(made_by(gateway, 1), 1, 1, False, "", "q", b"",
+                                            b"x")])
+        self.shard.write(self.outbox)
+
+    def progress(self, gateway: int, now: float) -> list[int]:
+        """The Progress the shard sends `gateway` after its next write, as it would."""
+        self.shard.write(self.outbox)
+        if self.shard.holding():
+            self.shard.pass_credit(self.outbox, now)
+        self.outbox.put_each(self.outbox.take())
+        self.shard.write(self.outbox)
+        return [e.records for batch in self.events[gateway].read_many()
+                for e in r.decode_events(batch) if type(e) is r.Progress]
+
+    def close(self) -> None:
+        for ring in self.commands + self.events:
+            ring.close()
+            ring.unlink()
+
+
+@pytest.fixture
+def rings():
+    made = Rings(2)
+    yield made
+    made.close()
+
+
+def test_credit_comes_at_once_while_no_queue_is_behind(rings):
+    rings.deliver_to(1)  # unread by gateway 1
+    rings.shard.worked(0, 3, rings.outbox, behind=False)
+    assert rings.progress(0, 0.0) == [3]
+
+
+def test_credit_for_a_queue_behind_waits_until_the_other_gateway_read_its_deliveries(rings):
+    rings.deliver_to(1)
+    rings.shard.worked(0, 3, rings.outbox, behind=True)
+    assert rings.progress(0, 0.0) == []
+    rings.deliver_to(1)  # written after the credit: not waited for
+    rings.shard.worked(0, 2, rings.outbox, behind=False)  # behind the held credit, in order
+    assert rings.progress(0, 0.1) == []
+    rings.events[1].read_many(max_records=1)  # gateway 1 takes in the first delivery
+    assert rings.progress(0, 0.2) == [3]
+    rings.events[1].read_many()
+    assert rings.progress(0, 0.3) == [5]
+    assert not rings.shard.holding()
+
+
+def test_credit_waits_only_for_other_gateways_and_for_no_stuck_one(rings):
+    rings.deliver_to(0)  # its own unread events never hold a gateway's credit
+    rings.deliver_to(1)
+    rings.shard.worked(0, 1, rings.outbox, behind=True)
+    assert rings.progress(0, 10.0) == []
+    assert rings.progress(0, 10.0 + STALLED_AFTER / 2) == []
+    # gateway 1 reads nothing for STALLED_AFTER: stuck, and waited for no more
+    assert rings.progress(0, 10.0 + STALLED_AFTER) == [1]
+
+
+def test_a_lost_gateway_holds_no_credit(rings):
+    rings.deliver_to(1)
+    rings.shard.worked(0, 1, rings.outbox, behind=True)
+    rings.shard.worked(1, 4, rings.outbox, behind=True)
+    assert rings.progress(0, 0.0) == []
+    rings.shard.reset(1)  # gateway 1 died: its ring starts again, and so does its count
+    assert rings.progress(0, 0.1) == [1]
+    assert not rings.shard.holding()
+
+
+def test_with_one_gateway_credit_is_never_held():
+    one = Rings(1)
+    try:
+        one.deliver_to(0)
+        one.shard.worked(0, 2, one.outbox, behind=True)
+        assert one.progress(0, 0.0) == [2]
+    finally:
+        one.close()
+
+
+def test_a_shard_sleeping_on_held_credit_wakes_when_the_other_gateway_reads(rings):
+    rings.deliver_to(1)
+    rings.shard.worked(0, 1, rings.outbox, behind=True)
+    assert rings.progress(0, 0.0) == []
+    (fd,) = rings.shard.read_waits()
+    rings.events[1].read_many()
+    assert select.select([fd], [], [], 5.0)[0] == [fd]
+    rings.shard.clear_space()
+    assert rings.progress(0, 0.1) == [1]
+
+
+def test_a_publish_into_a_queue_whose_consumers_are_behind_marks_its_gateway(shard):
+    shard.run(create_queue(2, 6, "behind"), 0.0)
+    shard.run(create_queue(3, 7, "buffer"), 0.0)  # no consumer: a buffer, never behind
+    consumer = r.Consume(4, 6, made_by(1, 1), made_by(1, 2), "c", True, False, 0, 0)  # no credit
+    shard.run(consumer, 0.0)
+    shard.outbox.origin = 0
+    for _ in range(BEHIND_AT - 1):
+        shard.run(publish(6, b"m"), 0.0)
+        shard.run(publish(7, b"m"), 0.0)
+    assert shard.behind == set()
+    shard.outbox.origin = 1
+    shard.run(publish(7, b"m"), 0.0)
+    assert shard.behind == set()
+    shard.run(publish(6, b"m"), 0.0)
+    assert shard.behind == {1}
