@@ -101,7 +101,9 @@ class Assembler:
     def _header(self, payload: bytes) -> tuple | None:
         if not self._awaiting_header:
             raise self._out_of_turn()
-        class_id, size, properties = frames.parse_content_header(payload)
+        class_id, weight, size, properties = frames.parse_content_header(payload)
+        if weight:  # must be 0: RabbitMQ takes such a frame for no content header
+            raise self._out_of_turn()
         if class_id != BASIC_CLASS:
             raise AMQPError(spec.UNEXPECTED_FRAME,
                             f"expected content header for class {BASIC_CLASS}, got one for "

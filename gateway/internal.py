@@ -89,7 +89,7 @@ class InternalConnection:
             else:
                 self.replies.append((method, None, b""))
         elif frame_type == frames.FRAME_HEADER:
-            _, size, properties = frames.parse_content_header(payload)
+            _, _, size, properties = frames.parse_content_header(payload)
             self._content[1:3] = properties, size
             self._complete()
         else:

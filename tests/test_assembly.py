@@ -17,8 +17,9 @@ from warren.gateway.errors import AMQPError
 PUBLISH = m.encode_method(m.BasicPublish(exchange="x", routing_key="k"))
 
 
-def header(size: int, properties: bytes = b"\x00\x00", class_id: int = 60) -> bytes:
-    return struct.pack(">HHQ", class_id, 0, size) + properties
+def header(size: int, properties: bytes = b"\x00\x00", class_id: int = 60,
+           weight: int = 0) -> bytes:
+    return struct.pack(">HHQ", class_id, weight, size) + properties
 
 
 @given(st.binary(max_size=2000), st.lists(st.integers(1, 300), max_size=20),
@@ -79,6 +80,10 @@ def error_of(*feeds) -> AMQPError:
      "content body larger than its header announced"),
     ([(frames.FRAME_METHOD, PUBLISH), (frames.FRAME_HEADER, header(1, class_id=50))],
      spec.UNEXPECTED_FRAME, "expected content header for class 60, got one for class 50 instead"),
+    # the weight must be 0: RabbitMQ (rabbit_command_assembler) takes it for no header
+    ([(frames.FRAME_METHOD, PUBLISH), (frames.FRAME_HEADER, header(1, weight=256))],
+     spec.UNEXPECTED_FRAME,
+     "expected content header for class 60, got non content header frame instead"),
     ([(frames.FRAME_METHOD, b"\x00\x32\x00\x0a\x00")], spec.FRAME_ERROR, "cannot decode <<0>>"),
     ([(frames.FRAME_METHOD, b"\x03\xe7\x00\x01")], spec.COMMAND_INVALID,
      "unknown method class 999 method 1"),

@@ -6,7 +6,7 @@ import struct
 import tracemalloc
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from warren.gateway.amqp import frames
@@ -98,6 +98,7 @@ def frames_of(data: bytes, frame_max: int) -> list | FrameError:
 @given(st.integers(0, 3), st.binary(max_size=300), st.sampled_from([64, 128, 4096]),
        st.integers(0, 3), st.sampled_from([60, 50]), st.integers(0, 400), st.integers(0, 255),
        st.booleans())
+@example(0, b"", 64, 0, 60, 28, 1, True)  # a header's weight not 0: left to next_frame
 def test_a_whole_publish_is_taken_in_one_pass_only_as_its_frames_would_read(
         channel, body, frame_max, header_channel, class_id, position, byte, corrupt):
     """next_publish takes exactly what next_frame would read as method, header and

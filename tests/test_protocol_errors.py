@@ -97,7 +97,11 @@ WHOLE_PUBLISH = publish_then(HEADER, (frames.FRAME_BODY, b"0123456789"))
     (0, WHOLE_PUBLISH, 504,
      ("CHANNEL_ERROR - unexpected method in connection state running", 60, 40)),
     (2, WHOLE_PUBLISH, 504, ("CHANNEL_ERROR - expected 'channel.open'", 60, 40)),
-], ids=["inside-a-publish", "inside-a-body", "on-channel-0", "on-an-unopened-channel"])
+    # a header's weight must be 0: RabbitMQ takes one that is not for no header
+    (1, publish_then((frames.FRAME_HEADER, struct.pack(">HHQH", 60, 1, 10, 0)),
+                     (frames.FRAME_BODY, b"0123456789")), 505, CONTENT_HEADER_EXPECTED),
+], ids=["inside-a-publish", "inside-a-body", "on-channel-0", "on-an-unopened-channel",
+        "header-with-a-weight"])
 def test_a_whole_publish_where_none_may_come_is_the_same_error_however_it_is_read(
         inproc, together, channel, sent, code, close):
     """A publish read in one pass (all its frames in the buffer) is refused exactly as

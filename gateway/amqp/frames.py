@@ -138,12 +138,12 @@ class FrameReader:
         header = offset + 8 + size
         if limit < header + 22 or size > self.frame_max or buf[header - 1] != FRAME_END:
             return None
-        kind, header_channel, header_size, class_id, _weight, body_size = \
+        kind, header_channel, header_size, class_id, weight, body_size = \
             _header_frame.unpack_from(buf, header)
         body = header + 8 + header_size
         if (kind != FRAME_HEADER or header_channel != channel or class_id != _BASIC_CLASS
-                or header_size < 14 or header_size > self.frame_max or limit < body
-                or buf[body - 1] != FRAME_END):
+                or weight or header_size < 14 or header_size > self.frame_max
+                or limit < body or buf[body - 1] != FRAME_END):
             return None
         if body_size:
             end = body + 8 + body_size
@@ -226,12 +226,12 @@ def content_frames(channel: int, method_payload: bytes, class_id: int, propertie
                                   frame_max))
 
 
-def parse_content_header(payload: bytes) -> tuple[int, int, bytes]:
-    """(class-id, body-size, raw property bytes) of a content header payload."""
+def parse_content_header(payload: bytes) -> tuple[int, int, int, bytes]:
+    """(class-id, weight, body-size, raw property bytes) of a content header payload."""
     if len(payload) < 14:
         raise FrameError("content header too short")
-    class_id, _weight, body_size = _header_prefix.unpack_from(payload, 0)
-    return class_id, body_size, payload[12:]
+    class_id, weight, body_size = _header_prefix.unpack_from(payload, 0)
+    return class_id, weight, body_size, payload[12:]
 
 
 def content_header(body_size: int, properties: bytes) -> bytes:
