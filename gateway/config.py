@@ -69,9 +69,16 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return self.shards or os.cpu_count() or 1
 
     def gateway_count(self) -> int:
-        """Gateway processes: as given, else one per two CPUs (one on two cores or
-        fewer), at most MAX_GATEWAYS."""
-        return self.gateways or min(MAX_GATEWAYS, max(1, (os.cpu_count() or 1) // 2))
+        """Gateway processes accepting clients: as given, else one per two CPUs (one
+        on two cores or fewer), at most MAX_GATEWAYS - 1."""
+        return self.gateways or min(MAX_GATEWAYS - 1, max(1, (os.cpu_count() or 1) // 2))
+
+    def gateway_indexes(self) -> range:
+        """The indexes of the gateways accepting clients. One gateway is also the
+        root (index 0); with several, the root (0) accepts none, so that every
+        gateway can be restarted without the broker stopping (docs/architecture.md)."""
+        count = self.gateway_count()
+        return range(1) if count == 1 else range(1, count + 1)
 
     def memory_limit_bytes(self) -> int:
         """As RabbitMQ's vm_memory_high_watermark: 40% of the machine's memory."""
@@ -197,8 +204,8 @@ def check(config: Config) -> None:
             fail(key, "must be a port number, 0-65535")
     if config.shards < 0:
         fail("shards", "must be 0 (one per CPU) or more")
-    if not 0 <= config.gateways <= MAX_GATEWAYS:
-        fail("gateways", f"must be 0 (one per two CPUs) to {MAX_GATEWAYS}")
+    if not 0 <= config.gateways < MAX_GATEWAYS:
+        fail("gateways", f"must be 0 (one per two CPUs) to {MAX_GATEWAYS - 1}")
     if config.frame_max < 4096:
         fail("frame_max", "must be at least 4096")
     if not 0 <= config.heartbeat <= 65535:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import struct
 from typing import Callable, Union
 
 import msgspec
+
+from warren.shards import records as r
 
 from .replication import Change
 from .snapshots import ConnectionInfo
@@ -29,7 +32,9 @@ class _Message(msgspec.Struct, array_like=True, tag=True):
     pass
 
 
-class Hello(_Message, tag=1):
+class Serving(_Message, tag=1):
+    """A gateway accepts connections now (sent once it has the catalogue)."""
+
     gateway: int
 
 
@@ -150,7 +155,7 @@ class ReplyConsumer(_Message, tag=15):
     consuming: bool
 
 
-Message = Union[Admit, Admitted, ChannelCount, Hello, Changes, Applied, Forward, Answer,
+Message = Union[Admit, Admitted, ChannelCount, Serving, Changes, Applied, Forward, Answer,
                 ConnectionClosed, ListConnections, Connections, CloseConnection, Reply,
                 AskReplyConsumer, ReplyConsumer, ReplyOutcome]
 _decode = msgspec.msgpack.Decoder(Message).decode
@@ -192,3 +197,68 @@ class ControlLink(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+class ShardDown(_Message, tag=17):
+    """A shard died: the gateway drops what it had there (as the root does for
+    its own clients) until the restarted shard's rings come."""
+
+    shard: int
+
+
+class ShardRings(_Message, tag=18):
+    """A restarted shard's rings for the gateway; their four doorbells come with
+    the message (SCM_RIGHTS), in the order `ring_fds` lists them."""
+
+    shard: int
+    rings: r.RingPair
+
+
+_decode_shard = msgspec.msgpack.Decoder(Union[ShardDown, ShardRings]).decode
+
+
+def ring_fds(rings: r.RingPair) -> list[int]:
+    return [rings.commands.data_fd, rings.commands.space_fd, rings.events.data_fd,
+            rings.events.space_fd]
+
+
+class ShardNews:
+    """The root telling a gateway about restarted shards, over a socket pair of its
+    own (SOCK_SEQPACKET: each message arrives whole, with the descriptors it
+    carries, in order). The gateway keeps its clients; the shard's new rings
+    reach it without a restart."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)  # a gateway that cannot take a message is not waited for
+        self.sock = sock
+
+    @staticmethod
+    def pair() -> tuple[socket.socket, socket.socket]:
+        return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def send(self, message: ShardDown | ShardRings) -> bool:
+        """False if the gateway cannot take it now (it is stuck or gone)."""
+        fds = ring_fds(message.rings) if type(message) is ShardRings else []
+        try:
+            socket.send_fds(self.sock, [_encode(message)], fds)
+        except OSError:
+            return False
+        return True
+
+    def receive(self) -> ShardDown | ShardRings | None:
+        """The next message, with the handed doorbells in its specs; None if none
+        waits (EOFError: the root is gone)."""
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, 65536, 4)
+        except BlockingIOError:
+            return None
+        if not data:
+            raise EOFError
+        message = _decode_shard(data)
+        if type(message) is ShardRings:
+            commands, events = message.rings.commands, message.rings.events
+            commands.data_fd, commands.space_fd, events.data_fd, events.space_fd = fds
+        return message
+
+    def close(self) -> None:
+        self.sock.close()

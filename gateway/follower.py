@@ -41,6 +41,9 @@ from .controllink import (
     Reply,
     ReplyConsumer,
     ReplyOutcome,
+    Serving,
+    ShardDown,
+    ShardNews,
 )
 from .followers import FollowerSpec
 from .gateway import Gateway
@@ -117,6 +120,19 @@ class Leader:
                                        self.gateway.totals.as_dict()))
 
 
+def shard_news(gateway: Gateway, news: ShardNews) -> None:
+    """A shard died (its consumers here are cancelled, what waited for it fails)
+    or runs again on new rings: the clients stay connected either way."""
+    try:
+        while (message := news.receive()) is not None:
+            if type(message) is ShardDown:
+                gateway.shards.lost(message.shard)
+            else:
+                gateway.shards.restarted(message.shard, message.rings)
+    except EOFError:  # the root is gone; the control link's loss stops this gateway
+        asyncio.get_running_loop().remove_reader(news.sock.fileno())
+
+
 async def serve(spec: FollowerSpec) -> None:
     keep_freed_memory()
     loop = asyncio.get_running_loop()
@@ -130,11 +146,14 @@ async def serve(spec: FollowerSpec) -> None:
     await loop.connect_accepted_socket(lambda: leader.link,
                                        sock=socket.socket(fileno=spec.control_fd))
     await gateway.start(spec.rings)
+    news = ShardNews(socket.socket(fileno=spec.news_fd))
+    loop.add_reader(spec.news_fd, shard_news, gateway, news)
     await leader.ready.wait()
     tls = tls_context(settings) if settings.tls_enabled else None
     servers = await listen(gateway, settings, tls, reuse_port=True)
     for server in servers:
         await server.start_serving()
+    leader.link.send(Serving(spec.index))
     log.info("gateway %d started (pid %d)", spec.index, os.getpid())
     await stop.wait()
     await close_connections(gateway, servers)
@@ -144,7 +163,7 @@ async def serve(spec: FollowerSpec) -> None:
 def main() -> None:
     spec = msgspec.json.decode(sys.argv[1], type=FollowerSpec)
     settings = msgspec.convert(spec.config, Config)
-    logsetup.configure(settings.log_settings(), f"gateway-{spec.index}", rotate=False)
+    logsetup.configure(settings.log_settings(), f"gateway-{spec.index}")
     import uvloop
     uvloop.run(serve(spec))
 

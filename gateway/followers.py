@@ -37,6 +37,11 @@ from .controllink import (
     Reply,
     ReplyConsumer,
     ReplyOutcome,
+    Serving,
+    ShardDown,
+    ShardNews,
+    ShardRings,
+    ring_fds,
 )
 from .mirror import Mirror
 
@@ -55,6 +60,7 @@ class FollowerSpec(msgspec.Struct, array_like=True):
     index: int
     config: dict
     control_fd: int  # its end of the control link's socket pair
+    news_fd: int  # its end of the ShardNews socket pair
     rings: list[r.RingPair]  # by shard
     port: int  # the AMQP listener's port (gateway 0's, which may have been 0)
     tls_port: int
@@ -92,8 +98,11 @@ class Asking:
 class Followers:
     def __init__(self, gateway, count: int):
         self.gateway = gateway
-        self.count = count  # gateways besides gateway 0
+        self.count = count  # gateways, 1 to count (the root, 0, accepts no clients)
+        self.serving: set[int] = set()  # gateways that have accepted connections
+        self._all_serving = asyncio.Event()
         self.links: dict[int, ControlLink] = {}  # gateway index -> its live link
+        self.news: dict[int, ShardNews] = {}  # gateway index -> where restarted shards go
         self.applied: dict[int, int] = {}  # gateway index -> the last change it applied
         self.seq = 0  # number of the last change sent
         self._pending: list = []
@@ -177,6 +186,10 @@ class Followers:
         if kind is Applied:
             self.applied[index] = message.seq
             self._release()
+        elif kind is Serving:
+            self.serving.add(index)
+            if len(self.serving) == self.count:
+                self._all_serving.set()
         elif kind is Forward:
             mirror = self.mirrors.get(message.connection)
             if mirror is None:
@@ -279,26 +292,37 @@ class Followers:
 
     # -- processes ---------------------------------------------------------------
 
-    async def start(self, port: int, tls_port: int) -> None:
+    async def start(self, port: int, tls_port: int, timeout: float) -> bool:
+        """Start the gateways; whether all of them accept connections within `timeout`."""
         self._ports = (port, tls_port)
         for index in range(1, self.count + 1):
             await self._start(index)
+        try:
+            await asyncio.wait_for(self._all_serving.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def _start(self, index: int) -> None:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        news, news_theirs = ShardNews.pair()
         rings = [link.rings_for(index) for link in self.gateway.shards]
         spec = FollowerSpec(index, msgspec.to_builtins(self.gateway.config), theirs.fileno(),
-                            rings, *self._ports)
-        fds = {theirs.fileno()}
+                            news_theirs.fileno(), rings, *self._ports)
+        fds = {theirs.fileno(), news_theirs.fileno()}
         for pair in rings:
-            fds |= {pair.commands.data_fd, pair.commands.space_fd, pair.events.data_fd,
-                    pair.events.space_fd}
+            fds |= set(ring_fds(pair))
         process = subprocess.Popen(
             [sys.executable, "-m", "warren.gateway.follower", msgspec.json.encode(spec).decode()],
             pass_fds=sorted(fds))
         theirs.close()
+        news_theirs.close()
         self.processes[index] = process
+        old = self.news.pop(index, None)
+        if old is not None:
+            old.close()
+        self.news[index] = ShardNews(news)  # before any wait: no restart of a shard is missed
         _, link = await loop.connect_accepted_socket(
             lambda: ControlLink(lambda message: self._message(index, message),
                                 lambda: self._lost(index, link)), sock=ours)
@@ -368,14 +392,24 @@ class Followers:
             shard.request(lambda req: r.GatewayLost(req, index), released)
         self.gateway.shards.send()
 
-    def replace_all(self, reason: str) -> None:
-        """Stop every other gateway (their clients are closed with 320 and
-        reconnect) to start them again at once: a restarted shard has new rings."""
-        for index, process in self.processes.items():
-            if process.poll() is None:
-                log.warning("restarting gateway %d: %s", index, reason)
-                self._replacing.add(index)
-                process.terminate()
+    def shard_down(self, shard: int) -> None:
+        """A shard died: every gateway drops what it had there, keeping its clients."""
+        for index in list(self.news):
+            self._tell(index, ShardDown(shard))
+
+    def shard_started(self, link) -> None:
+        """A shard was restarted with new rings: each gateway gets its pair."""
+        for index in list(self.news):
+            self._tell(index, ShardRings(link.index, link.rings_for(index)))
+
+    def _tell(self, index: int, message: ShardDown | ShardRings) -> None:
+        process = self.processes.get(index)
+        if process is not None and process.poll() is None and not self.news[index].send(message):
+            # It cannot take it (stuck): restarted, it starts on the shard's new rings.
+            log.warning("restarting gateway %d: it takes no news of shard %d", index,
+                        message.shard)
+            self._replacing.add(index)
+            process.terminate()
 
     def _stable(self, index: int, process: subprocess.Popen) -> None:
         if self.processes.get(index) is process and process.poll() is None \

@@ -119,7 +119,7 @@ class Gateway:
         self.vhost_defs: dict[str, VHostDef] = {}
         self.policies: dict[str, dict[str, PolicyDef]] = {}  # vhost -> name -> policy
         self.shards = ShardPool(config, self._on_events, self._redeclare_queues,
-                                self._shard_lost, config.gateway_count())
+                                self._shard_lost, config.gateway_indexes()[-1] + 1)
         self.alarms = Alarms(self._alarm_changed, logs=self.authority)
         self._dirty: list = []  # connections with output to write this turn
         self._flush_pending = False
@@ -203,9 +203,9 @@ class Gateway:
         """A shard (re)started: declare its durable queues again. One whose declaration
         it had not committed when it died (or the broker stopped) would otherwise be
         missing from its store; queues it recovered ignore this. The other
-        gateways are restarted onto its new rings."""
+        gateways are handed its new rings."""
         if self.followers is not None:
-            self.followers.replace_all(f"shard {link.index} restarted with new rings")
+            self.followers.shard_started(link)
         for meta in self.queues_by_qid.values():
             if meta.shard == link.index and meta.spec.stored:
                 link.send(r.CreateQueue(0, meta.qid, meta.spec, meta.effective))
@@ -709,3 +709,5 @@ class Gateway:
         self.alarms.clear_source(link.index)
         for channel in set(self.holders.values()):
             channel.shard_lost(link)
+        if self.followers is not None:
+            self.followers.shard_down(link.index)

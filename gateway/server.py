@@ -35,6 +35,8 @@ log = logging.getLogger("warren")
 
 # Seconds a stopping broker waits for its clients' close-ok (RabbitMQ does not wait).
 SHUTDOWN_CLOSE_OK_WAIT = 0.5
+# Seconds the root waits for its gateways to accept connections before it gives up.
+GATEWAYS_START_WAIT = 60.0
 
 
 class StartupError(Exception):
@@ -54,23 +56,27 @@ async def serve(settings: Config) -> None:
     tls = tls_context(settings) if settings.tls_enabled else None
     data = DataDir(os.path.abspath(settings.data_dir))
     gateway = Gateway(settings)
+    # With several gateways this process is the root: it holds the catalogue, the
+    # shards and the management API, and the gateways it starts take the clients.
     many = settings.gateway_count() > 1
     servers = []  # bound, not serving until the broker has started
+    held = []  # the root's hold on the ports its gateways share
     try:
-        if many:  # no other process may hold the ports the gateways will share
-            settings.port = _free_port(settings.bind, settings.port, "--port")
+        if many:
+            held.append(_hold_port(settings.bind, settings.port, "--port"))
+            host, port = held[0].getsockname()[:2]
             if tls is not None:
-                settings.tls_port = _free_port(settings.bind, settings.tls_port, "--tls-port")
-        servers += await listen(gateway, settings, tls, reuse_port=many)
-        amqp = servers[0]
-        host, port = amqp.sockets[0].getsockname()[:2]
-        amqps = servers[1] if tls is not None else None
+                held.append(_hold_port(settings.bind, settings.tls_port, "--tls-port"))
+        else:
+            servers += await listen(gateway, settings, tls)
+            host, port = servers[0].sockets[0].getsockname()[:2]
+        tls_address = (settings.bind, held[1].getsockname()[1]) if many and tls is not None \
+            else servers[1].sockets[0].getsockname()[:2] if tls is not None else None
         if settings.management_port:  # 0: no management listener
             listeners = [{"node": management.NODE, "protocol": protocol, "ip_address": address,
                           "port": number} for protocol, address, number in (
                 ("amqp", host, port),
-                *((("amqp/ssl", *amqps.sockets[0].getsockname()[:2]),) if tls is not None
-                  else ()),
+                *((("amqp/ssl", *tls_address),) if tls is not None else ()),
                 ("http", settings.management_bind, settings.management_port))]
             http = await _bound(management.start(
                 gateway, settings.management_bind, settings.management_port, listeners),
@@ -86,15 +92,20 @@ async def serve(settings: Config) -> None:
             raise StartupError(f"cannot open the stores in {data.path} ({where}"
                                f"{_reason(error)}): repair it or pick another data "
                                f"directory with --data") from None
+        if many:
+            gateway.followers = Followers(gateway, settings.gateway_count())
+            if not await gateway.followers.start(port, tls_address[1] if tls_address else 0,
+                                                 GATEWAYS_START_WAIT):
+                await gateway.followers.stop()
+                await gateway.stop()
+                raise StartupError(f"the gateways did not start within {GATEWAYS_START_WAIT:.0f}"
+                                   f" s (see the log); try --gateways 1")
     except BaseException:
-        for server in servers:
+        for server in servers + held:
             server.close()
         data.release(remove_created=True)
         raise
 
-    if many:
-        gateway.followers = Followers(gateway, settings.gateway_count() - 1)
-        await gateway.followers.start(port, amqps.sockets[0].getsockname()[1] if amqps else 0)
     for name in remove_orphans():  # once started: a failed start changes nothing
         log.warning("removed /dev/shm/%s, a ring left behind by a killed broker", name)
     for server in servers:
@@ -104,8 +115,8 @@ async def serve(settings: Config) -> None:
     print(f"Warren listening on amqp://{host}:{port} (data {gateway.data_dir}, "
           f"{settings.shard_count()} shards)", flush=True)
     if tls is not None:
-        log.info("started TLS (SSL) listener on %s", _address(amqps))
-        print(f"Warren listening on amqps://{_address(amqps)}", flush=True)
+        log.info("started TLS (SSL) listener on %s:%d", *tls_address)
+        print(f"Warren listening on amqps://{tls_address[0]}:{tls_address[1]}", flush=True)
     if settings.management_port:
         log.info("Management plugin: HTTP (non-TLS) listener started on %s", _address(http))
         print(f"Warren management on http://{_address(http)}", flush=True)
@@ -115,6 +126,8 @@ async def serve(settings: Config) -> None:
         await gateway.followers.stop()  # they close their clients' connections
     await close_connections(gateway, servers)
     await gateway.stop()
+    for sock in held:
+        sock.close()
     data.release()
     print("Warren stopped", flush=True)
 
@@ -152,21 +165,35 @@ async def listen(gateway: Gateway, settings: Config, tls: ssl.SSLContext | None,
             start_serving=False), settings.bind, settings.tls_port, "--tls-port"))
     if os.environ.get("WARREN_GATEWAY_PORTS") == "1":
         own = await loop.create_server(lambda: Connection(gateway), settings.bind, 0)
-        print(f"Warren gateway {gateway.index} on amqp://{_address(own)}", flush=True)
+        # One write: the gateways print at once, and unbuffered (PYTHONUNBUFFERED)
+        # print would write the line and its end apart.
+        sys.stdout.write(f"Warren gateway {gateway.index} on amqp://{_address(own)}\n")
+        sys.stdout.flush()
         servers.append(own)
     return servers
 
 
-def _free_port(host: str, port: int, option: str) -> int:
-    """`port` (a free one for 0), checked to be held by no other process: a socket
-    with SO_REUSEPORT would share it with any other that sets it too."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+def _hold_port(host: str, port: int, option: str) -> socket.socket:
+    """A socket bound to `port` (a free one for 0) that does not listen: the root
+    holds the port its gateways share (SO_REUSEPORT) against other brokers, while
+    the kernel gives connections only to sockets that listen."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:  # held by no one (reuse-port or not)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as error:
             raise _listen_error(error, host, port, option) from None
-        return probe.getsockname()[1]
+        port = probe.getsockname()[1]
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise _listen_error(error, host, port, option) from None
+    return sock
 
 
 async def _bound(create, host: str, port: int, port_option: str, bind_option: str = "--bind"):

@@ -97,10 +97,12 @@ class ShardLink:
         self.alive = True
         self._read_events()  # arms the doorbell (tells the shard we sleep)
 
-    def attach(self, rings: r.RingPair) -> None:
-        """Another gateway's link (not gateway 0's): the rings gateway 0 made for
-        this gateway; the shard's process is gateway 0's to start and stop."""
-        self.commands, self.events = Ring.attach(rings.commands), Ring.attach(rings.events)
+    def attach(self, rings: r.RingPair, handed: bool = False) -> None:
+        """Another gateway's link (not the root's): the rings the root made for this
+        gateway, whose process is the root's to start and stop. `handed`: their
+        doorbells came in a message (ShardNews), so they are this link's to close."""
+        self.commands = Ring.attach(rings.commands, own_fds=handed)
+        self.events = Ring.attach(rings.events, own_fds=handed)
         self._pairs = [(self.commands, self.events)]
         self._loop.add_reader(self.events.spec().data_fd, self._read_events)
         self.alive = True
@@ -110,7 +112,7 @@ class ShardLink:
         """Ask the shard to finish its work and exit; kill it if it will not."""
         if not self.alive:
             return
-        if self.process is None:  # attached: gateway 0 stops the shard
+        if self.process is None:  # attached: the root stops the shard
             return self._teardown()
         self.send(r.Stop())
         self.flush()
@@ -126,6 +128,10 @@ class ShardLink:
         returncode = self.process.wait()
         self._teardown()
         self._on_exit(self, returncode)
+
+    def detach(self) -> None:
+        """An attached link's shard died (the root says): what waited fails."""
+        self._teardown()
 
     def _teardown(self) -> None:
         if not self.alive:

@@ -43,13 +43,28 @@ class ShardPool:
             self.links.append(self._start(index))
 
     def attach(self, rings: list) -> None:
-        """Another gateway's shards (not gateway 0's): links over the rings gateway 0
+        """Another gateway's shards (not the root's): links over the rings the root
         made for this gateway, `rings[shard]`."""
         self.count = len(rings)
         for index, pair in enumerate(rings):
-            link = ShardLink(index, self.data_dir, [], 0, 0, 0, self._on_events, self._exited)
-            link.attach(pair)
-            self.links.append(link)
+            self.links.append(self._attached(index, pair))
+
+    def _attached(self, index: int, rings, handed: bool = False) -> ShardLink:
+        link = ShardLink(index, self.data_dir, [], 0, 0, 0, self._on_events, self._exited)
+        link.attach(rings, handed)
+        return link
+
+    def lost(self, index: int) -> None:
+        """Another gateway: the root says shard `index` died."""
+        link = self.links[index]
+        if link.alive:
+            link.detach()
+            self._on_lost(link)
+
+    def restarted(self, index: int, rings) -> None:
+        """Another gateway: shard `index` runs again, on these new rings."""
+        self.lost(index)
+        self.links[index] = self._attached(index, rings, handed=True)
 
     async def stop(self) -> None:
         self.stopping = True

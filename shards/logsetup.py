@@ -13,18 +13,22 @@ record's structured fields such as connection, user, vhost). python-json-logger
 makes those: a well-kept formatter that turns a record's `extra` fields into
 keys and serialises what json cannot (a stdlib Formatter would redo both).
 
-One file for all processes: the gateway writes and rotates it (by size, as
-RabbitMQ's log.file.rotation.size and .count); shards append to the same path
-through WatchedFileHandler, which reopens it once the gateway has rotated it, so
-a line is never written into a file already rotated away for long, and no two
-processes rotate. Lines are appended whole (O_APPEND), so they do not interleave.
+One file for all processes, rotated by size (as RabbitMQ's
+log.file.rotation.size and .count). Whichever process is about to take the file
+past its size rotates it (SharedRotatingFileHandler), under a lock so that two
+never do; the others reopen the path before their next line once it names a
+new file. So the size holds however the lines are spread over the processes
+(with several gateways the root writes few). Lines are appended whole
+(O_APPEND), so they do not interleave.
 """
 
 from __future__ import annotations
 
 import datetime
+import fcntl
 import logging
 import logging.handlers
+import os
 import sys
 
 import msgspec
@@ -43,19 +47,50 @@ class LogSettings(msgspec.Struct, frozen=True):
     rotation_count: int = 5  # rotated files kept: FILE.1 ... FILE.N
 
 
-def configure(settings: LogSettings, process: str, rotate: bool = True) -> None:
+class SharedRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A RotatingFileHandler for a file that several processes append to."""
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:
+        if self.stream is None:
+            return False
+        if not self._current():  # another process rotated it: write to the new file
+            self.stream.close()
+            self.stream = self._open()
+        if self.maxBytes <= 0:
+            return False
+        size = os.fstat(self.stream.fileno()).st_size
+        return size > 0 and size + len(self.format(record)) + 1 >= self.maxBytes
+
+    def doRollover(self) -> None:
+        lock = os.open(os.path.dirname(os.path.abspath(self.baseFilename)), os.O_RDONLY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self._current():
+                super().doRollover()
+            else:  # rotated by another process while this one waited
+                self.stream.close()
+                self.stream = self._open()
+        finally:
+            os.close(lock)
+
+    def _current(self) -> bool:
+        """Is the open file still the one the path names?"""
+        try:
+            return os.stat(self.baseFilename).st_ino == os.fstat(self.stream.fileno()).st_ino
+        except FileNotFoundError:
+            return False
+
+
+def configure(settings: LogSettings, process: str) -> None:
     """Send every logger's records at `settings.level` and above to the configured
-    output, labelled with `process` ('gateway', 'shard-1'). `rotate`: this process
-    rotates the file (the gateway); others only reopen it after a rotation.
-    Raises OSError when the file cannot be opened."""
+    output, labelled with `process` ('gateway', 'shard-1'). Raises OSError when
+    the file cannot be opened."""
     if settings.file == STDERR:
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
-    elif rotate:
-        handler = logging.handlers.RotatingFileHandler(
+    else:
+        handler = SharedRotatingFileHandler(
             settings.file, maxBytes=settings.rotation_size,
             backupCount=settings.rotation_count, encoding="utf-8")
-    else:
-        handler = logging.handlers.WatchedFileHandler(settings.file, encoding="utf-8")
     handler.setFormatter(JsonLines(process) if settings.format == "json"
                          else TextLines(process))
     root = logging.getLogger()

@@ -499,7 +499,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     keep_freed_memory()
     spec = msgspec.json.decode(sys.argv[1], type=r.ShardSpec)
-    logsetup.configure(spec.log, f"shard-{spec.index}", rotate=False)  # the gateway rotates
+    logsetup.configure(spec.log, f"shard-{spec.index}")
     log.info("shard %d starting on stores %s", spec.index,
              ", ".join(f"shard-{k}" for k in spec.stores))
     os.set_blocking(spec.lifeline_fd, False)

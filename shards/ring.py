@@ -88,7 +88,7 @@ class Ring:
     def __init__(self, spec: RingSpec, buf, owner: shared_memory.SharedMemory | None, mapping,
                  own_fds: tuple[int, ...] = ()):
         self._spec = spec
-        self._own_fds = own_fds  # the doorbells this ring made, closed with it
+        self._own_fds = own_fds  # the doorbells this ring made or was handed, closed with it
         self.capacity = spec.capacity
         self._buf = buf
         self._owner = owner
@@ -117,7 +117,9 @@ class Ring:
         return cls(spec, shm.buf, shm, None, own)
 
     @classmethod
-    def attach(cls, spec: RingSpec) -> "Ring":
+    def attach(cls, spec: RingSpec, own_fds: bool = False) -> "Ring":
+        """The ring `spec` names, made by another process; with `own_fds` its
+        doorbells (handed over, not inherited) are closed with it."""
         # Map the segment directly rather than through SharedMemory: in 3.11 that
         # would register it with this process's resource tracker, which would then
         # unlink the creator's segment (and warn) when this process exits.
@@ -126,7 +128,8 @@ class Ring:
             mapping = mmap.mmap(fd, HEADER_SIZE + spec.capacity)
         finally:
             os.close(fd)
-        return cls(spec, memoryview(mapping), None, mapping)
+        return cls(spec, memoryview(mapping), None, mapping,
+                   (spec.data_fd, spec.space_fd) if own_fds else ())
 
     def spec(self) -> RingSpec:
         return self._spec
@@ -135,10 +138,10 @@ class Ring:
         self._buf.release()
         if self._owner is not None:
             self._owner.close()
-            for fd in self._own_fds:
-                os.close(fd)
         elif self._mapping is not None:
             self._mapping.close()
+        for fd in self._own_fds:
+            os.close(fd)
 
     def unlink(self) -> None:
         if self._owner is not None:

@@ -55,10 +55,10 @@ def take(channel, queue: str, count: int, timeout: float = 10.0) -> list:
 
 
 def test_declared_on_one_gateway_used_on_the_other(two):
-    a, b = connect(two, 0), connect(two, 1)
+    a, b = connect(two, 2), connect(two, 1)
     try:
         ca, cb = a.channel(), b.channel()
-        # gateway 1 declares: gateway 0 must route with it at once after the -ok
+        # gateway 1 declares: gateway 2 must route with it at once after the -ok
         cb.exchange_declare("gw.x", "topic")
         cb.queue_declare("gw.q1")
         cb.queue_bind("gw.q1", "gw.x", "k.#")
@@ -69,7 +69,7 @@ def test_declared_on_one_gateway_used_on_the_other(two):
         ca.queue_bind("gw.q0", "gw.x", "j.*")
         cb.basic_publish("gw.x", "j.1", b"from 1")
         assert take(ca, "gw.q0", 1) == [b"from 1"]
-        # consumers on gateway 1 of a queue gateway 0 publishes to
+        # consumers on gateway 1 of a queue gateway 2 publishes to
         received = []
         cb.basic_consume("gw.q1", lambda ch, m, p, body: received.append(body), auto_ack=True)
         for i in range(100):
@@ -102,7 +102,7 @@ def test_errors_of_a_forwarded_declaration(two):
 
 
 def test_exclusive_queue_owned_on_another_gateway(two):
-    owner, other = connect(two, 1), connect(two, 0)
+    owner, other = connect(two, 1), connect(two, 2)
     try:
         name = owner.channel().queue_declare("", exclusive=True).method.queue
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
@@ -126,31 +126,37 @@ def test_exclusive_queue_owned_on_another_gateway(two):
         other.close()
 
 
-def test_a_dead_gateway_is_restarted_and_its_messages_come_back(two):
-    a, b = connect(two, 0), connect(two, 1)
+@pytest.mark.parametrize("dead", [1, 2])
+def test_a_dead_gateway_is_restarted_and_its_messages_come_back(two, dead):
+    """Any gateway can die: the root (which accepts no clients) restarts it, and
+    the other gateway's clients are unaffected."""
+    other = 3 - dead
+    a, b = connect(two, other), connect(two, dead)
     ca, cb = a.channel(), b.channel()
-    ca.queue_declare("gw.dead")
+    queue = f"gw.dead{dead}"
+    ca.queue_declare(queue)
     for i in range(5):
-        ca.basic_publish("", "gw.dead", str(i).encode())
+        ca.basic_publish("", queue, str(i).encode())
     cb.basic_qos(prefetch_count=10)
     held = []
-    cb.basic_consume("gw.dead", lambda ch, m, p, body: held.append(body))
+    cb.basic_consume(queue, lambda ch, m, p, body: held.append(body))
     wait_until(lambda: (b.process_data_events(0.05), len(held) == 5)[1], 10)
     pid = int(next(line for line in two.log_text().splitlines()
-                   if "gateway 1 started" in line).rsplit("pid ", 1)[1].split(")")[0])
-    two.forget_gateway_port(1)
+                   if f"gateway {dead} started" in line).rsplit("pid ", 1)[1].split(")")[0])
+    two.forget_gateway_port(dead)
     os.kill(pid, signal.SIGKILL)
-    # gateway 0's client is unaffected and gets the unacked messages again
-    got = take(ca, "gw.dead", 5)
+    # the other gateway's client is unaffected and gets the unacked messages again
+    got = take(ca, queue, 5)
     assert sorted(got) == [str(i).encode() for i in range(5)]
-    # gateway 1 is back, with the catalogue
-    c = connect(two, 1)
-    c.channel().queue_declare("gw.dead", passive=True)
+    # the dead gateway is back, with the catalogue, and the broker's port reaches it
+    c = connect(two, dead)
+    c.channel().queue_declare(queue, passive=True)
     c.close()
+    assert a.is_open
     a.close()
 
 
-@pytest.mark.parametrize("client_on,server_on", [(1, 0), (0, 1)])
+@pytest.mark.parametrize("client_on,server_on", [(1, 2), (2, 1)])
 def test_direct_reply_to_across_gateways(two, client_on, server_on):
     client, server = connect(two, client_on), connect(two, server_on)
     try:
@@ -193,23 +199,36 @@ def test_direct_reply_to_across_gateways(two, client_on, server_on):
         server.close()
 
 
-def test_a_restarted_shard_takes_every_gateway_along(tmp_path):
-    """A shard that restarts has new rings: the other gateways are restarted onto
-    them, their clients reconnect, and nothing confirmed is lost."""
+def test_a_restarted_shard_keeps_every_gateway_s_clients(tmp_path):
+    """A shard that restarts has new rings: the root hands them to every gateway,
+    whose clients stay connected, and nothing confirmed is lost."""
     broker = RunningBroker(tmp_path / "data", shards=1, gateways=2).start()
     try:
-        conn = connect(broker, 1)
-        ch = conn.channel()
+        conns = {gateway: connect(broker, gateway) for gateway in (1, 2)}
+        ch = conns[1].channel()
         ch.confirm_delivery()
         ch.queue_declare("gw.kept", durable=True)
         ch.basic_publish("", "gw.kept", b"kept", pika.BasicProperties(delivery_mode=2))
         [pid] = shard_pids(broker)
-        broker.forget_gateway_port(1)
         os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: closed_with_320(conn), 30, message="gateway 1's client closed")
-        again = connect(broker, 1)  # the restarted gateway 1, on the new rings
-        assert take(again.channel(), "gw.kept", 1, timeout=30) == [b"kept"]
-        again.close()
+        wait_until(lambda: shard_pids(broker) and pid not in shard_pids(broker), 30,
+                   message="the shard restarted")
+
+        def confirmed(publisher: int, body: bytes) -> bool:
+            try:  # nacked, or refused, until the gateway has the shard's new rings
+                ch = conns[publisher].channel()
+                ch.confirm_delivery()
+                ch.basic_publish("", "gw.kept", body, pika.BasicProperties(delivery_mode=2))
+                return True
+            except (pika.exceptions.AMQPChannelError, pika.exceptions.NackError):
+                return False
+
+        wait_until(lambda: confirmed(1, b"after"), 30, message="gateway 1 reaches the shard")
+        wait_until(lambda: confirmed(2, b"back"), 30, message="gateway 2 reaches the shard")
+        # the message confirmed before the kill came back from the store
+        assert {b"kept", b"after", b"back"} <= set(take(conns[1].channel(), "gw.kept", 3))
+        assert all(conn.is_open for conn in conns.values())
+        assert "restarting gateway" not in broker.log_text()
     finally:
         broker.stop()
 
@@ -255,56 +274,56 @@ def test_limits_count_the_connections_and_channels_of_every_gateway(tmp_path):
             pika.PlainCredentials(user, password), connection_attempts=1))
 
     try:
-        for first, second in ((0, 1), (1, 0)):
+        for first, second in ((2, 1), (1, 2)):
             held = open_on(first, "one")
             with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as raised:
                 open_on(second, "one")
             assert "access to vhost 'one' refused for user 'guest': connection limit (1) " \
                    "is reached" in str(raised.value)
             held.close()
-        on0, on1 = open_on(0, user="two", password="pw"), open_on(1, user="two", password="pw")
-        on0.channel()
+        on2, on1 = open_on(2, user="two", password="pw"), open_on(1, user="two", password="pw")
+        on2.channel()
         on1.channel()  # the user's two channels, on two gateways
         refusal = ("NOT_ALLOWED - number of channels opened for user 'two' has reached the "
                    "maximum allowed user limit of (2)")
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
-            on1.channel()  # counted on gateway 0 with gateway 0's channel
+            on1.channel()  # counted by the root with gateway 2's channel
         assert raised.value.reply_text == refusal
-        # on1's channel went with it; gateway 0 counts the one on gateway 1 too
+        # on1's channel went with it; the root counts the one on gateway 1 too
         on1 = open_on(1, user="two", password="pw")
         on1.channel()
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
-            on0.channel()
+            on2.channel()
         assert raised.value.reply_text == refusal
     finally:
         broker.stop()
 
 
 def test_single_active_consumer_across_gateways(two):
-    a, b = connect(two, 0), connect(two, 1)
+    a, b = connect(two, 2), connect(two, 1)
     try:
         ca, cb = a.channel(), b.channel()
         ca.queue_declare("gw.sac", arguments={"x-single-active-consumer": True})
-        got = {0: [], 1: []}
-        tag = ca.basic_consume("gw.sac", lambda ch, m, p, body: got[0].append(body),
+        got = {2: [], 1: []}
+        tag = ca.basic_consume("gw.sac", lambda ch, m, p, body: got[2].append(body),
                                auto_ack=True)
         cb.basic_consume("gw.sac", lambda ch, m, p, body: got[1].append(body), auto_ack=True)
         for i in range(10):
             ca.basic_publish("", "gw.sac", b"first")
         wait_until(lambda: (a.process_data_events(0.02), b.process_data_events(0.02),
-                            len(got[0]) == 10)[2], 10)
+                            len(got[2]) == 10)[2], 10)
         ca.basic_cancel(tag)  # the consumer on gateway 1 becomes the active one
         for i in range(10):
             ca.basic_publish("", "gw.sac", b"second")
         wait_until(lambda: (b.process_data_events(0.02), len(got[1]) == 10)[1], 10)
-        assert got == {0: [b"first"] * 10, 1: [b"second"] * 10}
+        assert got == {2: [b"first"] * 10, 1: [b"second"] * 10}
     finally:
         a.close()
         b.close()
 
 
 def test_deleting_a_queue_cancels_its_consumers_on_every_gateway(two):
-    a, b = connect(two, 0), connect(two, 1)
+    a, b = connect(two, 2), connect(two, 1)
     try:
         ca, cb = a.channel(), b.channel()
         ca.queue_declare("gw.doomed")
@@ -325,7 +344,7 @@ def test_management_sees_and_closes_the_connections_of_every_gateway(tmp_path):
     from .test_management_api import call, get
     broker = RunningBroker(tmp_path / "data", shards=1, gateways=2, management=True).start()
     try:
-        a, b = connect(broker, 0), connect(broker, 1)
+        a, b = connect(broker, 2), connect(broker, 1)
         b.channel().basic_consume(b.channel().queue_declare("").method.queue, lambda *x: None)
         ports = {conn._impl._transport._sock.getsockname()[1] for conn in (a, b)}
         names = [c["name"] for c in get(broker, "/api/connections")]
@@ -358,7 +377,7 @@ def test_a_stuck_gateway_is_restarted_and_declarations_go_on(tmp_path):
         pid = int(next(line for line in broker.log_text().splitlines()
                        if "gateway 1 started" in line).rsplit("pid ", 1)[1].split(")")[0])
         os.kill(pid, signal.SIGSTOP)  # it applies no more changes
-        conn = connect(broker, 0)
+        conn = connect(broker, 2)
         declaring = threading.Thread(target=lambda: conn.channel().queue_declare("gw.after"))
         declaring.start()
         declaring.join(30)  # answered once gateway 1 is replaced, not never
