@@ -214,7 +214,15 @@ class ShardRings(_Message, tag=18):
     rings: r.RingPair
 
 
-_decode_shard = msgspec.msgpack.Decoder(Union[ShardDown, ShardRings]).decode
+class Client(_Message, tag=19):
+    """A client's TCP connection, accepted by the root: its socket comes with the
+    message; `tls`: it came to the AMQPS port."""
+
+    tls: bool
+
+
+Handed = Union[ShardDown, ShardRings, Client]
+_decode_handed = msgspec.msgpack.Decoder(Handed).decode
 
 
 def ring_fds(rings: r.RingPair) -> list[int]:
@@ -222,11 +230,11 @@ def ring_fds(rings: r.RingPair) -> list[int]:
             rings.events.space_fd]
 
 
-class ShardNews:
-    """The root telling a gateway about restarted shards, over a socket pair of its
-    own (SOCK_SEQPACKET: each message arrives whole, with the descriptors it
-    carries, in order). The gateway keeps its clients; the shard's new rings
-    reach it without a restart."""
+class Handover:
+    """What the root hands a gateway with descriptors in it: a client's socket, a
+    restarted shard's rings (and before them the news that it died). Over a socket
+    pair of its own (SOCK_SEQPACKET: each message arrives whole, with the
+    descriptors it carries, in order)."""
 
     def __init__(self, sock: socket.socket):
         sock.setblocking(False)  # a gateway that cannot take a message is not waited for
@@ -236,29 +244,30 @@ class ShardNews:
     def pair() -> tuple[socket.socket, socket.socket]:
         return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
-    def send(self, message: ShardDown | ShardRings) -> bool:
+    def send(self, message: Handed, fds: list[int] = ()) -> bool:
         """False if the gateway cannot take it now (it is stuck or gone)."""
-        fds = ring_fds(message.rings) if type(message) is ShardRings else []
+        if type(message) is ShardRings:
+            fds = ring_fds(message.rings)
         try:
-            socket.send_fds(self.sock, [_encode(message)], fds)
+            socket.send_fds(self.sock, [_encode(message)], list(fds))
         except OSError:
             return False
         return True
 
-    def receive(self) -> ShardDown | ShardRings | None:
-        """The next message, with the handed doorbells in its specs; None if none
-        waits (EOFError: the root is gone)."""
+    def receive(self) -> tuple[Handed, list[int]] | None:
+        """The next message and the descriptors it brought (a ShardRings's are put
+        in its specs); None if none waits (EOFError: the root is gone)."""
         try:
             data, fds, _, _ = socket.recv_fds(self.sock, 65536, 4)
         except BlockingIOError:
             return None
         if not data:
             raise EOFError
-        message = _decode_shard(data)
+        message = _decode_handed(data)
         if type(message) is ShardRings:
             commands, events = message.rings.commands, message.rings.events
             commands.data_fd, commands.space_fd, events.data_fd, events.space_fd = fds
-        return message
+        return message, fds
 
     def close(self) -> None:
         self.sock.close()

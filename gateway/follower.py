@@ -1,14 +1,13 @@
-"""A gateway process other than gateway 0: `python -m warren.gateway.follower SPEC`,
-started (and restarted) by gateway 0 (followers.py).
+"""A gateway process: `python -m warren.gateway.follower SPEC`, started (and
+restarted) by the root when there are several gateways (followers.py).
 
-It accepts AMQP connections on the same ports as gateway 0 and talks to every
-shard over rings of its own, so publishing, consuming and acks never pass
-through another process. The catalogue it routes with is gateway 0's,
+It serves the clients the root accepts and hands it (controllink.Handover) and
+talks to every shard over rings of its own, so publishing, consuming and acks
+never pass through another process. The catalogue it routes with is the root's,
 replayed from the control link (replication.py); declarations are forwarded
-there (Declarations._forward). It accepts connections only once it holds the
-whole catalogue, and exits when gateway 0 is gone.
+there (Declarations._forward). It is handed clients only once it holds the
+whole catalogue, and exits when the root is gone.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -25,6 +24,7 @@ from warren.shards.malloc import keep_freed_memory
 
 from . import replication
 from .config import Config
+from .connection import Connection
 from .controllink import (
     Admit,
     Admitted,
@@ -33,21 +33,23 @@ from .controllink import (
     AskReplyConsumer,
     Changes,
     ChannelCount,
+    Client,
     CloseConnection,
     ConnectionClosed,
     Connections,
     ControlLink,
+    Handover,
     ListConnections,
     Reply,
     ReplyConsumer,
     ReplyOutcome,
     Serving,
     ShardDown,
-    ShardNews,
 )
 from .followers import FollowerSpec
 from .gateway import Gateway
-from .server import close_connections, listen, tls_context
+from .server import close_connections, own_listener, tls_context
+from .tlshandshake import TLSHandshake
 
 log = logging.getLogger("warren")
 
@@ -120,17 +122,27 @@ class Leader:
                                        self.gateway.totals.as_dict()))
 
 
-def shard_news(gateway: Gateway, news: ShardNews) -> None:
-    """A shard died (its consumers here are cancelled, what waited for it fails)
-    or runs again on new rings: the clients stay connected either way."""
+def take_handed(gateway: Gateway, handover: Handover, tls) -> None:
+    """What the root hands over: a client's socket, accepted there; or news of a
+    shard that died (its consumers here are cancelled, what waited for it fails)
+    or runs again on new rings, the clients staying connected either way."""
+    loop = asyncio.get_running_loop()
     try:
-        while (message := news.receive()) is not None:
-            if type(message) is ShardDown:
+        while (handed := handover.receive()) is not None:
+            message, fds = handed
+            kind = type(message)
+            if kind is Client:
+                client = socket.socket(fileno=fds[0])
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                make = (lambda: TLSHandshake(lambda: Connection(gateway), tls)) \
+                    if message.tls else (lambda: Connection(gateway))
+                loop.create_task(loop.connect_accepted_socket(make, sock=client))
+            elif kind is ShardDown:
                 gateway.shards.lost(message.shard)
             else:
                 gateway.shards.restarted(message.shard, message.rings)
     except EOFError:  # the root is gone; the control link's loss stops this gateway
-        asyncio.get_running_loop().remove_reader(news.sock.fileno())
+        loop.remove_reader(handover.sock.fileno())
 
 
 async def serve(spec: FollowerSpec) -> None:
@@ -146,11 +158,11 @@ async def serve(spec: FollowerSpec) -> None:
     await loop.connect_accepted_socket(lambda: leader.link,
                                        sock=socket.socket(fileno=spec.control_fd))
     await gateway.start(spec.rings)
-    news = ShardNews(socket.socket(fileno=spec.news_fd))
-    loop.add_reader(spec.news_fd, shard_news, gateway, news)
-    await leader.ready.wait()
     tls = tls_context(settings) if settings.tls_enabled else None
-    servers = await listen(gateway, settings, tls, reuse_port=True)
+    handover = Handover(socket.socket(fileno=spec.handover_fd))
+    loop.add_reader(spec.handover_fd, take_handed, gateway, handover, tls)
+    await leader.ready.wait()
+    servers = await own_listener(gateway, settings)
     for server in servers:
         await server.start_serving()
     leader.link.send(Serving(spec.index))

@@ -28,18 +28,19 @@ from .controllink import (
     Applied,
     Changes,
     ChannelCount,
+    Client,
     CloseConnection,
     ConnectionClosed,
     Connections,
     ControlLink,
     Forward,
+    Handover,
     ListConnections,
     Reply,
     ReplyConsumer,
     ReplyOutcome,
     Serving,
     ShardDown,
-    ShardNews,
     ShardRings,
     ring_fds,
 )
@@ -60,7 +61,7 @@ class FollowerSpec(msgspec.Struct, array_like=True):
     index: int
     config: dict
     control_fd: int  # its end of the control link's socket pair
-    news_fd: int  # its end of the ShardNews socket pair
+    handover_fd: int  # its end of the Handover socket pair
     rings: list[r.RingPair]  # by shard
     port: int  # the AMQP listener's port (gateway 0's, which may have been 0)
     tls_port: int
@@ -102,7 +103,10 @@ class Followers:
         self.serving: set[int] = set()  # gateways that have accepted connections
         self._all_serving = asyncio.Event()
         self.links: dict[int, ControlLink] = {}  # gateway index -> its live link
-        self.news: dict[int, ShardNews] = {}  # gateway index -> where restarted shards go
+        self.handovers: dict[int, Handover] = {}  # gateway index -> its sockets and rings
+        self._listeners: list[tuple[socket.socket, bool]] = []  # (AMQP listener, tls)
+        self._accepting = False
+        self._next_gateway = 0  # the last one a client was handed to (round robin)
         self.applied: dict[int, int] = {}  # gateway index -> the last change it applied
         self.seq = 0  # number of the last change sent
         self._pending: list = []
@@ -188,6 +192,7 @@ class Followers:
             self._release()
         elif kind is Serving:
             self.serving.add(index)
+            self._update_accepting()
             if len(self.serving) == self.count:
                 self._all_serving.set()
         elif kind is Forward:
@@ -306,23 +311,23 @@ class Followers:
     async def _start(self, index: int) -> None:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        news, news_theirs = ShardNews.pair()
+        handover, handover_theirs = Handover.pair()
         rings = [link.rings_for(index) for link in self.gateway.shards]
         spec = FollowerSpec(index, msgspec.to_builtins(self.gateway.config), theirs.fileno(),
-                            news_theirs.fileno(), rings, *self._ports)
-        fds = {theirs.fileno(), news_theirs.fileno()}
+                            handover_theirs.fileno(), rings, *self._ports)
+        fds = {theirs.fileno(), handover_theirs.fileno()}
         for pair in rings:
             fds |= set(ring_fds(pair))
         process = subprocess.Popen(
             [sys.executable, "-m", "warren.gateway.follower", msgspec.json.encode(spec).decode()],
             pass_fds=sorted(fds))
         theirs.close()
-        news_theirs.close()
+        handover_theirs.close()
         self.processes[index] = process
-        old = self.news.pop(index, None)
+        old = self.handovers.pop(index, None)
         if old is not None:
             old.close()
-        self.news[index] = ShardNews(news)  # before any wait: no restart of a shard is missed
+        self.handovers[index] = Handover(handover)  # before any wait: no shard news is missed
         _, link = await loop.connect_accepted_socket(
             lambda: ControlLink(lambda message: self._message(index, message),
                                 lambda: self._lost(index, link)), sock=ours)
@@ -340,6 +345,8 @@ class Followers:
             return
         del self.links[index]
         self.applied.pop(index, None)
+        self.serving.discard(index)
+        self._update_accepting()
         self.remote.pop(index, None)
         for name, count in self.totals.pop(index, {}).items():  # counters never go back
             self._retired[name] = self._retired.get(name, 0) + count
@@ -394,22 +401,65 @@ class Followers:
 
     def shard_down(self, shard: int) -> None:
         """A shard died: every gateway drops what it had there, keeping its clients."""
-        for index in list(self.news):
-            self._tell(index, ShardDown(shard))
+        for index in list(self.handovers):
+            self._hand(index, ShardDown(shard))
 
     def shard_started(self, link) -> None:
         """A shard was restarted with new rings: each gateway gets its pair."""
-        for index in list(self.news):
-            self._tell(index, ShardRings(link.index, link.rings_for(index)))
+        for index in list(self.handovers):
+            self._hand(index, ShardRings(link.index, link.rings_for(index)))
 
-    def _tell(self, index: int, message: ShardDown | ShardRings) -> None:
+    def _hand(self, index: int, message, fds: list[int] = ()) -> bool:
         process = self.processes.get(index)
-        if process is not None and process.poll() is None and not self.news[index].send(message):
-            # It cannot take it (stuck): restarted, it starts on the shard's new rings.
-            log.warning("restarting gateway %d: it takes no news of shard %d", index,
-                        message.shard)
-            self._replacing.add(index)
-            process.terminate()
+        if process is None or process.poll() is not None:
+            return False
+        if self.handovers[index].send(message, fds):
+            return True
+        # It cannot take it (stuck): restarted, it starts afresh.
+        log.warning("restarting gateway %d: it takes nothing handed to it", index)
+        self._replacing.add(index)
+        process.terminate()
+        return False
+
+    # -- clients -----------------------------------------------------------------
+
+    def listen(self, sock: socket.socket, tls: bool) -> None:
+        """Accept the clients of this listening socket and hand each to a gateway,
+        in turn: long-lived AMQP connections spread evenly, where SO_REUSEPORT's
+        hash of their addresses would leave one gateway with most of them."""
+        sock.setblocking(False)
+        self._listeners.append((sock, tls))
+        self._update_accepting()
+
+    def _update_accepting(self) -> None:
+        """Accept while a gateway serves; else clients wait in the listen backlog."""
+        accepting = bool(self.serving) and not self.stopping
+        if accepting == self._accepting:
+            return
+        self._accepting = accepting
+        loop = asyncio.get_running_loop()
+        for sock, tls in self._listeners:
+            if accepting:
+                loop.add_reader(sock.fileno(), self._accept, sock, tls)
+            else:
+                loop.remove_reader(sock.fileno())
+
+    def _accept(self, sock: socket.socket, tls: bool) -> None:
+        for _ in range(64):  # a burst, then the loop's other work
+            try:
+                client, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # out of descriptors: the client is refused
+                log.warning("cannot accept an AMQP connection: %s", error)
+                return
+            with client:
+                for _ in range(len(self.serving)):
+                    index = min((i for i in self.serving if i > self._next_gateway),
+                                default=min(self.serving))
+                    self._next_gateway = index
+                    if self._hand(index, Client(tls), [client.fileno()]):
+                        break
 
     def _stable(self, index: int, process: subprocess.Popen) -> None:
         if self.processes.get(index) is process and process.poll() is None \
@@ -417,8 +467,12 @@ class Followers:
             log.warning("gateway %d is up again", index)
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Stop the other gateways (they close their clients' connections) and wait."""
+        """Stop accepting clients, stop the gateways (they close their clients'
+        connections) and wait."""
         self.stopping = True
+        self._update_accepting()
+        for sock, _ in self._listeners:
+            sock.close()
         for process in self.processes.values():
             if process.poll() is None:
                 process.terminate()

@@ -37,6 +37,7 @@ log = logging.getLogger("warren")
 SHUTDOWN_CLOSE_OK_WAIT = 0.5
 # Seconds the root waits for its gateways to accept connections before it gives up.
 GATEWAYS_START_WAIT = 60.0
+LISTEN_BACKLOG = 128  # as RabbitMQ's tcp_listen_options.backlog
 
 
 class StartupError(Exception):
@@ -57,21 +58,22 @@ async def serve(settings: Config) -> None:
     data = DataDir(os.path.abspath(settings.data_dir))
     gateway = Gateway(settings)
     # With several gateways this process is the root: it holds the catalogue, the
-    # shards and the management API, and the gateways it starts take the clients.
+    # shards and the management API, and hands each client it accepts to one of
+    # the gateways it starts.
     many = settings.gateway_count() > 1
     servers = []  # bound, not serving until the broker has started
-    held = []  # the root's hold on the ports its gateways share
+    held = []  # the root's listening sockets, with several gateways
     try:
         if many:
-            held.append(_hold_port(settings.bind, settings.port, "--port"))
-            host, port = held[0].getsockname()[:2]
+            held.append(_listening(settings.bind, settings.port, "--port"))
             if tls is not None:
-                held.append(_hold_port(settings.bind, settings.tls_port, "--tls-port"))
+                held.append(_listening(settings.bind, settings.tls_port, "--tls-port"))
+            addresses = [sock.getsockname()[:2] for sock in held]
         else:
             servers += await listen(gateway, settings, tls)
-            host, port = servers[0].sockets[0].getsockname()[:2]
-        tls_address = (settings.bind, held[1].getsockname()[1]) if many and tls is not None \
-            else servers[1].sockets[0].getsockname()[:2] if tls is not None else None
+            addresses = [server.sockets[0].getsockname()[:2] for server in servers]
+        host, port = addresses[0]
+        tls_address = addresses[1] if tls is not None else None
         if settings.management_port:  # 0: no management listener
             listeners = [{"node": management.NODE, "protocol": protocol, "ip_address": address,
                           "port": number} for protocol, address, number in (
@@ -94,6 +96,8 @@ async def serve(settings: Config) -> None:
                                f"directory with --data") from None
         if many:
             gateway.followers = Followers(gateway, settings.gateway_count())
+            for sock, is_tls in zip(held, (False, True)):
+                gateway.followers.listen(sock, is_tls)
             if not await gateway.followers.start(port, tls_address[1] if tls_address else 0,
                                                  GATEWAYS_START_WAIT):
                 await gateway.followers.stop()
@@ -126,8 +130,6 @@ async def serve(settings: Config) -> None:
         await gateway.followers.stop()  # they close their clients' connections
     await close_connections(gateway, servers)
     await gateway.stop()
-    for sock in held:
-        sock.close()
     data.release()
     print("Warren stopped", flush=True)
 
@@ -148,48 +150,42 @@ async def close_connections(gateway: Gateway, servers: list) -> None:
     await asyncio.sleep(0)  # their connection_lost, before the shards stop
 
 
-async def listen(gateway: Gateway, settings: Config, tls: ssl.SSLContext | None,
-                 reuse_port: bool = False) -> list:
-    """The gateway's AMQP (and AMQPS) listeners, bound, not serving yet. With
-    `reuse_port` every gateway process binds the same ports and the kernel spreads
-    the connections (SO_REUSEPORT). WARREN_GATEWAY_PORTS=1 (a test hook) adds a
-    listener of this gateway's own on a free port, announced on stdout."""
+async def listen(gateway: Gateway, settings: Config, tls: ssl.SSLContext | None) -> list:
+    """The only gateway's AMQP (and AMQPS) listeners, bound, not serving yet."""
     loop = asyncio.get_running_loop()
     servers = [await _bound(loop.create_server(
         lambda: Connection(gateway), settings.bind, settings.port, reuse_address=True,
-        reuse_port=reuse_port, start_serving=False), settings.bind, settings.port, "--port")]
+        start_serving=False), settings.bind, settings.port, "--port")]
     if tls is not None:
         servers.append(await _bound(loop.create_server(
             lambda: TLSHandshake(lambda: Connection(gateway), tls), settings.bind,
-            settings.tls_port, reuse_address=True, reuse_port=reuse_port,
-            start_serving=False), settings.bind, settings.tls_port, "--tls-port"))
-    if os.environ.get("WARREN_GATEWAY_PORTS") == "1":
-        own = await loop.create_server(lambda: Connection(gateway), settings.bind, 0)
-        # One write: the gateways print at once, and unbuffered (PYTHONUNBUFFERED)
-        # print would write the line and its end apart.
-        sys.stdout.write(f"Warren gateway {gateway.index} on amqp://{_address(own)}\n")
-        sys.stdout.flush()
-        servers.append(own)
-    return servers
+            settings.tls_port, reuse_address=True, start_serving=False),
+            settings.bind, settings.tls_port, "--tls-port"))
+    return servers + await own_listener(gateway, settings)
 
 
-def _hold_port(host: str, port: int, option: str) -> socket.socket:
-    """A socket bound to `port` (a free one for 0) that does not listen: the root
-    holds the port its gateways share (SO_REUSEPORT) against other brokers, while
-    the kernel gives connections only to sockets that listen."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as probe:  # held by no one (reuse-port or not)
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise _listen_error(error, host, port, option) from None
-        port = probe.getsockname()[1]
-    sock = socket.socket(family)
+async def own_listener(gateway: Gateway, settings: Config) -> list:
+    """WARREN_GATEWAY_PORTS=1 (a test hook): a listener of this gateway's own on a
+    free port, announced on stdout, to pin a client to it."""
+    if os.environ.get("WARREN_GATEWAY_PORTS") != "1":
+        return []
+    own = await asyncio.get_running_loop().create_server(
+        lambda: Connection(gateway), settings.bind, 0, start_serving=False)
+    # One write: the gateways print at once, and unbuffered (PYTHONUNBUFFERED)
+    # print would write the line and its end apart.
+    sys.stdout.write(f"Warren gateway {gateway.index} on amqp://{_address(own)}\n")
+    sys.stdout.flush()
+    return [own]
+
+
+def _listening(host: str, port: int, option: str) -> socket.socket:
+    """A listening socket on `port` (a free one for 0) whose clients the root
+    accepts and hands to its gateways (Followers.listen)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
     except OSError as error:
         sock.close()
         raise _listen_error(error, host, port, option) from None

@@ -100,7 +100,7 @@ class ShardLink:
     def attach(self, rings: r.RingPair, handed: bool = False) -> None:
         """Another gateway's link (not the root's): the rings the root made for this
         gateway, whose process is the root's to start and stop. `handed`: their
-        doorbells came in a message (ShardNews), so they are this link's to close."""
+        doorbells came in a message (Handover), so they are this link's to close."""
         self.commands = Ring.attach(rings.commands, own_fds=handed)
         self.events = Ring.attach(rings.events, own_fds=handed)
         self._pairs = [(self.commands, self.events)]
