@@ -390,3 +390,22 @@ def test_a_stuck_gateway_is_restarted_and_declarations_go_on(tmp_path):
         conn.close()
     finally:
         broker.stop()
+
+
+def test_clients_are_spread_evenly_over_the_gateways(two):
+    """The root hands the clients of the broker's port to the gateways in turn
+    (SO_REUSEPORT's hash of the addresses would not spread them evenly)."""
+    before = two.log_text().count("accepting AMQP connection")
+    conns = [pika.BlockingConnection(pika.URLParameters(two.url)) for _ in range(6)]
+    try:
+        def accepted() -> list[str]:
+            lines = [line for line in two.log_text().splitlines()
+                     if "accepting AMQP connection" in line][before:]
+            return lines if len(lines) == 6 else []
+
+        lines = wait_until(accepted, 10, message="6 connections logged")
+        assert sorted(line.split("> ")[0].rsplit("<", 1)[1] for line in lines) == \
+            ["gateway-1"] * 3 + ["gateway-2"] * 3
+    finally:
+        for conn in conns:
+            conn.close()
