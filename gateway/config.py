@@ -101,8 +101,7 @@ HELP = {
     "port": "AMQP port (0: any free port)",
     "data_dir": "data directory",
     "shards": "shard processes (0: one per CPU)",
-    "gateways": "gateway processes accepting AMQP connections on the same ports "
-                "(0: one per two CPUs)",
+    "gateways": "gateway processes serving the AMQP clients (0: one per two CPUs)",
     "frame_max": "largest frame offered to clients, bytes",
     "heartbeat": "heartbeat interval offered to clients, seconds (0: off)",
     "channel_max": "most channels per connection",
