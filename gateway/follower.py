@@ -152,7 +152,6 @@ async def serve(spec: FollowerSpec) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     settings = msgspec.convert(spec.config, Config)
-    settings.port, settings.tls_port = spec.port, spec.tls_port
     gateway = Gateway(settings, spec.index)
     leader = gateway.leader = Leader(gateway, stop)
     await loop.connect_accepted_socket(lambda: leader.link,

@@ -63,8 +63,6 @@ class FollowerSpec(msgspec.Struct, array_like=True):
     control_fd: int  # its end of the control link's socket pair
     handover_fd: int  # its end of the Handover socket pair
     rings: list[r.RingPair]  # by shard
-    port: int  # the AMQP listener's port (gateway 0's, which may have been 0)
-    tls_port: int
 
 
 class RemoteConnection:
@@ -127,7 +125,6 @@ class Followers:
         self._relayed: dict[tuple[int, int], int] = {}  # mandatory replies -> their gateway
         self._next_ask = 0
         self.stopping = False
-        self._ports = (0, 0)
 
     # -- changes ---------------------------------------------------------------
 
@@ -297,9 +294,8 @@ class Followers:
 
     # -- processes ---------------------------------------------------------------
 
-    async def start(self, port: int, tls_port: int, timeout: float) -> bool:
+    async def start(self, timeout: float) -> bool:
         """Start the gateways; whether all of them accept connections within `timeout`."""
-        self._ports = (port, tls_port)
         for index in range(1, self.count + 1):
             await self._start(index)
         try:
@@ -314,7 +310,7 @@ class Followers:
         handover, handover_theirs = Handover.pair()
         rings = [link.rings_for(index) for link in self.gateway.shards]
         spec = FollowerSpec(index, msgspec.to_builtins(self.gateway.config), theirs.fileno(),
-                            handover_theirs.fileno(), rings, *self._ports)
+                            handover_theirs.fileno(), rings)
         fds = {theirs.fileno(), handover_theirs.fileno()}
         for pair in rings:
             fds |= set(ring_fds(pair))

@@ -98,8 +98,7 @@ async def serve(settings: Config) -> None:
             gateway.followers = Followers(gateway, settings.gateway_count())
             for sock, is_tls in zip(held, (False, True)):
                 gateway.followers.listen(sock, is_tls)
-            if not await gateway.followers.start(port, tls_address[1] if tls_address else 0,
-                                                 GATEWAYS_START_WAIT):
+            if not await gateway.followers.start(GATEWAYS_START_WAIT):
                 await gateway.followers.stop()
                 await gateway.stop()
                 raise StartupError(f"the gateways did not start within {GATEWAYS_START_WAIT:.0f}"
