@@ -73,12 +73,12 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         on two cores or fewer), at most MAX_GATEWAYS - 1."""
         return self.gateways or min(MAX_GATEWAYS - 1, max(1, (os.cpu_count() or 1) // 2))
 
-    def gateway_indexes(self) -> range:
-        """The indexes of the gateways accepting clients. One gateway is also the
-        root (index 0); with several, the root (0) accepts none, so that every
-        gateway can be restarted without the broker stopping (docs/architecture.md)."""
+    def ring_pairs(self) -> int:
+        """Ring pairs per shard, one for each process that talks to it: the one
+        gateway, or the gateways and the root, which serves no clients when there
+        are several (docs/architecture.md)."""
         count = self.gateway_count()
-        return range(1) if count == 1 else range(1, count + 1)
+        return 1 if count == 1 else count + 1
 
     def memory_limit_bytes(self) -> int:
         """As RabbitMQ's vm_memory_high_watermark: 40% of the machine's memory."""

@@ -119,7 +119,7 @@ class Gateway:
         self.vhost_defs: dict[str, VHostDef] = {}
         self.policies: dict[str, dict[str, PolicyDef]] = {}  # vhost -> name -> policy
         self.shards = ShardPool(config, self._on_events, self._redeclare_queues,
-                                self._shard_lost, config.gateway_indexes()[-1] + 1)
+                                self._shard_lost, config.ring_pairs())
         self.alarms = Alarms(self._alarm_changed, logs=self.authority)
         self._dirty: list = []  # connections with output to write this turn
         self._flush_pending = False
