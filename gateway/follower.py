@@ -122,6 +122,9 @@ class Leader:
                                        self.gateway.totals.as_dict()))
 
 
+_taking: set[asyncio.Task] = set()  # handed clients whose transports are being made
+
+
 def take_handed(gateway: Gateway, handover: Handover, tls) -> None:
     """What the root hands over: a client's socket, accepted there; or news of a
     shard that died (its consumers here are cancelled, what waited for it fails)
@@ -136,7 +139,10 @@ def take_handed(gateway: Gateway, handover: Handover, tls) -> None:
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 make = (lambda: TLSHandshake(lambda: Connection(gateway), tls)) \
                     if message.tls else (lambda: Connection(gateway))
-                loop.create_task(loop.connect_accepted_socket(make, sock=client))
+                # Held until done: the loop keeps only a weak reference to a task.
+                task = loop.create_task(loop.connect_accepted_socket(make, sock=client))
+                _taking.add(task)
+                task.add_done_callback(_taking.discard)
             elif kind is ShardDown:
                 gateway.shards.lost(message.shard)
             else:
