@@ -34,6 +34,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     gateways: int = 0
     frame_max: int = 131072
     heartbeat: int = 60
+    tcp_recbuf: int = 262_144
     channel_max: int = 2047
     max_message_size: int = 134_217_728
     memory_limit: int = -1
@@ -104,6 +105,8 @@ HELP = {
     "gateways": "gateway processes serving the AMQP clients (0: one per two CPUs)",
     "frame_max": "largest frame offered to clients, bytes",
     "heartbeat": "heartbeat interval offered to clients, seconds (0: off)",
+    "tcp_recbuf": "kernel receive buffer of each client connection, bytes, as RabbitMQ's "
+                  "tcp_listen_options.recbuf (0: the OS's autotuning)",
     "channel_max": "most channels per connection",
     "max_message_size": "largest message body accepted, bytes (RabbitMQ's default 128 MiB)",
     "memory_limit": "message content in RAM before publishers are blocked, bytes "
@@ -209,6 +212,8 @@ def check(config: Config) -> None:
         fail("frame_max", "must be at least 4096")
     if not 0 <= config.heartbeat <= 65535:
         fail("heartbeat", "must be 0-65535 seconds")
+    if config.tcp_recbuf and not 4096 <= config.tcp_recbuf <= 1 << 30:
+        fail("tcp_recbuf", "must be 0 (the OS tunes it) or 4096 bytes to 1 GiB")
     if not 1 <= config.channel_max <= 65535:
         fail("channel_max", "must be 1-65535")
     if not 1 <= config.max_message_size <= MAX_MESSAGE_SIZE_LIMIT:

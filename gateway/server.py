@@ -65,9 +65,9 @@ async def serve(settings: Config) -> None:
     held = []  # the root's listening sockets, with several gateways
     try:
         if many:
-            held.append(_listening(settings.bind, settings.port, "--port"))
+            held.append(_listening(settings, settings.port, "--port"))
             if tls is not None:
-                held.append(_listening(settings.bind, settings.tls_port, "--tls-port"))
+                held.append(_listening(settings, settings.tls_port, "--tls-port"))
             addresses = [sock.getsockname()[:2] for sock in held]
         else:
             servers += await listen(gateway, settings, tls)
@@ -152,14 +152,14 @@ async def close_connections(gateway: Gateway, servers: list) -> None:
 async def listen(gateway: Gateway, settings: Config, tls: ssl.SSLContext | None) -> list:
     """The only gateway's AMQP (and AMQPS) listeners, bound, not serving yet."""
     loop = asyncio.get_running_loop()
-    servers = [await _bound(loop.create_server(
-        lambda: Connection(gateway), settings.bind, settings.port, reuse_address=True,
-        start_serving=False), settings.bind, settings.port, "--port")]
+    servers = [await loop.create_server(
+        lambda: Connection(gateway), sock=_listening(settings, settings.port, "--port"),
+        backlog=LISTEN_BACKLOG, start_serving=False)]
     if tls is not None:
-        servers.append(await _bound(loop.create_server(
-            lambda: TLSHandshake(lambda: Connection(gateway), tls), settings.bind,
-            settings.tls_port, reuse_address=True, start_serving=False),
-            settings.bind, settings.tls_port, "--tls-port"))
+        servers.append(await loop.create_server(
+            lambda: TLSHandshake(lambda: Connection(gateway), tls),
+            sock=_listening(settings, settings.tls_port, "--tls-port"),
+            backlog=LISTEN_BACKLOG, start_serving=False))
     return servers + await own_listener(gateway, settings)
 
 
@@ -169,7 +169,8 @@ async def own_listener(gateway: Gateway, settings: Config) -> list:
     if os.environ.get("WARREN_GATEWAY_PORTS") != "1":
         return []
     own = await asyncio.get_running_loop().create_server(
-        lambda: Connection(gateway), settings.bind, 0, start_serving=False)
+        lambda: Connection(gateway), sock=_listening(settings, 0, "--port"),
+        backlog=LISTEN_BACKLOG, start_serving=False)
     # One write: the gateways print at once, and unbuffered (PYTHONUNBUFFERED)
     # print would write the line and its end apart.
     sys.stdout.write(f"Warren gateway {gateway.index} on amqp://{_address(own)}\n")
@@ -177,11 +178,17 @@ async def own_listener(gateway: Gateway, settings: Config) -> list:
     return [own]
 
 
-def _listening(host: str, port: int, option: str) -> socket.socket:
-    """A listening socket on `port` (a free one for 0) whose clients the root
-    accepts and hands to its gateways (Followers.listen)."""
+def _listening(settings: Config, port: int, option: str) -> socket.socket:
+    """A socket listening on `port` (a free one for 0) of the bind address. Its
+    clients' sockets inherit its receive buffer (tcp_recbuf): fixed, it bounds how
+    far a publisher held by flow control gets ahead in the kernel, where Linux's
+    autotuning would let each one buffer up to tcp_rmem's maximum (32 MiB on
+    many hosts) outside every memory limit (docs/architecture.md)."""
+    host = settings.bind
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if settings.tcp_recbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, settings.tcp_recbuf)
     try:
         sock.bind((host, port))
         sock.listen(LISTEN_BACKLOG)

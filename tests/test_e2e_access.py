@@ -37,6 +37,7 @@ def serve(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
     ("heartbeat = 'often'\n", "warren.toml: heartbeat: Expected `int`, got `str`"),
     ("port = 70000\n", "port: must be a port number, 0-65535 (got 70000)"),
     ("max_message_size = 0\n", "max_message_size: must be 1-536870912 (got 0)"),
+    ("tcp_recbuf = 100\n", "tcp_recbuf: must be 0 (the OS tunes it) or 4096 bytes to 1 GiB"),
     ("tls_certfile = 'x.pem'\n", "tls_keyfile: is required with tls_certfile"),
     ("port = [\n", "not valid TOML"),
 ])

@@ -12,8 +12,10 @@ import asyncio
 import base64
 import json
 import os
+import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import threading
@@ -249,6 +251,52 @@ def test_a_flood_without_consumers_ends_in_the_memory_alarm_and_the_shard_keeps_
             assert rss < share + (160 << 20), (pid, rss)
         other.close()
         flood.client.close()
+    finally:
+        broker.stop()
+
+
+def bytes_ahead(port: int) -> int:
+    """Publish on a raw connection that the broker stops reading (the disk alarm is
+    in force) and count the bytes its socket took until it takes no more."""
+    client = RawClient(port)
+    try:
+        client.handshake()
+        client.open_channel(1)
+        sock = client.sock
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)  # the client's own share
+        sock.setblocking(False)
+        data = publishes("held", 0, 100_000)  # 14 MB, more than any buffer here
+        sent = 0
+        while sent < len(data):
+            try:
+                sent += sock.send(data[sent:sent + 65536])
+            except BlockingIOError:
+                if not select.select([], [sock], [], 1.0)[1]:  # nothing read for 1 s
+                    break
+        return sent
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("recbuf, most, least", [(16_384, 100_000, 0),
+                                                 (2_097_152, None, 2_097_152)])
+def test_a_held_publisher_gets_ahead_by_the_receive_buffer_only(tmp_path, recbuf, most, least):
+    """The kernel keeps what a held connection sends in its receive buffer
+    (tcp_recbuf). Left to the OS, the buffer grows with reading (to 32 MiB on
+    many hosts), and a flooding client keeps producing into it. The OS's initial
+    buffer takes ~176 KB here: the small setting must take less, the large one
+    more."""
+    broker = RunningBroker(tmp_path / "data", shards=1, extra_args=[
+        "--disk-free-limit", str(10**18), "--tcp-recbuf", str(recbuf)]).start()
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        channel = conn.channel()
+        channel.queue_declare("held")
+        ahead = bytes_ahead(broker.port)
+        assert ahead >= least and (most is None or ahead <= most), ahead
+        # The broker serves on, and the held connection's first publish is queued.
+        assert channel.queue_declare("held", passive=True).method.message_count == 1
+        conn.close()
     finally:
         broker.stop()
 
