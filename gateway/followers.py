@@ -62,7 +62,9 @@ class FollowerSpec(msgspec.Struct, array_like=True):
     config: dict
     control_fd: int  # its end of the control link's socket pair
     handover_fd: int  # its end of the Handover socket pair
-    rings: list[r.RingPair]  # by shard
+    # By shard; None for a shard down when the gateway starts: its rings come in a
+    # ShardRings once it runs again.
+    rings: list[r.RingPair | None]
 
 
 class RemoteConnection:
@@ -308,12 +310,14 @@ class Followers:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         handover, handover_theirs = Handover.pair()
-        rings = [link.rings_for(index) for link in self.gateway.shards]
+        # A shard waiting to be restarted has no rings (those it had are closed).
+        rings = [link.rings_for(index) if link.alive else None for link in self.gateway.shards]
         spec = FollowerSpec(index, msgspec.to_builtins(self.gateway.config), theirs.fileno(),
                             handover_theirs.fileno(), rings)
         fds = {theirs.fileno(), handover_theirs.fileno()}
         for pair in rings:
-            fds |= set(ring_fds(pair))
+            if pair is not None:
+                fds |= set(ring_fds(pair))
         process = subprocess.Popen(
             [sys.executable, "-m", "warren.gateway.follower", msgspec.json.encode(spec).decode()],
             pass_fds=sorted(fds))

@@ -44,14 +44,16 @@ class ShardPool:
 
     def attach(self, rings: list) -> None:
         """Another gateway's shards (not the root's): links over the rings the root
-        made for this gateway, `rings[shard]`."""
+        made for this gateway, `rings[shard]`; a shard without (None) is down until
+        its rings come (restarted)."""
         self.count = len(rings)
         for index, pair in enumerate(rings):
             self.links.append(self._attached(index, pair))
 
     def _attached(self, index: int, rings, handed: bool = False) -> ShardLink:
         link = ShardLink(index, self.data_dir, [], 0, 0, 0, self._on_events, self._exited)
-        link.attach(rings, handed)
+        if rings is not None:
+            link.attach(rings, handed)
         return link
 
     def lost(self, index: int) -> None:

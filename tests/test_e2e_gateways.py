@@ -233,6 +233,49 @@ def test_a_restarted_shard_keeps_every_gateway_s_clients(tmp_path):
         broker.stop()
 
 
+def gateway_pid(broker: RunningBroker, index: int) -> int:
+    """The pid of gateway `index` as last started, from the log."""
+    line = [line for line in broker.log_text().splitlines()
+            if f"gateway {index} started" in line][-1]
+    return int(line.rsplit("pid ", 1)[1].split(")")[0])
+
+
+def test_a_gateway_restarted_while_a_shard_is_down_gets_the_shard_when_it_runs(tmp_path):
+    """A gateway that dies while a shard waits to be restarted comes back at once,
+    without that shard's rings, and takes them when the shard runs again."""
+    broker = RunningBroker(tmp_path / "data", shards=1, gateways=2).start()
+    try:
+        conn = connect(broker, 1)
+        conn.channel().queue_declare("gw.later", durable=True)
+        conn.close()
+        [pid] = shard_pids(broker)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: shard_pids(broker) and pid not in shard_pids(broker), 30,
+                   message="the shard restarted")
+        [pid] = shard_pids(broker)
+        os.kill(pid, signal.SIGKILL)  # its second failure in a row: back in 0.4 s
+        broker.forget_gateway_port(2)
+        os.kill(gateway_pid(broker, 2), signal.SIGKILL)
+        wait_until(lambda: shard_pids(broker) and pid not in shard_pids(broker), 30,
+                   message="the shard restarted again")
+
+        def confirmed() -> bool:
+            try:  # refused until the gateway has the shard's new rings
+                conn = connect(broker, 2)
+                ch = conn.channel()
+                ch.confirm_delivery()
+                ch.basic_publish("", "gw.later", b"x", pika.BasicProperties(delivery_mode=2))
+                conn.close()
+                return True
+            except (pika.exceptions.AMQPError, pika.exceptions.NackError):
+                return False
+
+        wait_until(confirmed, 30, message="the restarted gateway reaches the shard")
+        assert broker.log_text().count("gateway 2 exited") == 1
+    finally:
+        broker.stop()
+
+
 def test_the_disk_alarm_blocks_publishers_on_every_gateway(tmp_path):
     # A free-disk limit larger than any disk: the alarm is on from the start.
     broker = RunningBroker(tmp_path / "data", shards=1, gateways=2,
