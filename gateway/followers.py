@@ -49,6 +49,7 @@ from .mirror import Mirror
 log = logging.getLogger("warren")
 
 STABLE = 10.0  # seconds a restarted gateway must stay up to count as recovered
+ACCEPT_RETRY = 0.1  # seconds the root stops accepting when it is out of descriptors
 LIST_TIMEOUT = 2.0  # seconds the management API waits for another gateway's connections
 # Seconds a gateway may take to apply the catalogue's changes before it is taken for
 # stuck and restarted: declarations everywhere wait for it meanwhile.
@@ -450,8 +451,15 @@ class Followers:
                 client, _ = sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as error:  # out of descriptors: the client is refused
-                log.warning("cannot accept an AMQP connection: %s", error)
+            except OSError as error:
+                # Out of descriptors: the client waits in the backlog, which keeps
+                # the listener readable, so stop reading it a while (as RabbitMQ's
+                # acceptor, ranch, does) rather than spin on it.
+                log.warning("cannot accept an AMQP connection (%s); trying again in %.1f s",
+                            error.strerror or error, ACCEPT_RETRY)
+                loop = asyncio.get_running_loop()
+                loop.remove_reader(sock.fileno())
+                loop.call_later(ACCEPT_RETRY, self._accept_again, sock, tls)
                 return
             with client:
                 for _ in range(len(self.serving)):
@@ -460,6 +468,10 @@ class Followers:
                     self._next_gateway = index
                     if self._hand(index, Client(tls), [client.fileno()]):
                         break
+
+    def _accept_again(self, sock: socket.socket, tls: bool) -> None:
+        if self._accepting:
+            asyncio.get_running_loop().add_reader(sock.fileno(), self._accept, sock, tls)
 
     def _stable(self, index: int, process: subprocess.Popen) -> None:
         if self.processes.get(index) is process and process.poll() is None \

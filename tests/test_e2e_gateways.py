@@ -5,7 +5,9 @@ announces (WARREN_GATEWAY_PORTS, a test hook)."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
+import socket
 import threading
 import urllib.parse
 
@@ -273,6 +275,33 @@ def test_a_gateway_restarted_while_a_shard_is_down_gets_the_shard_when_it_runs(t
         wait_until(confirmed, 30, message="the restarted gateway reaches the shard")
         assert broker.log_text().count("gateway 2 exited") == 1
     finally:
+        broker.stop()
+
+
+def test_a_root_out_of_descriptors_retries_and_then_serves_the_waiting_client(tmp_path):
+    """Out of descriptors, the root cannot accept: the client waits in the listen
+    backlog, the root tries again now and then instead of spinning on the
+    listener, and serves the client once descriptors are free again."""
+    broker = RunningBroker(tmp_path / "data", shards=1, gateways=2).start()
+    root = broker.process.pid
+    limits = resource.prlimit(root, resource.RLIMIT_NOFILE)
+    try:
+        used = {int(name) for name in os.listdir(f"/proc/{root}/fd")}
+        lowest_free = min(n for n in range(len(used) + 1) if n not in used)
+        resource.prlimit(root, resource.RLIMIT_NOFILE, (lowest_free, limits[1]))
+        client = socket.create_connection(("127.0.0.1", broker.port), timeout=10)
+
+        def warnings() -> int:
+            return broker.log_text().count("cannot accept an AMQP connection")
+
+        wait_until(lambda: warnings() >= 3, 10, message="the root tries again")
+        assert warnings() < 50  # spinning, it logged thousands in that time
+        resource.prlimit(root, resource.RLIMIT_NOFILE, limits)
+        client.sendall(b"AMQP\x00\x00\x09\x01")
+        assert client.recv(1) == b"\x01"  # a method frame: connection.start
+        client.close()
+    finally:
+        resource.prlimit(root, resource.RLIMIT_NOFILE, limits)
         broker.stop()
 
 
