@@ -107,6 +107,7 @@ class Followers:
         self.handovers: dict[int, Handover] = {}  # gateway index -> its sockets and rings
         self._listeners: list[tuple[socket.socket, bool]] = []  # (AMQP listener, tls)
         self._accepting = False
+        self._starting: set[asyncio.Task] = set()  # gateways being started again
         self._next_gateway = 0  # the last one a client was handed to (round robin)
         self.applied: dict[int, int] = {}  # gateway index -> the last change it applied
         self.seq = 0  # number of the last change sent
@@ -308,20 +309,37 @@ class Followers:
         return True
 
     async def _start(self, index: int) -> None:
+        """Start gateway `index`'s process and its links. A start that fails (the
+        root out of descriptors, say) raises with nothing of it left open."""
         loop = asyncio.get_running_loop()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        handover, handover_theirs = Handover.pair()
-        # A shard waiting to be restarted has no rings (those it had are closed).
-        rings = [link.rings_for(index) if link.alive else None for link in self.gateway.shards]
-        spec = FollowerSpec(index, msgspec.to_builtins(self.gateway.config), theirs.fileno(),
-                            handover_theirs.fileno(), rings)
-        fds = {theirs.fileno(), handover_theirs.fileno()}
-        for pair in rings:
-            if pair is not None:
-                fds |= set(ring_fds(pair))
-        process = subprocess.Popen(
-            [sys.executable, "-m", "warren.gateway.follower", msgspec.json.encode(spec).decode()],
-            pass_fds=sorted(fds))
+        opened: list[socket.socket] = []  # closed again if the process does not start
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            opened += [ours, theirs]
+            handover, handover_theirs = Handover.pair()
+            opened += [handover, handover_theirs]
+            # A shard waiting to be restarted has no rings (those it had are closed).
+            rings = [link.rings_for(index) if link.alive else None
+                     for link in self.gateway.shards]
+            spec = FollowerSpec(index, msgspec.to_builtins(self.gateway.config),
+                                theirs.fileno(), handover_theirs.fileno(), rings)
+            fds = {theirs.fileno(), handover_theirs.fileno()}
+            for pair in rings:
+                if pair is not None:
+                    fds |= set(ring_fds(pair))
+            process = subprocess.Popen(
+                [sys.executable, "-m", "warren.gateway.follower",
+                 msgspec.json.encode(spec).decode()], pass_fds=sorted(fds))
+            try:
+                pidfd = os.pidfd_open(process.pid)
+            except OSError:  # unsupervised, it must not run
+                process.kill()
+                process.wait()
+                raise
+        except OSError:
+            for sock in opened:
+                sock.close()
+            raise
         theirs.close()
         handover_theirs.close()
         self.processes[index] = process
@@ -336,7 +354,6 @@ class Followers:
         self.applied[index] = 0
         self.flush()  # what is pending belongs to the snapshot
         link.send(Changes(self.seq, replication.snapshot(self.gateway)))
-        pidfd = os.pidfd_open(process.pid)
         loop.add_reader(pidfd, self._exited, index, process, pidfd)
         loop.call_later(STABLE, self._stable, index, process)
 
@@ -394,11 +411,30 @@ class Followers:
         def released(_reply) -> None:
             left[0] -= 1
             if left[0] == 0 and not self.stopping:
-                loop.call_later(delay, lambda: loop.create_task(self._start(index)))
+                loop.call_later(delay, self._restart, index)
 
         for shard in self.gateway.shards:
             shard.request(lambda req: r.GatewayLost(req, index), released)
         self.gateway.shards.send()
+
+    def _restart(self, index: int) -> None:
+        """Start gateway `index` again; if it cannot be started now, try again
+        later, less and less often, rather than leave it gone."""
+        if self.stopping:
+            return
+        task = asyncio.get_running_loop().create_task(self._start(index))
+        self._starting.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(lambda done: self._restarted(index, done))
+
+    def _restarted(self, index: int, task: asyncio.Task) -> None:
+        self._starting.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        failures = self.failing[index] = self.failing.get(index, 0) + 1
+        delay = min(0.1 * 2 ** failures, 60.0)
+        log.error("cannot start gateway %d (%s); trying again in %.1f s", index,
+                  task.exception(), delay)
+        asyncio.get_running_loop().call_later(delay, self._restart, index)
 
     def shard_down(self, shard: int) -> None:
         """A shard died: every gateway drops what it had there, keeping its clients."""

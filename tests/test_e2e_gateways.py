@@ -305,6 +305,27 @@ def test_a_root_out_of_descriptors_retries_and_then_serves_the_waiting_client(tm
         broker.stop()
 
 
+def test_a_gateway_the_root_cannot_start_again_is_tried_until_it_runs(tmp_path):
+    """A gateway dies while the root is out of descriptors: its start fails, and
+    the root tries again, later each time, until it can."""
+    broker = RunningBroker(tmp_path / "data", shards=1, gateways=2).start()
+    root = broker.process.pid
+    limits = resource.prlimit(root, resource.RLIMIT_NOFILE)
+    try:
+        resource.prlimit(root, resource.RLIMIT_NOFILE, (3, limits[1]))  # no new descriptor
+        broker.forget_gateway_port(2)
+        os.kill(gateway_pid(broker, 2), signal.SIGKILL)
+        wait_until(lambda: broker.log_text().count("cannot start gateway 2") >= 2, 10,
+                   message="the root tries again")
+        resource.prlimit(root, resource.RLIMIT_NOFILE, limits)
+        conn = connect(broker, 2)  # announced once it runs
+        conn.channel().queue_declare("gw.started", auto_delete=True)
+        conn.close()
+    finally:
+        resource.prlimit(root, resource.RLIMIT_NOFILE, limits)
+        broker.stop()
+
+
 def test_the_disk_alarm_blocks_publishers_on_every_gateway(tmp_path):
     # A free-disk limit larger than any disk: the alarm is on from the start.
     broker = RunningBroker(tmp_path / "data", shards=1, gateways=2,
