@@ -273,7 +273,9 @@ def test_a_gateway_restarted_while_a_shard_is_down_gets_the_shard_when_it_runs(t
                 return False
 
         wait_until(confirmed, 30, message="the restarted gateway reaches the shard")
-        assert broker.log_text().count("gateway 2 exited") == 1
+        # Restarted once, not crashing on: the root notices the death by the
+        # process's exit or by a hand-over it no longer takes, whichever comes first.
+        assert broker.log_text().count("gateway 2 started") == 2
     finally:
         broker.stop()
 
