@@ -31,9 +31,20 @@ class Declarations:
                 self.conn.send(answer.frames)
 
         conn = self.conn
-        self._request(self.gateway.leader, lambda req: Forward(
-            req, conn.id, conn.user, self.vhost.name, self.number, m.encode_method(method),
-            self.last_queue), answered)
+
+        def forward(_=None) -> None:
+            self._request(self.gateway.leader, lambda req: Forward(
+                req, conn.id, conn.user, self.vhost.name, self.number, m.encode_method(method),
+                self.last_queue), answered)
+
+        meta = None
+        if type(method) in (m.QueueDeclare, m.QueueDelete):
+            meta = self.vhost.queues.get(method.queue or self.last_queue)
+        if meta is None:
+            return forward()
+        # Gateway 0 counts the queue's messages (declare-ok, delete-ok) by asking on
+        # its own ring: this channel's publishes on ours must reach the shard first.
+        self._request(self._link(meta), lambda req: r.QueueStatus(req, meta.qid), forward)
 
     def _reply_seen(self, method, nowait: bool = False) -> None:
         """Answer a change of the catalogue once every gateway process has it, so a

@@ -103,6 +103,36 @@ def test_errors_of_a_forwarded_declaration(two):
         b.close()
 
 
+def test_a_forwarded_declaration_counts_the_channel_s_own_publishes(two):
+    # Gateway 0 answers gateway 1's declarations, asking the shard on its own
+    # ring; as on RabbitMQ, a count after publishes on the same channel has them.
+    b = connect(two, 1)
+    try:
+        ch = b.channel()
+        short = []
+        for name in [f"gw.count{i}" for i in range(8)]:  # on both shards
+            ch.queue_declare(name)
+            for round_ in range(1, 6):
+                for _ in range(500):
+                    ch.basic_publish("", name, b"x" * 100)
+                counted = ch.queue_declare(name, passive=True).method.message_count
+                if counted != 500 * round_:
+                    short.append((name, 500 * round_, counted))
+            for _ in range(500):
+                ch.basic_publish("", name, b"x" * 100)
+            counted = ch.queue_declare(name).method.message_count  # not passive
+            if counted != 3000:
+                short.append((name, 3000, counted))
+            for _ in range(500):
+                ch.basic_publish("", name, b"x" * 100)
+            counted = ch.queue_delete(name).method.message_count
+            if counted != 3500:
+                short.append((name, 3500, counted))
+        assert short == []
+    finally:
+        b.close()
+
+
 def test_exclusive_queue_owned_on_another_gateway(two):
     owner, other = connect(two, 1), connect(two, 2)
     try:
