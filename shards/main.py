@@ -44,6 +44,7 @@ UNMAP_INTERVAL = 1.0  # seconds between drops of the stores' mapped pages under 
 # delivery windows): with several gateways, its publishers' credit then waits.
 BEHIND_AT = 10_000
 STORE_RETRY = "store retry"  # the timer for writing again what a full store refused
+STORE_CHECKPOINT = "store checkpoint"  # the timer for writing the journals to LMDB
 
 log = logging.getLogger("warren.shard")
 
@@ -117,7 +118,7 @@ class Shard:
         that wrote nothing are returned to be sent at once."""
         if not self.has_commit_work():
             return []
-        if not self.persister.has_writes():
+        if not self.persister.has_writes(now):
             return self.commits.finished(self.commits.take(now), True, [], now)
         committer.submit(self.commits.begin(now, self.persister.begin_commit()).writes)
         return []
@@ -138,6 +139,7 @@ class Shard:
         """After a commit: its confirms (nacks if it failed)."""
         self.stored_ok = commit.writes.ok
         self.timers.schedule(STORE_RETRY, self.persister.retry_at)
+        self.timers.schedule(STORE_CHECKPOINT, self.persister.checkpoint_at)
         return self.commits.finished(commit, commit.writes.ok, commit.writes.sizes,
                                      time.monotonic())
 
@@ -166,10 +168,10 @@ class Shard:
     # -- timers ------------------------------------------------------------------
 
     def run_timers(self, now: float) -> None:
-        """Give the queues whose timers are due their tick. A due store retry only
-        wakes the loop, which then commits."""
+        """Give the queues whose timers are due their tick. A due store retry or
+        checkpoint only wakes the loop, which then commits."""
         for key in self.timers.due(now):
-            queue = self.queues.get(key) if key != STORE_RETRY else None
+            queue = self.queues.get(key) if type(key) is int else None
             if queue is None:
                 continue
             deadline = queue.next_deadline()  # the timer may be early (timers.py)

@@ -1,10 +1,13 @@
 """Group commit for one shard: the stores' side (groupcommit.py holds the confirms).
 
 The shard's loop turn hands every durable write of the turn to the persister;
-`commit()` then writes each touched store in one LMDB transaction with fsync,
-and only afterwards does the shard send the confirms of that turn. The next
-commit starts as soon as this one is done, so a lone message waits for no
-timer while a flood shares fsyncs (docs/architecture.md, group commit).
+`commit()` then appends each touched store's writes to its journal (one
+synchronous write), and only afterwards does the shard send the confirms of
+that turn. The next commit starts as soon as this one is done, so a lone
+message waits for no timer while a flood shares syncs (docs/architecture.md,
+group commit). Now and then a commit also checkpoints: the stores write what
+their journals hold to LMDB, and only then do the messages written leave RAM
+(a delivery reads them back from LMDB).
 
 A shard normally has one store (DATA/shard-K); after a restart with fewer
 shards it also adopts the stores of shards that no longer exist, so every
@@ -24,20 +27,31 @@ from .queue import Message, Queue
 log = logging.getLogger("warren.shard")
 
 RETRY_AFTER = 1.0  # seconds before writes a full disk (or map) refused are tried again
+# A checkpoint is due this long after the first commit it would apply, or once the
+# journals hold this much (it bounds the RAM of messages waiting for it), or with
+# a queue created or deleted (other processes read queue records from LMDB).
+CHECKPOINT_AFTER = 0.5
+CHECKPOINT_BYTES = 16 << 20
 
 
 class PendingCommit:
     """The writes of one commit, on their way to the stores."""
 
-    __slots__ = ("batches", "written", "ok", "sizes", "refused", "error")
+    __slots__ = ("batches", "written", "ok", "sizes", "refused", "error", "checkpoint",
+                 "checkpointed", "checkpoint_refused", "appended")
 
-    def __init__(self, batches: dict, written: list, ok: bool = True):
+    def __init__(self, batches: dict, written: list, ok: bool = True,
+                 checkpoint: list | None = None):
         self.batches = batches
-        self.written = written  # (qid, message) whose content leaves RAM once committed
+        self.written = written  # (qid, message) whose content leaves RAM once checkpointed
         self.ok = ok
-        self.sizes: list[int] = []  # records per store transaction (one fsync each)
+        self.sizes: list[int] = []  # records per store append (one sync each)
         self.refused: dict[ShardStore, WriteBatch] = {}  # batches a full store refused
         self.error: Exception | None = None  # what broke it otherwise, for the shard's thread
+        self.checkpoint = checkpoint or []  # the stores to checkpoint after the appends
+        self.checkpointed = False
+        self.checkpoint_refused = False
+        self.appended = 0  # journal bytes
 
 
 class Persister:
@@ -47,7 +61,11 @@ class Persister:
         self._store_of: dict[int, ShardStore] = {}  # qid -> its store
         self._batches: dict[ShardStore, WriteBatch] = {}
         self._batch_of: dict[int, WriteBatch] = {}  # qid -> its store's batch, this commit
-        self._written: list[tuple[int, Message]] = []  # content to drop from RAM once committed
+        self._written: list[tuple[int, Message]] = []  # this turn's, to drop from RAM
+        self._journaled: list[tuple[int, Message]] = []  # to drop at the next checkpoint
+        self._journal_bytes = 0  # in the journals since the last checkpoint
+        self.checkpoint_at: float | None = None  # when the next checkpoint is due
+        self._checkpoint_now = False  # a queue was created or deleted
         self.retry_at: float | None = None  # writes were refused for space: try again then
 
     # -- recovery --------------------------------------------------------------
@@ -88,12 +106,14 @@ class Persister:
     def create_queue(self, queue: Queue) -> None:
         self._store_of[queue.qid] = self.home
         self._batch(queue.qid).put_queue(queue.qid, StoredQueue(queue.spec, queue.arguments))
+        self._checkpoint_now = True
 
     def delete_queue(self, qid: int) -> None:
         if qid in self._store_of:
             self._batch(qid).delete_queue(qid)
             del self._store_of[qid]
             self._batch_of.pop(qid, None)
+            self._checkpoint_now = True
 
     def persist(self, qid: int, messages: list[Message], rich: bool = False) -> None:
         batch = self._batch(qid)
@@ -120,34 +140,45 @@ class Persister:
         else:
             self._batch(qid).mark_delivered(qid, seq, rich)
 
-    def has_writes(self) -> bool:
-        return any(not batch.is_empty() for batch in self._batches.values())
+    def has_writes(self, now: float | None = None) -> bool:
+        """Writes to commit, or a checkpoint due (at `now`, if given)."""
+        return (any(not batch.is_empty() for batch in self._batches.values())
+                or (now is not None and self._checkpoint_due(now)))
+
+    def _checkpoint_due(self, now: float) -> bool:
+        return self.checkpoint_at is not None and (
+            now >= self.checkpoint_at or self._journal_bytes >= CHECKPOINT_BYTES)
 
     def writes_due(self, now: float) -> bool:
         """Writes to commit now: none before the retry time after a refusal."""
-        return self.has_writes() and (self.retry_at is None or now >= self.retry_at)
+        return self.has_writes(now) and (self.retry_at is None or now >= self.retry_at)
 
-    def begin_commit(self) -> "PendingCommit":
+    def begin_commit(self, force_checkpoint: bool = False) -> "PendingCommit":
         """Take this turn's writes out of the persister, to be committed (possibly in
         another thread) while the next turn's writes gather. Before the retry time
         after a refusal, nothing is taken and the commit fails at once (its
         publishes are nacked) without touching the disk."""
-        if self.retry_at is not None and time.monotonic() < self.retry_at:
+        now = time.monotonic()
+        if self.retry_at is not None and now < self.retry_at:
             return PendingCommit({}, [], ok=False)
+        checkpoint = force_checkpoint or self._checkpoint_now or self._checkpoint_due(now) \
+            or self.retry_at is not None  # a checkpoint refused: it comes first now
         pending = PendingCommit({store: batch for store, batch in self._batches.items()
-                                 if not batch.is_empty()}, self._written)
+                                 if not batch.is_empty()}, self._written,
+                                checkpoint=list(self.stores.values()) if checkpoint else None)
         self._batches = {}
         self._batch_of = {}
         self._written = []
+        self._checkpoint_now = False
         return pending
 
     @staticmethod
     def run_commit(pending: "PendingCommit") -> None:
-        """One transaction and one fsync per store. Touches only `pending` and the
-        stores' write transactions, so it may run in the committer thread."""
+        """One journal append (one sync) per store, then the checkpoint if asked.
+        Touches only `pending` and the stores, so it may run in the committer thread."""
         for store, batch in pending.batches.items():
             try:
-                store.commit(batch)
+                pending.appended += store.append(batch)
             except StoreFull as error:
                 log.error("%s refused a commit (%s): nacking its publishes, keeping its "
                           "writes to try again", store, error)
@@ -159,27 +190,55 @@ class Persister:
                 pending.error = error
                 return
             pending.sizes.append(len(batch))
+        try:
+            for store in pending.checkpoint:
+                store.checkpoint()
+        except StoreFull as error:
+            # What the journals hold is durable, but LMDB cannot take it: nack until a
+            # checkpoint succeeds, so the journals cannot run far ahead of LMDB.
+            log.error("%s refused a checkpoint (%s): nacking publishes until it succeeds",
+                      store, error)
+            pending.ok = False
+            pending.checkpoint_refused = True
+            return
+        except Exception as error:
+            pending.ok = False
+            pending.error = error
+            return
+        pending.checkpointed = bool(pending.checkpoint)
 
     def finish_commit(self, pending: "PendingCommit", evict) -> bool:
-        """After run_commit, in the shard's thread: evict each written message's
-        content from RAM. False if a store refused (full): the commit's confirms
-        must then be nacks, and its writes are kept, ahead of those gathered since,
-        to be tried again (and the messages kept in RAM) until there is room."""
+        """After run_commit, in the shard's thread: once checkpointed, evict each
+        written message's content from RAM. False if a store refused (full): the
+        commit's confirms must then be nacks, and writes the journal did not take
+        are kept, ahead of those gathered since, to be tried again (and the
+        messages kept in RAM) until there is room."""
         if pending.error is not None:
             raise pending.error
-        if pending.ok:
-            self.retry_at = None
-            for qid, msg in pending.written:
+        if pending.appended:
+            self._journal_bytes += pending.appended
+            if self.checkpoint_at is None:
+                self.checkpoint_at = time.monotonic() + CHECKPOINT_AFTER
+        if not pending.refused:
+            self._journaled += pending.written
+        if pending.checkpointed:
+            self._journal_bytes = 0
+            self.checkpoint_at = None
+            for qid, msg in self._journaled:
                 if msg.content is not None:  # else settled since: already out of RAM
                     evict(qid, msg)
-        elif pending.refused:
+            self._journaled = []
+        if pending.ok:
+            self.retry_at = None
+        elif pending.refused or pending.checkpoint_refused:
             for store, batch in pending.refused.items():
                 later = self._batches.get(store)
                 if later is not None:
                     batch.merge(later)
                 self._batches[store] = batch
             self._batch_of = {}
-            self._written[:0] = pending.written
+            if pending.refused:
+                self._written[:0] = pending.written
             self.retry_at = time.monotonic() + RETRY_AFTER
         return pending.ok
 

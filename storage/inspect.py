@@ -2,7 +2,10 @@
 `warren inspect --verify DATA_DIR` checks every store for damage (exit 1 if any).
 
 Environments are opened read-only as ordinary LMDB readers, so this works on a
-stopped broker and beside a running one without blocking its writers.
+stopped broker and beside a running one without blocking its writers. A shard
+store's journal is read too: what it holds beyond LMDB's last checkpoint (the
+last fraction of a second of a running shard's commits, or a crashed shard's)
+is shown as the shard will apply it.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import sys
 import lmdb
 import msgspec
 
+from . import journal
 from .metastore import QueueDef
 from .recovery import Survey
 from .sealed import unseal
-from .shardstore import StoredMessage, _Mark
+from .shardstore import DELIVERED, StoredMessage, _Mark, applied_of, beyond, journal_path
 
 _key = struct.Struct(">QQ")
 
@@ -31,54 +35,83 @@ def _open(path: str):
 
 
 class _ShardView:
-    """One shard store, read-only."""
+    """One shard store, read-only: one LMDB snapshot and the journal beyond it."""
 
     def __init__(self, path: str):
         self.env = _open(path)
         self.queues = self.env.open_db(b"queues", create=False)
         self.messages = self.env.open_db(b"messages", create=False)
         self.marks = self.env.open_db(b"marks", create=False)
+        self.manifest = self.env.open_db(b"manifest", create=False)
         try:
             self.delivered = self.env.open_db(b"delivered", create=False)
         except lmdb.NotFoundError:  # written before it existed, not opened since
             self.delivered = None
+        # A running shard may checkpoint between the snapshot and the journal's
+        # read: then the journal no longer starts right after the snapshot. Again.
+        for _ in range(20):
+            self.txn = self.env.begin(buffers=True)
+            applied = applied_of(self.txn, self.manifest)
+            self.unapplied, numbers = beyond(journal.read(journal_path(path)), applied)
+            if numbers[:1] in ([], [applied + 1]):
+                with self.env.begin() as now:
+                    if numbers or applied_of(now, self.manifest) == applied:
+                        break
+            self.txn.abort()
 
-    def counts(self, qid: int) -> tuple[int, int]:
-        """(messages, bytes of stored values) of a queue."""
+    def _stored(self, qid: int) -> dict[int, object]:
+        """seq -> the stored value (sealed) or, from the journal, the content tuple."""
         prefix = qid.to_bytes(8, "big")
-        count = size = 0
-        with self.env.begin(buffers=True) as txn:
-            cursor = txn.cursor(db=self.messages)
+        found: dict[int, object] = {}
+        if qid not in self.unapplied.queue_deletes:
+            cursor = self.txn.cursor(db=self.messages)
             if cursor.set_range(prefix):
                 for key, value in cursor:
                     if bytes(key[:8]) != prefix:
                         break
-                    count += 1
-                    size += len(value) - 8  # its checksum
-        return count, size
+                    found[_key.unpack(key)[1]] = value
+        for key in self.unapplied.deletes:
+            if key[:8] == prefix:
+                found.pop(_key.unpack(key)[1], None)
+        for key, content in self.unapplied.puts.items():
+            if key[:8] == prefix:
+                found[_key.unpack(key)[1]] = content
+        return found
+
+    def counts(self, qid: int) -> tuple[int, int]:
+        """(messages, bytes of stored values) of a queue."""
+        stored = self._stored(qid)
+        size = sum(len(msgspec.msgpack.encode(v)) if type(v) is tuple else len(v) - 8  # checksum
+                   for v in stored.values())
+        return len(stored), size
 
     def first(self, qid: int, limit: int) -> list[tuple[int, StoredMessage, _Mark]]:
         """A queue's first messages, each with its mark (how often it went out)."""
         decoder = msgspec.msgpack.Decoder(StoredMessage)
         marks = msgspec.msgpack.Decoder(_Mark)
         prefix = qid.to_bytes(8, "big")
+        txn = self.txn
+        upto = None if self.delivered is None else txn.get(prefix, db=self.delivered)
+        upto = 0 if upto is None else msgspec.msgpack.decode(unseal(upto), type=int)
+        upto = max(upto, self.unapplied.delivered.get(qid, 0))
         out = []
-        with self.env.begin() as txn:
-            upto = None if self.delivered is None else txn.get(prefix, db=self.delivered)
-            upto = 0 if upto is None else msgspec.msgpack.decode(unseal(upto), type=int)
-            cursor = txn.cursor(db=self.messages)
-            if cursor.set_range(prefix):
-                for key, value in cursor:
-                    if key[:8] != prefix or len(out) >= limit:
-                        break
-                    seq = _key.unpack(key)[1]
-                    mark = txn.get(key, db=self.marks)
-                    mark = _Mark(False) if mark is None else marks.decode(unseal(mark))
-                    mark.delivered = mark.delivered or seq <= upto  # in order: no mark of its own
-                    out.append((seq, decoder.decode(unseal(value)), mark))
+        stored = self._stored(qid)
+        for seq in sorted(stored)[:limit]:
+            key = _key.pack(qid, seq)
+            value = stored[seq]
+            message = StoredMessage(*value) if type(value) is tuple else decoder.decode(unseal(value))
+            mark = self.unapplied.marks.get(key)
+            if mark is None:
+                mark = txn.get(key, db=self.marks)
+                mark = _Mark(False) if mark is None else marks.decode(unseal(mark))
+            elif mark is DELIVERED:
+                mark = _Mark()
+            mark.delivered = mark.delivered or seq <= upto  # in order: no mark of its own
+            out.append((seq, message, mark))
         return out
 
     def close(self) -> None:
+        self.txn.abort()
         self.env.close()
 
 

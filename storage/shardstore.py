@@ -8,7 +8,8 @@ cursor walks a queue in order. The databases:
                                  from the content tuple, which encodes the same)
     marks      qid + seq      -> (delivered, delivery_count, acquired_count, rich)
     delivered  qid            -> the highest seq of the queue delivered at least once
-    manifest   b"manifest"    -> Manifest (the store's format; written when it is created)
+    manifest   b"manifest"    -> Manifest (the store's format, written when it is
+                                 created, and the last journal record applied)
 
 A queue without priorities hands its messages out for the first time in
 sequence order, so one number per queue (`delivered`) says which of its messages
@@ -21,6 +22,13 @@ written before `delivered` existed lack it: it is created when the store is
 opened for writing, and read as empty until then. Every
 value is sealed with its checksum (storage.sealed); storage.verify checks them
 all before the broker starts.
+
+A commit is appended to the store's journal (storage.journal), which costs one
+synchronous write where an LMDB commit costs two, and reaches LMDB at the next
+checkpoint: many commits, merged, in one transaction. Reading (`recover`,
+`read_many`, `queues`, and other processes: inspect, verify) sees the store as
+of its last checkpoint; opening it applies what the journal holds beyond that
+(after a crash), and closing it checkpoints.
 """
 
 from __future__ import annotations
@@ -33,9 +41,10 @@ from typing import Iterator
 import lmdb
 import msgspec
 
+from .journal import Journal
 from .queuespec import QueueSpec
 from .sealed import seal, unseal
-from .upgrade import MANIFEST_KEY, manifest_value
+from .upgrade import MANIFEST_KEY, Manifest, manifest_value
 
 _key = struct.Struct(">QQ")
 _qid = struct.Struct(">Q")
@@ -70,6 +79,17 @@ class _Mark(msgspec.Struct, array_like=True):
 
 DELIVERED = _Mark()  # the common mark, shared: its sealed value is encoded once
 _DELIVERED_VALUE = seal(msgspec.msgpack.encode(DELIVERED))
+
+
+class _Logged(msgspec.Struct, array_like=True):
+    """A WriteBatch as the journal holds it."""
+
+    queue_puts: list[tuple[int, StoredQueue]]
+    queue_deletes: list[int]
+    puts: list[tuple[bytes, tuple[str, str, bytes, bytes]]]
+    deletes: list[bytes]
+    marks: list[tuple[bytes, _Mark]]
+    delivered: list[tuple[int, int]]
 
 
 class StoreFull(Exception):
@@ -152,6 +172,23 @@ class WriteBatch:
         for qid, seq in later.delivered.items():
             self.delivered_upto(qid, seq)
 
+    def logged(self) -> _Logged:
+        return _Logged(list(self.queue_puts.items()), list(self.queue_deletes),
+                       list(self.puts.items()), list(self.deletes), list(self.marks.items()),
+                       list(self.delivered.items()))
+
+    @classmethod
+    def from_logged(cls, logged: _Logged) -> "WriteBatch":
+        batch = cls()
+        batch.queue_puts = dict(logged.queue_puts)
+        batch.queue_deletes = set(logged.queue_deletes)
+        batch.puts = dict(logged.puts)
+        batch.deletes = set(logged.deletes)
+        batch.marks = {key: DELIVERED if mark == DELIVERED else mark
+                       for key, mark in logged.marks}
+        batch.delivered = dict(logged.delivered)
+        return batch
+
     def __len__(self) -> int:
         return len(self.puts) + len(self.deletes) + len(self.marks) + len(self.delivered)
 
@@ -176,13 +213,30 @@ class ShardStore:
         self._message_decoder = msgspec.msgpack.Decoder(StoredMessage)
         self._mark_decoder = msgspec.msgpack.Decoder(_Mark)
         self._seq_decoder = msgspec.msgpack.Decoder(int)
-        self.fsync_count = 0
         self._mapping: tuple | None = None  # (address, length) of LMDB's map, () if none
-        self.committed_messages = 0
-        self.last_batch_size = 0
         with self.env.begin(write=True) as txn:
             if txn.get(MANIFEST_KEY, db=self._manifest) is None:
                 txn.put(MANIFEST_KEY, manifest_value(), db=self._manifest)
+            self._applied = applied_of(txn, self._manifest)  # the last journal record in LMDB
+        self._journal = Journal(journal_path(path))
+        self._logged = self._applied  # the last journal record written
+        self._unapplied = WriteBatch()  # what the journal holds beyond LMDB, merged
+        self._replay()
+
+    def _replay(self) -> None:
+        """Apply the commits the journal holds beyond the last checkpoint (the store
+        was not closed), then start the journal over."""
+        records = self._journal.records()
+        self._unapplied, numbers = beyond(records, self._applied)
+        self._logged = numbers[-1] if numbers else self._applied
+        try:
+            self.checkpoint()
+        except StoreFull:
+            # Confirmed commits a full map cannot take (a checkpoint refused before
+            # the stop): grow the map for them, at most a checkpoint's worth.
+            size = self.env.info()["map_size"]
+            self.env.set_mapsize(size + 2 * sum(len(p) for _, p in records) + (1 << 20))
+            self.checkpoint()
 
     def _sealed(self, record) -> bytes:
         return seal(self._encode(record))
@@ -190,8 +244,34 @@ class ShardStore:
     def __repr__(self) -> str:
         return f"ShardStore({self.path!r})"
 
+    def append(self, batch: WriteBatch) -> int:
+        """Make the batch durable in the journal (one synchronous write); it reaches
+        LMDB at the next checkpoint. The bytes it took in the journal."""
+        try:
+            written = self._journal.append(self._logged + 1, self._encode(batch.logged()))
+        except OSError as error:  # a full disk: nothing of the batch counts as written
+            raise StoreFull(str(error)) from error
+        self._logged += 1
+        self._unapplied.merge(batch)
+        return written
+
+    def checkpoint(self) -> None:
+        """Write what the journal holds to LMDB, durably, in one transaction; then
+        start the journal over. StoreFull keeps both as they were."""
+        if self._logged == self._applied:
+            return
+        self._write(self._unapplied, self._logged)
+        self._applied = self._logged
+        self._unapplied = WriteBatch()
+        self._journal.start_over()
+
     def commit(self, batch: WriteBatch) -> None:
-        """Write the batch in one transaction and fsync it (sync=True)."""
+        """Append the batch and checkpoint: durable, and read back at once."""
+        self.append(batch)
+        self.checkpoint()
+
+    def _write(self, batch: WriteBatch, applied: int) -> None:
+        """One LMDB transaction with its two synchronous writes (data, then meta)."""
         sealed = self._sealed
         try:
             with self.env.begin(write=True) as txn:
@@ -212,13 +292,11 @@ class ShardStore:
                             db=self._marks)
                 for qid, seq in batch.delivered.items():
                     txn.put(_qid.pack(qid), sealed(seq), db=self._delivered)
+                txn.put(MANIFEST_KEY, manifest_value(applied), db=self._manifest)
         except lmdb.PanicError:  # the environment is unusable: the shard must start over
             raise
         except lmdb.Error as error:  # a full map or disk (ENOSPC, or EIO: a short write)
             raise StoreFull(str(error)) from error
-        self.fsync_count += 1
-        self.last_batch_size = len(batch)
-        self.committed_messages += self.last_batch_size
 
     @staticmethod
     def _delete_prefix(txn, db, qid: int) -> None:
@@ -286,7 +364,34 @@ class ShardStore:
             _madvise(*self._mapping, _MADV_DONTNEED)
 
     def close(self) -> None:
+        """Checkpoint and close. A checkpoint a full store refuses leaves the journal
+        to be applied when the store is next opened."""
+        try:
+            self.checkpoint()
+        except StoreFull:
+            pass
         self.env.close()
+        self._journal.close()
+
+
+def applied_of(txn, manifest_db) -> int:
+    """The last journal record a store's LMDB holds, as a read transaction sees it."""
+    value = txn.get(MANIFEST_KEY, db=manifest_db)
+    return 0 if value is None else msgspec.msgpack.decode(unseal(value), type=Manifest).journal
+
+
+def beyond(records: list[tuple[int, bytes]], applied: int) -> tuple[WriteBatch, list[int]]:
+    """The journal records after `applied`, merged into one batch, and their numbers."""
+    batch, numbers = WriteBatch(), []
+    for number, payload in records:
+        if number > applied:
+            batch.merge(WriteBatch.from_logged(msgspec.msgpack.decode(payload, type=_Logged)))
+            numbers.append(number)
+    return batch, numbers
+
+
+def journal_path(path: str) -> str:
+    return os.path.join(path, "journal")
 
 
 def reusable_bytes(path: str) -> int:

@@ -30,6 +30,9 @@ MANIFEST_KEY = b"manifest"
 
 class Manifest(msgspec.Struct, array_like=True):
     format: int
+    # A shard store's last journal record applied (storage.journal); a store
+    # written before the journal has none (0), and an older Warren ignores it.
+    journal: int = 0
 
 
 class Upgraded(msgspec.Struct):
@@ -90,8 +93,8 @@ def _meta_queue_3(value: bytes) -> bytes:
     return msgspec.msgpack.encode({"spec": spec, "qid": old.qid, "shard": old.shard})
 
 
-def manifest_value() -> bytes:
-    return seal(msgspec.msgpack.encode(Manifest(FORMAT)))
+def manifest_value(journal: int = 0) -> bytes:
+    return seal(msgspec.msgpack.encode(Manifest(FORMAT, journal)))
 
 
 def found_format(env, txn, names: list[bytes]) -> int:

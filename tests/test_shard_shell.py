@@ -125,12 +125,12 @@ def test_a_full_store_nacks_and_wakes_the_shard_to_write_again(shard, monkeypatc
     shard.run(create_queue(2, 5, "d", durable=True), 0.0)
     shard.commit_now(0.0)
     store = shard.persister.home
-    real_commit = store.commit
+    real_append = store.append
 
     def full(batch):
-        raise StoreFull("mdb_txn_commit: No space left on device")
+        raise StoreFull("No space left on device")
 
-    monkeypatch.setattr(store, "commit", full)
+    monkeypatch.setattr(store, "append", full)
     clock = [100.0]
     monkeypatch.setattr(persister_module.time, "monotonic", lambda: clock[0])
     shard.run(durable_publish(1), 100.0)
@@ -138,13 +138,39 @@ def test_a_full_store_nacks_and_wakes_the_shard_to_write_again(shard, monkeypatc
     assert not shard.stored_ok
     retry_at = shard.persister.retry_at
     assert retry_at > 100.0 and shard.timers.next_deadline() == retry_at
-    monkeypatch.setattr(store, "commit", real_commit)
+    monkeypatch.setattr(store, "append", real_append)
     clock[0] = retry_at
     shard.run_timers(retry_at)
     assert shard.has_commit_work()
     shard.commit_now(retry_at)  # the kept writes go to the store this time
     assert shard.stored_ok and shard.timers.next_deadline() is None
     assert [seq for seq, *_ in store.recover(5)] == [1]
+
+
+def test_confirmed_messages_leave_ram_at_the_checkpoint_the_timer_asks_for(shard, monkeypatch):
+    """A commit is durable in the journal; the messages' content stays in RAM until
+    a checkpoint has written them to LMDB, which an idle shard's timer brings."""
+    clock = [100.0]
+    monkeypatch.setattr(persister_module.time, "monotonic", lambda: clock[0])
+    shard.run(create_queue(2, 5, "d", durable=True), 100.0)
+    shard.commit_now(100.0)  # a new queue is checkpointed at once
+    store = shard.persister.home
+    assert store.queues().keys() == {5}
+    shard.run(durable_publish(1), 100.0)
+    assert shard.commit_now(100.0) == [r.Confirmed([3], [1])]
+    assert shard.ram_bytes > 0 and list(store.recover(5)) == []  # journaled only
+    due = 100.0 + persister_module.CHECKPOINT_AFTER
+    assert shard.timers.next_deadline() == due and not shard.has_commit_work()
+    clock[0] = due
+    shard.run_timers(due)
+    assert shard.has_commit_work()
+    assert shard.commit_now(due) == []
+    assert shard.ram_bytes == 0 and [seq for seq, *_ in store.recover(5)] == [1]
+    assert shard.timers.next_deadline() is None
+    shard.take_events()
+    shard.run(r.Get(6, 5, 9, True), due)  # read back from LMDB
+    (reply,) = shard.take_events()[0]
+    assert reply.seq == 1 and reply.body == b"body"
 
 
 def consume(shard, qid: int = 5, holder: int = 10, prefetch: int = 100) -> None:

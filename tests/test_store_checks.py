@@ -70,15 +70,15 @@ def test_a_flipped_byte_in_a_message_fails_the_check(tmp_path):
 def test_refused_writes_are_kept_and_written_at_the_retry(tmp_path, monkeypatch):
     store = ShardStore(str(tmp_path / "shard-0"), 1 << 24)
     persister = Persister({0: store}, 0)
-    real_commit, calls = store.commit, []
+    real_append, calls = store.append, []
 
     def full_once(batch):
         calls.append(len(batch))
         if len(calls) == 1:
-            raise StoreFull("mdb_txn_commit: No space left on device")
-        real_commit(batch)
+            raise StoreFull("No space left on device")
+        return real_append(batch)
 
-    monkeypatch.setattr(store, "commit", full_once)
+    monkeypatch.setattr(store, "append", full_once)
     clock = [100.0]
     monkeypatch.setattr(persister_module.time, "monotonic", lambda: clock[0])
     persister.persist(7, [Message(1, ("", "q", b"", b"one"), True, False)])
@@ -93,7 +93,39 @@ def test_refused_writes_are_kept_and_written_at_the_retry(tmp_path, monkeypatch)
     assert persister.writes_due(clock[0])
     assert persister.commit(lambda qid, msg: evicted.append(msg.seq)).ok is True
     assert persister.retry_at is None and sorted(evicted) == [1, 2]
-    assert [seq for seq, *_ in store.recover(7)] == [1, 2]
+    assert [seq for seq, *_ in store.recover(7)] == [1, 2]  # checkpointed at the retry
+    store.close()
+
+
+def test_a_refused_checkpoint_nacks_until_one_succeeds_and_loses_nothing(tmp_path, monkeypatch):
+    path = str(tmp_path / "shard-0")
+    store = ShardStore(path, 1 << 24)
+    persister = Persister({0: store}, 0)
+    real_checkpoint, refusing = store.checkpoint, [True]
+
+    def checkpoint():
+        if refusing[0]:
+            raise StoreFull("MDB_MAP_FULL: Environment mapsize limit reached")
+        real_checkpoint()
+
+    monkeypatch.setattr(store, "checkpoint", checkpoint)
+    clock = [100.0]
+    monkeypatch.setattr(persister_module.time, "monotonic", lambda: clock[0])
+    evicted = []
+    persister.persist(7, [Message(1, ("", "q", b"", b"one"), True, False)])
+    assert persister.commit(lambda qid, msg: evicted.append(msg.seq)).ok is True  # journaled
+    clock[0] += persister_module.CHECKPOINT_AFTER
+    assert persister.writes_due(clock[0])  # the checkpoint, with nothing new to write
+    persister.persist(7, [Message(2, ("", "q", b"", b"two"), True, False)])
+    assert persister.commit(lambda qid, msg: evicted.append(msg.seq)).ok is False
+    assert evicted == [] and persister.retry_at == clock[0] + persister_module.RETRY_AFTER
+    persister.persist(7, [Message(3, ("", "q", b"", b"three"), True, False)])
+    assert persister.commit(lambda qid, msg: None).ok is False  # before the retry: no I/O
+    refusing[0] = False
+    clock[0] = persister.retry_at
+    assert persister.commit(lambda qid, msg: evicted.append(msg.seq)).ok is True
+    assert sorted(evicted) == [1, 2, 3] and persister.checkpoint_at is None
+    assert [seq for seq, *_ in store.recover(7)] == [1, 2, 3]
     store.close()
 
 
