@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from warren.shards import records as r
 from warren.shards.queue import Destroyed, Persist, Queue, Remove
 from warren.storage.queuespec import QueueSpec
@@ -134,3 +136,18 @@ def test_purge_counts_only_ready_messages():
     q.apply(r.Get(1, 1, 50, False), 0.0)
     assert q.apply(r.PurgeQueue(2, 1), 0.0) == [r.Reply(2, message_count=2)]
     assert q.unacked_count == 1
+
+
+def test_a_backlog_adds_nothing_to_the_garbage_collector_s_passes():
+    # A full collection walks every tracked object: with a million queued
+    # messages tracked it took 127 ms instead of 22, a pause for every queue of
+    # the shard. Plain and rich (TTL, priority) messages are both untracked.
+    plain = make_queue()
+    rich = Queue(r.CreateQueue(0, 2, QueueSpec("/", "r", False, False, False, {}),
+                               {"x-message-ttl": 60_000, "x-max-priority": 5}))
+    for _ in range(3):
+        publish(plain, b"body")
+        rich.apply(r.Publish([2], "", "r", b"", b"body", False), 0.0)
+    queued = list(plain.ready) + list(rich.ready)
+    assert len(queued) == 6
+    assert not any(gc.is_tracked(msg) for msg in queued)
