@@ -48,16 +48,24 @@ class _ShardView:
         except lmdb.NotFoundError:  # written before it existed, not opened since
             self.delivered = None
         # A running shard may checkpoint between the snapshot and the journal's
-        # read: then the journal no longer starts right after the snapshot. Again.
-        for _ in range(20):
+        # read: then the journal no longer starts right after the snapshot. Again,
+        # a few times (a checkpoint comes at most every half second); the last try
+        # stands, at worst one checkpoint off.
+        for attempt in range(20):
             self.txn = self.env.begin(buffers=True)
             applied = applied_of(self.txn, self.manifest)
             self.unapplied, numbers = beyond(journal.read(journal_path(path)), applied)
-            if numbers[:1] in ([], [applied + 1]):
-                with self.env.begin() as now:
-                    if numbers or applied_of(now, self.manifest) == applied:
-                        break
+            if attempt == 19 or self._follows(applied, numbers):
+                break
             self.txn.abort()
+
+    def _follows(self, applied: int, numbers: list[int]) -> bool:
+        """The journal records read (their numbers) start right after the snapshot,
+        which has `applied`: none if no checkpoint has come since."""
+        if numbers:
+            return numbers[0] == applied + 1
+        with self.env.begin() as now:
+            return applied_of(now, self.manifest) == applied
 
     def _stored(self, qid: int) -> dict[int, object]:
         """seq -> the stored value (sealed) or, from the journal, the content tuple."""
