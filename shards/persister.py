@@ -153,7 +153,7 @@ class Persister:
         """Writes to commit now: none before the retry time after a refusal."""
         return self.has_writes(now) and (self.retry_at is None or now >= self.retry_at)
 
-    def begin_commit(self, force_checkpoint: bool = False) -> "PendingCommit":
+    def begin_commit(self) -> "PendingCommit":
         """Take this turn's writes out of the persister, to be committed (possibly in
         another thread) while the next turn's writes gather. Before the retry time
         after a refusal, nothing is taken and the commit fails at once (its
@@ -161,7 +161,7 @@ class Persister:
         now = time.monotonic()
         if self.retry_at is not None and now < self.retry_at:
             return PendingCommit({}, [], ok=False)
-        checkpoint = force_checkpoint or self._checkpoint_now or self._checkpoint_due(now) \
+        checkpoint = self._checkpoint_now or self._checkpoint_due(now) \
             or self.retry_at is not None  # a checkpoint refused: it comes first now
         pending = PendingCommit({store: batch for store, batch in self._batches.items()
                                  if not batch.is_empty()}, self._written,
