@@ -281,7 +281,9 @@ class Shard:
         accepted = True
         for effect in effects:
             kind = type(effect)
-            if kind is Persist:
+            if kind is r.Deliver:
+                self.outbox.add(effect)
+            elif kind is Persist:
                 persister.persist(effect.qid, effect.messages, effect.rich)
             elif kind is Remove:
                 persister.remove(effect.qid, effect.seqs)
