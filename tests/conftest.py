@@ -35,6 +35,8 @@ def pytest_generate_tests(metafunc):
     if "gateway_count" in metafunc.fixturenames and \
             END_TO_END.search(metafunc.module.__name__):
         counts = [int(n) for n in metafunc.config.getoption("--gateways").split(",")]
+        if metafunc.definition.get_closest_marker("shard_side"):
+            counts = counts[:1]
         metafunc.parametrize("gateway_count", counts, indirect=True, scope="module",
                              ids=[f"gateways{n}" for n in counts])
 

@@ -24,6 +24,7 @@ def pss_bytes(pid: int) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.shard_side  # the messages are held by the shards
 def test_million_persistent_messages_fit_in_400_mb(fresh_broker):
     fresh_broker.start()
     publisher = ConfirmPublisher(fresh_broker.port, "backlog")
