@@ -131,7 +131,9 @@ class WriteBatch:
     def delete_message(self, qid: int, seq: int) -> None:
         key = _key.pack(qid, seq)
         self.marks.pop(key, None)
-        if self.puts.pop(key, None) is None:  # written and deleted in one turn: nothing to do
+        # Written and deleted in one turn: nothing to do, as nothing before this
+        # batch wrote the key (a queue never reuses a sequence number).
+        if self.puts.pop(key, None) is None:
             self.deletes.add(key)
 
     def mark_delivered(self, qid: int, seq: int, rich: bool = False) -> None:
