@@ -342,12 +342,16 @@ class Consuming:
             self._settled_timed_out({tag for tag, _ in taken})
         if len(taken) == 1:  # one ack of one delivery: the common case, without grouping
             delivery = taken[0][1]
+            consumer = None
             if delivery.holder != self.id:
                 self.consumer_unacked -= 1
                 consumer = self.by_holder.get(delivery.holder)
                 if consumer is not None:
                     consumer.unacked -= 1
-            delivery.link.send(r.Settle(delivery.qid, delivery.holder, [delivery.seq], outcome))
+            link = delivery.link
+            link.send(r.Settle(delivery.qid, delivery.holder, [delivery.seq], outcome),
+                      lazy=outcome == r.SETTLE_ACK and not self.channel_prefetch
+                      and _room_left(consumer, link.lazy_acks))
             if self.channel_prefetch:
                 self._deal_credit()
             return
@@ -384,6 +388,16 @@ class Consuming:
         self._settle_now(self.unacked.take_all(), r.SETTLE_REQUEUE)
         if type(method) is m.BasicRecover:
             self.send(m.BasicRecoverOk())
+
+
+def _room_left(consumer: ConsumerState | None, unsent: int) -> bool:
+    """May an ack of this consumer's wait for other records to its shard? Yes while
+    the shard, not knowing of it and of the `unsent` acks before it, still has
+    half the consumer's prefetch to deliver into: a consumer that keeps up never
+    waits for its acks to reach the shard. (A basic.get's ack: yes.)"""
+    if consumer is None or not consumer.prefetch:
+        return True
+    return consumer.unacked + unsent + 1 <= consumer.prefetch // 2
 
 
 def _with_delivery_count(properties: bytes, count: int) -> bytes:

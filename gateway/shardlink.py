@@ -39,6 +39,10 @@ log = logging.getLogger("warren.shard")
 
 COMMAND_RING_BYTES = 16 * 1024 * 1024
 EVENT_RING_BYTES = 16 * 1024 * 1024
+# How long acks that may wait (send(..., lazy=True)) wait for other records to
+# this shard before going alone: at a steady rate they ride with the next publish
+# instead of waking the shard for themselves.
+SETTLE_DELAY = 0.005
 
 
 class ShardLink:
@@ -61,6 +65,8 @@ class ShardLink:
         self._batch: list = []
         self._pending: list = []  # encoded batches waiting for ring space
         self._flush_scheduled = False
+        self._lazy_until: asyncio.TimerHandle | None = None  # a batch of lazy acks only
+        self.lazy_acks = 0  # deliveries those acks settle
         self._feeds: dict = {}  # connection -> publishes in the batch being gathered
         self.credit: dict = {}  # connection -> publish credit left towards this shard
         self._unreturned: deque = deque()  # (record number, {connection: publishes})
@@ -149,6 +155,7 @@ class ShardLink:
             os.close(self._lifeline_write)
             os.close(self._doorbell)
         self._batch.clear()
+        self._settle_lazily(False)
         self._pending.clear()
         self._feeds.clear()
         self.credit.clear()  # a restarted shard starts a new count
@@ -180,9 +187,18 @@ class ShardLink:
         self._waiters[req] = callback
         self.send(make(req))
 
-    def send(self, record, feeder=None) -> None:
+    def send(self, record, feeder=None, lazy: bool = False) -> None:
+        """Queue a record for the shard, to go at the end of this loop turn. `lazy`
+        (an ack the queue does not need soon): a batch of nothing else waits up to
+        SETTLE_DELAY for another record."""
         if not self.alive:
             return
+        if lazy and not self._batch:
+            self._settle_lazily(True)
+        elif not lazy and self._lazy_until is not None:
+            self._settle_lazily(False)
+        if self._lazy_until is not None:
+            self.lazy_acks += len(record.seqs)
         if type(record) is r.Settle and self._batch:
             last = self._batch[-1]
             if type(last) is r.Settle and (last.qid, last.holder, last.outcome) == \
@@ -192,18 +208,33 @@ class ShardLink:
         self._batch.append(record)
         if feeder is not None:  # a publish: it spends its connection's credit
             self._feeds[feeder] = self._feeds.get(feeder, 0) + r.credit_cost(record)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and self._lazy_until is None:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 
+    def _settle_lazily(self, lazy: bool) -> None:
+        """Start (or end) the wait of a batch of lazy acks."""
+        if lazy:
+            self._lazy_until = self._loop.call_later(SETTLE_DELAY, self._lazy_due)
+        elif self._lazy_until is not None:
+            self._lazy_until.cancel()
+            self._lazy_until = None
+            self.lazy_acks = 0
+
+    def _lazy_due(self) -> None:
+        self._lazy_until = None
+        self.lazy_acks = 0
+        self.flush()
+
     def has_batch(self) -> bool:
-        return bool(self._batch)
+        """Records that go at the end of this turn (not lazy acks that may wait)."""
+        return bool(self._batch) and self._lazy_until is None
 
     def flush(self) -> None:
         self._flush_scheduled = False
         if not self.alive:
             return
-        if self._batch:
+        if self._batch and self._lazy_until is None:
             self._pending.append(r.encode_batch(self._batch))
             self._batch = []
             self._records_sent += 1

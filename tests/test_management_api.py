@@ -112,6 +112,32 @@ def test_every_endpoint_has_rabbitmqs_fields(managed):
         conn.close()
 
 
+def test_acks_reach_the_queue_without_more_traffic(managed):
+    """A consumer far below its prefetch acks one message at a time; its acks may
+    wait in the gateway for other work to the shard (SETTLE_DELAY), but with no
+    other traffic they still arrive: the queue's unacked count falls to 0."""
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.queue_declare("lazily-acked")
+    for n in range(10):
+        ch.basic_publish("", "lazily-acked", b"%d" % n)
+    ch.basic_qos(prefetch_count=100)
+    got = []
+    ch.basic_consume("lazily-acked", lambda c, m, p, b: got.append(m.delivery_tag))
+    wait_until(lambda: (conn.process_data_events(0.02), len(got) == 10)[1])
+
+    def unacked() -> int:
+        return get(managed, "/api/queues/%2F/lazily-acked")["messages_unacknowledged"]
+
+    wait_until(lambda: unacked() == 10)
+    for tag in got:
+        ch.basic_ack(tag)
+    conn.process_data_events(0)
+    wait_until(lambda: unacked() == 0, timeout=10)
+    assert get(managed, "/api/queues/%2F/lazily-acked")["messages"] == 0
+    conn.close()
+
+
 def test_queue_counts_and_rates(managed):
     conn = connect(managed)
     ch = conn.channel()

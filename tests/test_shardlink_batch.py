@@ -1,11 +1,14 @@
-"""What a shard link gathers for its next ring record: a run of acks is one Settle."""
+"""What a shard link gathers for its next ring record: a run of acks is one Settle;
+an ack that may wait rides with the next record to the shard, or goes alone after
+SETTLE_DELAY."""
 
 from __future__ import annotations
 
 import asyncio
 
-from warren.gateway.shardlink import ShardLink
+from warren.gateway.shardlink import SETTLE_DELAY, ShardLink
 from warren.shards import records as r
+from warren.shards.ring import Ring
 
 
 def batch_of(records: list) -> list:
@@ -30,3 +33,71 @@ def test_settles_stay_apart_across_holders_outcomes_and_other_records():
                r.Settle(1, 8, [2], r.SETTLE_REQUEUE), r.Grant(1, 8, 5),
                r.Settle(1, 8, [3], r.SETTLE_REQUEUE), r.Settle(2, 8, [4], r.SETTLE_REQUEUE)]
     assert batch_of([*records]) == records
+
+
+def link_over_a_ring() -> tuple[ShardLink, Ring]:
+    """A link whose records go into a real command ring (no shard process)."""
+    link = ShardLink(0, "", [], 0, 60.0, 1 << 20, on_events=None, on_exit=None)
+    link.commands = Ring.create(1 << 16)
+    link.alive = True
+    return link, link.commands
+
+
+def records_in(ring: Ring) -> list[list]:
+    return ring.read_many(r.decode_commands)
+
+
+def test_a_lone_ack_waits_for_the_next_record_to_its_shard_and_goes_with_it():
+    async def run():
+        link, ring = link_over_a_ring()
+        try:
+            link.send(r.Settle(1, 7, [1], r.SETTLE_ACK), lazy=True)
+            assert not link.has_batch()  # the connection's turn ends without it
+            await asyncio.sleep(0)
+            assert records_in(ring) == []
+            publish = r.Publish([1], "", "q", b"\x00\x00", b"body", False)
+            link.send(publish)
+            assert link.has_batch()
+            await asyncio.sleep(0)  # the end of the turn
+            assert records_in(ring) == [[r.Settle(1, 7, [1], r.SETTLE_ACK), publish]]
+            await asyncio.sleep(SETTLE_DELAY * 2)  # and no second record for it
+            assert records_in(ring) == []
+        finally:
+            ring.close()
+            ring.unlink()
+    asyncio.run(run())
+
+
+def test_lone_acks_go_alone_once_they_waited_settle_delay():
+    async def run():
+        link, ring = link_over_a_ring()
+        try:
+            link.send(r.Settle(1, 7, [1], r.SETTLE_ACK), lazy=True)
+            link.send(r.Settle(1, 7, [2], r.SETTLE_ACK), lazy=True)
+            assert link.lazy_acks == 2
+            deadline = asyncio.get_running_loop().time() + 5
+            got: list = []
+            while not got and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(SETTLE_DELAY / 2)
+                got = records_in(ring)
+            assert got == [[r.Settle(1, 7, [1, 2], r.SETTLE_ACK)]]
+            assert link.lazy_acks == 0
+        finally:
+            ring.close()
+            ring.unlink()
+    asyncio.run(run())
+
+
+def test_an_ack_that_is_not_lazy_goes_at_the_end_of_the_turn_with_the_lazy_ones():
+    async def run():
+        link, ring = link_over_a_ring()
+        try:
+            link.send(r.Settle(1, 7, [1], r.SETTLE_ACK), lazy=True)
+            link.send(r.Settle(1, 7, [2], r.SETTLE_REQUEUE))
+            await asyncio.sleep(0)
+            assert records_in(ring) == [[r.Settle(1, 7, [1], r.SETTLE_ACK),
+                                         r.Settle(1, 7, [2], r.SETTLE_REQUEUE)]]
+        finally:
+            ring.close()
+            ring.unlink()
+    asyncio.run(run())
