@@ -5,6 +5,7 @@ SETTLE_DELAY."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from warren.gateway.shardlink import SETTLE_DELAY, ShardLink
 from warren.shards import records as r
@@ -35,12 +36,17 @@ def test_settles_stay_apart_across_holders_outcomes_and_other_records():
     assert batch_of([*records]) == records
 
 
-def link_over_a_ring() -> tuple[ShardLink, Ring]:
+@contextlib.contextmanager
+def link_over_a_ring():
     """A link whose records go into a real command ring (no shard process)."""
     link = ShardLink(0, "", [], 0, 60.0, 1 << 20, on_events=None, on_exit=None)
-    link.commands = Ring.create(1 << 16)
+    link.commands = ring = Ring.create(1 << 16)
     link.alive = True
-    return link, link.commands
+    try:
+        yield link, ring
+    finally:
+        ring.close()
+        ring.unlink()
 
 
 def records_in(ring: Ring) -> list[list]:
@@ -49,8 +55,7 @@ def records_in(ring: Ring) -> list[list]:
 
 def test_a_lone_ack_waits_for_the_next_record_to_its_shard_and_goes_with_it():
     async def run():
-        link, ring = link_over_a_ring()
-        try:
+        with link_over_a_ring() as (link, ring):
             link.send(r.Settle(1, 7, [1], r.SETTLE_ACK), lazy=True)
             assert not link.has_batch()  # the connection's turn ends without it
             await asyncio.sleep(0)
@@ -62,16 +67,12 @@ def test_a_lone_ack_waits_for_the_next_record_to_its_shard_and_goes_with_it():
             assert records_in(ring) == [[r.Settle(1, 7, [1], r.SETTLE_ACK), publish]]
             await asyncio.sleep(SETTLE_DELAY * 2)  # and no second record for it
             assert records_in(ring) == []
-        finally:
-            ring.close()
-            ring.unlink()
     asyncio.run(run())
 
 
 def test_lone_acks_go_alone_once_they_waited_settle_delay():
     async def run():
-        link, ring = link_over_a_ring()
-        try:
+        with link_over_a_ring() as (link, ring):
             link.send(r.Settle(1, 7, [1], r.SETTLE_ACK), lazy=True)
             link.send(r.Settle(1, 7, [2], r.SETTLE_ACK), lazy=True)
             assert link.lazy_acks == 2
@@ -82,22 +83,15 @@ def test_lone_acks_go_alone_once_they_waited_settle_delay():
                 got = records_in(ring)
             assert got == [[r.Settle(1, 7, [1, 2], r.SETTLE_ACK)]]
             assert link.lazy_acks == 0
-        finally:
-            ring.close()
-            ring.unlink()
     asyncio.run(run())
 
 
 def test_an_ack_that_is_not_lazy_goes_at_the_end_of_the_turn_with_the_lazy_ones():
     async def run():
-        link, ring = link_over_a_ring()
-        try:
+        with link_over_a_ring() as (link, ring):
             link.send(r.Settle(1, 7, [1], r.SETTLE_ACK), lazy=True)
             link.send(r.Settle(1, 7, [2], r.SETTLE_REQUEUE))
             await asyncio.sleep(0)
             assert records_in(ring) == [[r.Settle(1, 7, [1], r.SETTLE_ACK),
                                          r.Settle(1, 7, [2], r.SETTLE_REQUEUE)]]
-        finally:
-            ring.close()
-            ring.unlink()
     asyncio.run(run())
