@@ -273,9 +273,12 @@ def test_a_restarted_shard_keeps_every_gateway_s_clients(tmp_path):
 
 
 def gateway_pid(broker: RunningBroker, index: int) -> int:
-    """The pid of gateway `index` as last started, from the log."""
-    line = [line for line in broker.log_text().splitlines()
-            if f"gateway {index} started" in line][-1]
+    """The pid of gateway `index` as last started, from the log (waiting for its
+    first start: the root says it listens before every gateway has started)."""
+    def started() -> list[str]:
+        return [line for line in broker.log_text().splitlines()
+                if f"gateway {index} started" in line]
+    line = wait_until(started, 30, message=f"gateway {index} started")[-1]
     return int(line.rsplit("pid ", 1)[1].split(")")[0])
 
 
@@ -347,11 +350,12 @@ def test_a_gateway_the_root_cannot_start_again_is_tried_until_it_runs(tmp_path):
     the root tries again, later each time, until it can."""
     broker = RunningBroker(tmp_path / "data", shards=1, gateways=2).start()
     root = broker.process.pid
+    gateway = gateway_pid(broker, 2)  # up before the root runs out of descriptors
     limits = resource.prlimit(root, resource.RLIMIT_NOFILE)
     try:
         resource.prlimit(root, resource.RLIMIT_NOFILE, (3, limits[1]))  # no new descriptor
         broker.forget_gateway_port(2)
-        os.kill(gateway_pid(broker, 2), signal.SIGKILL)
+        os.kill(gateway, signal.SIGKILL)
         wait_until(lambda: broker.log_text().count("cannot start gateway 2") >= 2, 10,
                    message="the root tries again")
         resource.prlimit(root, resource.RLIMIT_NOFILE, limits)
