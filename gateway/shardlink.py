@@ -155,7 +155,7 @@ class ShardLink:
             os.close(self._lifeline_write)
             os.close(self._doorbell)
         self._batch.clear()
-        self._settle_lazily(False)
+        self._stop_waiting()
         self._pending.clear()
         self._feeds.clear()
         self.credit.clear()  # a restarted shard starts a new count
@@ -194,9 +194,9 @@ class ShardLink:
         if not self.alive:
             return
         if lazy and not self._batch:
-            self._settle_lazily(True)
-        elif not lazy and self._lazy_until is not None:
-            self._settle_lazily(False)
+            self._lazy_until = self._loop.call_later(SETTLE_DELAY, self._lazy_due)
+        elif not lazy:
+            self._stop_waiting()
         if self._lazy_until is not None:
             self.lazy_acks += len(record.seqs)
         if type(record) is r.Settle and self._batch:
@@ -212,18 +212,15 @@ class ShardLink:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 
-    def _settle_lazily(self, lazy: bool) -> None:
-        """Start (or end) the wait of a batch of lazy acks."""
-        if lazy:
-            self._lazy_until = self._loop.call_later(SETTLE_DELAY, self._lazy_due)
-        elif self._lazy_until is not None:
+    def _stop_waiting(self) -> None:
+        """Lazy acks in the batch wait no longer: they go with it."""
+        if self._lazy_until is not None:
             self._lazy_until.cancel()
             self._lazy_until = None
             self.lazy_acks = 0
 
     def _lazy_due(self) -> None:
-        self._lazy_until = None
-        self.lazy_acks = 0
+        self._stop_waiting()
         self.flush()
 
     def has_batch(self) -> bool:
