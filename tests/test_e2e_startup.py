@@ -208,8 +208,9 @@ def test_a_start_removes_the_rings_a_killed_broker_left(tmp_path):
         ring.write(bytes(4096))
     broker = RunningBroker(tmp_path / "data", shards=1).start()
     try:
-        wait_until(lambda: f"removed {left}" in broker.log_text(), timeout=10)
-        assert not os.path.exists(left)
+        # Any broker's start removes every orphan on the machine: under xdist the other
+        # worker's broker may take this one first, so the outcome is what is checked.
+        wait_until(lambda: not os.path.exists(left), timeout=10)
     finally:
         broker.stop()
         if os.path.exists(left):
