@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import tracemalloc
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.frames import FrameError, FrameReader
+
+from .twins import SCAN_PUBLISH
 
 
 def frame(frame_type: int, channel: int, payload: bytes, end: int = frames.FRAME_END) -> bytes:
@@ -99,8 +102,10 @@ def frames_of(data: bytes, frame_max: int) -> list | FrameError:
        st.integers(0, 3), st.sampled_from([60, 50]), st.integers(0, 400), st.integers(0, 255),
        st.booleans())
 @example(0, b"", 64, 0, 60, 28, 1, True)  # a header's weight not 0: left to next_frame
+@pytest.mark.parametrize("scan_publish", SCAN_PUBLISH)
 def test_a_whole_publish_is_taken_in_one_pass_only_as_its_frames_would_read(
-        channel, body, frame_max, header_channel, class_id, position, byte, corrupt):
+        scan_publish, channel, body, frame_max, header_channel, class_id, position, byte,
+        corrupt):
     """next_publish takes exactly what next_frame would read as method, header and
     one body frame on one channel; anything else is left untouched for next_frame."""
     data = bytearray(publish_bytes(channel, body, frame_max, header_channel, class_id) + b"tail")
@@ -109,7 +114,8 @@ def test_a_whole_publish_is_taken_in_one_pass_only_as_its_frames_would_read(
     data = bytes(data)
     reader = FrameReader(frame_max)
     reader.receive_data(data)
-    taken = reader.next_publish()
+    with mock.patch.object(frames, "scan_publish", scan_publish):
+        taken = reader.next_publish()
     if taken is None:
         assert reader._offset == 0  # nothing consumed
         return
@@ -215,8 +221,13 @@ def read_in(reader: FrameReader, data: bytes, ways, publishes: bool) -> tuple[li
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(publish_or_frame(), max_size=12), deliveries)
-def test_frames_read_into_the_buffer_come_out_as_bytes_copied_in_would(sent, ways):
-    data = b"".join(sent)
+@pytest.mark.parametrize("scan_publish", SCAN_PUBLISH)
+def test_frames_read_into_the_buffer_come_out_as_bytes_copied_in_would(scan_publish, sent, ways):
+    with mock.patch.object(frames, "scan_publish", scan_publish):
+        read_into_the_buffer_as_copied_in(b"".join(sent), ways)
+
+
+def read_into_the_buffer_as_copied_in(data: bytes, ways) -> None:
     # Frame by frame, the output does not depend on how the bytes arrived at all.
     whole = []
     copied = FrameReader(BUFFERED_FRAME_MAX)
@@ -306,3 +317,22 @@ def test_an_idle_reader_gives_its_memory_back():
     reader.release()
     reader.receive_data(frame(8, 0, b"")[5:])
     assert reader.next_frame() == (8, 0, b"")
+
+
+@pytest.mark.skipif(len(SCAN_PUBLISH) < 2, reason="the compiled twin is not built")
+@settings(max_examples=300, deadline=None)
+@given(st.lists(publish_or_frame(), max_size=6), st.lists(st.tuples(st.integers(0, 10**6),
+                                                                   st.integers(0, 255)),
+                                                         max_size=4),
+       st.integers(0, 10**6), st.integers(0, 10**6), st.sampled_from([64, 4096, 131072]))
+def test_the_twins_scan_any_bytes_alike(sent, damage, start, cut, frame_max):
+    """Whatever the bytes (whole, cut short, damaged) and wherever the scan starts
+    and stops, the compiled scan finds what the pure one finds."""
+    data = bytearray(b"".join(sent))
+    for position, byte in damage:
+        if data:
+            data[position % len(data)] = byte
+    limit = len(data) - cut % (len(data) + 1)
+    offset = start % (limit + 1)
+    pure, compiled = (p.values[0] for p in SCAN_PUBLISH)
+    assert compiled(data, offset, limit, frame_max) == pure(data, offset, limit, frame_max)

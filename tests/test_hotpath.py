@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sysconfig
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from warren.gateway.amqp import frames, hotpath
 from warren.gateway.amqp import methods as m
+
+from . import twins
+from .twins import DELIVER_FRAMES
 
 short = st.text(max_size=60).filter(lambda t: len(t.encode()) <= 255)
 
@@ -35,18 +42,20 @@ def test_deliver_payload_matches_generic_encoding(tag, delivery_tag, redelivered
                                    routing_key) == expected
 
 
+@pytest.mark.parametrize("deliver_frames", DELIVER_FRAMES)
 @given(st.integers(0, 65535), short, st.integers(1, 2**64 - 1), st.booleans(), short, short,
        st.binary(max_size=30), st.binary(max_size=600), st.sampled_from([64, 128, 4096]))
-def test_deliver_frames_match_the_generic_content_frames(channel, tag, delivery_tag, redelivered,
-                                                         exchange, routing_key, properties, body,
+def test_deliver_frames_match_the_generic_content_frames(deliver_frames, channel, tag,
+                                                         delivery_tag, redelivered, exchange,
+                                                         routing_key, properties, body,
                                                          frame_max):
     expected = frames.content_frames(
         channel, m.encode_method(m.BasicDeliver(consumer_tag=tag, delivery_tag=delivery_tag,
                                                 redelivered=redelivered, exchange=exchange,
                                                 routing_key=routing_key)),
         60, properties, body, frame_max)
-    assert hotpath.deliver_frames(channel, hotpath.shortstr(tag), delivery_tag, redelivered,
-                                  exchange, routing_key, properties, body, frame_max) == expected
+    assert deliver_frames(channel, hotpath.shortstr(tag), delivery_tag, redelivered,
+                          exchange, routing_key, properties, body, frame_max) == expected
 
 
 @given(st.integers(0, 2**64 - 1), st.booleans())
@@ -54,3 +63,13 @@ def test_parse_ack_matches_generic_decoding(delivery_tag, multiple):
     payload = m.encode_method(m.BasicAck(delivery_tag=delivery_tag, multiple=multiple))
     assert payload[:4] == hotpath.ACK_IDS and len(payload) == hotpath.ACK_SIZE
     assert hotpath.parse_ack(payload) == m.decode_method(payload)
+
+
+def test_the_compiled_twin_is_built_and_used_where_there_is_a_compiler():
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip("no C compiler here: the pure twin serves")
+    assert twins.compiled is not None, "pip install built no warren.gateway.amqp._hotpath"
+    if not os.environ.get("WARREN_PURE_PYTHON"):
+        assert hotpath.deliver_frames is twins.compiled.deliver_frames
+        assert frames.scan_publish is twins.compiled.scan_publish

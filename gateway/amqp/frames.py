@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 
 from . import spec
+from .compiled import hotpath_module
 from .methods import Method, encode_method
 
 PROTOCOL_HEADER = b"AMQP\x00" + bytes(
@@ -124,42 +125,12 @@ class FrameReader:
 
     def next_publish(self) -> tuple[int, bytes, bytes, bytes] | None:
         """A whole basic.publish at the front of the buffer, taken in one pass:
-        (channel, method payload, raw properties, body). Only the plain shape
-        qualifies (method, content header and at most one body frame on one
-        channel, each well formed and the body as long as announced); anything
-        else is None and left for next_frame, which reports its errors."""
-        buf = self._buffer
-        offset = self._offset
-        limit = self._end
-        if limit - offset < 11 or buf[offset + 7:offset + 11] != _PUBLISH_IDS \
-                or buf[offset] != FRAME_METHOD:
+        (channel, method payload, raw properties, body); see scan_publish."""
+        found = scan_publish(self._buffer, self._offset, self._end, self.frame_max)
+        if found is None:
             return None
-        _type, channel, size = _frame_prefix.unpack_from(buf, offset)
-        header = offset + 8 + size
-        if limit < header + 22 or size > self.frame_max or buf[header - 1] != FRAME_END:
-            return None
-        kind, header_channel, header_size, class_id, weight, body_size = \
-            _header_frame.unpack_from(buf, header)
-        body = header + 8 + header_size
-        if (kind != FRAME_HEADER or header_channel != channel or class_id != _BASIC_CLASS
-                or weight or header_size < 14 or header_size > self.frame_max
-                or limit < body or buf[body - 1] != FRAME_END):
-            return None
-        if body_size:
-            end = body + 8 + body_size
-            if limit < end or body_size > self.frame_max or buf[end - 1] != FRAME_END \
-                    or _frame_prefix.unpack_from(buf, body) != (FRAME_BODY, channel, body_size):
-                return None
-            if body_size < _VIEW_COPY_MIN:
-                content = bytes(buf[body + 7:end - 1])
-            else:  # copied once; the view is released at once (get_buffer may resize)
-                with memoryview(buf) as view:
-                    content = bytes(view[body + 7:end - 1])
-        else:
-            end, content = body, b""
-        self._offset = end
-        return (channel, bytes(buf[offset + 7:header - 1]), bytes(buf[header + 19:body - 1]),
-                content)
+        channel, payload, properties, body, self._offset = found
+        return channel, payload, properties, body
 
     def next_frame(self) -> tuple[int, int, bytes] | None:
         buf = self._buffer
@@ -189,6 +160,48 @@ class FrameReader:
                              "unknown_frame")
         self._offset = end + 1
         return frame_type, channel, payload
+
+
+def scan_publish(buf: bytearray, offset: int, limit: int, frame_max: int
+                 ) -> tuple[int, bytes, bytes, bytes, int] | None:
+    """A whole basic.publish in buf[offset:limit]: (channel, method payload, raw
+    properties, body, where it ends). Only the plain shape qualifies (method,
+    content header and at most one body frame on one channel, each well formed and
+    the body as long as announced); anything else is None and left for next_frame,
+    which reports its errors."""
+    if limit - offset < 11 or buf[offset + 7:offset + 11] != _PUBLISH_IDS \
+            or buf[offset] != FRAME_METHOD:
+        return None
+    _type, channel, size = _frame_prefix.unpack_from(buf, offset)
+    header = offset + 8 + size
+    if limit < header + 22 or size > frame_max or buf[header - 1] != FRAME_END:
+        return None
+    kind, header_channel, header_size, class_id, weight, body_size = \
+        _header_frame.unpack_from(buf, header)
+    body = header + 8 + header_size
+    if (kind != FRAME_HEADER or header_channel != channel or class_id != _BASIC_CLASS
+            or weight or header_size < 14 or header_size > frame_max
+            or limit < body or buf[body - 1] != FRAME_END):
+        return None
+    if body_size:
+        end = body + 8 + body_size
+        if limit < end or body_size > frame_max or buf[end - 1] != FRAME_END \
+                or _frame_prefix.unpack_from(buf, body) != (FRAME_BODY, channel, body_size):
+            return None
+        if body_size < _VIEW_COPY_MIN:
+            content = bytes(buf[body + 7:end - 1])
+        else:  # copied once; the view is released at once (get_buffer may resize)
+            with memoryview(buf) as view:
+                content = bytes(view[body + 7:end - 1])
+    else:
+        end, content = body, b""
+    return (channel, bytes(buf[offset + 7:header - 1]), bytes(buf[header + 19:body - 1]),
+            content, end)
+
+
+pure_scan_publish = scan_publish
+if (_compiled := hotpath_module()) is not None:
+    scan_publish = _compiled.scan_publish  # noqa: F811 (the compiled twin)
 
 
 def method_frame(channel: int, method: Method) -> bytes:

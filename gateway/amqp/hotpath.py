@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 
 from . import methods as m
+from .compiled import hotpath_module
 from .frames import (
     FRAME_BODY,
     FRAME_END,
@@ -141,3 +142,8 @@ def deliver_frames(channel: int, consumer_tag: bytes, delivery_tag: int, redeliv
                            0, size),
         properties, _body_prefix.pack(FRAME_END, FRAME_BODY, channel, size), body,
         _FRAME_END_BYTE))
+
+
+pure_deliver_frames = deliver_frames
+if (_compiled := hotpath_module()) is not None:
+    deliver_frames = _compiled.deliver_frames  # noqa: F811 (the compiled twin)

@@ -1,0 +1,27 @@
+"""The hot-path codec's two twins, pure Python and compiled, for the tests that run
+both on the same inputs (the compiled one where it was built)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from warren.gateway.amqp import frames, hotpath
+
+try:  # imported directly: WARREN_PURE_PYTHON switches the broker's choice, not this
+    compiled = importlib.import_module("warren.gateway.amqp._hotpath")
+except ImportError:
+    compiled = None
+
+
+def twins(name: str, pure) -> list:
+    """pytest params: the pure function, then the compiled one of that name if built."""
+    params = [pytest.param(pure, id="pure")]
+    if compiled is not None:
+        params.append(pytest.param(getattr(compiled, name), id="compiled"))
+    return params
+
+
+SCAN_PUBLISH = twins("scan_publish", frames.pure_scan_publish)
+DELIVER_FRAMES = twins("deliver_frames", hotpath.pure_deliver_frames)
