@@ -84,76 +84,20 @@ def _padded(n: int) -> int:
     return (n + 3) & ~3
 
 
-class Ring:
-    def __init__(self, spec: RingSpec, buf, owner: shared_memory.SharedMemory | None, mapping,
-                 own_fds: tuple[int, ...] = ()):
-        self._spec = spec
-        self._own_fds = own_fds  # the doorbells this ring made or was handed, closed with it
-        self.capacity = spec.capacity
+class RingCore:
+    """The hot half of a ring: its shared counters, doorbell flags and records, over
+    the mapped segment. The pure Python twin of _ring.RingCore (compiled by pip
+    install); `Ring` below is built on whichever serves. The shell sets
+    _fragments, _partial and _max_fragment and binds the segment."""
+
+    def _bind(self, buf, capacity: int, data_fd: int, space_fd: int) -> None:
         self._buf = buf
-        self._owner = owner
-        self._mapping = mapping
-        # An eighth of the ring: with a wrap's waste, one piece then needs under half
-        # the ring, so 'half free' (the space doorbell's threshold) always fits it.
-        self._max_fragment = max(4, (self.capacity // 8) & ~3)
-        self._fragments: deque[tuple[list, bool]] = deque()  # producer: (pieces, more follow)
-        self._partial = bytearray()  # consumer: fragments of a record being joined
+        self.capacity = capacity
+        self._data_fd = data_fd
+        self._space_fd = space_fd
 
-    @classmethod
-    def create(cls, capacity: int = 8 * 1024 * 1024, data_fd: int | None = None) -> "Ring":
-        """A new ring; with `data_fd`, its data doorbell is that eventfd, shared with
-        other rings the same reader sleeps on (the caller keeps it and closes it)."""
-        capacity = _padded(capacity)
-        # Named after the creating process, so a leaked segment in /dev/shm says whose it is.
-        shm = shared_memory.SharedMemory(f"warren_{os.getpid()}_{secrets.token_hex(4)}",
-                                         create=True, size=HEADER_SIZE + capacity)
-        shm.buf[:HEADER_SIZE] = bytes(HEADER_SIZE)
-        space_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        own = (space_fd,)
-        if data_fd is None:
-            data_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            own += (data_fd,)
-        spec = RingSpec(shm.name, capacity, data_fd, space_fd)
-        return cls(spec, shm.buf, shm, None, own)
-
-    @classmethod
-    def attach(cls, spec: RingSpec, own_fds: bool = False) -> "Ring":
-        """The ring `spec` names, made by another process; with `own_fds` its
-        doorbells (handed over, not inherited) are closed with it."""
-        # Map the segment directly rather than through SharedMemory: in 3.11 that
-        # would register it with this process's resource tracker, which would then
-        # unlink the creator's segment (and warn) when this process exits.
-        fd = os.open(f"/dev/shm/{spec.shm_name.lstrip('/')}", os.O_RDWR)
-        try:
-            mapping = mmap.mmap(fd, HEADER_SIZE + spec.capacity)
-        finally:
-            os.close(fd)
-        return cls(spec, memoryview(mapping), None, mapping,
-                   (spec.data_fd, spec.space_fd) if own_fds else ())
-
-    def spec(self) -> RingSpec:
-        return self._spec
-
-    def close(self) -> None:
-        self._buf.release()
-        if self._owner is not None:
-            self._owner.close()
-        elif self._mapping is not None:
-            self._mapping.close()
-        for fd in self._own_fds:
-            os.close(fd)
-
-    def unlink(self) -> None:
-        if self._owner is not None:
-            self._owner.unlink()
-
-    def reset(self) -> None:
-        """Empty the ring, as new: for when the process at its other end died and
-        this one is its only user. A doorbell rung before stays rung (a spurious
-        wake-up, which both sides take in their stride)."""
-        self._buf[:HEADER_SIZE] = bytes(HEADER_SIZE)
-        self._fragments.clear()
-        self._partial = bytearray()
+    def _unbind(self) -> None:
+        """Let go of the segment (before it is unmapped)."""
 
     # -- shared counters -------------------------------------------------------
 
@@ -178,10 +122,6 @@ class Ring:
         return self._get(_TAIL)
 
     # -- producer --------------------------------------------------------------
-
-    def write(self, record) -> bool:
-        """Queue one record; False (nothing written) when it does not fit now."""
-        return self.write_many((record,)) == 1
 
     def write_many(self, records) -> int:
         """Write records in order as far as they fit; return how many were taken.
@@ -208,24 +148,6 @@ class Ring:
                 taken += 1
         self._set(_HEAD, head)
         return taken
-
-    def _fragment(self, pieces, size: int) -> None:
-        """Cut a large record into fragments: lists of views of its pieces."""
-        step = self._max_fragment
-        fragment, room = [], step
-        for piece in pieces:
-            view = memoryview(piece).cast("B")
-            while view:
-                part = view[:room]
-                fragment.append(part)
-                view = view[len(part):]
-                room -= len(part)
-                size -= len(part)
-                if not room:
-                    self._fragments.append((fragment, size > 0))
-                    fragment, room = [], step
-        if fragment:
-            self._fragments.append((fragment, False))
 
     def backlogged(self) -> bool:
         """Fragments of an accepted large record still wait for ring space."""
@@ -268,7 +190,7 @@ class Ring:
         """Ring the data doorbell once, if the consumer said it sleeps."""
         if _u32.unpack_from(self._buf, _READER_SLEEPING)[0]:
             _u32.pack_into(self._buf, _READER_SLEEPING, 0)
-            os.eventfd_write(self._spec.data_fd, 1)
+            os.eventfd_write(self._data_fd, 1)
 
     def want_space(self) -> bool:
         """Producer is stuck: ask for the space doorbell. True if still stuck
@@ -288,9 +210,6 @@ class Ring:
             _u32.pack_into(self._buf, _WRITER_WAITING, 0)
             return False
         return True
-
-    def clear_space_doorbell(self) -> None:
-        _drain(self._spec.space_fd)
 
     # -- consumer --------------------------------------------------------------
 
@@ -326,7 +245,7 @@ class Ring:
         if _u32.unpack_from(buf, _WRITER_WAITING)[0] and \
                 self.capacity - (head - tail) >= self.capacity // 2:
             _u32.pack_into(buf, _WRITER_WAITING, 0)
-            os.eventfd_write(self._spec.space_fd, 1)
+            os.eventfd_write(self._space_fd, 1)
         return records
 
     def sleep(self) -> bool:
@@ -345,7 +264,124 @@ class Ring:
 
     def clear_data_doorbell(self) -> None:
         _u32.pack_into(self._buf, _READER_SLEEPING, 0)
-        _drain(self._spec.data_fd)
+        _drain(self._data_fd)
+
+
+class _Ring:
+    """A ring's shell, whichever core it is built on: making and mapping the
+    segment, its doorbells, closing, and cutting large records into fragments."""
+
+    def __init__(self, spec: RingSpec, buf, owner: shared_memory.SharedMemory | None, mapping,
+                 own_fds: tuple[int, ...] = ()):
+        self._spec = spec
+        self._own_fds = own_fds  # the doorbells this ring made or was handed, closed with it
+        self._buf = buf
+        self._owner = owner
+        self._mapping = mapping
+        # An eighth of the ring: with a wrap's waste, one piece then needs under half
+        # the ring, so 'half free' (the space doorbell's threshold) always fits it.
+        self._max_fragment = max(4, (spec.capacity // 8) & ~3)
+        self._fragments = deque()  # producer: (pieces, more follow)
+        self._partial = bytearray()  # consumer: fragments of a record being joined
+        self._bind(buf, spec.capacity, spec.data_fd, spec.space_fd)
+
+    @classmethod
+    def create(cls, capacity: int = 8 * 1024 * 1024, data_fd: int | None = None):
+        """A new ring; with `data_fd`, its data doorbell is that eventfd, shared with
+        other rings the same reader sleeps on (the caller keeps it and closes it)."""
+        capacity = _padded(capacity)
+        # Named after the creating process, so a leaked segment in /dev/shm says whose it is.
+        shm = shared_memory.SharedMemory(f"warren_{os.getpid()}_{secrets.token_hex(4)}",
+                                         create=True, size=HEADER_SIZE + capacity)
+        shm.buf[:HEADER_SIZE] = bytes(HEADER_SIZE)
+        space_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        own = (space_fd,)
+        if data_fd is None:
+            data_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            own += (data_fd,)
+        spec = RingSpec(shm.name, capacity, data_fd, space_fd)
+        return cls(spec, shm.buf, shm, None, own)
+
+    @classmethod
+    def attach(cls, spec: RingSpec, own_fds: bool = False):
+        """The ring `spec` names, made by another process; with `own_fds` its
+        doorbells (handed over, not inherited) are closed with it."""
+        # Map the segment directly rather than through SharedMemory: in 3.11 that
+        # would register it with this process's resource tracker, which would then
+        # unlink the creator's segment (and warn) when this process exits.
+        fd = os.open(f"/dev/shm/{spec.shm_name.lstrip('/')}", os.O_RDWR)
+        try:
+            mapping = mmap.mmap(fd, HEADER_SIZE + spec.capacity)
+        finally:
+            os.close(fd)
+        return cls(spec, memoryview(mapping), None, mapping,
+                   (spec.data_fd, spec.space_fd) if own_fds else ())
+
+    def spec(self) -> RingSpec:
+        return self._spec
+
+    def close(self) -> None:
+        self._unbind()
+        self._buf.release()
+        if self._owner is not None:
+            self._owner.close()
+        elif self._mapping is not None:
+            self._mapping.close()
+        for fd in self._own_fds:
+            os.close(fd)
+
+    def unlink(self) -> None:
+        if self._owner is not None:
+            self._owner.unlink()
+
+    def reset(self) -> None:
+        """Empty the ring, as new: for when the process at its other end died and
+        this one is its only user. A doorbell rung before stays rung (a spurious
+        wake-up, which both sides take in their stride)."""
+        self._buf[:HEADER_SIZE] = bytes(HEADER_SIZE)
+        self._fragments.clear()
+        self._partial = bytearray()
+
+    def write(self, record) -> bool:
+        """Queue one record; False (nothing written) when it does not fit now."""
+        return self.write_many((record,)) == 1
+
+    def _fragment(self, pieces, size: int) -> None:
+        """Cut a large record into fragments: lists of views of its pieces."""
+        step = self._max_fragment
+        fragment, room = [], step
+        for piece in pieces:
+            view = memoryview(piece).cast("B")
+            while view:
+                part = view[:room]
+                fragment.append(part)
+                view = view[len(part):]
+                room -= len(part)
+                size -= len(part)
+                if not room:
+                    self._fragments.append((fragment, size > 0))
+                    fragment, room = [], step
+        if fragment:
+            self._fragments.append((fragment, False))
+
+    def clear_space_doorbell(self) -> None:
+        _drain(self._spec.space_fd)
+
+
+class PureRing(_Ring, RingCore):
+    """A ring on the pure Python core."""
+
+
+try:
+    from ._ring import RingCore as _CompiledCore
+except ImportError:  # not built (no compiler when installed): the pure core serves
+    CompiledRing = None
+else:
+    class CompiledRing(_Ring, _CompiledCore):
+        """A ring on the compiled core."""
+
+# The compiled core unless WARREN_PURE_PYTHON switches it off (as for the codec's twins).
+Ring = PureRing if CompiledRing is None or os.environ.get("WARREN_PURE_PYTHON") else CompiledRing
 
 
 def _drain(fd: int) -> None:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import sysconfig
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,7 +9,6 @@ from hypothesis import strategies as st
 from warren.gateway.amqp import frames, hotpath
 from warren.gateway.amqp import methods as m
 
-from . import twins
 from .twins import DELIVER_FRAMES
 
 short = st.text(max_size=60).filter(lambda t: len(t.encode()) <= 255)
@@ -64,12 +59,3 @@ def test_parse_ack_matches_generic_decoding(delivery_tag, multiple):
     assert payload[:4] == hotpath.ACK_IDS and len(payload) == hotpath.ACK_SIZE
     assert hotpath.parse_ack(payload) == m.decode_method(payload)
 
-
-def test_the_compiled_twin_is_built_and_used_where_there_is_a_compiler():
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
-        pytest.skip("no C compiler here: the pure twin serves")
-    assert twins.compiled is not None, "pip install built no warren.gateway.amqp._hotpath"
-    if not os.environ.get("WARREN_PURE_PYTHON"):
-        assert hotpath.deliver_frames is twins.compiled.deliver_frames
-        assert frames.scan_publish is twins.compiled.scan_publish

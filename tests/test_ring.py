@@ -18,14 +18,16 @@ from hypothesis import strategies as st
 from warren.shards.ring import Ring, remove_orphans
 
 from .conftest import ROOT
+from .twins import RINGS
 
 
-@pytest.fixture
-def ring():
+@pytest.fixture(params=RINGS)
+def ring(request):
+    """Makes rings on one core or the other (each test runs with both)."""
     made = []
 
     def make(capacity: int) -> Ring:
-        r = Ring.create(capacity)
+        r = request.param.create(capacity)
         made.append(r)
         return r
 
@@ -158,11 +160,12 @@ def test_large_bodies_cross_beside_the_batch_not_inside_its_msgpack(ring):
     assert got == [commands, events]
 
 
+@pytest.mark.parametrize("ring_class", RINGS)
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.one_of(st.integers(0, 600).map(lambda n: ("write", n)),
                           st.integers(1, 5).map(lambda n: ("read", n))), max_size=80))
-def test_matches_a_fifo_model(operations):
-    r = Ring.create(2048)
+def test_matches_a_fifo_model(ring_class, operations):
+    r = ring_class.create(2048)
     try:
         model: deque[bytes] = deque()
         counter = 0
@@ -213,6 +216,8 @@ ring.close()
 
 
 def test_million_records_between_two_processes(ring):
+    """The producer is the broker's own Ring (the compiled core where built), the
+    reader each twin: the two cores share one layout."""
     r = ring(1 << 20)
     total = 1_000_000
     spec = r.spec()
@@ -255,9 +260,10 @@ def test_rings_of_processes_that_are_gone_are_removed(tmp_path):
         f"other_{gone.pid}_0a1b2c3d"])
 
 
-def test_rings_sharing_a_doorbell_ring_it_and_leave_it_open():
+@pytest.mark.parametrize("ring_class", RINGS)
+def test_rings_sharing_a_doorbell_ring_it_and_leave_it_open(ring_class):
     doorbell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    rings = [Ring.create(4096, doorbell) for _ in range(2)]
+    rings = [ring_class.create(4096, doorbell) for _ in range(2)]
     try:
         assert all(r.sleep() for r in rings)  # the reader sleeps on both
         rings[1].write(b"for the second")
@@ -279,3 +285,49 @@ def test_a_reset_ring_forgets_half_written_records(ring):
     r.reset()
     assert r.is_empty() and not r.backlogged() and r.free_space() == r.capacity
     assert r.write(b"new") and r.read_many() == [b"new"]
+
+
+@pytest.mark.parametrize("ring_class", RINGS)
+def test_a_closed_ring_refuses_to_be_used(ring_class):
+    r = ring_class.create(4096)
+    r.close()
+    r.unlink()
+    with pytest.raises(ValueError):
+        r.is_empty()
+    with pytest.raises(ValueError):
+        r.write_many([b"late"])
+
+
+@pytest.mark.skipif(len(RINGS) < 2, reason="the compiled core is not built")
+@pytest.mark.parametrize("writer_class,reader_class", [
+    (RINGS[0].values[0], RINGS[-1].values[0]), (RINGS[-1].values[0], RINGS[0].values[0])],
+    ids=["pure-to-compiled", "compiled-to-pure"])
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 700).map(lambda n: ("write", n)),
+                          st.integers(1, 4).map(lambda n: ("read", n))), max_size=60))
+def test_either_core_reads_what_the_other_wrote(writer_class, reader_class, operations):
+    """One segment, a core at each end (as a pure gateway and a compiled shard
+    would be): odd sizes, wraps and fragments come out whole and in order."""
+    writer = writer_class.create(1024)
+    reader = reader_class.attach(writer.spec())
+    try:
+        sent, got, counter = [], [], 0
+        for op, n in operations:
+            if op == "write":
+                counter += 1
+                record = bytes((counter % 251,)) * n
+                if writer.write(record):
+                    sent.append(record)
+            else:
+                writer.write_many([])  # waiting fragments follow as room appears
+                got += reader.read_many(max_records=n)
+        for _ in range(len(operations) + 10):  # bounded: a broken layout fails, never hangs
+            if not writer.backlogged() and reader.is_empty():
+                break
+            writer.write_many([])
+            got += reader.read_many()
+        assert got == sent
+    finally:
+        reader.close()
+        writer.close()
+        writer.unlink()

@@ -1,5 +1,6 @@
-"""The hot-path codec's two twins, pure Python and compiled, for the tests that run
-both on the same inputs (the compiled one where it was built)."""
+"""The hot paths' two twins, pure Python and compiled (the codec's functions and
+the ring's core), for the tests that run both on the same inputs (the compiled
+one where it was built)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib
 import pytest
 
 from warren.gateway.amqp import frames, hotpath
+from warren.shards import ring
 
 try:  # imported directly: WARREN_PURE_PYTHON switches the broker's choice, not this
     compiled = importlib.import_module("warren.gateway.amqp._hotpath")
@@ -25,3 +27,5 @@ def twins(name: str, pure) -> list:
 
 SCAN_PUBLISH = twins("scan_publish", frames.pure_scan_publish)
 DELIVER_FRAMES = twins("deliver_frames", hotpath.pure_deliver_frames)
+RINGS = [pytest.param(ring.PureRing, id="pure")] + (
+    [pytest.param(ring.CompiledRing, id="compiled")] if ring.CompiledRing is not None else [])
