@@ -144,8 +144,10 @@ class GatewayRings:
 
     def unsent(self, outbox: Outbox) -> bool:
         """Events wait for a gateway whose ring has room (put after the last write)."""
-        return any(records for gateway, records in enumerate(outbox.records)
-                   if gateway not in self.blocked)
+        for gateway, records in enumerate(outbox.records):
+            if records and gateway not in self.blocked:
+                return True
+        return False
 
     def space_fds(self) -> list[int] | None:
         """The space doorbells of the blocked gateways' event rings, to wait on;
@@ -180,7 +182,10 @@ class GatewayRings:
         return got
 
     def is_empty(self) -> bool:
-        return all(ring.is_empty() for ring in self.commands)
+        for ring in self.commands:
+            if not ring.is_empty():
+                return False
+        return True
 
     def sleep(self) -> bool:
         """Ask every readable command ring for the doorbell; True if all are still
