@@ -103,7 +103,7 @@ def test_consumer_keeps_its_share_while_a_flood_publishes(broker):
     ch.queue_declare("flow.share", auto_delete=True)
     seen: set[int] = set()
     duplicates = 0
-    shares = []  # (publishes taken by the broker, deliveries received) along the flood
+    shares = []  # (when, publishes taken by the broker, deliveries received) along the flood
 
     def on_message(channel, method, properties, body):
         nonlocal duplicates
@@ -116,21 +116,27 @@ def test_consumer_keeps_its_share_while_a_flood_publishes(broker):
     deadline = time.monotonic() + 120
     while flood.thread.is_alive() and time.monotonic() < deadline:
         consumer.process_data_events(time_limit=0.05)
-        shares.append((flood.sent, len(seen)))
+        shares.append((time.monotonic(), flood.sent, len(seen)))
     while len(seen) < total and time.monotonic() < deadline:
         consumer.process_data_events(time_limit=0.1)
     assert len(seen) == total and duplicates == 0
-    # A steady share while the flood ran (before flow control the consumer got
-    # 2,000 messages and then nothing): over every tenth of the flood, it received
-    # at least a tenth as many messages as were published. The first tenth is left
-    # out: "sent" counts what the socket took, and the kernel's buffers take tens
-    # of thousands of publishes before the broker has read them.
-    tenths = []
-    for sent, got in shares:
-        if sent >= (len(tenths) + 1) * total // 10 and sent < total:
-            tenths.append(got)
-    steps = [later - earlier for earlier, later in zip(tenths[1:], tenths[2:])]
-    assert len(steps) >= 4 and all(step >= total // 100 for step in steps), (tenths, shares[-1])
+    # The consumer is served all along the flood (before flow control it got 2,000
+    # messages and then nothing): deliveries never stop for a second while the
+    # broker takes publishes, and by the flood's end the consumer has a real share.
+    # Measured in time, not against the publish rate: the consumer here is pika in
+    # Python, and how fast it reads (a few tens of thousands a second, less on a
+    # busy machine) is the test's, not the broker's. The first tenth is left out:
+    # "sent" counts what the socket took, and the kernel's buffers take tens of
+    # thousands of publishes before the broker has read them.
+    during = [(when, got) for when, sent, got in shares if total // 10 <= sent < total]
+    assert len(during) >= 2, shares[-1]
+    longest, since = 0.0, during[0]
+    for when, got in during[1:]:
+        if got > since[1]:
+            since = (when, got)
+        longest = max(longest, when - since[0])
+    ended = shares[-1]
+    assert longest < 1.0 and ended[2] >= total // 20, (longest, ended, len(during))
     consumer.close()
     flood.client.close()
 
