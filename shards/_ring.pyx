@@ -87,6 +87,13 @@ cdef Py_ssize_t _size_of(object piece) except -1:
         PyBuffer_Release(&view)
 
 
+cdef Py_ssize_t _pieces_size(object pieces) except -1:
+    cdef Py_ssize_t size = 0
+    for piece in pieces:
+        size += _size_of(piece)
+    return size
+
+
 cdef char* _copy_piece(char* at, object piece) except NULL:
     cdef Py_buffer view
     if type(piece) is bytes:
@@ -172,9 +179,7 @@ cdef class RingCore:
         if not self._fragments:
             for record in records:
                 if type(record) is list:
-                    size = 0
-                    for piece in record:
-                        size += _size_of(piece)
+                    size = _pieces_size(record)
                     pieces = record
                 else:
                     size = _size_of(record)
@@ -196,14 +201,10 @@ cdef class RingCore:
         return bool(self._fragments)
 
     cdef uint64_t _push_fragments(self, uint64_t head, uint64_t tail) except? 0:
-        cdef Py_ssize_t size
         fragments = self._fragments
         while fragments:
             pieces, more = fragments[0]
-            size = 0
-            for piece in pieces:
-                size += _size_of(piece)
-            if not self._put(&head, tail, pieces, size, _MORE if more else 0):
+            if not self._put(&head, tail, pieces, _pieces_size(pieces), _MORE if more else 0):
                 break
             fragments.popleft()
         return head

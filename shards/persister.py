@@ -142,10 +142,10 @@ class Persister:
 
     def has_writes(self, now: float | None = None) -> bool:
         """Writes to commit, or a checkpoint due (at `now`, if given)."""
-        # Asked twice a loop turn: a shard of transient queues answers without a call.
+        # Asked twice a loop turn: with no batch open, no generator is made.
         return bool(self._batches and any(not batch.is_empty()
                                           for batch in self._batches.values())) \
-            or (now is not None and self.checkpoint_at is not None and self._checkpoint_due(now))
+            or (now is not None and self._checkpoint_due(now))
 
     def _checkpoint_due(self, now: float) -> bool:
         return self.checkpoint_at is not None and (
