@@ -446,6 +446,7 @@ def serve(spec: r.ShardSpec) -> None:
             confirms = outbox.route(shard.commit_now(now))
             for gateway, events in enumerate(turn):
                 outbox.put(gateway, events + confirms[gateway])
+            rings.write(outbox)  # the publisher waits for these: before the bookkeeping
         else:
             outbox.put_each(turn)
             if shard.commits.inflight is None:
