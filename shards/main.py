@@ -382,6 +382,7 @@ def serve(spec: r.ShardSpec) -> None:
             outbox.put_routed(shard.finish_commit())
             shard.check_resources(spec.memory_limit, shard.stored_ok)
             outbox.put_each(shard.take_events())
+            rings.write(outbox)  # the confirms go now, not behind the next turn's work
         got = rings.read()
         now = time.monotonic()
         next_timer = shard.timers.next_deadline()
