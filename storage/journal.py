@@ -41,7 +41,7 @@ _DIGEST = 8
 HEADER_SIZE = _HEAD.size + _DIGEST
 GROW_BY = 4 << 20  # bytes zero-filled ahead at a time (a multiple of BLOCK)
 BLOCK = 4096  # direct writes cover whole blocks of this size, from an aligned buffer
-KEEP_BUFFER = 1 << 20  # a direct-write buffer grown past this shrinks after the write
+KEEP_BUFFER = 1 << 20  # a direct-write buffer grown past this shrinks after small writes
 _ZEROS = bytes(BLOCK)
 DIRECT = True  # write through O_DIRECT where the filesystem allows it (tests switch it)
 
@@ -116,12 +116,15 @@ class Journal:
         tail = end - end % BLOCK
         if tail > start:
             buffer[:end - tail] = buffer[tail - start:end - start]
-        if len(buffer) > KEEP_BUFFER:  # one large commit: do not hold its size
-            self._resize(BLOCK, end - tail)
+        if len(buffer) > KEEP_BUFFER and 4 * length < len(buffer):
+            self._resize(BLOCK, end - tail)  # large commits stopped: do not hold their size
 
     def _resize(self, length: int, keep: int) -> None:
-        """A buffer of at least `length` bytes (whole blocks) that starts with the
-        `keep` bytes the tail block holds so far."""
+        """A buffer of at least `length` bytes (whole blocks, at least twice the
+        old size if it grows) that starts with the `keep` bytes the tail block
+        holds so far."""
+        if length > len(self._buffer):
+            length = max(length, 2 * len(self._buffer))
         buffer = mmap.mmap(-1, _round_up(length))
         buffer[:keep] = self._buffer[:keep]
         self._buffer.close()
