@@ -340,7 +340,7 @@ class Publishing:
         self.gateway.totals.confirmed += self.confirms.acked - acked
         for ack, tag, multiple in replies:
             if ack:
-                self.send(m.BasicAck(delivery_tag=tag, multiple=multiple))
+                self.conn.send(hotpath.ack_frame(self.number, tag, multiple))
             else:
                 self.send(m.BasicNack(delivery_tag=tag, multiple=multiple, requeue=False))
 

@@ -59,3 +59,9 @@ def test_parse_ack_matches_generic_decoding(delivery_tag, multiple):
     assert payload[:4] == hotpath.ACK_IDS and len(payload) == hotpath.ACK_SIZE
     assert hotpath.parse_ack(payload) == m.decode_method(payload)
 
+
+
+@given(st.integers(0, 65535), st.integers(0, 2**64 - 1), st.booleans())
+def test_ack_frame_matches_the_generic_method_frame(channel, delivery_tag, multiple):
+    assert hotpath.ack_frame(channel, delivery_tag, multiple) == frames.method_frame(
+        channel, m.BasicAck(delivery_tag=delivery_tag, multiple=multiple))
