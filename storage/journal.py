@@ -63,8 +63,30 @@ class Journal:
 
     def records(self) -> list[tuple[int, bytes]]:
         """(number, payload) of the records written since the journal was last
-        started over, in order."""
-        return records_in(os.pread(self._fd, self._size, 0) if self._size else b"")
+        started over, in order. Written directly, they are read directly too: a
+        page the kernel failed to invalidate after a direct write (a buffered
+        reader, say `warren store inspect`, racing it) may hold older bytes than
+        the disk, and the replay must see what the disk holds."""
+        if not self._size:
+            return records_in(b"")
+        if self._direct is not None:
+            try:
+                return records_in(self._read_direct())
+            except OSError as error:
+                if error.errno != errno.EINVAL:
+                    raise
+        return records_in(os.pread(self._fd, self._size, 0))
+
+    def _read_direct(self) -> bytes:
+        # Unmapped once unused (not closed here: a failed read's traceback holds it).
+        view = memoryview(mmap.mmap(-1, _round_up(self._size)))
+        got = 0
+        while got < self._size:
+            count = os.preadv(self._direct, [view[got:]], got)
+            if not count:
+                break
+            got += count
+        return bytes(view[:min(got, self._size)])
 
     def append(self, number: int, payload: bytes) -> int:
         """Write record `number` (> 0) and make it durable; the bytes it took.
@@ -168,13 +190,13 @@ def _round_up(offset: int) -> int:
 
 
 def _open_direct(path: str) -> int | None:
-    """A descriptor whose writes go to the device and are durable when they
+    """A descriptor that bypasses the page cache, its writes durable when they
     return; None where the filesystem refuses O_DIRECT."""
     flag = getattr(os, "O_DIRECT", 0)
     if not flag:
         return None
     try:
-        return os.open(path, os.O_WRONLY | flag | os.O_DSYNC | os.O_CLOEXEC)
+        return os.open(path, os.O_RDWR | flag | os.O_DSYNC | os.O_CLOEXEC)
     except OSError as error:
         if error.errno != errno.EINVAL:
             raise

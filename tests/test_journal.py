@@ -58,6 +58,10 @@ def test_a_filesystem_that_refuses_a_direct_write_gets_a_buffered_one(tmp_path, 
     j.append(3, b"three")
     assert journal.read(path) == [(1, b"one"), (2, b"two" * 2000), (3, b"three")]
     j.close()
+    monkeypatch.setattr(journal.os, "preadv", refuse)  # nor a direct read: a buffered one
+    j = Journal(path)
+    assert j.records() == [(1, b"one"), (2, b"two" * 2000), (3, b"three")]
+    j.close()
 
 
 sizes = st.integers(0, 3 * BLOCK) | st.sampled_from(
