@@ -144,8 +144,8 @@ class Journal:
 
     def start_over(self) -> None:
         """Everything written is applied elsewhere, durably: write from the start.
-        The first record is wiped (not synced: a record that survives a crash has
-        a number the store has applied), so a closed journal reads empty."""
+        The first record is wiped (it need not be synced: a record that survives a
+        crash has a number the store has applied), so a closed journal reads empty."""
         if self.offset:
             if self._direct is not None:  # through the same path as the appends
                 self._buffer[:BLOCK] = _ZEROS
