@@ -331,3 +331,37 @@ def test_full_store_blocks_publishers_and_keeps_what_it_confirmed(tmp_path):
         conn.close()
     finally:
         broker.stop()
+
+
+def test_each_shard_writes_its_journal_past_the_page_cache(tmp_path):
+    """A confirm waits for one synchronous write: every shard's journal is open
+    with O_DIRECT | O_DSYNC wherever the data directory's filesystem takes it."""
+    probe = tmp_path / "probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
+    except OSError:
+        pytest.skip("this filesystem refuses O_DIRECT")
+    broker = RunningBroker(tmp_path / "data", shards=2).start()
+    try:
+        wait_until(lambda: len(shard_pids(broker)) == 2, message="two shards")
+        direct = os.O_DIRECT | os.O_DSYNC
+        for pid in shard_pids(broker):
+            # (a shard opens its store once it runs: the flags of its journal's
+            # descriptors, when they are there)
+            wait_until(lambda: any(f & direct == direct for f in _journal_flags(pid)),
+                       message=f"shard {pid}: a journal descriptor with O_DIRECT | O_DSYNC")
+    finally:
+        broker.stop()
+
+
+def _journal_flags(pid: int) -> list[int]:
+    """The open flags of each descriptor process `pid` holds on a journal."""
+    flags = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").endswith("/journal"):
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    flags += [int(line.split()[1], 8) for line in f if line.startswith("flags:")]
+        except FileNotFoundError:  # closed meanwhile
+            continue
+    return flags
