@@ -69,7 +69,7 @@ class Journal:
         """(number, payload) of the records written since the journal was last
         started over, in order. Written directly, they are read directly too: a
         page the kernel failed to invalidate after a direct write (a buffered
-        reader, say `warren store inspect`, racing it) may hold older bytes than
+        reader, say `warren inspect`, racing it) may hold older bytes than
         the disk, and the replay must see what the disk holds."""
         return records_in(_read_whole(self._fd, self._direct, self._size))
 
