@@ -32,6 +32,7 @@ summary of those ratios.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import subprocess
 import sys
@@ -58,7 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="warren bench", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="scenarios (amqp-perf's name of the closest one):\n" + "\n".join(
-            f"  {k:20} {v} ({external.EXTERNAL_NAMES[k]})" for k, v in SCENARIOS.items()))
+            f"  {k:20} {v} ({external.EXTERNAL_NAMES[k]})" for k, v in SCENARIOS.items())
+        + "\n\nNAME@RATE in --scenarios runs NAME with its own --rate, so one run can hold "
+          "a flood\nand a steady rate of the same scenario (transient-autoack,"
+          "transient-autoack@10000).")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--url", help="AMQP URL of a running broker (default "
                        f"{DEFAULT_URL.replace('%', '%%')})")
@@ -68,8 +72,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                        help="run against a private RabbitMQ node and a private Warren, "
                             "alternating, and print Warren/RabbitMQ ratios")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
-                        help="comma-separated scenarios, the bench's or amqp-perf's names "
-                             "(default: all)")
+                        help="comma-separated scenarios, the bench's or amqp-perf's names, "
+                             "each optionally NAME@RATE for its own --rate (default: all)")
     parser.add_argument("--external-client", metavar="PATH",
                         help="an external load generator (amqp-perf, built from its own "
                              "sources) to run for each scenario: PATH --url URL --scenario "
@@ -121,12 +125,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     options.backlog = options.backlog or (2_000 if options.quick else 200_000)
     options.drain_timeout = options.drain_timeout or max(10.0, options.duration)
     options.backlog_timeout = options.backlog_timeout or (60.0 if options.quick else 300.0)
-    names = [external.canonical(s.strip()) for s in options.scenarios.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SCENARIOS]
-    if unknown:
-        parser.error(f"unknown scenarios: {', '.join(unknown)} (known: {', '.join(SCENARIOS)}; "
-                     f"or amqp-perf's: {', '.join(external.ALIASES)})")
-    options.scenario_list = list(dict.fromkeys(names))
+    options.runs = {}  # what each scenario of the run is: its name and its publish rate
+    for entry in (s.strip() for s in options.scenarios.split(",")):
+        if entry:
+            try:
+                label, run = scenario_run(entry, options.rate)
+            except ValueError as error:
+                parser.error(str(error))
+            options.runs.setdefault(label, run)
+    options.scenario_list = list(options.runs)
     options.client = options.client or ("external" if options.external_client else "own")
     if options.client != "own":
         path = options.external_client
@@ -141,6 +148,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if options.fresh_warren is None:
         options.fresh_warren = options.client != "own"
     return options
+
+
+def scenario_run(entry: str, default_rate: float) -> tuple[str, tuple[str, float]]:
+    """'NAME' or 'NAME@RATE' (either name of a scenario) -> its label in the run's rows,
+    and (the bench's name of the scenario, the rate its publishers keep)."""
+    given, at, rate_text = entry.partition("@")
+    name = external.canonical(given)
+    if name not in SCENARIOS:
+        raise ValueError(f"unknown scenario: {given} (known: {', '.join(SCENARIOS)}; "
+                         f"or amqp-perf's: {', '.join(external.ALIASES)})")
+    if not at:
+        return name, (name, default_rate)
+    try:
+        rate = float(rate_text)
+    except ValueError:
+        rate = 0.0
+    if not rate > 0 or rate == float("inf"):
+        raise ValueError(f"{entry}: the rate after @ is messages/s per publisher, above 0")
+    if name == "backlog-200k":
+        raise ValueError(f"{entry}: backlog-200k publishes as fast as it can (no rate)")
+    return f"{name}@{rate:g}", (name, rate)
 
 
 def best_rabbit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -158,17 +186,21 @@ def best_rabbit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(good, key=sustained)
 
 
-def run_client(target: Target, name: str, client: str, options, run_id: str,
+def run_client(target: Target, label: str, client: str, options, run_id: str,
                both_queue_types: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One scenario measured by one client: its rows, and the one to compare. RabbitMQ's
-    persistent-confirm runs with classic and quorum queues (both_queue_types) unless
-    --queue-type says which, and the better one is compared."""
+    """One scenario of the run (its label in options.runs) measured by one client: its
+    rows, and the one to compare. RabbitMQ's persistent-confirm runs with classic and
+    quorum queues (both_queue_types) unless --queue-type says which, and the better one
+    is compared."""
+    name, rate = options.runs[label]
+    options = copy.copy(options)
+    options.rate = rate
     queue_types: list[str | None] = [options.queue_type]
     if both_queue_types and name == "persistent-confirm" and options.queue_type is None:
         queue_types = ["classic", "quorum"]
     rows = []
     for queue_type in queue_types:
-        log(f"# {target.label}: {name}" + (f" ({queue_type})" if len(queue_types) > 1 else "")
+        log(f"# {target.label}: {label}" + (f" ({queue_type})" if len(queue_types) > 1 else "")
             + f", measured by {client} ...")
         if client == OWN_CLIENT:
             row = run_scenario(target, name, options, run_id,
@@ -176,6 +208,7 @@ def run_client(target: Target, name: str, client: str, options, run_id: str,
         else:
             row = external.run(options.external_client, target, name, options, log=log,
                                queue_type=queue_type)
+        row.update(scenario=label, rate=rate)
         print_json(row)
         rows.append(row)
     return rows, (best_rabbit(rows) if len(rows) > 1 else rows[0])
@@ -196,7 +229,7 @@ def run_all(options, run_id: str, targets: list[Target], rows: list[dict[str, An
     elif not options.fresh_warren:
         standing = WarrenTarget(options.shards)
         targets.append(standing)
-    for index, name in enumerate(options.scenario_list):
+    for index, label in enumerate(options.scenario_list):
         order = [rabbit, None] if rabbit is not None else [None]
         if index % 2:
             order.reverse()
@@ -210,7 +243,7 @@ def run_all(options, run_id: str, targets: list[Target], rows: list[dict[str, An
                 target = standing or fresh
             try:
                 for client in options.clients:
-                    measured, chosen = run_client(target, name, client, options, run_id,
+                    measured, chosen = run_client(target, label, client, options, run_id,
                                                   both_queue_types=target is rabbit)
                     rows.extend(measured)
                     compared[(target.label, client)] = chosen

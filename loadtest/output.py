@@ -58,7 +58,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         "backlog RSS/PSS MB", "drain/s", "status"]
     lines = []
     for row in rows:
-        cells = [row.get("client_scenario") or row["scenario"], row["broker"],
+        # The client's name of the scenario, and the rate its publishers kept if not a flood.
+        scenario = (row.get("client_scenario") or row["scenario"]) + (
+            f"@{row['rate']:g}" if row.get("rate") else "")
+        cells = [scenario, row["broker"],
                  row.get("client", OWN_CLIENT), row.get("queue_type") or ""]
         cells += [_fmt(row.get(key), fmt) for key, _, fmt in FIGURES]
         if row.get("backlog_rss_mb") is not None:
@@ -117,8 +120,9 @@ def format_comparison(pairs: list[tuple[dict, dict]]) -> str:
             if w is None and r is None:
                 continue
             fmt = "{:,.0f}" if key.endswith("per_s") or "rss" in key or "pss" in key else "{:.2f}"
-            title_ = title + (f" [{rabbit.get('queue_type')}]" if name == "persistent-confirm"
-                              and key == "published_per_s" else "")
+            title_ = title + (f" [{rabbit.get('queue_type')}]" if key == "published_per_s"
+                              and warren["scenario"].partition("@")[0] == "persistent-confirm"
+                              else "")
             lines.append([name, client, title_, _fmt(w, fmt), _fmt(r, fmt), _ratio(w, r)])
             name = client = ""
     return _render(header, lines, right_from=3)

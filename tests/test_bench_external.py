@@ -153,6 +153,23 @@ def test_scenario_names_and_client_arguments(fake):
         bench.parse_args(["--external-client", str(Path(fake.path).parent / "missing")])
 
 
+def test_a_scenario_at_its_own_rate(fake):
+    options = bench.parse_args(["--external-client", fake.path, "--rate", "50", "--scenarios",
+                                "transient-autoack,transient-autoack@10000,transient-manual@2.5e3,"
+                                "latency-1,transient-autoack@1e4"])
+    assert options.scenario_list == ["transient-autoack", "transient-autoack@10000",
+                                     "transient-ack@2500", "confirm-each"]
+    assert options.runs == {"transient-autoack": ("transient-autoack", 50.0),
+                            "transient-autoack@10000": ("transient-autoack", 10000.0),
+                            "transient-ack@2500": ("transient-ack", 2500.0),
+                            "confirm-each": ("confirm-each", 50.0)}
+    for wrong in ["transient-autoack@", "transient-autoack@0", "transient-autoack@-5",
+                  "transient-autoack@fast", "transient-autoack@inf", "transient-autoack@nan",
+                  "backlog@1000", "nothing@1000"]:
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--external-client", fake.path, "--scenarios", wrong])
+
+
 def test_compare_without_rabbitmq_installs_nothing(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(targets, "RABBIT_SERVER", tmp_path / "no-rabbitmq-server")
 
@@ -185,6 +202,22 @@ def test_cli_failed_external_runs_are_reported(fake, monkeypatch):
         ("transient-manual", "error"), ("backlog", "error")], rows
     assert "error: exit status 3, no JSON line: fake: cannot connect" in result.stdout
     assert [c["argv"][3] for c in fake.calls()] == ["transient-manual", "backlog"]
+
+
+def test_cli_a_flood_and_a_rate_of_one_scenario_in_one_run(fake):
+    port = procs.free_port()  # the fake answers without connecting
+    result, rows = _bench(["--url", f"amqp://guest:guest@127.0.0.1:{port}/%2F",
+                           "--external-client", fake.path, "--scenarios",
+                           "transient-autoack,transient-autoack@250", "--duration", "1"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    flood, steady = fake.calls()
+    assert "--rate" not in flood["argv"], flood
+    assert steady["argv"][steady["argv"].index("--rate") + 1] == "250", steady
+    assert [(r["scenario"], r["rate"], r["client_scenario"]) for r in rows] == [
+        ("transient-autoack", 0.0, "transient-autoack"),
+        ("transient-autoack@250", 250.0, "transient-autoack")], rows
+    table = result.stdout[result.stdout.index("\nscenario"):]
+    assert "transient-autoack@250" in table, table
 
 
 def test_cli_both_clients_on_a_fresh_warren(fake):
