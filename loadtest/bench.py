@@ -43,6 +43,7 @@ from . import external
 from .fastclient import DEFAULT_URL
 from .output import (
     OWN_CLIENT,
+    at_rate,
     comparison,
     format_comparison,
     format_ratios,
@@ -168,7 +169,7 @@ def scenario_run(entry: str, default_rate: float) -> tuple[str, tuple[str, float
         raise ValueError(f"{entry}: the rate after @ is messages/s per publisher, above 0")
     if name == "backlog-200k":
         raise ValueError(f"{entry}: backlog-200k publishes as fast as it can (no rate)")
-    return f"{name}@{rate:g}", (name, rate)
+    return at_rate(name, rate), (name, rate)
 
 
 def best_rabbit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

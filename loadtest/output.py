@@ -28,6 +28,11 @@ FIGURES = [
 ]
 
 
+def at_rate(name: str, rate: float) -> str:
+    """A scenario's name with the rate its publishers keep (NAME@RATE), or alone for a flood."""
+    return f"{name}@{rate:g}" if rate else name
+
+
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -58,10 +63,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         "backlog RSS/PSS MB", "drain/s", "status"]
     lines = []
     for row in rows:
-        # The client's name of the scenario, and the rate its publishers kept if not a flood.
-        scenario = (row.get("client_scenario") or row["scenario"]) + (
-            f"@{row['rate']:g}" if row.get("rate") else "")
-        cells = [scenario, row["broker"],
+        cells = [at_rate(row.get("client_scenario") or row["scenario"], row.get("rate")),
+                 row["broker"],
                  row.get("client", OWN_CLIENT), row.get("queue_type") or ""]
         cells += [_fmt(row.get(key), fmt) for key, _, fmt in FIGURES]
         if row.get("backlog_rss_mb") is not None:

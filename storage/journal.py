@@ -78,21 +78,22 @@ class Journal:
         OSError (a full disk) leaves the journal as it was: the next append
         writes over what this one may have left."""
         head = _HEAD.pack(len(payload), number)
-        digest = xxhash.xxh3_64()
-        digest.update(head)
-        digest.update(payload)
+        hasher = xxhash.xxh3_64()  # fed in two parts: no joined copy of a large payload
+        hasher.update(head)
+        hasher.update(payload)
+        digest = hasher.digest()
         end = self.offset + HEADER_SIZE + len(payload)
         if _round_up(end) > self._size:
             self._grow(end)
         if self._direct is not None:
             try:
-                self._write_direct(head, digest.digest(), payload, end)
+                self._write_direct(head, digest, payload, end)
             except OSError as error:
                 if error.errno != errno.EINVAL:
                     raise
                 self._stop_direct()  # the filesystem took the descriptor, not the write
         if self._direct is None:
-            record = b"".join((head, digest.digest(), payload))
+            record = b"".join((head, digest, payload))
             if os.pwrite(self._fd, record, self.offset) != len(record):
                 raise OSError(errno.EIO, f"a short write to {self.path}")
             os.fdatasync(self._fd)
