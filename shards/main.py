@@ -422,9 +422,10 @@ def serve(spec: r.ShardSpec) -> None:
             # deliveries: a shard that is behind returns credit later.
             rings.worked(gateway, len(batches), outbox, gateway in shard.behind)
         shard.behind.clear()
-        for origin, lost in shard.take_lost():
-            shard.gateway_lost(origin, lost, now)
-            rings.reset(lost.gateway)
+        if shard.lost:
+            for origin, lost in shard.take_lost():
+                shard.gateway_lost(origin, lost, now)
+                rings.reset(lost.gateway)
         shard.run_timers(now)
         # Deliveries and replies go out at once; confirms only once their commit is
         # durable. A commit runs in the committer thread while this loop goes on:
@@ -450,12 +451,13 @@ def serve(spec: r.ShardSpec) -> None:
             rings.write(outbox)  # the publisher waits for these: before the bookkeeping
         else:
             outbox.put_each(turn)
-            if shard.commits.inflight is None:
+            if shard.commits.inflight is None and shard.has_commit_work():
                 outbox.put_routed(shard.start_commit(committer, now))
         shard.check_resources(spec.memory_limit, shard.stored_ok)
         # The turn's events go out at the top of the loop: one ring write, at most
         # one doorbell, per gateway.
-        outbox.put_each(shard.take_events())
+        if outbox.has_turn_events():  # an alarm just raised
+            outbox.put_each(shard.take_events())
         stats.tick(time.time(), shard.queues.values(), shard.commits)
         if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
             shard.persister.drop_mapped_pages()

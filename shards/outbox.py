@@ -49,6 +49,10 @@ class Outbox:
         self.add = self._turn[0].append if self.gateways == 1 else self._route_one
         return turn
 
+    def has_turn_events(self) -> bool:
+        """Events were added since the last take()."""
+        return any(self._turn)
+
     def route(self, events: list) -> list[list]:
         """Events per gateway (confirms are split by their channels' gateways)."""
         if self.gateways == 1:
@@ -86,6 +90,10 @@ class Outbox:
 
     def put(self, gateway: int, events: list) -> None:
         """Events ready to go to `gateway`: encode them behind what is waiting."""
+        if len(events) <= EVENTS_PER_RECORD:  # a turn's events at a steady rate: no slicing
+            if events:
+                self.records[gateway].append(r.encode_batch(events))
+            return
         self.records[gateway] += [r.encode_batch(events[i:i + EVENTS_PER_RECORD])
                                   for i in range(0, len(events), EVENTS_PER_RECORD)]
 

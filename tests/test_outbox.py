@@ -24,7 +24,8 @@ def test_events_leave_in_order_whatever_the_ring_takes(puts, ring_room):
         n += size
         expected += events
         outbox.put(0, events)
-        assert all(len(r.decode_events(rec)) <= EVENTS_PER_RECORD for rec in outbox.records[0])
+        assert all(0 < len(r.decode_events(rec)) <= EVENTS_PER_RECORD
+                   for rec in outbox.records[0])  # no empty records
         room = ring_room.pop() if ring_room else len(outbox.records[0])
         taken = outbox.records[0][:room]
         ring += taken
@@ -36,10 +37,13 @@ def test_events_leave_in_order_whatever_the_ring_takes(puts, ring_room):
 
 def test_a_turn_events_are_taken_once_and_confirms_join_when_put():
     outbox = Outbox()
+    assert not outbox.has_turn_events()
     outbox.add(r.Reply(1))
     outbox.add(r.Progress(1))
+    assert outbox.has_turn_events()
     (events,) = outbox.take()
-    assert events == [r.Reply(1), r.Progress(1)] and outbox.take() == [[]]
+    assert events == [r.Reply(1), r.Progress(1)] and not outbox.has_turn_events()
+    assert outbox.take() == [[]]
     outbox.put(0, events)
     outbox.put_routed([r.Confirmed([3], [9])])  # its commit became durable
     assert decoded(outbox.records[0]) == [r.Reply(1), r.Progress(1), r.Confirmed([3], [9])]
