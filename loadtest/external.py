@@ -130,6 +130,7 @@ def _figures(result: dict[str, Any]) -> dict[str, Any]:
             broker_rss_mb=get("broker_end_rss_mb"), broker_pss_mb=get("broker_end_pss_mb"),
             broker_cpu_s=get("broker_cpu_s"), broker_cores_avg=get("broker_cores_avg"),
             client_cpu_s=get("client_cpu_s", get("client_cpu_s_total")),
+            client_writes_per_s=get("client_writes_per_s"),
             left_in_queues_at_end=get("left_in_queues_at_end"),
             window_s=get("window_s"), rate_limit=get("rate_limit"))
     # The bench's own client calls consumed "delivered": both keys, same figures.

@@ -25,6 +25,11 @@ FIGURES = [
     ("broker_cpu_s", "brk CPU", "{:.1f}"),
     ("broker_cores_avg", "brk cores", "{:.2f}"),
     ("client_cpu_s", "cli CPU", "{:.1f}"),
+    # The load a steady rate offers: the client's write(2) calls per second (amqp-perf).
+    # How many messages it packs into each follows its own timers, and those follow
+    # how soon the broker's deliveries wake it: two brokers at one rate can get
+    # different counts, and the broker's CPU follows the count (README, Measuring).
+    ("client_writes_per_s", "cli wr/s", "{:,.0f}"),
 ]
 
 
@@ -89,7 +94,8 @@ COMPARED = [("published_per_s", "pub/s"), ("confirmed_per_s", "conf/s"),
             ("confirm_p99_ms", "conf p99 ms"), ("broker_rss_mb", "RSS MB"),
             ("backlog_rss_mb", "backlog RSS MB"), ("backlog_pss_mb", "backlog PSS MB"),
             ("drain_per_s", "drain/s"), ("broker_cpu_s", "broker CPU s"),
-            ("broker_cores_avg", "broker cores"), ("client_cpu_s", "client CPU s")]
+            ("broker_cores_avg", "broker cores"), ("client_cpu_s", "client CPU s"),
+            ("client_writes_per_s", "client writes/s")]
 # The one-line-per-scenario summary of --compare: Warren/RabbitMQ of these.
 SUMMARY = [("published_per_s", "pub/s"), ("consumed_per_s", "cons/s"),
            ("broker_cores_avg", "CPU"), ("e2e_p99_ms", "e2e p99")]

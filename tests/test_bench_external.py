@@ -29,7 +29,7 @@ FLOW_RESULT = {
     "e2e_p99_ms": 9.5, "confirm_p50_ms": 2.5, "confirm_p99_ms": 7.5,
     "left_in_queues_at_end": 500, "client_cpu_s": 0.25, "broker_cpu_s": 0.8,
     "broker_cores_avg": 0.8, "broker_end_rss_mb": 120.0, "broker_end_pss_mb": 80.0,
-    "ok": True,
+    "client_writes_per_s": 900.0, "ok": True,
 }
 
 FAKE = """#!{python}
@@ -99,10 +99,12 @@ def test_command_line_and_row(fake):
     assert row["consumed_over_published"] == 0.5
     assert row["e2e_p99_ms"] == 9.5 and row["broker_cores_avg"] == 0.8
     assert row["broker_rss_mb"] == 120.0 and row["client_cpu_s"] == 0.25
+    assert row["client_writes_per_s"] == 900.0  # the load the rate offered, per broker
     assert row["note"] == "500 left in queues"
     assert row["external"]["tool"] == "amqp-perf"
     table = output.format_table([row])
     assert "durable-confirm" in table and "amqp-perf" in table and "0.50" in table
+    assert "cli wr/s" in table and " 900 " in table
 
 
 def test_backlog_row_and_no_pid(fake, monkeypatch):
@@ -261,3 +263,18 @@ def test_rabbitmq_queue_type_compared_is_the_one_that_sustains_more():
     no_consumer = {"status": "ok", "confirmed_per_s": 2_000}  # latency-1: confirms only
     assert bench.best_rabbit([no_consumer, {**no_consumer, "confirmed_per_s": 1_000}]) \
         is no_consumer
+
+
+def test_comparison_shows_the_load_each_broker_was_offered():
+    # At one rate, the client wrote more often to one broker than to the other: the
+    # comparison says so beside the CPU it cost.
+    warren = {"status": "ok", "scenario": "transient-autoack@10000", "client": "amqp-perf",
+              "broker_cores_avg": 0.8, "client_writes_per_s": 8_400.0}
+    rabbit = {"status": "ok", "scenario": "transient-autoack@10000", "client": "amqp-perf",
+              "broker_cores_avg": 0.4, "client_writes_per_s": 2_100.0}
+    compared = output.comparison(warren, rabbit)
+    assert compared["warren_over_rabbitmq"]["client_writes_per_s"] == 4.0
+    assert compared["warren_over_rabbitmq"]["broker_cores_avg"] == 2.0
+    line = next(line for line in output.format_comparison([(warren, rabbit)]).splitlines()
+                if "client writes/s" in line)
+    assert "8,400" in line and "2,100" in line and "4.00" in line
