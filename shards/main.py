@@ -113,11 +113,10 @@ class Shard:
         return self.commits.has_confirms() or self.persister.writes_due(time.monotonic())
 
     def start_commit(self, committer, now: float) -> list:
-        """With no commit in flight: hand the writes gathered so far to the
-        committer, with the confirms that must wait for them. Confirms of a turn
-        that wrote nothing are returned to be sent at once."""
-        if not self.has_commit_work():
-            return []
+        """With no commit in flight and commit work (the loop asks has_commit_work
+        first): hand the writes gathered so far to the committer, with the confirms
+        that must wait for them. Confirms of a turn that wrote nothing are returned
+        to be sent at once."""
         if not self.persister.has_writes(now):
             return self.commits.finished(self.commits.take(now), True, [], now)
         committer.submit(self.commits.begin(now, self.persister.begin_commit()).writes)
