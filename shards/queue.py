@@ -323,7 +323,7 @@ class Queue:
     def apply(self, cmd, now: float) -> list:
         """Apply one command; return its effects. Unknown commands are ignored."""
         if type(cmd) is r.Publish and self.straight and self.consumers:
-            deliver = self._publish_straight(cmd, now)
+            deliver = self.publish_straight(cmd, now)
             if deliver is not None:
                 return [deliver]
         handler = self._handlers.get(type(cmd))
@@ -413,11 +413,13 @@ class Queue:
         if self.max_length is not None or self.max_bytes is not None:
             self._drop_over_limit(effects)
 
-    def _publish_straight(self, cmd: r.Publish, now: float) -> r.Deliver | None:
+    def publish_straight(self, cmd: r.Publish, now: float) -> r.Deliver | None:
         """A transient message for a queue with nothing ready and a consumer that can
         take it goes out at once: what _publish, _dispatch and _hand_out would do,
         without the message passing through the ready deque (most of the per-message
-        work at a steady rate). None when it must take the long way."""
+        work at a steady rate). None when it must take the long way. Only for a
+        queue that is `straight` and has consumers; its one effect is the Deliver,
+        and it leaves the queue's timers as they were."""
         if (self.ready or self.returned or cmd.expiration >= 0
                 or (self.stored and cmd.persistent)):
             return None

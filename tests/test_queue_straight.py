@@ -1,4 +1,4 @@
-"""A publish that goes straight to a waiting consumer (Queue._publish_straight)
+"""A publish that goes straight to a waiting consumer (Queue.publish_straight)
 must leave the queue exactly as the long way (ready deque, dispatch, hand-out)
 does: the same effects, counters, RAM figures and holdings, for any script of
 commands, on plain, durable, length-limited and single-active queues."""

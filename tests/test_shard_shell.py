@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import copy
 import random
+import tempfile
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from warren.shards import persister as persister_module
@@ -20,6 +21,8 @@ from warren.shards.queue import Queue, Remove
 from warren.shards.stats import StatsLog
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore, StoreFull
+
+from . import test_queue_straight as straight
 
 
 def create_queue(req: int, qid: int, name: str, durable: bool = False,
@@ -329,3 +332,68 @@ def test_credit_alone_waits_for_the_confirms_of_an_in_loop_commit():
     assert before_commit([], 0) == ([], [])
     # Unless the turn's publishes spent so much that a publisher may wait for it.
     assert before_commit([progress], r.PUBLISH_CREDIT) == ([progress], [])
+
+
+@settings(max_examples=100, deadline=None)
+@given(script=straight.scripts, durable=st.booleans(),
+       arguments=st.one_of(straight.ARGUMENTS, st.just({"x-expires": 10_000})))
+@example(script=[("consume", 11, False, 0, 3, 0), ("publish", False, -1, b"x")], durable=False,
+         arguments={})  # a message held for its consumer: the shard's RAM figure grows
+def test_a_shard_handles_a_straight_publish_as_the_long_way_does(script, durable, arguments):
+    """Shard.handle takes a queue's short way itself: the same events, RAM figures,
+    queue state and timers as the long way through the queue's apply."""
+    with tempfile.TemporaryDirectory() as folder:
+        shards, stores = [], []
+        for name in ("short", "long"):
+            store = ShardStore(f"{folder}/{name}/shard-0", 1 << 24)
+            shard = Shard(0, Persister({0: store}, 0), StatsLog(f"{folder}/{name}/logs", 0))
+            shard.run(create_queue(1, 1, "q", durable, arguments), 0.0)
+            shard.take_events()
+            shards.append(shard)
+            stores.append(store)
+        short, long = shards
+        long.queues[1].straight = False
+        used: set[int] = set()
+        try:
+            for now, step in enumerate(script):
+                if step[0] == "tick":
+                    for shard in shards:
+                        shard.run_timers(float(now))
+                else:
+                    cmd = straight.command(step, short.queues[1], used)
+                    if cmd is None:
+                        continue
+                    for shard in shards:
+                        shard.run(copy.deepcopy(cmd), float(now))
+                got, expected = (shard.take_events() for shard in shards)
+                assert [[straight.shape(e) for e in events] for events in got] == \
+                    [[straight.shape(e) for e in events] for events in expected]
+                assert short.ram_bytes == long.ram_bytes
+                assert short.timers.next_deadline() == long.timers.next_deadline()
+                if 1 not in short.queues:  # expired unused (x-expires)
+                    assert 1 not in long.queues
+                    break
+                assert straight.state(short.queues[1]) == straight.state(long.queues[1])
+        finally:
+            for shard, store in zip(shards, stores):
+                shard.stats.close()
+                store.close()
+
+
+def test_alarms_go_on_and_off_once_each_as_the_resources_change(shard):
+    """An Alarm event and a log record only when one changes: memory over the limit
+    (or not), the last commit failed (or not)."""
+    shard.run(r.Consume(2, 7, 10, 1, "c", False, False, 0, 0), 0.0)  # no credit: held
+    shard.run(publish(1), 0.0)
+    shard.take_events()
+    limit = shard.ram_bytes - 1
+    for memory_limit, stored, expected in [
+            (limit, True, [r.Alarm("memory", True)]),
+            (limit, True, []),
+            (limit, False, [r.Alarm("disk", True)]),
+            (shard.ram_bytes, False, [r.Alarm("memory", False)]),
+            (0, True, [r.Alarm("disk", False)]),
+            (0, True, [])]:
+        shard.check_resources(memory_limit, stored)
+        assert shard.take_events() == [expected]
+    assert shard.alarms == set()
