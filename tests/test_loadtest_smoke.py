@@ -133,6 +133,7 @@ def test_gatewaycost_measures_every_path_and_profiles():
     costs = [line.split() for line in run.stdout.splitlines() if "µs/msg" in line]
     assert [cost[0] for cost in costs] == [
         "publish-transient", "publish-transient-confirm", "publish-persistent",
-        "publish-persistent-confirm", "deliver-autoack", "deliver-manual-ack"]
+        "publish-persistent-confirm", "deliver-autoack", "deliver-manual-ack",
+        "round-trip-autoack", "round-trip-manual-ack"]
     assert all(float(cost[1]) > 0 for cost in costs)
     assert run.stdout.count("tottime") == len(costs)
