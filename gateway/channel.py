@@ -77,6 +77,7 @@ class Channel(Declarations, Consuming, Publishing):
         self._waiting = False
         self._backlog: deque = deque()
         self._running = None  # the method being handled (a shard request's errors name it)
+        self._routes: dict = {}  # method payload -> publishing.Route
         if not self.gateway.authority:  # declarations run on gateway 0
             self._handlers = Channel._forwarding_handlers
         self.gateway.totals.channels_opened += 1
@@ -117,14 +118,6 @@ class Channel(Declarations, Consuming, Publishing):
         command = self.assembler.feed(frame_type, payload)
         if command is not None:
             self._command(*command)
-
-    def handle_publish(self, payload: bytes, properties: bytes, body: bytes) -> None:
-        """A whole publish (method payload, properties, body) arrived at once."""
-        method, properties, body = self.assembler.whole_publish(payload, properties, body)
-        if self._waiting or type(method) is AMQPError:
-            self._command(method, properties, body)
-        else:  # what _command and _execute would do, without the two calls
-            self._publish(method, properties, body)
 
     def _command(self, method, properties: bytes | None = None, body: bytes = b"") -> None:
         """A complete command (a method, or a publish with its content): run it now,

@@ -114,6 +114,7 @@ class Gateway:
         if not self.authority:  # gateway 0 writes DATA/meta/
             self.meta = replication.NoStore()
         self.data_dir = os.path.abspath(config.data_dir)
+        self.epoch = 0  # counts the catalogue's changes (see _changed)
         self.access = AccessControl(None, config.loopback_users, self._changed)
         self.vhosts: dict[str, VHost] = {}
         self.vhost_defs: dict[str, VHostDef] = {}
@@ -220,7 +221,9 @@ class Gateway:
     # -- vhosts ------------------------------------------------------------------
 
     def _changed(self, change) -> None:
-        """A change of the catalogue, for the other gateways to replay."""
+        """A change of the catalogue, for the other gateways to replay. The routes
+        channels remember (publishing.Route) are stale from now on."""
+        self.epoch += 1
         if self.followers is not None:
             self.followers.add(change)
 

@@ -42,6 +42,28 @@ _DELIVERY_MODE = flag_mask("delivery_mode")
 _BEFORE_DELIVERY_MODE = (flag_mask("content_type") | flag_mask("content_encoding") | _HEADERS
                          | 1)
 _LOOK_UP = object()  # _route's default: find the exchange by name
+# Routes a channel remembers (see Route); a publisher that keeps changing its
+# routing key starts again from none when it has this many.
+ROUTES_KEPT = 1024
+
+
+class Route:
+    """Where a publish went, kept by its channel under the publish's method payload
+    (exchange, routing key, flags): the next one like it, with no property the
+    broker acts on, goes to the same queues without the lookups and checks
+    (handle_publish). Valid while the catalogue and the permissions stay as they
+    were (Gateway.epoch); shards by index, as a restarted shard gets a new link."""
+
+    __slots__ = ("epoch", "exchange", "routing_key", "sends")
+
+    def __init__(self, epoch: int, exchange: str, routing_key: str, targets: list[QueueMeta]):
+        self.epoch = epoch
+        self.exchange = exchange
+        self.routing_key = routing_key
+        by_shard: dict[int, list[int]] = {}
+        for meta in targets:
+            by_shard.setdefault(meta.shard, []).append(meta.qid)
+        self.sends = tuple(by_shard.items())  # (shard, qids): one record each; () drops it
 
 
 def _persistent(properties: bytes) -> bool:
@@ -56,7 +78,45 @@ def _persistent(properties: bytes) -> bool:
 class Publishing:
     # -- basic: publish and confirms -------------------------------------------
 
-    def _publish(self, method: hotpath.Publish, properties: bytes, body: bytes) -> None:
+    def handle_publish(self, payload: bytes, properties: bytes, body: bytes) -> None:
+        """A whole publish (method payload, properties, body) arrived at once. One
+        whose route this channel knows goes straight to its shards: what _publish
+        and _route would do for it outside confirm and transaction modes, with no
+        expiration, priority, reply-to or headers. (Its connection has published,
+        so a resource alarm holds it before it reads: block_publishing.)"""
+        route = self._routes.get(payload)
+        gateway = self.gateway
+        if (route is not None and route.epoch == gateway.epoch and self.confirms is None
+                and self.tx is None and not self._waiting
+                and not (properties[0] << 8 | properties[1]) & _EXTRAS
+                and len(body) <= self.assembler.max_size):
+            try:
+                persistent = _persistent(properties)
+            except PropertiesError:
+                persistent = None  # _route says what is wrong with them
+            if persistent is not None:
+                totals = gateway.totals
+                totals.received += 1
+                if not route.sends:
+                    totals.unroutable_dropped += 1
+                    return
+                totals.routed += 1
+                links = gateway.shards.links
+                for shard, qids in route.sends:
+                    link = links[shard]
+                    if link.alive:
+                        link.send(r.Publish(qids, route.exchange, route.routing_key, properties,
+                                            body, persistent, 0, 0, -1, 0), self.conn)
+                return
+        method, properties, body = self.assembler.whole_publish(payload, properties, body)
+        if self._waiting or type(method) is AMQPError:
+            self._command(method, properties, body)
+        else:  # what _command and _execute would do, without the two calls
+            self._publish(method, properties, body, payload)
+
+    def _publish(self, method: hotpath.Publish, properties: bytes, body: bytes,
+                 payload: bytes | None = None) -> None:
+        """`payload`: the method's, under which the channel may remember its route."""
         if method.immediate:
             raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true",
                             method.CLASS_ID, method.METHOD_ID)
@@ -65,7 +125,12 @@ class Publishing:
         if exchange is None:
             raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
                             method.CLASS_ID, method.METHOD_ID)
-        self.gateway.access.check(self.conn.user, vhost.name, "write", "exchange", exchange.name)
+        try:
+            self.gateway.access.check(self.conn.user, vhost.name, "write", "exchange",
+                                      exchange.name)
+        except AMQPError as error:  # RabbitMQ names basic.publish in the close
+            error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
+            raise
         if exchange.internal:
             raise AMQPError(spec.ACCESS_REFUSED,
                             f"cannot publish to internal {exchange_name(vhost.name, exchange.name)}",
@@ -79,12 +144,13 @@ class Publishing:
             except AMQPError as error:
                 error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
                 raise
+            payload = None  # a route for these properties alone
         if not self.conn.has_published or self.gateway.alarms.active:
             self.conn.note_publish()
         if self.tx is not None:
             self.tx.publish(TxPublish(method, properties, body, expiration, priority, also))
         else:
-            self._route(method, properties, body, expiration, priority, also, exchange)
+            self._route(method, properties, body, expiration, priority, also, exchange, payload)
 
     def _renew(self, consumer_tag: str, properties: bytes) -> None:
         """Warren's lock renewal: a publish to amq.warren.renew with the consumer tag
@@ -148,10 +214,11 @@ class Publishing:
 
     def _route(self, method: hotpath.Publish, properties: bytes, body: bytes,
                expiration: int = -1, priority: int = 0, also: tuple = (),
-               exchange=_LOOK_UP) -> None:
+               exchange=_LOOK_UP, payload: bytes | None = None) -> None:
         """Send a message to the shards of every queue it routes to, in one record each.
         `exchange` is looked up unless the caller just did (a transaction's publish
-        routes at commit, through the exchanges as they are then)."""
+        routes at commit, through the exchanges as they are then). With `payload`,
+        the route is remembered for the publishes like this one (Route)."""
         vhost = self.vhost
         if exchange is _LOOK_UP:
             exchange = vhost.exchanges.get(method.exchange)
@@ -194,6 +261,11 @@ class Publishing:
             self.gateway.publish(targets, method.exchange, routing_key, properties, body,
                                 persistent, expiration, priority,
                                 self.id if seq else 0, seq, tracker if seq else None, self.conn)
+        if payload is not None and tracker is None and (targets or not method.mandatory):
+            if len(self._routes) >= ROUTES_KEPT:
+                self._routes.clear()
+            self._routes[payload] = Route(self.gateway.epoch, method.exchange, routing_key,
+                                          targets)
         if seq and (tracker is not self.confirms or tracker.has_answers()):
             self._confirms_changed()  # (a confirm waiting for its shards changes nothing yet)
 
