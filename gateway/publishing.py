@@ -54,7 +54,7 @@ class Route:
     (handle_publish). Valid while the catalogue and the permissions stay as they
     were (Gateway.epoch); shards by index, as a restarted shard gets a new link."""
 
-    __slots__ = ("epoch", "exchange", "routing_key", "sends")
+    __slots__ = ("epoch", "exchange", "routing_key", "sends", "shards")
 
     def __init__(self, epoch: int, exchange: str, routing_key: str, targets: list[QueueMeta]):
         self.epoch = epoch
@@ -64,6 +64,7 @@ class Route:
         for meta in targets:
             by_shard.setdefault(meta.shard, []).append(meta.qid)
         self.sends = tuple(by_shard.items())  # (shard, qids): one record each; () drops it
+        self.shards = tuple(by_shard)  # whose acceptance a confirm waits for
 
 
 def _persistent(properties: bytes) -> bool:
@@ -81,14 +82,13 @@ class Publishing:
     def handle_publish(self, payload: bytes, properties: bytes, body: bytes) -> None:
         """A whole publish (method payload, properties, body) arrived at once. One
         whose route this channel knows goes straight to its shards: what _publish
-        and _route would do for it outside confirm and transaction modes, with no
-        expiration, priority, reply-to or headers. (Its connection has published,
-        so a resource alarm holds it before it reads: block_publishing.)"""
+        and _route would do for it outside a transaction, with no expiration,
+        priority, reply-to or headers. (Its connection has published, so a resource
+        alarm holds it before it reads: block_publishing.)"""
         route = self._routes.get(payload)
         gateway = self.gateway
-        if (route is not None and route.epoch == gateway.epoch and self.confirms is None
-                and self.tx is None and not self._waiting
-                and not (properties[0] << 8 | properties[1]) & _EXTRAS
+        if (route is not None and route.epoch == gateway.epoch and self.tx is None
+                and not self._waiting and not (properties[0] << 8 | properties[1]) & _EXTRAS
                 and len(body) <= self.assembler.max_size):
             try:
                 persistent = _persistent(properties)
@@ -97,16 +97,27 @@ class Publishing:
             if persistent is not None:
                 totals = gateway.totals
                 totals.received += 1
-                if not route.sends:
+                tracker = self.confirms
+                if tracker is None:
+                    channel = seq = 0
+                else:
+                    channel, seq = self.id, tracker.publish(route.shards)
+                    totals.received_confirm += 1
+                if route.sends:
+                    totals.routed += 1
+                    links = gateway.shards.links
+                    for shard, qids in route.sends:
+                        link = links[shard]
+                        if link.alive:
+                            link.send(r.Publish(qids, route.exchange, route.routing_key,
+                                                properties, body, persistent, channel, seq, -1,
+                                                0), self.conn)
+                        elif seq:  # between a shard's death and its restart
+                            tracker.reject(seq, shard)
+                else:
                     totals.unroutable_dropped += 1
-                    return
-                totals.routed += 1
-                links = gateway.shards.links
-                for shard, qids in route.sends:
-                    link = links[shard]
-                    if link.alive:
-                        link.send(r.Publish(qids, route.exchange, route.routing_key, properties,
-                                            body, persistent, 0, 0, -1, 0), self.conn)
+                if seq and tracker.has_answers():
+                    self._confirms_changed()
                 return
         method, properties, body = self.assembler.whole_publish(payload, properties, body)
         if self._waiting or type(method) is AMQPError:
@@ -261,7 +272,7 @@ class Publishing:
             self.gateway.publish(targets, method.exchange, routing_key, properties, body,
                                 persistent, expiration, priority,
                                 self.id if seq else 0, seq, tracker if seq else None, self.conn)
-        if payload is not None and tracker is None and (targets or not method.mandatory):
+        if payload is not None and tracker is self.confirms and (targets or not method.mandatory):
             if len(self._routes) >= ROUTES_KEPT:
                 self._routes.clear()
             self._routes[payload] = Route(self.gateway.epoch, method.exchange, routing_key,

@@ -6,11 +6,15 @@ the channel's mode, a resource alarm, the message's own properties)."""
 from __future__ import annotations
 
 import itertools
+import struct
 
+import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from warren.gateway.amqp import frames
+from warren.gateway.amqp.hotpath import ACK_IDS
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.properties import BasicProperties, encode_properties
 from warren.shards import records as r
@@ -47,6 +51,19 @@ def _recording(link) -> list:
     return sent
 
 
+def _take(frame, answers: list, acked: dict) -> None:
+    """A frame from the broker: a confirm's tags go to `acked` (by channel), any
+    other method's ids to `answers`."""
+    kind, channel, payload = frame
+    if kind != frames.FRAME_METHOD:
+        return
+    if payload[:4] == ACK_IDS:  # one confirm, or all up to a tag
+        tag, multiple = struct.unpack_from(">QB", payload, 4)
+        acked[channel] |= set(range(1, tag + 1)) if multiple else {tag}
+    else:
+        answers.append(payload[:4])
+
+
 def _connected(inproc, **handshake):
     client = inproc.client()
     client.handshake(**handshake)
@@ -55,22 +72,30 @@ def _connected(inproc, **handshake):
     return client
 
 
-@settings(max_examples=40, deadline=None,
+@pytest.mark.parametrize("confirm", [False, True], ids=["plain", "confirm"])
+@settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(st.lists(st.one_of(publishes, publishes, bindings, queue_changes), min_size=1,
-                max_size=25))
-def test_a_remembered_route_sends_what_full_routing_sends(inproc, script):
+@given(script=st.lists(st.one_of(publishes, publishes, bindings, queue_changes), min_size=1,
+                       max_size=25))
+def test_a_remembered_route_sends_what_full_routing_sends(inproc, confirm, script):
     """Each publish goes out twice on channel 1 (the second time by the route it
     remembered) and once on channel 2, which forgets its routes first: the shard
-    gets the same records each time, as bindings and queues change between them."""
+    gets the same records each time (in confirm mode each numbered in its
+    channel's sequence) and the client the same returns and confirms, as bindings
+    and queues change between them."""
     n = next(_examples)
     client = _connected(inproc)
     names = [f"routes{n}.q{i}" for i in range(QUEUES)]
     for name in names:
         client.call(1, m.QueueDeclare(queue=name, exclusive=True), m.QueueDeclareOk)
+    channels = client.conn.channels
+    published = {1: 0, 2: 0}
+    acked: dict[int, set] = {1: set(), 2: set()}  # delivery tags confirmed by the broker
+    if confirm:
+        for channel in (1, 2):
+            client.call(channel, m.ConfirmSelect(), m.ConfirmSelectOk)
     link = inproc.gateway.shards.links[0]
     sent = _recording(link)
-    remembering, forgetting = client.conn.channels[1], client.conn.channels[2]
     try:
         for step in script:
             if step[0] == "publish":
@@ -79,11 +104,21 @@ def test_a_remembered_route_sends_what_full_routing_sends(inproc, script):
                 outcomes = []
                 for channel in (1, 1, 2):
                     if channel == 2:
-                        forgetting._routes.clear()
+                        channels[2]._routes.clear()
                     client.publish(channel, key, b"m", exchange, mandatory, PROPERTIES[kind])
-                    returned = [payload[:4] for kind_, _, payload in client.pending()
-                                if kind_ == frames.FRAME_METHOD]  # basic.return's ids
-                    outcomes.append((list(sent), returned))
+                    published[channel] += 1
+                    answers = []  # the ids of the methods that came, acks aside
+                    for frame in client.pending():
+                        _take(frame, answers, acked)
+                    while confirm and published[channel] not in acked[channel]:
+                        _take(client.next_frame(), answers, acked)  # confirmed after a commit
+                    if confirm:
+                        assert all((record.confirm_channel, record.confirm_seq)
+                                   == (channels[channel].id, published[channel])
+                                   for record in sent), (step, sent)
+                    records = [msgspec.structs.replace(record, confirm_channel=0, confirm_seq=0)
+                               for record in sent]
+                    outcomes.append((records, answers))
                     sent.clear()
                 assert outcomes[0] == outcomes[1] == outcomes[2], (step, outcomes)
             elif step[0] in ("bind", "unbind"):
@@ -95,7 +130,10 @@ def test_a_remembered_route_sends_what_full_routing_sends(inproc, script):
                 name = names[step[1]]
                 client.call(1, m.QueueDelete(queue=name), m.QueueDeleteOk)
                 client.call(1, m.QueueDeclare(queue=name, exclusive=True), m.QueueDeclareOk)
-        assert not remembering.closing and not forgetting.closing
+        assert not channels[1].closing and not channels[2].closing
+        if confirm:  # every publish confirmed, once
+            for channel in (1, 2):
+                assert acked[channel] == set(range(1, published[channel] + 1))
     finally:
         del link.send
 
@@ -212,3 +250,35 @@ def test_a_remembered_route_still_reads_the_properties_the_broker_acts_on(inproc
         BasicProperties(headers={"CC": [other]})))
     inproc.settle()
     assert (_count(client, queue), _count(client, other)) == (3, 1)
+
+
+def test_a_confirm_by_a_remembered_route_waits_for_the_queue_to_take_the_message(inproc):
+    """A full queue that rejects publishes: the publish by a remembered route is
+    nacked, as the first one to the full queue was."""
+    client = _connected(inproc)
+    queue = f"routes.q{next(_examples)}"
+    client.call(1, m.QueueDeclare(queue=queue, exclusive=True, arguments={
+        "x-max-length": 1, "x-overflow": "reject-publish"}), m.QueueDeclareOk)
+    client.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
+    answers = []
+    for tag in (1, 2, 3):
+        client.publish(1, queue, b"m")
+        answers.append(client.next_method()[1])
+    assert [(type(a), a.delivery_tag) for a in answers] == [
+        (m.BasicAck, 1), (m.BasicNack, 2), (m.BasicNack, 3)]
+    assert client.conn.channels[1]._routes, "the channel remembered no route"
+
+
+def test_a_confirm_by_a_remembered_route_to_a_shard_that_is_down_is_a_nack(inproc,
+                                                                            monkeypatch):
+    client = _connected(inproc)
+    queue = _declared(client)
+    client.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
+    _remembered(inproc, client, queue)
+    assert client.expect(1, m.BasicAck).delivery_tag in (1, 2)
+    link = inproc.gateway.shards.links[0]
+    monkeypatch.setattr(link, "alive", False)  # as between its death and its restart
+    client.publish(1, queue, b"lost")
+    while type(method := client.next_method()[1]) is m.BasicAck:
+        assert method.delivery_tag == 2  # the first two, if confirmed one by one
+    assert (type(method), method.delivery_tag) == (m.BasicNack, 3)
