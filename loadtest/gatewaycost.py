@@ -251,10 +251,11 @@ class Bench:
                           for tag in range(1, count)]
 
         async def ping_pong() -> None:
-            for data in inputs:
-                delivered = transport.waiter = self.loop.create_future()
+            for sent, data in enumerate(inputs, 1):
                 transport.give(data)
-                await delivered
+                while channel.next_tag <= sent:  # not delivered yet: wait for a write
+                    transport.waiter = self.loop.create_future()
+                    await transport.waiter
         if self.profiler is not None:
             self.profiler.enable()
         start = _cpu()
