@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from warren.gateway.amqp import frames
-from warren.gateway.amqp.hotpath import ACK_IDS
 from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.hotpath import ACK_IDS
 from warren.gateway.amqp.properties import BasicProperties, encode_properties
 from warren.shards import records as r
 
@@ -155,6 +155,14 @@ def _remembered(inproc, client, queue: str, properties: bytes = b"\x00\x00") -> 
     assert channel._routes, "the channel remembered no route"
 
 
+def _remembering(inproc, **handshake):
+    """A client, and a queue its channel 1 has published to until it remembers the route."""
+    client = _connected(inproc, **handshake)
+    queue = _declared(client)
+    _remembered(inproc, client, queue)
+    return client, queue
+
+
 def _count(client, queue: str) -> int:
     return client.call(2, m.QueueDeclare(queue=queue, passive=True),
                        m.QueueDeclareOk).message_count
@@ -180,9 +188,7 @@ def test_a_remembered_route_is_refused_once_write_permission_is_gone(inproc):
 
 
 def test_a_remembered_route_follows_the_queue_it_named_away_and_back(inproc):
-    client = _connected(inproc)
-    queue = _declared(client)
-    _remembered(inproc, client, queue)
+    client, queue = _remembering(inproc)
     client.call(2, m.QueueDelete(queue=queue), m.QueueDeleteOk)
     client.publish(1, queue, b"dropped")  # to no queue: dropped (not mandatory)
     client.call(2, m.QueueDeclare(queue=queue, exclusive=True), m.QueueDeclareOk)
@@ -194,18 +200,14 @@ def test_a_remembered_route_follows_the_queue_it_named_away_and_back(inproc):
 
 
 def test_confirm_mode_after_a_remembered_route_confirms_each_publish(inproc):
-    client = _connected(inproc)
-    queue = _declared(client)
-    _remembered(inproc, client, queue)
+    client, queue = _remembering(inproc)
     client.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
     client.publish(1, queue, b"confirmed")
     assert client.expect(1, m.BasicAck).delivery_tag == 1
 
 
 def test_a_transaction_after_a_remembered_route_holds_its_publishes_to_commit(inproc):
-    client = _connected(inproc)
-    queue = _declared(client)
-    _remembered(inproc, client, queue)
+    client, queue = _remembering(inproc)
     client.call(1, m.TxSelect(), m.TxSelectOk)
     client.publish(1, queue, b"in the transaction")
     inproc.settle()
@@ -215,9 +217,7 @@ def test_a_transaction_after_a_remembered_route_holds_its_publishes_to_commit(in
 
 
 def test_an_alarm_blocks_a_publisher_whose_route_is_remembered(inproc):
-    client = _connected(inproc, capabilities={"connection.blocked": True})
-    queue = _declared(client)
-    _remembered(inproc, client, queue)
+    client, queue = _remembering(inproc, capabilities={"connection.blocked": True})
     alarms = inproc.gateway.alarms
     alarms.set(("gateway", "memory"), True)
     try:
@@ -232,9 +232,7 @@ def test_an_alarm_blocks_a_publisher_whose_route_is_remembered(inproc):
 
 
 def test_a_message_over_the_size_limit_is_refused_after_a_remembered_route(inproc):
-    client = _connected(inproc)
-    queue = _declared(client)
-    _remembered(inproc, client, queue)
+    client, queue = _remembering(inproc)
     client.conn.channels[1].assembler.max_size = 10
     client.publish(1, queue, b"x" * 11)
     assert client.expect(1, m.ChannelClose) == m.ChannelClose(
