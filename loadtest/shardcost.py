@@ -13,6 +13,12 @@ from /proc), fsyncs per message, messages per commit and the confirm latency
 distribution. CPU time per message holds on a loaded machine where rates do
 not; the load average is printed beside it.
 
+With `--round-trip`, the driver publishes transient messages one at a time to
+an autoack consumer and waits for each delivery before the next: one message a
+shard turn, the shape of a steady rate, where the turn's own cost (waking,
+reading the ring, the loop's bookkeeping, writing the events, sleeping) is most
+of what a message costs.
+
 With `--profile`, the shard runs under cProfile with a per-thread CPU clock
 (its loop and the committer thread each profiled, then merged), and the top
 functions by self time are printed.
@@ -108,6 +114,7 @@ class Driver:
         self.nacked = 0
         self.to_ack: deque[tuple[float, int]] = deque()  # (when to ack, seq)
         self.ack_delay = 0.0
+        self.no_ack = False  # the consumer's (round_trip's is autoack)
         self.delivered = 0
         self.acked = 0
         self.turns = 0  # shard turns that took commands (one Progress each)
@@ -126,7 +133,9 @@ class Driver:
         for event in events:
             kind = type(event)
             if kind is r.Deliver:
-                self.to_ack.append((now + self.ack_delay, event.seq))
+                self.delivered += 1
+                if not self.no_ack:
+                    self.to_ack.append((now + self.ack_delay, event.seq))
             elif kind is r.Confirmed or kind is r.Rejected:
                 for seq in event.seqs:
                     self.latencies.append(now - self.sent_at.pop(seq))
@@ -191,6 +200,25 @@ class Driver:
             self.poll(max(0.0, self.to_ack[0][0] - time.monotonic()) if self.to_ack else 1.0)
         return time.monotonic() - started
 
+    def round_trip(self, messages: int, body: bytes) -> float:
+        """Publish `messages` transient messages one at a time to a queue with an
+        autoack consumer, each delivered before the next goes: a steady rate's
+        shape, one message a turn. The seconds it took."""
+        self.no_ack = True
+        spec = QueueSpec("/", "shardcost", False, False, False, {})
+        self.request(r.CreateQueue(1, QID, spec, spec.arguments))
+        self.request(r.Consume(2, QID, HOLDER, CHANNEL, "c", True, False, 0, FLOW_WINDOW))
+        publish = r.Publish([QID], "", "shardcost", b"\x00\x00", body, False)
+        started = time.monotonic()
+        for sent in range(1, messages + 1):
+            self.send([publish] if sent % (FLOW_WINDOW // 2) else
+                      [r.Grant(QID, HOLDER, FLOW_WINDOW // 2), publish])  # window back
+            while self.delivered < sent:
+                if self.process.poll() is not None:
+                    raise RuntimeError("the shard exited")
+                self.poll(1.0)
+        return time.monotonic() - started
+
     def stop(self) -> None:
         self.send([r.Stop()])
         try:
@@ -218,7 +246,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def measure(messages: int, window: int, prefetch: int, body_size: int, ack_delay: float,
-            profile: str | None = None) -> dict:
+            profile: str | None = None, round_trip: bool = False) -> dict:
     data_dir = tempfile.mkdtemp(prefix="warren-shardcost-")
     try:
         driver = Driver(data_dir, profile)
@@ -226,7 +254,10 @@ def measure(messages: int, window: int, prefetch: int, body_size: int, ack_delay
             before = driver.info()
             pid = driver.process.pid
             cpu, (loop_user, loop_system) = tree_cpu([pid]), thread_cpu(pid, pid)
-            seconds = driver.run(messages, window, prefetch, b"x" * body_size, ack_delay)
+            if round_trip:
+                seconds = driver.round_trip(messages, b"x" * body_size)
+            else:
+                seconds = driver.run(messages, window, prefetch, b"x" * body_size, ack_delay)
             cpu = tree_cpu([pid]) - cpu
             user, system = thread_cpu(pid, pid)
             loop_user, loop_system = user - loop_user, system - loop_system
@@ -298,6 +329,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--body-size", type=int, default=100)
     parser.add_argument("--ack-delay", type=float, default=5.0,
                         help="milliseconds from a delivery to its ack")
+    parser.add_argument("--round-trip", action="store_true",
+                        help="transient messages one at a time to an autoack consumer, "
+                        "each delivered before the next (the other options but "
+                        "--messages and --body-size do not apply)")
     parser.add_argument("--profile", metavar="FILE", help="profile the shard into FILE")
     parser.add_argument("--top", type=int, default=15, help="profile lines to print")
     parser.add_argument("--json", action="store_true", help="one JSON line")
@@ -313,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
             serve(spec)
         return
     result = measure(args.messages, args.window, args.prefetch, args.body_size,
-                     args.ack_delay / 1000, args.profile)
+                     args.ack_delay / 1000, args.profile, args.round_trip)
     if args.json:
         print(json.dumps(result))
     else:

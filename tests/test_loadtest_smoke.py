@@ -137,3 +137,17 @@ def test_gatewaycost_measures_every_path_and_profiles():
         "round-trip-autoack", "round-trip-manual-ack"]
     assert all(float(cost[1]) > 0 for cost in costs)
     assert run.stdout.count("tottime") == len(costs)
+
+
+def test_shardcost_round_trip_delivers_each_message_in_a_turn_of_its_own():
+    """`python -m warren.loadtest.shardcost --round-trip` plays the gateway to a real
+    shard one message at a time: every message is delivered, one per shard turn,
+    and the shard's CPU per message is reported."""
+    run = subprocess.run([sys.executable, "-m", "warren.loadtest.shardcost", "--round-trip",
+                          "--messages", "300", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.splitlines()[-1])
+    assert result["messages"] == 300 and result["nacked"] == 0, result
+    assert result["msgs_per_turn"] == 1.0, result
+    assert result["shard_cpu_us_per_msg"] > 0, result
