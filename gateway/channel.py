@@ -77,7 +77,7 @@ class Channel(Declarations, Consuming, Publishing):
         self._waiting = False
         self._backlog: deque = deque()
         self._running = None  # the method being handled (a shard request's errors name it)
-        self._routes: dict = {}  # method payload -> publishing.Route
+        self._routes = conn.routes  # shared by the connection's channels
         if not self.gateway.authority:  # declarations run on gateway 0
             self._handlers = Channel._forwarding_handlers
         self.gateway.totals.channels_opened += 1

@@ -88,6 +88,9 @@ class Connection(asyncio.BufferedProtocol):
         # (this turn's share of input is used up; the rest waits in the reader).
         self._paused_by: set = set()
         self.has_published = False
+        # method payload -> publishing.Route: where its channels' publishes went (one
+        # user, one vhost: a route holds for every channel of the connection)
+        self.routes: dict = {}
         self.exclusive_queues: set = set()  # QueueMeta of the exclusive queues it owns
         # counted by gateway 0 (on another gateway): every connection that opened,
         # so the one that may declare, own exclusive queues and count against limits

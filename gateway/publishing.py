@@ -42,16 +42,17 @@ _DELIVERY_MODE = flag_mask("delivery_mode")
 _BEFORE_DELIVERY_MODE = (flag_mask("content_type") | flag_mask("content_encoding") | _HEADERS
                          | 1)
 _LOOK_UP = object()  # _route's default: find the exchange by name
-# Routes a channel remembers (see Route); a publisher that keeps changing its
-# routing key starts again from none when it has this many.
-ROUTES_KEPT = 1024
+# Routes a connection remembers (see Route), a few hundred bytes each at most; a
+# publisher that keeps changing its routing key starts again from none when it has
+# this many.
+ROUTES_KEPT = 256
 
 
 class Route:
-    """Where a publish went, kept by its channel under the publish's method payload
-    (exchange, routing key, flags): the next one like it, with no property the
-    broker acts on, goes to the same queues without the lookups and checks
-    (handle_publish). Valid while the catalogue and the permissions stay as they
+    """Where a publish went, kept by its connection under the publish's method
+    payload (exchange, routing key, flags): the next one like it on any of its
+    channels, with no property the broker acts on, goes to the same queues without
+    the lookups and checks (handle_publish). Valid while the catalogue and the permissions stay as they
     were (Gateway.epoch); shards by index, as a restarted shard gets a new link."""
 
     __slots__ = ("epoch", "exchange", "routing_key", "sends", "shards")
@@ -81,7 +82,7 @@ class Publishing:
 
     def handle_publish(self, payload: bytes, properties: bytes, body: bytes) -> None:
         """A whole publish (method payload, properties, body) arrived at once. One
-        whose route this channel knows goes straight to its shards: what _publish
+        whose route its connection knows goes straight to its shards: what _publish
         and _route would do for it outside a transaction, with no expiration,
         priority, reply-to or headers. (Its connection has published, so a resource
         alarm holds it before it reads: block_publishing.)"""
@@ -127,7 +128,7 @@ class Publishing:
 
     def _publish(self, method: hotpath.Publish, properties: bytes, body: bytes,
                  payload: bytes | None = None) -> None:
-        """`payload`: the method's, under which the channel may remember its route."""
+        """`payload`: the method's, under which the connection may remember its route."""
         if method.immediate:
             raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true",
                             method.CLASS_ID, method.METHOD_ID)

@@ -1,4 +1,4 @@
-"""The routes a channel remembers (gateway/publishing.py, Route), in-process
+"""The routes a connection remembers (gateway/publishing.py, Route), in-process
 (tests/inproc.py): a publish like an earlier one goes where the full routing
 would send it now, whatever changed in between (bindings, queues, permissions,
 the channel's mode, a resource alarm, the message's own properties)."""
@@ -17,6 +17,7 @@ from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.hotpath import ACK_IDS
 from warren.gateway.amqp.properties import BasicProperties, encode_properties
+from warren.gateway.publishing import ROUTES_KEPT
 from warren.shards import records as r
 
 QUEUES = 3
@@ -78,8 +79,8 @@ def _connected(inproc, **handshake):
 @given(script=st.lists(st.one_of(publishes, publishes, bindings, queue_changes), min_size=1,
                        max_size=25))
 def test_a_remembered_route_sends_what_full_routing_sends(inproc, confirm, script):
-    """Each publish goes out twice on channel 1 (the second time by the route it
-    remembered) and once on channel 2, which forgets its routes first: the shard
+    """Each publish goes out twice on channel 1 (the second time by the route the
+    connection remembered) and once on channel 2 with the routes forgotten: the shard
     gets the same records each time (in confirm mode each numbered in its
     channel's sequence) and the client the same returns and confirms, as bindings
     and queues change between them."""
@@ -104,7 +105,7 @@ def test_a_remembered_route_sends_what_full_routing_sends(inproc, confirm, scrip
                 outcomes = []
                 for channel in (1, 1, 2):
                     if channel == 2:
-                        channels[2]._routes.clear()
+                        client.conn.routes.clear()
                     client.publish(channel, key, b"m", exchange, mandatory, PROPERTIES[kind])
                     published[channel] += 1
                     answers = []  # the ids of the methods that came, acks aside
@@ -152,7 +153,7 @@ def _remembered(inproc, client, queue: str, properties: bytes = b"\x00\x00") -> 
     for _ in range(2):
         client.publish(1, queue, b"m", properties=properties)
     inproc.settle()
-    assert channel._routes, "the channel remembered no route"
+    assert channel._routes, "the connection remembered no route"
 
 
 def _remembering(inproc, **handshake):
@@ -264,7 +265,7 @@ def test_a_confirm_by_a_remembered_route_waits_for_the_queue_to_take_the_message
         answers.append(client.next_method()[1])
     assert [(type(a), a.delivery_tag) for a in answers] == [
         (m.BasicAck, 1), (m.BasicNack, 2), (m.BasicNack, 3)]
-    assert client.conn.channels[1]._routes, "the channel remembered no route"
+    assert client.conn.routes, "the connection remembered no route"
 
 
 def test_a_confirm_by_a_remembered_route_to_a_shard_that_is_down_is_a_nack(inproc,
@@ -280,3 +281,14 @@ def test_a_confirm_by_a_remembered_route_to_a_shard_that_is_down_is_a_nack(inpro
     while type(method := client.next_method()[1]) is m.BasicAck:
         assert method.delivery_tag == 2  # the first two, if confirmed one by one
     assert (type(method), method.delivery_tag) == (m.BasicNack, 3)
+
+
+def test_a_connection_remembers_a_bounded_number_of_routes(inproc):
+    """A publisher that changes its routing key with every message (each to no
+    queue) costs the gateway at most ROUTES_KEPT routes."""
+    client = _connected(inproc)
+    for n in range(ROUTES_KEPT + 10):
+        client.publish(1 + n % 2, f"nowhere.{n}", b"m")
+    inproc.settle()
+    assert 0 < len(client.conn.routes) <= ROUTES_KEPT
+    assert client.pending() == []  # dropped, as unroutable publishes are
