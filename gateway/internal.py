@@ -27,6 +27,7 @@ class InternalConnection:
         self.capabilities = {"publisher_confirms": True, "basic.nack": True}
         self.frame_max = gateway.config.frame_max
         self.has_published = False
+        self.routes: dict = {}  # a channel's publishing.Route memory (Connection.routes)
         self.owed_confirms: set = set()
         self.owed_grants: set = set()
         self.exclusive_queues: set = set()
