@@ -3,7 +3,7 @@
 `python -m warren.loadtest.gatewaycost` runs a Gateway with one real shard
 process in this process's loop and drives one real Connection over an in-memory
 transport with pipelined publishes (100-byte bodies, one queue) and consumers.
-It reports this process's user CPU time per message for each
+It reports this process's CPU time (time.process_time) per message for each
 path: the shard's work is in its own process and not counted, and the client's
 bytes are built before the clock starts. CPU time, not wall time, so the numbers
 hold on a loaded machine. `--profile` prints cProfile's top functions by self time.
@@ -25,7 +25,6 @@ import cProfile
 import io
 import logging
 import pstats
-import resource
 import tempfile
 import time
 
@@ -40,13 +39,6 @@ from warren.gateway.gateway import Gateway
 from warren.gateway.tlshandshake import feed
 
 QUEUE = "gatewaycost"
-
-
-def _cpu() -> float:
-    """This process's user CPU seconds: the Python work measured. The kernel's share
-    (socket-less here, but the shard's doorbells and the scheduler's switches)
-    varies with where the scheduler puts the two processes, run to run."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
 BODY = b"x" * 100
 CHUNK = 65536  # bytes read into the connection at once, as uvloop's socket read would
 TIMEOUT = 120.0
@@ -142,10 +134,10 @@ class Bench:
         `done()`; then the connection, checked to have stayed open, is hung up."""
         if self.profiler is not None:
             self.profiler.enable()
-        start = _cpu()
+        start = time.process_time()
         transport.give(data)
         self.run(done)
-        spent = _cpu() - start
+        spent = time.process_time() - start
         if self.profiler is not None:
             self.profiler.disable()
         if conn.state != OPEN or conn.channels[1].closing:
@@ -258,9 +250,9 @@ class Bench:
                     await transport.waiter
         if self.profiler is not None:
             self.profiler.enable()
-        start = _cpu()
+        start = time.process_time()
         self.loop.run_until_complete(asyncio.wait_for(ping_pong(), TIMEOUT))
-        spent = _cpu() - start
+        spent = time.process_time() - start
         if self.profiler is not None:
             self.profiler.disable()
         if conn.state != OPEN or channel.next_tag != count + 1:
