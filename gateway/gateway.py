@@ -86,6 +86,18 @@ def placement(vhost: str, name: str, shards: int) -> int:
     return xxhash.xxh64_intdigest(f"{vhost}\0{name}".encode()) % shards
 
 
+def by_shard(targets: list[QueueMeta]) -> tuple[tuple[int, list[int]], ...]:
+    """Queues grouped by their shard, in the order first met: (shard, qids), one
+    publish record each."""
+    if len(targets) == 1:  # the common case: nothing to group
+        meta = targets[0]
+        return ((meta.shard, [meta.qid]),)
+    grouped: dict[int, list[int]] = {}
+    for meta in targets:
+        grouped.setdefault(meta.shard, []).append(meta.qid)
+    return tuple(grouped.items())
+
+
 def server_generated_name(prefix: str) -> str:
     return prefix + secrets.token_urlsafe(16)
 
@@ -674,27 +686,22 @@ class Gateway:
                 priority: int, confirm_channel: int = 0, seq: int = 0, tracker=None,
                 feeder=None) -> None:
         """Send a message to the shards of its queues, one record per shard."""
-        if len(targets) == 1:  # the common case: nothing to group
-            meta = targets[0]
-            link = self.shards[meta.shard]
+        self.publish_to(by_shard(targets), exchange, routing_key, properties, body, persistent,
+                        expiration, priority, confirm_channel, seq, tracker, feeder)
+
+    def publish_to(self, sends: tuple, exchange: str, routing_key: str, properties: bytes,
+                   body: bytes, persistent: bool, expiration: int, priority: int,
+                   confirm_channel: int = 0, seq: int = 0, tracker=None,
+                   feeder=None) -> None:
+        """publish, with its queues already grouped (by_shard)."""
+        links = self.shards.links
+        for shard, qids in sends:
+            link = links[shard]
             if link.alive:
-                link.send(r.Publish([meta.qid], exchange, routing_key, properties, body,
-                                    persistent, confirm_channel, seq, expiration, priority),
-                          feeder)
+                link.send(r.Publish(qids, exchange, routing_key, properties, body, persistent,
+                                    confirm_channel, seq, expiration, priority), feeder)
             elif tracker is not None:  # between a shard's death and its restart
-                tracker.reject(seq, meta.shard)
-            return
-        by_shard: dict[int, list[int]] = {}
-        for meta in targets:
-            by_shard.setdefault(meta.shard, []).append(meta.qid)
-        for shard, qids in by_shard.items():
-            link = self.shards[shard]
-            if not link.alive:  # between a shard's death and its restart
-                if tracker is not None:
-                    tracker.reject(seq, shard)
-                continue
-            link.send(r.Publish(qids, exchange, routing_key, properties, body, persistent,
-                                confirm_channel, seq, expiration, priority), feeder)
+                tracker.reject(seq, shard)
 
     def _queue_deleted_by_shard(self, shard: int, qid: int) -> None:
         meta = self.queues_by_qid.get(qid)

@@ -24,7 +24,7 @@ from .assembly import BASIC_CLASS
 from .confirms import ConfirmTracker
 from .errors import AMQPError, exchange_name
 from .exchange import RENEW_EXCHANGE
-from .gateway import QueueMeta
+from .gateway import QueueMeta, by_shard
 from .transaction import Transaction, TxPublish
 
 _EXPIRATION = flag_mask("expiration")
@@ -61,11 +61,8 @@ class Route:
         self.epoch = epoch
         self.exchange = exchange
         self.routing_key = routing_key
-        by_shard: dict[int, list[int]] = {}
-        for meta in targets:
-            by_shard.setdefault(meta.shard, []).append(meta.qid)
-        self.sends = tuple(by_shard.items())  # (shard, qids): one record each; () drops it
-        self.shards = tuple(by_shard)  # whose acceptance a confirm waits for
+        self.sends = by_shard(targets)  # (shard, qids): one record each; () drops it
+        self.shards = tuple(shard for shard, _ in self.sends)  # a confirm waits for these
 
 
 def _persistent(properties: bytes) -> bool:
@@ -106,15 +103,9 @@ class Publishing:
                     totals.received_confirm += 1
                 if route.sends:
                     totals.routed += 1
-                    links = gateway.shards.links
-                    for shard, qids in route.sends:
-                        link = links[shard]
-                        if link.alive:
-                            link.send(r.Publish(qids, route.exchange, route.routing_key,
-                                                properties, body, persistent, channel, seq, -1,
-                                                0), self.conn)
-                        elif seq:  # between a shard's death and its restart
-                            tracker.reject(seq, shard)
+                    gateway.publish_to(route.sends, route.exchange, route.routing_key,
+                                       properties, body, persistent, -1, 0, channel, seq,
+                                       tracker, self.conn)
                 else:
                     totals.unroutable_dropped += 1
                 if seq and tracker.has_answers():
@@ -273,7 +264,7 @@ class Publishing:
             self.gateway.publish(targets, method.exchange, routing_key, properties, body,
                                 persistent, expiration, priority,
                                 self.id if seq else 0, seq, tracker if seq else None, self.conn)
-        if payload is not None and tracker is self.confirms and (targets or not method.mandatory):
+        if payload is not None and (targets or not method.mandatory):  # (never in a tx)
             if len(self._routes) >= ROUTES_KEPT:
                 self._routes.clear()
             self._routes[payload] = Route(self.gateway.epoch, method.exchange, routing_key,
