@@ -153,6 +153,8 @@ class Persister:
 
     def writes_due(self, now: float) -> bool:
         """Writes to commit now: none before the retry time after a refusal."""
+        if not self._batches and self.checkpoint_at is None:  # every turn of a transient load
+            return False
         return self.has_writes(now) and (self.retry_at is None or now >= self.retry_at)
 
     def begin_commit(self) -> "PendingCommit":
@@ -255,9 +257,14 @@ class Persister:
 
     def fill(self, events: list) -> None:
         """Read back the content of stored messages that go out in these events."""
-        wanted = [e for e in events
-                  if (type(e) is r.Deliver or type(e) is r.GetReply or type(e) is r.DeadLettered)
-                  and e.body is None]
+        wanted = []  # a loop, not a comprehension: this runs every turn
+        for e in events:
+            kind = type(e)
+            if (kind is r.Deliver or kind is r.GetReply or kind is r.DeadLettered) \
+                    and e.body is None:
+                wanted.append(e)
+        if not wanted:
+            return
         by_store: dict[ShardStore, list] = {}
         for event in wanted:
             by_store.setdefault(self._store_of.get(event.qid, self.home), []).append(event)

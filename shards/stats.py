@@ -41,7 +41,7 @@ class StatsLog:
         self.backups = backups
         self._encode = msgspec.json.Encoder().encode
         self._lines: queue_module.SimpleQueue = queue_module.SimpleQueue()
-        self._next_stats = 0.0
+        self.next_at = 0.0  # when tick() next writes (the loop asks before calling it)
         self._writer = threading.Thread(target=self._write_lines, name=f"stats-{shard}",
                                         daemon=True)
         self._writer.start()
@@ -55,9 +55,9 @@ class StatsLog:
     def tick(self, now: float, queues, commits, force: bool = False) -> None:
         """Write the interval's records when the interval has passed (or `force`,
         on stop); cheap otherwise. `commits` is the shard's GroupCommit."""
-        if now < self._next_stats and not force:
+        if now < self.next_at and not force:
             return
-        self._next_stats = now + self.interval
+        self.next_at = now + self.interval
         for q in queues:
             counters = q.counters
             record = {"v": SCHEMA_VERSION, "type": "queue_stats", "ts": now,
