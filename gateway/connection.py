@@ -72,6 +72,8 @@ class Connection(asyncio.BufferedProtocol):
         self.heartbeat = config.heartbeat
         self.state = AWAIT_HEADER
         self.reader = FrameReader(self.frame_max)
+        # The transport asks the reader for room itself: one Python frame less a read.
+        self.get_buffer = self.reader.get_buffer
         self.channels: dict[int, Channel] = {}
         self.capabilities: dict = {}
         self.client_properties: dict = {}
@@ -138,9 +140,6 @@ class Connection(asyncio.BufferedProtocol):
         for link in self.gateway.shards:
             link.forget(self)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.reader.get_buffer(sizehint)
-
     def buffer_updated(self, nbytes: int) -> None:
         # The transport holds the buffer until this returns: the reader is not
         # resized here (nor by what handles the frames).
@@ -170,6 +169,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             if self.state == AWAIT_HEADER and not self._read_protocol_header():
                 return
+            self.gateway.shards.gather()  # sent below, at the end of this input
             budget = FRAMES_PER_TURN
             reader = self.reader
             while self.state != CLOSED and not self._paused_by:
@@ -208,7 +208,9 @@ class Connection(asyncio.BufferedProtocol):
         if self.state >= CLOSING:  # after connection.close only the closing methods go out
             return
         self._out.append(data)
-        self.schedule_flush()
+        if not self._flush_scheduled:  # schedule_flush, without its frame (every delivery)
+            self._flush_scheduled = True
+            self.gateway.flush_soon(self)
 
     def send_uncopied(self, parts: list) -> None:
         """Like send, for pieces that go out back to back by writev, never joined:
@@ -251,7 +253,8 @@ class Connection(asyncio.BufferedProtocol):
                 self.send_oct += len(data)
             self.send_cnt += 1
             self._last_sent = time.monotonic()
-        self._grant_credit()
+        if self.owed_grants:
+            self._grant_credit()
 
     def _grant_credit(self) -> None:
         if self._writing_paused or not self.owed_grants:

@@ -584,7 +584,8 @@ class Gateway:
     def poll_shards(self) -> None:
         """Take in the shards' waiting events (deliveries, confirms, credit) and
         write out what they produced, now."""
-        self.shards.poll()
+        for link in self.shards.links:  # ShardPool.poll, without its frame (every input)
+            link.poll()
         if self._dirty:
             self.flush_output()
 
@@ -605,7 +606,10 @@ class Gateway:
         """Hand a shard's events to their channels. A failure while handling one
         closes the connection it concerns (or is logged, if it concerns none) and
         the rest of the batch goes on: one client's trouble never stops a shard's
-        events for everyone."""
+        events for everyone. What they produce is written at the end, not in a loop
+        callback of its own (unless one is due anyway)."""
+        writes_here = not self._flush_pending
+        self._flush_pending = True
         holders = self.holders
         for event in events:
             kind = type(event)
@@ -655,6 +659,8 @@ class Gateway:
                 else:
                     log.error("shard %d event %s failed", link.index, kind.__name__,
                               exc_info=error)
+        if writes_here:
+            self.flush_output()
 
     def _dead_letter(self, event: r.DeadLettered) -> None:
         """Republish a dead-lettered message to its queue's dead-letter exchange,

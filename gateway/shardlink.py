@@ -195,7 +195,7 @@ class ShardLink:
             return
         if lazy and not self._batch:
             self._lazy_until = self._loop.call_later(SETTLE_DELAY, self._lazy_due)
-        elif not lazy:
+        elif not lazy and self._lazy_until is not None:
             self._stop_waiting()
         if self._lazy_until is not None:
             self.lazy_acks += len(record.seqs)
@@ -222,6 +222,17 @@ class ShardLink:
     def _lazy_due(self) -> None:
         self._stop_waiting()
         self.flush()
+
+    def flush_owed(self) -> None:
+        """The caller flushes (flush_now) before its turn ends: records sent meanwhile
+        schedule no flush of their own."""
+        self._flush_scheduled = True
+
+    def flush_now(self) -> None:
+        """Send the records gathered so far (not lazy acks that may wait)."""
+        self._flush_scheduled = False
+        if self._batch and self._lazy_until is None:
+            self.flush()
 
     def has_batch(self) -> bool:
         """Records that go at the end of this turn (not lazy acks that may wait)."""
@@ -272,7 +283,8 @@ class ShardLink:
             for conn, count in unreturned.popleft()[1].items():
                 if conn in credit:
                     credit[conn] += count
-        self._release_held()
+        if self.paused:
+            self._release_held()
 
     def _ring_full(self) -> None:
         for conn in self._feeds_in_flight():
