@@ -35,12 +35,13 @@ class Assembler:
     A publish over `max_size` comes back with an AMQPError as its method, to be
     raised in its turn: its body is counted, never kept."""
 
-    __slots__ = ("max_size", "_method", "_properties", "_size", "_content", "_received",
+    __slots__ = ("max_size", "method", "_properties", "_size", "_content", "_received",
                  "_awaiting_header")
 
     def __init__(self, max_size: int):
         self.max_size = max_size
-        self._method = None  # the publish whose content is arriving
+        self.method = None  # the publish whose content is arriving (None: idle, the next
+        # frame must be a method)
         self._properties = b""
         self._size = 0
         # A body in one frame is that frame's payload; one in several frames is
@@ -50,13 +51,9 @@ class Assembler:
         self._received = 0
         self._awaiting_header = False
 
-    def idle(self) -> bool:
-        """No command is half assembled: the next frame must be a method."""
-        return self._method is None
-
     def whole_publish(self, payload: bytes, properties: bytes, body: bytes) -> tuple:
         """A basic.publish whose frames came whole and in order (FrameReader.next_publish),
-        assembled without feeding them one by one; only while idle()."""
+        assembled without feeding them one by one; only while idle (method is None)."""
         try:
             method = hotpath.parse_publish(payload)
         except m.MalformedMethod:
@@ -77,7 +74,7 @@ class Assembler:
         raise AMQPError(spec.FRAME_ERROR, f"unexpected frame type {frame_type}")
 
     def _method_frame(self, payload: bytes) -> tuple | None:
-        if self._method is not None:
+        if self.method is not None:
             raise self._out_of_turn()
         ids = payload[:4]
         if ids == hotpath.ACK_IDS and len(payload) == hotpath.ACK_SIZE:
@@ -94,7 +91,7 @@ class Assembler:
         if type(method) is not hotpath.Publish and type(method) is not m.BasicPublish:
             raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME}",
                             method.CLASS_ID, method.METHOD_ID)
-        self._method = method
+        self.method = method
         self._awaiting_header = True
         return None
 
@@ -110,7 +107,7 @@ class Assembler:
                             f"class {class_id} instead", BASIC_CLASS, m.BasicPublish.METHOD_ID)
         self._awaiting_header = False
         if size > self.max_size:
-            self._method = AMQPError(
+            self.method = AMQPError(
                 spec.PRECONDITION_FAILED, f"message size {size} is larger than configured "
                 f"max size {self.max_size}", BASIC_CLASS, m.BasicPublish.METHOD_ID)
         self._properties = properties
@@ -120,13 +117,13 @@ class Assembler:
         return self._complete() if size == 0 else None
 
     def _body(self, payload: bytes) -> tuple | None:
-        if self._method is None or self._awaiting_header:
+        if self.method is None or self._awaiting_header:
             raise self._out_of_turn()
         start = self._received
         self._received = end = start + len(payload)
         if end > self._size:
             raise AMQPError(spec.FRAME_ERROR, "content body larger than its header announced")
-        if type(self._method) is not AMQPError:
+        if type(self.method) is not AMQPError:
             if end == self._size and not start:
                 self._content = payload
             else:
@@ -138,7 +135,7 @@ class Assembler:
     def _out_of_turn(self) -> AMQPError:
         """A frame of the wrong type for the state, in RabbitMQ's words
         (rabbit_command_assembler); inside a publish's content, naming the publish."""
-        if self._method is None:
+        if self.method is None:
             return AMQPError(spec.UNEXPECTED_FRAME,
                              "expected method frame, got non method frame instead")
         if self._awaiting_header:
@@ -149,7 +146,7 @@ class Assembler:
         return AMQPError(spec.UNEXPECTED_FRAME, text, BASIC_CLASS, m.BasicPublish.METHOD_ID)
 
     def _complete(self) -> tuple:
-        command = (self._method, self._properties, self._content)
-        self._method = None
+        command = (self.method, self._properties, self._content)
+        self.method = None
         self._content = b""
         return command

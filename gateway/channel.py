@@ -105,7 +105,7 @@ class Channel(Declarations, Consuming, Publishing):
     def handle_frame(self, frame_type: int, payload: bytes) -> None:
         if (frame_type == frames.FRAME_METHOD and len(payload) == hotpath.ACK_SIZE
                 and payload[:4] == hotpath.ACK_IDS and not self._waiting
-                and self.assembler.idle()):
+                and self.assembler.method is None):
             # basic.ack, a consumer's every message: what feed, _command and
             # handle_method would do, without the layers.
             self._running = ack = hotpath.parse_ack(payload)

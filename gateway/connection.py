@@ -165,11 +165,10 @@ class Connection(asyncio.BufferedProtocol):
         """Handle this turn's share of the buffered frames, after the shards' events
         (taken in and written out first); what it produces goes to the shards at once,
         so a consumer's acks are not a loop turn late."""
-        self.gateway.poll_shards()
+        self.gateway.take_shard_events()
         try:
             if self.state == AWAIT_HEADER and not self._read_protocol_header():
                 return
-            self.gateway.shards.gather()  # sent below, at the end of this input
             budget = FRAMES_PER_TURN
             reader = self.reader
             while self.state != CLOSED and not self._paused_by:
@@ -193,7 +192,8 @@ class Connection(asyncio.BufferedProtocol):
             self.close_with_error(error)
         except Exception as error:
             self.fail(error)
-        self.gateway.shards.send()
+        finally:
+            self.gateway.shards.send()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -410,7 +410,7 @@ class Connection(asyncio.BufferedProtocol):
         """A whole publish taken from the reader at once; as its frames one by one
         would be, unless it is for an open channel that waits for no content."""
         ch = self.channels.get(channel)
-        if ch is None or ch.closing or self.state != OPEN or not ch.assembler.idle():
+        if ch is None or ch.closing or self.state != OPEN or ch.assembler.method is not None:
             self._handle_frame(frames.FRAME_METHOD, channel, payload)
             self._handle_frame(frames.FRAME_HEADER, channel,
                                frames.content_header(len(body), properties))

@@ -581,10 +581,13 @@ class Gateway:
 
     # -- events from shards ----------------------------------------------------
 
-    def poll_shards(self) -> None:
-        """Take in the shards' waiting events (deliveries, confirms, credit) and
-        write out what they produced, now."""
-        for link in self.shards.links:  # ShardPool.poll, without its frame (every input)
+    def take_shard_events(self) -> None:
+        """Before a connection's input: take in the shards' waiting events
+        (deliveries, confirms, credit) and write out what they produced, now. What
+        is sent to the shards from here goes at the end of the input (shards.send()),
+        without a loop callback of its own."""
+        for link in self.shards.links:  # (no ShardPool method: one frame less a read)
+            link.flush_scheduled = True
             link.poll()
         if self._dirty:
             self.flush_output()

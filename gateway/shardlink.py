@@ -64,7 +64,9 @@ class ShardLink:
         self._loop = asyncio.get_running_loop()
         self._batch: list = []
         self._pending: list = []  # encoded batches waiting for ring space
-        self._flush_scheduled = False
+        # A flush is coming: a loop callback, or a caller's that set this (the end of a
+        # connection's input, Gateway.take_shard_events): send() schedules none then.
+        self.flush_scheduled = False
         self._lazy_until: asyncio.TimerHandle | None = None  # a batch of lazy acks only
         self.lazy_acks = 0  # deliveries those acks settle
         self._feeds: dict = {}  # connection -> publishes in the batch being gathered
@@ -206,10 +208,11 @@ class ShardLink:
                 last.seqs.extend(record.seqs)  # a run of acks: one record, as one multiple ack
                 return
         self._batch.append(record)
-        if feeder is not None:  # a publish: it spends its connection's credit
-            self._feeds[feeder] = self._feeds.get(feeder, 0) + r.credit_cost(record)
-        if not self._flush_scheduled and self._lazy_until is None:
-            self._flush_scheduled = True
+        if feeder is not None:  # a publish: it spends its connection's credit (credit_cost)
+            cost = r.PERSISTENT_COST if record.persistent else 1
+            self._feeds[feeder] = self._feeds.get(feeder, 0) + cost
+        if not self.flush_scheduled and self._lazy_until is None:
+            self.flush_scheduled = True
             self._loop.call_soon(self.flush)
 
     def _stop_waiting(self) -> None:
@@ -223,23 +226,9 @@ class ShardLink:
         self._stop_waiting()
         self.flush()
 
-    def flush_owed(self) -> None:
-        """The caller flushes (flush_now) before its turn ends: records sent meanwhile
-        schedule no flush of their own."""
-        self._flush_scheduled = True
-
-    def flush_now(self) -> None:
-        """Send the records gathered so far (not lazy acks that may wait)."""
-        self._flush_scheduled = False
-        if self._batch and self._lazy_until is None:
-            self.flush()
-
-    def has_batch(self) -> bool:
-        """Records that go at the end of this turn (not lazy acks that may wait)."""
-        return bool(self._batch) and self._lazy_until is None
-
     def flush(self) -> None:
-        self._flush_scheduled = False
+        """Send the records gathered so far (not lazy acks that may wait)."""
+        self.flush_scheduled = False
         if not self.alive:
             return
         if self._batch and self._lazy_until is None:

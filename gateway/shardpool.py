@@ -73,16 +73,10 @@ class ShardPool:
         # All at once: each shard commits what it holds, then exits.
         await asyncio.gather(*(link.stop() for link in self.links))
 
-    def gather(self) -> None:
-        """A connection's input is about to be handled: what it sends the shards
-        goes at its end (send()), without a loop callback of its own."""
-        for link in self.links:
-            link.flush_owed()
-
     def send(self) -> None:
         """Hand the records gathered so far to the shards now, not at the turn's end."""
         for link in self.links:
-            link.flush_now()
+            link.flush()
 
     def _stores_of(self, index: int) -> list[int]:
         """Store directories shard `index` opens: its own, and any left by a larger

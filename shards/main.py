@@ -181,14 +181,17 @@ class Shard:
     def _schedule(self, queue: Queue) -> None:
         self.timers.schedule(queue.qid, None if queue.deleted else queue.next_deadline())
 
-    def check_resources(self, memory_limit: int, stored: bool) -> None:
-        """Raise or clear this shard's alarms (publishers are blocked while any is on).
-        Asked every turn: a call only when one changes."""
-        alarms = self.alarms
+    def check_resources(self, memory_limit: int, stored: bool) -> bool:
+        """Raise or clear this shard's alarms (publishers are blocked while any is on);
+        True if one changed (its event is in the outbox). Asked every turn."""
+        alarms, changed = self.alarms, False
         if memory_limit and (self.ram_bytes > memory_limit) != ("memory" in alarms):
             self._alarm("memory", self.ram_bytes > memory_limit)
+            changed = True
         if stored == ("disk" in alarms):
             self._alarm("disk", not stored)
+            changed = True
+        return changed
 
     def _alarm(self, resource: str, active: bool) -> None:
         """An alarm turns on or off."""
@@ -387,7 +390,7 @@ def serve(spec: r.ShardSpec) -> None:
     # what usually has nothing to do (timers, stats, the rings' rarer states).
     while shard.running:
         rings.write(outbox)
-        if rings.holding():
+        if any(rings.held):  # rings.holding()
             rings.pass_credit(outbox, time.monotonic())
         if rings.blocked and rings.all_blocked():
             fds = rings.space_fds()
@@ -409,7 +412,7 @@ def serve(spec: r.ShardSpec) -> None:
                 # what gathered while the last commit ran goes now
                 outbox.put_routed(shard.start_commit(committer, now))
                 continue
-            if rings.unsent(outbox):  # written at the top of the loop, before any sleep
+            if any(outbox.records) and rings.unsent(outbox):  # put after the top's write
                 continue
             wall = time.time()
             if wall >= stats.next_at:
@@ -422,7 +425,7 @@ def serve(spec: r.ShardSpec) -> None:
                 timeout = spec.stats_interval
                 if next_timer is not None:
                     timeout = max(0.0, min(timeout, next_timer - now))
-                if not rings.blocked and not rings.holding():  # a steady turn's sleep
+                if not rings.blocked and not any(rings.held):  # a steady turn's sleep
                     _wait(poller, (), spec.lifeline_fd, timeout)
                 else:
                     fds = rings.space_fds()
@@ -454,7 +457,7 @@ def serve(spec: r.ShardSpec) -> None:
         # durable. A commit runs in the committer thread while this loop goes on:
         # what arrives meanwhile gathers into the next one (group commit).
         turn = shard.take_events()
-        if shard.commits.inflight is None and rings.is_empty() and not shard.holder_queues:
+        if shard.commits.inflight is None and not shard.holder_queues and rings.is_empty():
             # Nothing else to do meanwhile and nobody to deliver to: commit here,
             # sparing a lone publisher the two thread hand-offs. With consumers,
             # deliveries never wait for an fsync.
@@ -476,11 +479,10 @@ def serve(spec: r.ShardSpec) -> None:
             outbox.put_each(turn)
             if shard.commits.inflight is None and shard.has_commit_work():
                 outbox.put_routed(shard.start_commit(committer, now))
-        shard.check_resources(spec.memory_limit, shard.stored_ok)
         # The turn's events go out at the top of the loop: one ring write, at most
         # one doorbell, per gateway.
-        if outbox.has_turn_events():  # an alarm just raised
-            outbox.put_each(shard.take_events())
+        if shard.check_resources(spec.memory_limit, shard.stored_ok):
+            outbox.put_each(shard.take_events())  # the alarm it raised or cleared
         wall = time.time()
         if wall >= stats.next_at:
             stats.tick(wall, shard.queues.values(), shard.commits)

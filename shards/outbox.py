@@ -44,14 +44,11 @@ class Outbox:
 
     def take(self) -> list[list]:
         """This turn's events per gateway, to have their content filled in and be put."""
-        turn, self._turn = self._turn, [[] for _ in range(self.gateways)]
+        turn = self._turn  # (no comprehension with one gateway: one frame less a turn)
+        self._turn = [[] for _ in range(self.gateways)] if self.gateways > 1 else [[]]
         # One gateway has every event: add is its list's append, nothing to route.
         self.add = self._turn[0].append if self.gateways == 1 else self._route_one
         return turn
-
-    def has_turn_events(self) -> bool:
-        """Events were added since the last take()."""
-        return any(self._turn)
 
     def route(self, events: list) -> list[list]:
         """Events per gateway (confirms are split by their channels' gateways)."""

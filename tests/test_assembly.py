@@ -117,9 +117,9 @@ def test_a_publish_taken_whole_is_the_command_its_frames_make(body, properties, 
     if body:
         command = fed.feed(frames.FRAME_BODY, body)
     whole = Assembler(max_size)
-    assert whole.idle()
+    assert whole.method is None
     taken = whole.whole_publish(PUBLISH, properties, body)
-    assert whole.idle() and fed.idle()
+    assert whole.method is None and fed.method is None
     assert taken[1:] == command[1:]
     if type(command[0]) is AMQPError:
         assert (taken[0].code, taken[0].text) == (command[0].code, command[0].text)
