@@ -40,6 +40,8 @@ class GatewayRings:
     def write(self, outbox: Outbox) -> None:
         """Write what fits of each gateway's waiting events (one doorbell each at
         most) and note whose still wait."""
+        if not self.blocked and not any(outbox.records):  # a pass with nothing to write
+            return
         blocked = []
         for gateway, ring in enumerate(self.events):
             if outbox.records[gateway] or ring.backlogged():

@@ -82,9 +82,10 @@ class Shard:
     def take_events(self) -> list[list]:
         """This turn's events but confirms, per gateway, with stored content read back."""
         turn = self.outbox.take()
-        for events in turn:
-            if events:
-                self.persister.fill(events)
+        if self.persister.content_out:  # else every event carries its content
+            for events in turn:
+                if events:
+                    self.persister.fill(events)
         return turn
 
     def take_lost(self) -> list[tuple[int, r.GatewayLost]]:

@@ -67,6 +67,9 @@ class Persister:
         self.checkpoint_at: float | None = None  # when the next checkpoint is due
         self._checkpoint_now = False  # a queue was created or deleted
         self.retry_at: float | None = None  # writes were refused for space: try again then
+        # Some stored message's content is not in RAM (recovered, or evicted at a
+        # checkpoint): deliveries may need it read back (fill). Never cleared.
+        self.content_out = False
 
     # -- recovery --------------------------------------------------------------
 
@@ -80,6 +83,7 @@ class Persister:
                 queue = Queue(r.CreateQueue(0, qid, stored.spec, stored.arguments))
                 self._store_of[qid] = store
                 for seq, delivered, delivery_count, acquired, rich in store.recover(qid):
+                    self.content_out = True
                     if queue.tracked or rich:
                         content = store.read(qid, seq)
                         msg = queue.recovered_message(seq, delivered, content.properties,
@@ -231,6 +235,7 @@ class Persister:
             for qid, msg in self._journaled:
                 if msg.content is not None:  # else settled since: already out of RAM
                     evict(qid, msg)
+                    self.content_out = True
             self._journaled = []
         if pending.ok:
             self.retry_at = None
