@@ -5,14 +5,16 @@ up to the one given, tag 0 with `multiple` settles all, an unknown tag is 406.""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import NamedTuple
+
+import msgspec
 
 from .amqp import spec
 from .errors import AMQPError
 
 
-class Delivery(NamedTuple):
-    """Where a delivered message waits to be settled."""
+class Delivery(msgspec.Struct):
+    """Where a delivered message waits to be settled. (A Struct: made without a
+    Python frame, as a NamedTuple is not; one per manual-ack delivery.)"""
 
     link: object  # the ShardLink of the queue's shard
     qid: int
