@@ -328,26 +328,6 @@ class Shard:
         return accepted
 
 
-def merge_settles(cmds: list) -> list:
-    """The commands with each run of adjacent Settles of one holder, queue and outcome
-    made one: the gateway sends a Settle per basic.ack, and one per run spares the
-    queue a step (and a dispatch) per ack. A queue settles the run's messages as it
-    would one by one; only the dispatch after them happens once, at the end."""
-    out = []
-    last = None
-    for cmd in cmds:
-        if type(cmd) is r.Settle:
-            if (last is not None and last.holder == cmd.holder and last.qid == cmd.qid
-                    and last.outcome == cmd.outcome):
-                last.seqs += cmd.seqs
-                continue
-            last = cmd
-        else:
-            last = None
-        out.append(cmd)
-    return out
-
-
 def before_commit(events: list, credit: int) -> tuple[list, list]:
     """A turn's events split into those to send before a commit made in the loop's
     own thread and those to send with its confirms. Replies and deliveries go
@@ -441,7 +421,7 @@ def serve(spec: r.ShardSpec) -> None:
         for gateway, batches in got:
             outbox.origin = gateway  # replies go back where their requests came from
             for batch in batches:
-                for cmd in batch if len(batch) == 1 else merge_settles(batch):
+                for cmd in batch:  # (a run of acks is one Settle already: ShardLink.send)
                     shard.run(cmd, now)
         for gateway, batches in got:
             # Credit back for the publishes in these records, behind this turn's

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from warren.shards import persister as persister_module
 from warren.shards import records as r
-from warren.shards.main import Shard, before_commit, merge_settles
+from warren.shards.main import Shard, before_commit
 from warren.shards.persister import Persister
 from warren.shards.queue import Queue, Remove
 from warren.shards.stats import StatsLog
@@ -249,33 +249,6 @@ def test_a_no_ack_get_carries_the_content_it_settles(shard):
     assert shard.ram_bytes == 0 and not shard.persister.has_writes()
 
 
-settles = st.builds(lambda holder, qid, outcome, seqs: r.Settle(qid, holder, seqs, outcome),
-                    st.integers(1, 2), st.integers(1, 2), st.sampled_from([0, 1, 2]),
-                    st.lists(st.integers(1, 50), min_size=1, max_size=3))
-others = st.builds(lambda holder: r.Grant(1, holder, 1), st.integers(1, 2))
-
-
-def flattened(cmds: list) -> list:
-    out = []
-    for cmd in cmds:
-        if type(cmd) is r.Settle:
-            out += [(cmd.holder, cmd.qid, cmd.outcome, seq) for seq in cmd.seqs]
-        else:
-            out.append(cmd)
-    return out
-
-
-@given(st.lists(st.one_of(settles, others), max_size=30))
-def test_merged_settles_settle_the_same_messages_in_the_same_order(cmds):
-    expected = flattened(copy.deepcopy(cmds))
-    merged = merge_settles(cmds)
-    assert flattened(merged) == expected
-    for first, second in zip(merged, merged[1:]):  # every run of one kind is one Settle
-        if type(first) is r.Settle and type(second) is r.Settle:
-            assert (first.holder, first.qid, first.outcome) != (
-                second.holder, second.qid, second.outcome)
-
-
 @given(st.integers(1, 60), st.integers(1, 10), st.integers(0, 2**32))
 def test_a_queue_settles_a_merged_run_as_it_would_one_ack_at_a_time(count, prefetch, seed):
     """One consumer: the same messages delivered, in the same order, and removed."""
@@ -294,9 +267,11 @@ def test_a_queue_settles_a_merged_run_as_it_would_one_ack_at_a_time(count, prefe
             if not held:
                 return delivered, removed, queue.ready_count
             order.shuffle(held)
-            acks = [r.Settle(5, 10, [seq], r.SETTLE_ACK) for seq in held]
+            # merged: the one Settle a shard link makes of a run of acks (ShardLink.send)
+            acks = ([r.Settle(5, 10, held, r.SETTLE_ACK)] if merge
+                    else [r.Settle(5, 10, [seq], r.SETTLE_ACK) for seq in held])
             effects = []
-            for cmd in (merge_settles(acks) if merge else acks):
+            for cmd in acks:
                 effects += queue.apply(cmd, 0.0)
 
     one_by_one = drive(False)

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from warren.gateway.shardlink import SETTLE_DELAY, ShardLink
 from warren.shards import records as r
@@ -27,6 +31,35 @@ def test_consecutive_settles_of_one_holder_and_outcome_are_one_record():
     got = batch_of([r.Settle(1, 7, [1], r.SETTLE_ACK), r.Settle(1, 7, [2, 3], r.SETTLE_ACK),
                     r.Settle(1, 7, [4], r.SETTLE_ACK)])
     assert got == [r.Settle(1, 7, [1, 2, 3, 4], r.SETTLE_ACK)]
+
+
+settles = st.builds(lambda holder, qid, outcome, seqs: r.Settle(qid, holder, seqs, outcome),
+                    st.integers(1, 2), st.integers(1, 2), st.sampled_from([0, 1, 2]),
+                    st.lists(st.integers(1, 50), min_size=1, max_size=3))
+others = st.builds(lambda holder: r.Grant(1, holder, 1), st.integers(1, 2))
+
+
+def flattened(records: list) -> list:
+    out = []
+    for record in records:
+        if type(record) is r.Settle:
+            out += [(record.holder, record.qid, record.outcome, seq) for seq in record.seqs]
+        else:
+            out.append(record)
+    return out
+
+
+@given(st.lists(st.one_of(settles, others), max_size=30))
+def test_merged_settles_settle_the_same_messages_in_the_same_order(records):
+    """The shard applies a batch's records as they come: the link's merging is the
+    only one, and it keeps every message and the order."""
+    expected = flattened(copy.deepcopy(records))
+    merged = batch_of(records)
+    assert flattened(merged) == expected
+    for first, second in zip(merged, merged[1:]):  # every run of one kind is one Settle
+        if type(first) is r.Settle and type(second) is r.Settle:
+            assert (first.holder, first.qid, first.outcome) != (
+                second.holder, second.qid, second.outcome)
 
 
 def test_settles_stay_apart_across_holders_outcomes_and_other_records():
