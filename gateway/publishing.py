@@ -52,8 +52,9 @@ class Route:
     """Where a publish went, kept by its connection under the publish's method
     payload (exchange, routing key, flags): the next one like it on any of its
     channels, with no property the broker acts on, goes to the same queues without
-    the lookups and checks (handle_publish). Valid while the catalogue and the permissions stay as they
-    were (Gateway.epoch); shards by index, as a restarted shard gets a new link."""
+    the lookups and checks (handle_publish). Valid while the catalogue and the
+    permissions stay as they were (Gateway.epoch); shards by index, as a restarted
+    shard gets a new link."""
 
     __slots__ = ("epoch", "exchange", "routing_key", "sends", "shards")
 
@@ -88,14 +89,10 @@ class Publishing:
         if (route is not None and route.epoch == gateway.epoch and self.tx is None
                 and not self._waiting and not (properties[0] << 8 | properties[1]) & _EXTRAS
                 and len(body) <= self.assembler.max_size):
-            flags = properties[0] << 8 | properties[1]  # _persistent's common case, inline
-            if not flags & _BEFORE_DELIVERY_MODE and len(properties) > 2:
-                persistent = bool(flags & _DELIVERY_MODE) and properties[2] == 2
-            else:
-                try:
-                    persistent = _persistent(properties)
-                except PropertiesError:
-                    persistent = None  # _route says what is wrong with them
+            try:
+                persistent = _persistent(properties)
+            except PropertiesError:
+                persistent = None  # _route says what is wrong with them
             if persistent is not None:
                 totals = gateway.totals
                 totals.received += 1
