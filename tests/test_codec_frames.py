@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import struct
 import tracemalloc
-from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -14,7 +13,7 @@ from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.frames import FrameError, FrameReader
 
-from .twins import SCAN_PUBLISH
+from .twins import READERS, SCAN_PUBLISH
 
 
 def frame(frame_type: int, channel: int, payload: bytes, end: int = frames.FRAME_END) -> bytes:
@@ -33,11 +32,12 @@ frames_st = st.lists(st.tuples(st.sampled_from([1, 2, 3, 8]), st.integers(0, 655
 
 
 @given(frames_st, st.integers(1, 50))
-def test_frames_come_out_the_same_whole_or_in_pieces(sent, piece):
+@pytest.mark.parametrize("Reader", READERS)
+def test_frames_come_out_the_same_whole_or_in_pieces(Reader, sent, piece):
     data = b"".join(frame(*f) for f in sent)
-    whole = FrameReader(131072)
+    whole = Reader(131072)
     whole.receive_data(data)
-    pieces = FrameReader(131072)
+    pieces = Reader(131072)
     got = []
     for start in range(0, len(data), piece):
         pieces.receive_data(data[start:start + piece])
@@ -45,8 +45,9 @@ def test_frames_come_out_the_same_whole_or_in_pieces(sent, piece):
     assert read_all(whole) == got == [tuple(f) for f in sent]
 
 
-def test_a_payload_of_frame_max_is_accepted_one_more_byte_is_not():
-    reader = FrameReader(4096)
+@pytest.mark.parametrize("Reader", READERS)
+def test_a_payload_of_frame_max_is_accepted_one_more_byte_is_not(Reader):
+    reader = Reader(4096)
     reader.receive_data(frame(frames.FRAME_BODY, 1, b"x" * 4096))
     assert reader.next_frame() == (frames.FRAME_BODY, 1, b"x" * 4096)
     reader.receive_data(frame(frames.FRAME_BODY, 1, b"x" * 4097))
@@ -57,16 +58,18 @@ def test_a_payload_of_frame_max_is_accepted_one_more_byte_is_not():
 
 @pytest.mark.parametrize("payload, shown", [(b"", "<<>>"), (b"\x00", "<<0>>"),
                                             (b"\x00\x32\x00", "<<0,50,0>>")])
-def test_a_method_frame_without_its_ids_is_a_framing_error_on_arrival(payload, shown):
-    reader = FrameReader(4096)
+@pytest.mark.parametrize("Reader", READERS)
+def test_a_method_frame_without_its_ids_is_a_framing_error_on_arrival(Reader, payload, shown):
+    reader = Reader(4096)
     reader.receive_data(frame(frames.FRAME_METHOD, 1, payload))
     with pytest.raises(FrameError) as error:
         reader.next_frame()
     assert error.value.text == f"type 1, all octets = {shown}: unknown_frame"
 
 
-def test_bad_frame_end():
-    reader = FrameReader(4096)
+@pytest.mark.parametrize("Reader", READERS)
+def test_bad_frame_end(Reader):
+    reader = Reader(4096)
     reader.receive_data(frame(frames.FRAME_METHOD, 0, m.encode_method(m.ChannelOpen()), end=0))
     with pytest.raises(FrameError):
         reader.next_frame()
@@ -89,8 +92,8 @@ def publish_bytes(channel: int, body: bytes, frame_max: int, header_channel: int
     return out
 
 
-def frames_of(data: bytes, frame_max: int) -> list | FrameError:
-    reader = FrameReader(frame_max)
+def frames_of(Reader, data: bytes, frame_max: int) -> list | FrameError:
+    reader = Reader(frame_max)
     reader.receive_data(data)
     try:
         return read_all(reader)
@@ -102,42 +105,42 @@ def frames_of(data: bytes, frame_max: int) -> list | FrameError:
        st.integers(0, 3), st.sampled_from([60, 50]), st.integers(0, 400), st.integers(0, 255),
        st.booleans())
 @example(0, b"", 64, 0, 60, 28, 1, True)  # a header's weight not 0: left to next_frame
-@pytest.mark.parametrize("scan_publish", SCAN_PUBLISH)
+@pytest.mark.parametrize("Reader", READERS)
 def test_a_whole_publish_is_taken_in_one_pass_only_as_its_frames_would_read(
-        scan_publish, channel, body, frame_max, header_channel, class_id, position, byte,
-        corrupt):
+        Reader, channel, body, frame_max, header_channel, class_id, position, byte, corrupt):
     """next_publish takes exactly what next_frame would read as method, header and
     one body frame on one channel; anything else is left untouched for next_frame."""
     data = bytearray(publish_bytes(channel, body, frame_max, header_channel, class_id) + b"tail")
     if corrupt and position < len(data):
         data[position] = byte
     data = bytes(data)
-    reader = FrameReader(frame_max)
+    reader = Reader(frame_max)
     reader.receive_data(data)
-    with mock.patch.object(frames, "scan_publish", scan_publish):
-        taken = reader.next_publish()
+    taken = reader.next_publish()
     if taken is None:
-        assert reader._offset == 0  # nothing consumed
+        assert reader.buffered == len(data)  # nothing consumed
         return
     got_channel, payload, properties, content = taken
     expected = [(1, got_channel, payload),
                 (2, got_channel, frames.content_header(len(content), properties))]
     if content:
         expected.append((3, got_channel, content))
-    generic = frames_of(data[:reader._offset], frame_max)
+    generic = frames_of(Reader, data[:len(data) - reader.buffered], frame_max)
     assert generic == expected
     assert payload[:4] == struct.pack(">HH", 60, 40)
 
 
-def test_a_publish_whose_body_spans_frames_goes_frame_by_frame():
-    reader = FrameReader(64)
+@pytest.mark.parametrize("Reader", READERS)
+def test_a_publish_whose_body_spans_frames_goes_frame_by_frame(Reader):
+    reader = Reader(64)
     reader.receive_data(publish_bytes(1, b"b" * 100, 64))
     assert reader.next_publish() is None
     assert [kind for kind, _, _ in read_all(reader)] == [1, 2, 3, 3]
 
 
-def test_a_plain_publish_is_taken_whole():
-    reader = FrameReader(4096)
+@pytest.mark.parametrize("Reader", READERS)
+def test_a_plain_publish_is_taken_whole(Reader):
+    reader = Reader(4096)
     reader.receive_data(publish_bytes(5, b"hello", 4096) + publish_bytes(5, b"", 4096))
     channel, payload, properties, body = reader.next_publish()
     assert (channel, properties, body) == (5, b"\x10\x00\x02", b"hello")
@@ -221,24 +224,23 @@ def read_in(reader: FrameReader, data: bytes, ways, publishes: bool) -> tuple[li
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(publish_or_frame(), max_size=12), deliveries)
-@pytest.mark.parametrize("scan_publish", SCAN_PUBLISH)
-def test_frames_read_into_the_buffer_come_out_as_bytes_copied_in_would(scan_publish, sent, ways):
-    with mock.patch.object(frames, "scan_publish", scan_publish):
-        read_into_the_buffer_as_copied_in(b"".join(sent), ways)
+@pytest.mark.parametrize("Reader", READERS)
+def test_frames_read_into_the_buffer_come_out_as_bytes_copied_in_would(Reader, sent, ways):
+    read_into_the_buffer_as_copied_in(Reader, b"".join(sent), ways)
 
 
-def read_into_the_buffer_as_copied_in(data: bytes, ways) -> None:
+def read_into_the_buffer_as_copied_in(Reader, data: bytes, ways) -> None:
     # Frame by frame, the output does not depend on how the bytes arrived at all.
     whole = []
-    copied = FrameReader(BUFFERED_FRAME_MAX)
+    copied = Reader(BUFFERED_FRAME_MAX)
     copied.receive_data(data)
     drain(copied, whole, publishes=False)
-    assert read_in(FrameReader(BUFFERED_FRAME_MAX), data, ways, publishes=False)[0] == whole
+    assert read_in(Reader(BUFFERED_FRAME_MAX), data, ways, publishes=False)[0] == whole
     # A publish is taken whole only once all of it is in, so the same pieces copied
     # in are what the reading is compared with.
-    got, pieces = read_in(FrameReader(BUFFERED_FRAME_MAX), data, ways, publishes=True)
+    got, pieces = read_in(Reader(BUFFERED_FRAME_MAX), data, ways, publishes=True)
     expected = []
-    reference = FrameReader(BUFFERED_FRAME_MAX)
+    reference = Reader(BUFFERED_FRAME_MAX)
     for piece in pieces:
         reference.receive_data(piece)
         if not drain(reference, expected, publishes=True):
@@ -246,13 +248,14 @@ def read_into_the_buffer_as_copied_in(data: bytes, ways) -> None:
     assert got == expected
 
 
-def test_the_buffer_is_not_resized_while_the_transport_holds_it():
+@pytest.mark.parametrize("Reader", READERS)
+def test_the_buffer_is_not_resized_while_the_transport_holds_it(Reader):
     """uvloop keeps the room exported until buffer_updated returns: reading the
     frames then must not resize the buffer (CPython raises BufferError if it does)."""
-    reader = FrameReader(BUFFERED_FRAME_MAX)
+    reader = Reader(BUFFERED_FRAME_MAX)
     data = (publish_bytes(1, b"a" * 70_000, 131072) + publish_bytes(1, b"b" * 10, 131072)
             + frame(3, 1, b"c" * 100_000) + frame(8, 0, b""))
-    got, expected, copied = [], [], FrameReader(BUFFERED_FRAME_MAX)
+    got, expected, copied = [], [], Reader(BUFFERED_FRAME_MAX)
     for start in range(0, len(data), 50_000):
         piece = data[start:start + 50_000]
         room = reader.get_buffer(65536)
@@ -269,8 +272,9 @@ def test_the_buffer_is_not_resized_while_the_transport_holds_it():
     assert got[-3][2:] == (b"\x10\x00\x02", b"b" * 10)  # a publish taken whole
 
 
-def test_the_protocol_header_can_arrive_in_the_buffer_a_byte_at_a_time():
-    reader = FrameReader(4096)
+@pytest.mark.parametrize("Reader", READERS)
+def test_the_protocol_header_can_arrive_in_the_buffer_a_byte_at_a_time(Reader):
+    reader = Reader(4096)
     for byte in frames.PROTOCOL_HEADER:
         assert reader.read_protocol_header() is None
         room = reader.get_buffer(1)
@@ -291,17 +295,19 @@ def allocated(action) -> int:
         tracemalloc.stop()
 
 
-def test_a_large_frame_does_not_leave_the_buffer_large():
-    reader = FrameReader(8 << 20)
+@pytest.mark.parametrize("Reader", READERS)
+def test_a_large_frame_does_not_leave_the_buffer_large(Reader):
+    reader = Reader(8 << 20)
     reader.receive_data(frame(3, 1, bytes(4 << 20)))
     assert reader.next_frame() == (3, 1, bytes(4 << 20))
     # The next read is given a buffer of the usual size, not the 4 MiB one.
     assert len(reader.get_buffer(65536)) == frames.READ_SIZE
 
 
-def test_an_idle_reader_gives_its_memory_back():
+@pytest.mark.parametrize("Reader", READERS)
+def test_an_idle_reader_gives_its_memory_back(Reader):
     def read_a_frame_and_rest():
-        reader = FrameReader(4096)
+        reader = Reader(4096)
         room = reader.get_buffer(65536)
         room[:8] = frame(8, 0, b"")
         reader.buffer_updated(8)
@@ -336,3 +342,22 @@ def test_the_twins_scan_any_bytes_alike(sent, damage, start, cut, frame_max):
     offset = start % (limit + 1)
     pure, compiled = (p.values[0] for p in SCAN_PUBLISH)
     assert compiled(data, offset, limit, frame_max) == pure(data, offset, limit, frame_max)
+
+
+@pytest.mark.skipif(len(READERS) < 2, reason="the compiled twin is not built")
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(publish_or_frame(), max_size=8), st.lists(st.tuples(st.integers(0, 10**6),
+                                                                   st.integers(0, 255)),
+                                                         max_size=3), deliveries)
+def test_the_twin_readers_read_any_bytes_alike(sent, damage, ways):
+    """Whatever the bytes (whole, damaged) and however they arrive, the compiled
+    reader gives the frames, publishes and framing errors (texts included) the pure
+    one gives."""
+    data = bytearray(b"".join(sent))
+    for position, byte in damage:
+        if data:
+            data[position % len(data)] = byte
+    pure, compiled = (p.values[0] for p in READERS)
+    for publishes in (False, True):
+        assert (read_in(compiled(BUFFERED_FRAME_MAX), bytes(data), ways, publishes)
+                == read_in(pure(BUFFERED_FRAME_MAX), bytes(data), ways, publishes))

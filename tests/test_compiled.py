@@ -23,9 +23,9 @@ def test_the_compiled_twins_are_built_and_used_where_there_is_a_compiler():
     assert ring.CompiledRing is not None, "pip install built no warren.shards._ring"
     if os.environ.get("WARREN_PURE_PYTHON"):
         assert hotpath.deliver_frames is hotpath.pure_deliver_frames
-        assert frames.scan_publish is frames.pure_scan_publish
+        assert frames.FrameReader is frames.PureFrameReader
         assert ring.Ring is ring.PureRing
     else:
         assert hotpath.deliver_frames is twins.compiled.deliver_frames
-        assert frames.scan_publish is twins.compiled.scan_publish
+        assert frames.FrameReader is twins.compiled.FrameReader
         assert ring.Ring is ring.CompiledRing

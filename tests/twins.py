@@ -18,14 +18,16 @@ except ImportError:
 
 
 def twins(name: str, pure) -> list:
-    """pytest params: the pure function, then the compiled one of that name if built."""
+    """pytest params: the pure function (or class), then the compiled one of that name
+    if built."""
     params = [pytest.param(pure, id="pure")]
     if compiled is not None:
         params.append(pytest.param(getattr(compiled, name), id="compiled"))
     return params
 
 
-SCAN_PUBLISH = twins("scan_publish", frames.pure_scan_publish)
+SCAN_PUBLISH = twins("scan_publish", frames.scan_publish)
+READERS = twins("FrameReader", frames.PureFrameReader)
 DELIVER_FRAMES = twins("deliver_frames", hotpath.pure_deliver_frames)
 RINGS = [pytest.param(ring.PureRing, id="pure")] + (
     [pytest.param(ring.CompiledRing, id="compiled")] if ring.CompiledRing is not None else [])

@@ -199,11 +199,6 @@ def scan_publish(buf: bytearray, offset: int, limit: int, frame_max: int
             content, end)
 
 
-pure_scan_publish = scan_publish
-if (_compiled := hotpath_module()) is not None:
-    scan_publish = _compiled.scan_publish  # noqa: F811 (the compiled twin)
-
-
 def method_frame(channel: int, method: Method) -> bytes:
     payload = encode_method(method)
     return _frame_prefix.pack(FRAME_METHOD, channel, len(payload)) + payload + FRAME_END_BYTE
@@ -261,3 +256,10 @@ def erlang_binary(data: bytes, limit: int = 64) -> str:
     """Bytes as RabbitMQ prints them in error texts: <<0,50,...>>."""
     shown = ",".join(map(str, data[:limit]))
     return f"<<{shown},...>>" if len(data) > limit else f"<<{shown}>>"
+
+
+# The compiled twin (_hotpath.FrameReader, with its own scan_publish) serves where it
+# was built; bound last, as it imports this module's constants.
+PureFrameReader = FrameReader
+if (_compiled := hotpath_module()) is not None:
+    FrameReader = _compiled.FrameReader  # noqa: F811
