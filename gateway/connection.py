@@ -143,16 +143,9 @@ class Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         # The transport holds the buffer until this returns: the reader is not
         # resized here (nor by what handles the frames).
-        if self.state != CLOSED:  # lingering after close-ok: dropped
-            self.reader.buffer_updated(nbytes)
-            self._received(nbytes)
-
-    def data_received(self, data: bytes) -> None:
-        if self.state != CLOSED:
-            self.reader.receive_data(data)
-            self._received(len(data))
-
-    def _received(self, nbytes: int) -> None:
+        if self.state == CLOSED:  # lingering after close-ok: dropped
+            return
+        self.reader.buffer_updated(nbytes)
         if not self._received_any:  # RabbitMQ logs a connection once it sends something
             self._received_any = True
             log.info("accepting AMQP connection (%s)", self.name, extra=self._log_fields())
@@ -160,6 +153,13 @@ class Connection(asyncio.BufferedProtocol):
         self.recv_oct += nbytes
         self.recv_cnt += 1
         self._handle_input()
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes handed over (a TLS handshake's early bytes): taken in as a read is."""
+        room = self.reader.get_buffer(len(data))
+        room[:len(data)] = data
+        room.release()
+        self.buffer_updated(len(data))
 
     def _handle_input(self) -> None:
         """Handle this turn's share of the buffered frames, after the shards' events
