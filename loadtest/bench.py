@@ -119,8 +119,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "(default max(10, duration))")
     parser.add_argument("--backlog-timeout", type=float, default=None,
                         help="limit of each backlog phase (default 300 s; --quick 60 s)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="rounds of each scenario, alternating which broker goes first; "
+                             "the summary gives each round's ratios and their median "
+                             "(default 1). A steady rate's CPU follows how often the client "
+                             "writes, which differs from run to run (README, Measuring)")
     parser.add_argument("--json-only", action="store_true", help="no table, only JSON lines")
     options = parser.parse_args(argv)
+    if options.repeat < 1:
+        parser.error("--repeat: at least 1")
     if options.quick:
         options.duration = min(options.duration, 1.0)
     options.backlog = options.backlog or (2_000 if options.quick else 200_000)
@@ -188,9 +195,10 @@ def best_rabbit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def run_client(target: Target, label: str, client: str, options, run_id: str,
-               both_queue_types: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One scenario of the run (its label in options.runs) measured by one client: its
-    rows, and the one to compare. RabbitMQ's persistent-confirm runs with classic and
+               both_queue_types: bool = False,
+               round_: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One scenario of the run (its label in options.runs) measured by one client in
+    one round (--repeat): its rows, and the one to compare. RabbitMQ's persistent-confirm runs with classic and
     quorum queues (both_queue_types) unless --queue-type says which, and the better one
     is compared."""
     name, rate = options.runs[label]
@@ -209,7 +217,7 @@ def run_client(target: Target, label: str, client: str, options, run_id: str,
         else:
             row = external.run(options.external_client, target, name, options, log=log,
                                queue_type=queue_type)
-        row.update(scenario=label, rate=rate)
+        row.update(scenario=label, rate=rate, round=round_)
         print_json(row)
         rows.append(row)
     return rows, (best_rabbit(rows) if len(rows) > 1 else rows[0])
@@ -218,8 +226,8 @@ def run_client(target: Target, label: str, client: str, options, run_id: str,
 def run_all(options, run_id: str, targets: list[Target], rows: list[dict[str, Any]],
             pairs: list[tuple[dict, dict]]) -> None:
     """Every scenario, on each broker (--compare: RabbitMQ and Warren, alternating which goes
-    first), measured by each client in turn on the same broker. A Warren is started afresh
-    for each scenario with --fresh-warren, else once."""
+    first), measured by each client in turn on the same broker, --repeat times. A Warren is
+    started afresh for each scenario and round with --fresh-warren, else once."""
     rabbit = standing = None
     if options.compare:
         rabbit = RabbitTarget()
@@ -231,39 +239,41 @@ def run_all(options, run_id: str, targets: list[Target], rows: list[dict[str, An
         standing = WarrenTarget(options.shards)
         targets.append(standing)
     for index, label in enumerate(options.scenario_list):
-        order = [rabbit, None] if rabbit is not None else [None]
-        if index % 2:
-            order.reverse()
-        compared: dict[tuple[str, str], dict[str, Any]] = {}
-        for target in order:
-            fresh = None
-            if target is None:
-                if standing is None:
-                    fresh = WarrenTarget(options.shards)
-                    targets.append(fresh)
-                target = standing or fresh
-            try:
+        for round_ in range(1, options.repeat + 1):
+            order = [rabbit, None] if rabbit is not None else [None]
+            if (index + round_ - 1) % 2:
+                order.reverse()
+            compared: dict[tuple[str, str], dict[str, Any]] = {}
+            for target in order:
+                fresh = None
+                if target is None:
+                    if standing is None:
+                        fresh = WarrenTarget(options.shards)
+                        targets.append(fresh)
+                    target = standing or fresh
+                try:
+                    for client in options.clients:
+                        measured, chosen = run_client(target, label, client, options, run_id,
+                                                      both_queue_types=target is rabbit,
+                                                      round_=round_)
+                        rows.extend(measured)
+                        compared[(target.label, client)] = chosen
+                finally:
+                    if fresh is not None:
+                        targets.remove(fresh)
+                        fresh.stop()
+            if rabbit is not None:
                 for client in options.clients:
-                    measured, chosen = run_client(target, label, client, options, run_id,
-                                                  both_queue_types=target is rabbit)
-                    rows.extend(measured)
-                    compared[(target.label, client)] = chosen
-            finally:
-                if fresh is not None:
-                    targets.remove(fresh)
-                    fresh.stop()
-        if rabbit is not None:
-            for client in options.clients:
-                pair = (compared[("warren", client)], compared[("rabbitmq", client)])
-                pairs.append(pair)
-                print_json(comparison(*pair))
+                    pair = (compared[("warren", client)], compared[("rabbitmq", client)])
+                    pairs.append(pair)
+                    print_json(comparison(*pair))
 
 
 def table_order(rows: list[dict[str, Any]], options) -> list[dict[str, Any]]:
-    """Rows by scenario, then Warren before RabbitMQ, then client."""
+    """Rows by scenario, then round, then Warren before RabbitMQ, then client."""
     brokers = {"warren": 0, "rabbitmq": 1}
     return sorted(rows, key=lambda row: (options.scenario_list.index(row["scenario"]),
-                                         brokers.get(row["broker"], 2),
+                                         row.get("round", 1), brokers.get(row["broker"], 2),
                                          options.clients.index(row["client"])))
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from typing import Any
 
@@ -38,6 +39,15 @@ def at_rate(name: str, rate: float) -> str:
     return f"{name}@{rate:g}" if rate else name
 
 
+def _rounds_label(name: str, row: dict[str, Any], repeated: bool) -> str:
+    """A row's scenario, with its round when the run repeated scenarios (--repeat)."""
+    return f"{name} #{row.get('round', 1)}" if repeated else name
+
+
+def _repeated(rows) -> bool:
+    return any(row.get("round", 1) > 1 for row in rows)
+
+
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -67,8 +77,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     headers = ["scenario", "broker", "client", "queue"] + [title for _, title, _ in FIGURES] + [
         "backlog RSS/PSS MB", "drain/s", "status"]
     lines = []
+    repeated = _repeated(rows)
     for row in rows:
-        cells = [at_rate(row.get("client_scenario") or row["scenario"], row.get("rate")),
+        cells = [_rounds_label(at_rate(row.get("client_scenario") or row["scenario"],
+                                       row.get("rate")), row, repeated),
                  row["broker"],
                  row.get("client", OWN_CLIENT), row.get("queue_type") or ""]
         cells += [_fmt(row.get(key), fmt) for key, _, fmt in FIGURES]
@@ -120,8 +132,10 @@ def comparison(warren: dict[str, Any], rabbit: dict[str, Any]) -> dict[str, Any]
 def format_comparison(pairs: list[tuple[dict, dict]]) -> str:
     lines = []
     header = ["scenario", "client", "figure", "Warren", "RabbitMQ", "W/R"]
+    repeated = _repeated(warren for warren, _ in pairs)
     for warren, rabbit in pairs:
-        name, client = warren["scenario"], warren.get("client", OWN_CLIENT)
+        name = _rounds_label(warren["scenario"], warren, repeated)
+        client = warren.get("client", OWN_CLIENT)
         if warren["status"] != "ok" or rabbit["status"] != "ok":
             lines.append([name, client, "status", warren["status"], rabbit["status"], "-"])
         for key, title in COMPARED:
@@ -140,25 +154,52 @@ def format_comparison(pairs: list[tuple[dict, dict]]) -> str:
 def format_ratios(pairs: list[tuple[dict, dict]]) -> str:
     """One line per scenario and client: Warren/RabbitMQ of the SUMMARY figures (above 1 is
     Warren's more: better for rates, worse for CPU and latency) and each broker's
-    consumed/published."""
+    consumed/published. With --repeat, a line per round, then the median of the rounds'
+    figures (a round that failed counts in neither)."""
     header = ["scenario", "client"] + [f"W/R {title}" for _, title in SUMMARY] + [
         "cons/pub W", "cons/pub R", "status"]
     lines = []
+    repeated = _repeated(warren for warren, _ in pairs)
+    rounds: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
     for warren, rabbit in pairs:
-        cells = [warren["scenario"], warren.get("client", OWN_CLIENT)]
-        cells += [_ratio(warren.get(key), rabbit.get(key)) for key, _ in SUMMARY]
-        cells += [_fmt(warren.get("consumed_over_published"), "{:.2f}"),
-                  _fmt(rabbit.get("consumed_over_published"), "{:.2f}")]
-        cells.append("ok" if warren["status"] == rabbit["status"] == "ok" else
-                     f"warren {warren['status']}, rabbitmq {rabbit['status']}")
-        lines.append(cells)
+        rounds.setdefault((warren["scenario"], warren.get("client", OWN_CLIENT)), []).append(
+            (warren, rabbit))
+    for (scenario, client), group in rounds.items():
+        for warren, rabbit in group:
+            cells = [_rounds_label(scenario, warren, repeated), client]
+            cells += [_ratio(warren.get(key), rabbit.get(key)) for key, _ in SUMMARY]
+            cells += [_fmt(warren.get("consumed_over_published"), "{:.2f}"),
+                      _fmt(rabbit.get("consumed_over_published"), "{:.2f}")]
+            cells.append("ok" if warren["status"] == rabbit["status"] == "ok" else
+                         f"warren {warren['status']}, rabbitmq {rabbit['status']}")
+            lines.append(cells)
+        if len(group) > 1:
+            good = [(w, r) for w, r in group if w["status"] == r["status"] == "ok"]
+            cells = [f"{scenario} median", client]
+            cells += [_fmt(_median([_quotient(w.get(key), r.get(key)) for w, r in good]),
+                           "{:.2f}") for key, _ in SUMMARY]
+            cells += [_fmt(_median([w.get("consumed_over_published") for w, _ in good]),
+                           "{:.2f}"),
+                      _fmt(_median([r.get("consumed_over_published") for _, r in good]),
+                           "{:.2f}")]
+            cells.append(f"{len(good)} of {len(group)} rounds ok")
+            lines.append(cells)
     return _render(header, lines, right_from=2, last_left=True)
 
 
-def _ratio(w: Any, r: Any) -> str:
+def _quotient(w: Any, r: Any) -> float | None:
     if isinstance(w, (int, float)) and isinstance(r, (int, float)) and r:
-        return f"{w / r:.2f}"
-    return "-"
+        return w / r
+    return None
+
+
+def _median(values: list) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
+
+
+def _ratio(w: Any, r: Any) -> str:
+    return _fmt(_quotient(w, r), "{:.2f}")
 
 
 def _render(header: list[str], lines: list[list[str]], right_from: int,

@@ -278,3 +278,49 @@ def test_comparison_shows_the_load_each_broker_was_offered():
     line = next(line for line in output.format_comparison([(warren, rabbit)]).splitlines()
                 if "client writes/s" in line)
     assert "8,400" in line and "2,100" in line and "4.00" in line
+
+
+def test_repeated_rounds_alternate_the_brokers(fake, monkeypatch, capsys):
+    # --compare --repeat 3 with stand-in brokers: each round has both, the one that goes
+    # first alternates, and the summary gives each round and the median of the rounds.
+    def stand_in(label, port):
+        return lambda *args: SimpleNamespace(
+            label=label, url=f"amqp://guest:guest@127.0.0.1:{port}/%2F",
+            root_pid=lambda: None, stop=lambda: None)
+
+    monkeypatch.setattr(bench, "rabbitmq_missing", lambda: None)
+    monkeypatch.setattr(bench, "RabbitTarget", stand_in("rabbitmq", 1))
+    monkeypatch.setattr(bench, "WarrenTarget", stand_in("warren", 2))
+    assert bench.main(["--compare", "--external-client", fake.path, "--repeat", "3",
+                       "--scenarios", "transient-autoack,transient-autoack@10000",
+                       "--duration", "1"]) == 0
+    ports = [call["argv"][1].split(":")[3].split("/")[0] for call in fake.calls()]
+    assert ports == ["1", "2", "2", "1", "1", "2",  # the flood: rounds 1, 2, 3
+                     "2", "1", "1", "2", "2", "1"], ports  # the rate: the other way round
+    out = capsys.readouterr().out
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    scenario_rows = [row for row in rows if row.get("type") == "scenario"]
+    assert [row["round"] for row in scenario_rows] == [1, 1, 2, 2, 3, 3] * 2
+    summary = out[out.rindex("\nscenario"):]
+    for round_ in (1, 2, 3):
+        assert f"transient-autoack@10000 #{round_}" in summary, summary
+    assert "transient-autoack@10000 median" in summary and "3 of 3 rounds ok" in summary
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--compare", "--repeat", "0"])
+
+
+def test_the_median_of_the_rounds():
+    def pair(round_, warren_cores, rabbit_cores, status="ok"):
+        common = {"scenario": "transient-autoack@10000", "client": "amqp-perf",
+                  "round": round_, "published_per_s": 10_000, "consumed_per_s": 10_000}
+        return ({**common, "status": status, "broker_cores_avg": warren_cores},
+                {**common, "status": "ok", "broker_cores_avg": rabbit_cores})
+
+    pairs = [pair(1, 0.8, 0.5), pair(2, 0.5, 0.5), pair(3, 0.6, 0.5),
+             pair(4, 0.1, 0.5, status="error")]  # a failed round counts in no median
+    lines = output.format_ratios(pairs).splitlines()
+    median = next(line for line in lines if "median" in line)
+    # scenario, client, W/R pub/s, cons/s, CPU (the median of 1.6, 1.0 and 1.2)
+    assert median.split()[1:6] == ["median", "amqp-perf", "1.00", "1.00", "1.20"], lines
+    assert median.endswith("3 of 4 rounds ok"), median
+    assert [line.split()[1] for line in lines[2:6]] == ["#1", "#2", "#3", "#4"], lines
