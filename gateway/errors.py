@@ -45,5 +45,7 @@ def refusal_error(refused: int, vhost: str, queue: str) -> AMQPError:
     if refused == Refusal.NOT_EMPTY:
         return AMQPError(spec.PRECONDITION_FAILED, f"{what} not empty")
     if refused == Refusal.SHARD_DOWN:
-        return AMQPError(spec.INTERNAL_ERROR, f"the shard process of {what} is unavailable")
+        # Its shard died and is not back yet: RabbitMQ's answer for a queue whose
+        # process crashed, a channel error (the connection's other channels go on).
+        return AMQPError(spec.NOT_FOUND, f"{what} has crashed and failed to restart")
     return AMQPError(spec.INTERNAL_ERROR, f"the shard of {what} failed to handle it")

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 
 import pika
+import pytest
 
 from .conftest import ROOT, RunningBroker, mounted_tmpfs, wait_until
 from .oldformats import as_format_1, as_format_2
@@ -223,6 +224,16 @@ def test_a_shard_that_keeps_dying_backs_off_and_is_reported(tmp_path):
         assert queue["state"] == "running"
         _, node = get_json(f"{api}/api/nodes/{queue['node']}")
         assert node["failing_shards"][0]["shard"] == 1
+        # A get from the queue of the failing shard closes its channel as RabbitMQ does
+        # for a crashed queue; the connection and its other channels go on.
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            conn.channel().basic_get(Q1)
+        assert refused.value.reply_code == 404
+        assert refused.value.reply_text == (f"NOT_FOUND - queue '{Q1}' in vhost '/' has "
+                                            "crashed and failed to restart")
+        assert conn.channel().queue_declare(Q0, passive=True).method.message_count == MESSAGES
+        conn.close()
         delays = [float(line.rsplit("restarting it in ", 1)[1].split()[0])
                   for line in broker.log_text().splitlines()
                   if "[error]" in line and "shard 1 exited" in line]

@@ -337,21 +337,22 @@ def test_shard_kill_cancels_consumers_and_durable_messages_come_back(tmp_path):
         conn.close()
         bodies = []
 
+        getter = connect(broker)
+
         def taken() -> bool:
-            # A gateway that has not yet heard the shard is back refuses a get with
-            # 541 and closes the connection: each try on a connection of its own.
-            getter = connect(broker)
+            # Until the shard is back a get is refused as RabbitMQ refuses one on a
+            # crashed queue: the channel closes with 404, the connection stays.
+            ch = getter.channel()
             try:
-                ch = getter.channel()
                 while (body := ch.basic_get(queue, auto_ack=True)[2]) is not None:
                     bodies.append(body)
-            except pika.exceptions.ConnectionClosedByBroker as closed:
-                assert closed.reply_code == 541, closed
-            finally:
-                if getter.is_open:
-                    getter.close()
+            except pika.exceptions.ChannelClosedByBroker as closed:
+                assert closed.reply_code == 404, closed
+                assert closed.reply_text == (f"NOT_FOUND - queue '{queue}' in vhost '/' "
+                                             "has crashed and failed to restart"), closed
             return len(bodies) == 3
         wait_until(taken, timeout=10)
         assert bodies == [b"0", b"1", b"2"]
+        getter.close()
     finally:
         broker.stop()

@@ -15,7 +15,8 @@ from warren.shards.records import Refusal
     (Refusal.NOT_EMPTY, spec.PRECONDITION_FAILED,
      "PRECONDITION_FAILED - queue 'q' in vhost '/' not empty"),
     (Refusal.FAILED, spec.INTERNAL_ERROR, None),
-    (Refusal.SHARD_DOWN, spec.INTERNAL_ERROR, None),
+    (Refusal.SHARD_DOWN, spec.NOT_FOUND,
+     "NOT_FOUND - queue 'q' in vhost '/' has crashed and failed to restart"),
 ])
 def test_each_refusal_in_rabbitmq_words(refused, code, text):
     error = refusal_error(refused, "/", "q")
