@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from .controllink import (
     ShardRings,
     ring_fds,
 )
+from .exitwatch import ExitWatch
 from .mirror import Mirror
 
 log = logging.getLogger("warren")
@@ -330,12 +330,6 @@ class Followers:
             process = subprocess.Popen(
                 [sys.executable, "-m", "warren.gateway.follower",
                  msgspec.json.encode(spec).decode()], pass_fds=sorted(fds))
-            try:
-                pidfd = os.pidfd_open(process.pid)
-            except OSError:  # unsupervised, it must not run
-                process.kill()
-                process.wait()
-                raise
         except OSError:
             for sock in opened:
                 sock.close()
@@ -354,7 +348,7 @@ class Followers:
         self.applied[index] = 0
         self.flush()  # what is pending belongs to the snapshot
         link.send(Changes(self.seq, replication.snapshot(self.gateway)))
-        loop.add_reader(pidfd, self._exited, index, process, pidfd)
+        ExitWatch(loop, process, lambda: self._exited(index, process))
         loop.call_later(STABLE, self._stable, index, process)
 
     def _lost(self, index: int, link: ControlLink) -> None:
@@ -385,10 +379,7 @@ class Followers:
                 del self._relayed[key]
         self._release()
 
-    def _exited(self, index: int, process: subprocess.Popen, pidfd: int) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
+    def _exited(self, index: int, process: subprocess.Popen) -> None:
         returncode = process.wait()
         link = self.links.get(index)
         if link is not None:
@@ -411,7 +402,7 @@ class Followers:
         def released(_reply) -> None:
             left[0] -= 1
             if left[0] == 0 and not self.stopping:
-                loop.call_later(delay, self._restart, index)
+                asyncio.get_running_loop().call_later(delay, self._restart, index)
 
         for shard in self.gateway.shards:
             shard.request(lambda req: r.GatewayLost(req, index), released)

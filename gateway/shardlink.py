@@ -35,6 +35,8 @@ from warren.shards import records as r
 from warren.shards.logsetup import LogSettings
 from warren.shards.ring import Ring
 
+from .exitwatch import ExitWatch
+
 log = logging.getLogger("warren.shard")
 
 COMMAND_RING_BYTES = 16 * 1024 * 1024
@@ -99,8 +101,7 @@ class ShardLink:
             [sys.executable, "-m", "warren.shards.main", msgspec.json.encode(spec).decode()],
             pass_fds=fds)
         os.close(lifeline_read)
-        self._pidfd = os.pidfd_open(self.process.pid)
-        self._loop.add_reader(self._pidfd, self._process_exited)
+        self._exit_watch = ExitWatch(self._loop, self.process, self._process_exited)
         self._loop.add_reader(self.events.spec().data_fd, self._read_events)
         self.alive = True
         self._read_events()  # arms the doorbell (tells the shard we sleep)
@@ -152,8 +153,7 @@ class ShardLink:
                 ring.close()
                 ring.unlink()
         if self.process is not None:
-            self._loop.remove_reader(self._pidfd)
-            os.close(self._pidfd)
+            self._exit_watch.cancel()
             os.close(self._lifeline_write)
             os.close(self._doorbell)
         self._batch.clear()
