@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -137,12 +136,7 @@ def measure(client: str, scenario: str, rate: float, warmup: float, seconds: flo
         finally:
             if perf is not None and perf.poll() is None:
                 perf.kill()
-            server.send_signal(signal.SIGINT)
-            try:
-                server.wait(120)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            procs.stop(server, 120)
 
 
 def main(argv: list[str] | None = None) -> None:
