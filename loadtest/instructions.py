@@ -8,8 +8,8 @@ on a shared two-core host, so a change worth a few percent cannot be seen in
 them. Instruction counts can: this starts `warren serve` under valgrind's
 callgrind (its shards too, --trace-children), runs the external client (amqp-perf)
 at a low steady rate, and counts the instructions each process executes over a
-window after the warm-up (callgrind_control dumps at its start and end). Two runs
-agree within about 2%.
+window after the warm-up (callgrind_control dumps at its start and end). Runs
+agree within about 3%.
 
 The default rate, 50 messages a second, is low enough that valgrind (which
 slows the broker some 50 times) leaves every message alone: its own client write
