@@ -14,12 +14,12 @@ makes those: a well-kept formatter that turns a record's `extra` fields into
 keys and serialises what json cannot (a stdlib Formatter would redo both).
 
 One file for all processes, rotated by size (as RabbitMQ's
-log.file.rotation.size and .count). Whichever process is about to take the file
-past its size rotates it (SharedRotatingFileHandler), under a lock so that two
-never do; the others reopen the path before their next line once it names a
-new file. So the size holds however the lines are spread over the processes
-(with several gateways the root writes few). Lines are appended whole
-(O_APPEND), so they do not interleave.
+log.file.rotation.size and .count). Each line is written under a lock on the
+file's folder (SharedRotatingFileHandler): the process reopens the path if
+another rotated it, rotates it if the line would take it past its size, and
+appends the line. So the size holds however the lines are spread over the
+processes (with several gateways the root writes few), and no line lands in a
+file already rotated.
 """
 
 from __future__ import annotations
@@ -50,6 +50,21 @@ class LogSettings(msgspec.Struct, frozen=True):
 class SharedRotatingFileHandler(logging.handlers.RotatingFileHandler):
     """A RotatingFileHandler for a file that several processes append to."""
 
+    def emit(self, record: logging.LogRecord) -> None:
+        # The size check, the rotation and the write under one lock: another process
+        # can neither rotate between this one's check and its write (the line would
+        # land in the rotated file) nor append in between (past the size).
+        try:
+            lock = os.open(os.path.dirname(os.path.abspath(self.baseFilename)), os.O_RDONLY)
+        except OSError:
+            self.handleError(record)
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            super().emit(record)
+        finally:
+            os.close(lock)
+
     def shouldRollover(self, record: logging.LogRecord) -> bool:
         if self.stream is None:
             return False
@@ -60,18 +75,6 @@ class SharedRotatingFileHandler(logging.handlers.RotatingFileHandler):
             return False
         size = os.fstat(self.stream.fileno()).st_size
         return size > 0 and size + len(self.format(record)) + 1 >= self.maxBytes
-
-    def doRollover(self) -> None:
-        lock = os.open(os.path.dirname(os.path.abspath(self.baseFilename)), os.O_RDONLY)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if self._current():
-                super().doRollover()
-            else:  # rotated by another process while this one waited
-                self.stream.close()
-                self.stream = self._open()
-        finally:
-            os.close(lock)
 
     def _current(self) -> bool:
         """Is the open file still the one the path names?"""
