@@ -1,9 +1,14 @@
-"""The compiled twins of the hot paths: the codec's (gateway/amqp/_hotpath.pyx)
-and the ring's core (shards/_ring.pyx). Everything else is in pyproject.toml.
-Both are optional: without a C compiler (or, building without isolation,
-without Cython) the install goes on and the pure Python twins serve."""
+"""The compiled twins of the hot paths: the codec's (gateway/amqp/_hotpath.pyx),
+the ring's core (shards/_ring.pyx), and the gateway's shard link and the shard's
+rings and outbox (their pure modules compiled as they are, typed by .pxd files).
+Everything else is in pyproject.toml. All are optional: without a C compiler
+(or, building without isolation, without Cython) the install goes on and the
+pure Python twins serve."""
 
 from setuptools import Extension, setup
+
+# The steady path's plumbing, compiled from its pure modules (see below).
+TYPED = [("gateway", "shardlink"), ("shards", "gatewayrings"), ("shards", "outbox")]
 
 try:
     from Cython.Build import cythonize
@@ -14,5 +19,18 @@ else:
         [Extension("warren.gateway.amqp._hotpath", ["gateway/amqp/_hotpath.pyx"], optional=True),
          Extension("warren.shards._ring", ["shards/_ring.pyx"], optional=True)],
         compiler_directives={"language_level": 3})
+    # Pure modules compiled as they are, each typed by the .pxd of its extension's
+    # name (gateway/_shardlink.pxd for gateway/shardlink.py): the .py stays the pure
+    # twin (its annotations are for readers). Cython looks for the .pxd by the
+    # module's name within the source tree, where the packages are `gateway` and
+    # `shards` (the tree installs as `warren`): named so for Cython, renamed for
+    # the install.
+    typed = cythonize(
+        [Extension(f"{package}._{module}", [f"{package}/{module}.py"], optional=True)
+         for package, module in TYPED],
+        compiler_directives={"language_level": 3, "annotation_typing": False})
+    for extension in typed:
+        extension.name = "warren." + extension.name
+    extensions += typed
 
 setup(ext_modules=extensions)

@@ -9,8 +9,12 @@ import logging
 import os
 from collections.abc import Callable
 
+from warren.shards.compiled import built, chosen
+
 from .config import Config
-from .shardlink import ShardLink
+from .shardlink import ShardLink as PureShardLink
+
+ShardLink = chosen(PureShardLink, built("warren.gateway._shardlink", "ShardLink"))
 
 log = logging.getLogger("warren")
 

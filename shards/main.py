@@ -30,14 +30,19 @@ from warren.storage.shardstore import ShardStore
 from . import logsetup
 from . import records as r
 from .committer import Committer
-from .gatewayrings import STALLED_AFTER, GatewayRings
+from .compiled import built, chosen
+from .gatewayrings import STALLED_AFTER
+from .gatewayrings import GatewayRings as PureGatewayRings
 from .groupcommit import Commit, GroupCommit
 from .malloc import keep_freed_memory
-from .outbox import Outbox
+from .outbox import Outbox as PureOutbox
 from .persister import Persister
 from .queue import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
 from .stats import StatsLog
 from .timers import TimerHeap
+
+GatewayRings = chosen(PureGatewayRings, built("warren.shards._gatewayrings", "GatewayRings"))
+Outbox = chosen(PureOutbox, built("warren.shards._outbox", "Outbox"))
 
 UNMAP_INTERVAL = 1.0  # seconds between drops of the stores' mapped pages under load
 # Ready messages beyond which a queue with consumers counts as behind them (a few

@@ -3,11 +3,16 @@ put, in ring records of bounded size, and wait while the ring is full."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from warren.shards import records as r
-from warren.shards.outbox import EVENTS_PER_RECORD, Outbox
+from warren.shards.outbox import EVENTS_PER_RECORD
+
+from .twins import OUTBOXES
+
+pytestmark = pytest.mark.parametrize("outbox_class", OUTBOXES)  # pure, and compiled
 
 
 def decoded(records: list[bytes]) -> list:
@@ -16,8 +21,8 @@ def decoded(records: list[bytes]) -> list:
 
 @given(st.lists(st.integers(0, 3 * EVENTS_PER_RECORD), max_size=4),
        st.lists(st.integers(0, 3), max_size=10))
-def test_events_leave_in_order_whatever_the_ring_takes(puts, ring_room):
-    outbox, ring, n = Outbox(), [], 0
+def test_events_leave_in_order_whatever_the_ring_takes(outbox_class, puts, ring_room):
+    outbox, ring, n = outbox_class(), [], 0
     expected = []
     for size in puts:
         events = [r.Progress(n + i) for i in range(size)]
@@ -35,8 +40,8 @@ def test_events_leave_in_order_whatever_the_ring_takes(puts, ring_room):
     assert decoded(ring) == expected and not outbox.waiting()
 
 
-def test_a_turn_events_are_taken_once_and_confirms_join_when_put():
-    outbox = Outbox()
+def test_a_turn_events_are_taken_once_and_confirms_join_when_put(outbox_class):
+    outbox = outbox_class()
     assert outbox.take() == [[]]
     outbox.add(r.Reply(1))
     outbox.add(r.Progress(1))

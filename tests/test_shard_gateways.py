@@ -13,12 +13,10 @@ import time
 
 import pytest
 
-from warren.gateway.shardlink import ShardLink
 from warren.loadtest.shardcost import Driver, RingEnd
 from warren.shards import records as r
-from warren.shards.gatewayrings import STALLED_AFTER, GatewayRings
+from warren.shards.gatewayrings import STALLED_AFTER
 from warren.shards.main import BEHIND_AT, Shard
-from warren.shards.outbox import Outbox
 from warren.shards.persister import Persister
 from warren.shards.ring import Ring
 from warren.shards.stats import StatsLog
@@ -26,6 +24,7 @@ from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore
 
 from .test_shard_shell import InlineCommitter
+from .twins import GATEWAY_RINGS, LINKS, OUTBOXES
 
 TIMEOUT = 10.0
 PROPERTIES = b"\x00\x00"
@@ -235,8 +234,9 @@ def test_losing_no_such_gateway_is_refused(shard):
     assert shard.take_lost() == []
 
 
-def test_events_go_to_the_gateway_they_concern():
-    outbox = Outbox(3)
+@pytest.mark.parametrize("outbox_class", OUTBOXES)
+def test_events_go_to_the_gateway_they_concern(outbox_class):
+    outbox = outbox_class(3)
     outbox.origin = 2
     outbox.add(r.Reply(1))
     outbox.add(r.Deliver(made_by(1, 7), 5, 1, False, "", "q", b"", b"x"))
@@ -256,9 +256,10 @@ def test_events_go_to_the_gateway_they_concern():
 # -- the gateway's end ---------------------------------------------------------
 
 
-def test_a_link_makes_rings_for_every_gateway_and_removes_them(tmp_path):
+@pytest.mark.parametrize("link_class", LINKS)
+def test_a_link_makes_rings_for_every_gateway_and_removes_them(tmp_path, link_class):
     async def scenario() -> list[str]:
-        link = ShardLink(0, str(tmp_path), [0], 0, 60.0, 1 << 26, lambda *a: None,
+        link = link_class(0, str(tmp_path), [0], 0, 60.0, 1 << 26, lambda *a: None,
                          lambda *a: None, gateways=2)
         link.start()
         names = [spec.shm_name for k in range(2)
@@ -291,12 +292,13 @@ def test_a_link_makes_rings_for_every_gateway_and_removes_them(tmp_path):
 class Rings:
     """A shard's GatewayRings over in-process rings, with each gateway's ends."""
 
-    def __init__(self, gateways: int):
+    def __init__(self, gateways: int, classes: tuple):
+        rings_class, outbox_class = classes
         self.commands = [Ring.create(1 << 16) for _ in range(gateways)]
         self.events = [Ring.create(1 << 16) for _ in range(gateways)]
-        self.shard = GatewayRings([r.RingPair(c.spec(), e.spec())
-                                   for c, e in zip(self.commands, self.events)])
-        self.outbox = Outbox(gateways)
+        self.shard = rings_class([r.RingPair(c.spec(), e.spec())
+                                  for c, e in zip(self.commands, self.events)])
+        self.outbox = outbox_class(gateways)
 
     def deliver_to(self, gateway: int) -> None:
         """A turn's delivery for `gateway`, written to its event ring."""
@@ -320,9 +322,17 @@ class Rings:
             ring.unlink()
 
 
+@pytest.fixture(params=[(rings.values[0], outbox.values[0])
+                        for rings, outbox in zip(GATEWAY_RINGS, OUTBOXES)],
+                ids=[rings.id for rings in GATEWAY_RINGS])
+def plumbing(request) -> tuple:
+    """GatewayRings and Outbox: both pure, then both compiled."""
+    return request.param
+
+
 @pytest.fixture
-def rings():
-    made = Rings(2)
+def rings(plumbing):
+    made = Rings(2, plumbing)
     yield made
     made.close()
 
@@ -367,8 +377,8 @@ def test_a_lost_gateway_holds_no_credit(rings):
     assert not rings.shard.holding()
 
 
-def test_with_one_gateway_credit_is_never_held():
-    one = Rings(1)
+def test_with_one_gateway_credit_is_never_held(plumbing):
+    one = Rings(1, plumbing)
     try:
         one.deliver_to(0)
         one.shard.worked(0, 2, one.outbox, behind=True)

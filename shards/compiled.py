@@ -1,0 +1,22 @@
+"""Which build of a pure module's class serves: the extension pip install compiled
+from the module as it is (typed by the .pxd named after the extension: setup.py),
+or the pure class where none was built (no C compiler) or WARREN_PURE_PYTHON is
+set, as for the codec's and the ring's twins."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+
+def built(module: str, name: str):
+    """`name` from the compiled extension `module`, or None where it was not built."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError:
+        return None
+
+
+def chosen(pure, compiled):
+    """The compiled twin, unless there is none or WARREN_PURE_PYTHON asks for the pure one."""
+    return pure if compiled is None or os.environ.get("WARREN_PURE_PYTHON") else compiled
