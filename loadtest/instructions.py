@@ -123,8 +123,7 @@ def measure(client: str, scenario: str, rate: float, warmup: float, seconds: flo
             pids = [server.pid, *[p for p in procs.process_tree(server.pid) if p != server.pid]]
             roles = {pid: role_of(_cmdline(pid)) for pid in pids}
             pids = [pid for pid in pids if roles[pid] is not None]
-            started = time.monotonic()
-            _dump_all(pids, 1, folder, started + 60)
+            _dump_all(pids, 1, folder, time.monotonic() + 60)
             started = time.monotonic()
             time.sleep(seconds)
             ended = time.monotonic()

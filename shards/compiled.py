@@ -1,7 +1,7 @@
-"""Which build of a pure module's class serves: the extension pip install compiled
-from the module as it is (typed by the .pxd named after the extension: setup.py),
-or the pure class where none was built (no C compiler) or WARREN_PURE_PYTHON is
-set, as for the codec's and the ring's twins."""
+"""Which twin serves: the compiled one where pip install built it (the ring's core,
+or a pure module compiled as it is, typed by the .pxd named after its extension:
+setup.py), the pure one where none was built (no C compiler) or
+WARREN_PURE_PYTHON is set, as for the codec's twins."""
 
 from __future__ import annotations
 

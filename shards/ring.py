@@ -41,6 +41,8 @@ from multiprocessing import shared_memory
 
 import msgspec
 
+from .compiled import chosen
+
 _HEAD, _TAIL, _READER_SLEEPING, _WRITER_WAITING = 0, 64, 128, 192
 HEADER_SIZE = 256
 _u64 = struct.Struct("<Q")
@@ -381,7 +383,7 @@ else:
         """A ring on the compiled core."""
 
 # The compiled core unless WARREN_PURE_PYTHON switches it off (as for the codec's twins).
-Ring = PureRing if CompiledRing is None or os.environ.get("WARREN_PURE_PYTHON") else CompiledRing
+Ring = chosen(PureRing, CompiledRing)
 
 
 def _drain(fd: int) -> None:
