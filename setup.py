@@ -8,7 +8,8 @@ pure Python twins serve."""
 from setuptools import Extension, setup
 
 # The steady path's plumbing, compiled from its pure modules (see below).
-TYPED = [("gateway", "shardlink"), ("shards", "gatewayrings"), ("shards", "outbox")]
+TYPED = [("gateway", "shardlink"), ("shards", "gatewayrings"), ("shards", "outbox"),
+         ("shards", "queue")]
 
 try:
     from Cython.Build import cythonize

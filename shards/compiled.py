@@ -9,12 +9,18 @@ import importlib
 import os
 
 
-def built(module: str, name: str):
-    """`name` from the compiled extension `module`, or None where it was not built."""
+def built_module(module: str):
+    """The compiled extension `module`, or None where it was not built."""
     try:
-        return getattr(importlib.import_module(module), name)
+        return importlib.import_module(module)
     except ImportError:
         return None
+
+
+def built(module: str, name: str):
+    """`name` from the compiled extension `module`, or None where it was not built."""
+    extension = built_module(module)
+    return None if extension is None else getattr(extension, name)
 
 
 def chosen(pure, compiled):

@@ -22,7 +22,7 @@ import time
 from warren.storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
 
 from . import records as r
-from .queue import Message, Queue
+from .model import Message, Queue
 
 log = logging.getLogger("warren.shard")
 

@@ -10,6 +10,10 @@ from warren.shards import records as r
 from warren.shards.queue import Queue, Refused
 from warren.storage.queuespec import QueueSpec
 
+from .twins import each_queue_build
+
+queue_build = each_queue_build(globals(), ("Queue", "Refused"))
+
 
 def make_queue(**arguments) -> Queue:
     spec = QueueSpec("/", "q", False, False, False, arguments)

@@ -8,6 +8,10 @@ from warren.shards import records as r
 from warren.shards.queue import Destroyed, Persist, Queue, Remove
 from warren.storage.queuespec import QueueSpec
 
+from .twins import each_queue_build
+
+queue_build = each_queue_build(globals(), ("Destroyed", "Persist", "Queue", "Remove"))
+
 
 def make_queue(durable=False, auto_delete=False) -> Queue:
     return Queue(r.CreateQueue(0, 1, QueueSpec("/", "q", durable, False, auto_delete, {}), {}))

@@ -8,17 +8,22 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from warren.shards import queue
 from warren.shards import records as r
-from warren.shards.queue import Queue
+from warren.shards.compiled import built_module
 from warren.storage.queuespec import QueueSpec
 
+COMPILED = built_module("warren.shards._queue")
 CHANNEL = 900  # the holder id of basic.get deliveries
 
 
 class QueueModel(RuleBasedStateMachine):
+    build = queue  # which build of queue.py: the pure one here, the compiled one below
+
     def __init__(self):
         super().__init__()
-        self.queue = Queue(r.CreateQueue(0, 1, QueueSpec("/", "q", False, False, False, {}), {}))
+        self.queue = self.build.Queue(
+            r.CreateQueue(0, 1, QueueSpec("/", "q", False, False, False, {}), {}))
         self.next_body = 0
         self.ready: set[int] = set()  # model: seqs ready
         self.held: dict[int, set[int]] = {}  # holder -> seqs
@@ -142,3 +147,10 @@ class QueueModel(RuleBasedStateMachine):
 
 TestQueueModel = QueueModel.TestCase
 TestQueueModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+if COMPILED is not None:
+    class CompiledQueueModel(QueueModel):
+        build = COMPILED
+
+    TestCompiledQueueModel = CompiledQueueModel.TestCase
+    TestCompiledQueueModel.settings = TestQueueModel.settings

@@ -12,6 +12,10 @@ from warren.shards import records as r
 from warren.shards.queue import Queue
 from warren.storage.queuespec import QueueSpec
 
+from .twins import each_queue_build
+
+queue_build = each_queue_build(globals(), ("Queue",))
+
 HOLDERS = (11, 12, 13)
 
 ARGUMENTS = st.sampled_from([{}, {"x-max-length": 2}, {"x-single-active-consumer": True},

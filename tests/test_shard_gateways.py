@@ -16,9 +16,9 @@ import pytest
 from warren.loadtest.shardcost import Driver, RingEnd
 from warren.shards import records as r
 from warren.shards.gatewayrings import STALLED_AFTER
-from warren.shards.main import BEHIND_AT, Shard
 from warren.shards.persister import Persister
 from warren.shards.ring import Ring
+from warren.shards.shard import BEHIND_AT, Shard
 from warren.shards.stats import StatsLog
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore

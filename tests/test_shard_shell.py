@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from warren.shards import persister as persister_module
 from warren.shards import records as r
-from warren.shards.main import Shard, before_commit
+from warren.shards.main import before_commit
 from warren.shards.persister import Persister
 from warren.shards.queue import Queue, Remove
+from warren.shards.shard import Shard
 from warren.shards.stats import StatsLog
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore, StoreFull
@@ -47,18 +48,17 @@ def publish(seq: int) -> r.Publish:
 
 def test_failing_commands_are_answered_and_the_next_ones_served(shard, monkeypatch):
     shard.take_events()[0]
-    real_apply = Queue.apply
 
-    def broken(self, cmd, now):
+    def broken(cmd, now):
         raise RuntimeError("a bug in the queue")
 
-    monkeypatch.setattr(Queue, "apply", broken)
+    monkeypatch.setattr(shard.queues[7], "apply", broken)  # the queue's build may be compiled
     shard.run(r.Get(2, 7, 9, True), 0.0)
     shard.run(publish(1), 0.0)
     assert shard.take_events()[0] == [r.GetReply(2, 7, refused=r.Refusal.FAILED)]
     assert shard.start_commit(None, 0.0) == [r.Rejected([3], [1])]  # nacked, not forgotten
 
-    monkeypatch.setattr(Queue, "apply", real_apply)
+    monkeypatch.undo()
     shard.run(publish(2), 0.0)
     shard.run(r.Get(4, 7, 9, True), 0.0)
     (reply,) = shard.take_events()[0]

@@ -1,7 +1,8 @@
 """The hot paths' two twins, pure Python and compiled (the codec's functions, the
 ring's core, the gateway's shard link), for the tests that run both on the same
-inputs (the compiled one where it was built); and the shard's rings and outbox,
-whose compiled twins are their modules built as they are (typed by .pxd files)."""
+inputs (the compiled one where it was built); and the shard's rings, outbox and
+queue state machine, whose compiled twins are their modules built as they are
+(typed by .pxd files)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 
 from warren.gateway import shardlink
 from warren.gateway.amqp import frames, hotpath
-from warren.shards import gatewayrings, outbox, ring
-from warren.shards.compiled import built
+from warren.shards import gatewayrings, outbox, queue, ring
+from warren.shards.compiled import built, built_module
 
 try:  # imported directly: WARREN_PURE_PYTHON switches the broker's choice, not this
     compiled = importlib.import_module("warren.gateway.amqp._hotpath")
@@ -46,3 +47,23 @@ def builds(pure, module: str) -> list:
 LINKS = builds(shardlink.ShardLink, "warren.gateway._shardlink")
 GATEWAY_RINGS = builds(gatewayrings.GatewayRings, "warren.shards._gatewayrings")
 OUTBOXES = builds(outbox.Outbox, "warren.shards._outbox")
+
+
+QUEUE_BUILDS = [pytest.param(queue, id="pure")] + (
+    [pytest.param(built_module("warren.shards._queue"), id="compiled")]
+    if built_module("warren.shards._queue") is not None else [])
+
+
+def each_queue_build(test_globals: dict, names: tuple[str, ...]):
+    """An autouse fixture that runs a test module once for each build of queue.py,
+    with `names` (Queue, its effects) taken from that build into the module's
+    globals. Module-scoped, so hypothesis's tests may use it."""
+
+    @pytest.fixture(scope="module", autouse=True, params=QUEUE_BUILDS)
+    def queue_build(request):
+        with pytest.MonkeyPatch.context() as patch:
+            for name in names:
+                patch.setitem(test_globals, name, getattr(request.param, name))
+            yield request.param
+
+    return queue_build

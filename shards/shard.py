@@ -1,0 +1,317 @@
+"""A shard's queues and what their commands do, as a pure state machine: commands
+in (`run`), effects out (the outbox's events, the persister's writes, the group
+commit's confirms). The shard process (main.py) is the I/O shell around it."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from . import records as r
+from .compiled import built, chosen
+from .groupcommit import Commit, GroupCommit
+from .model import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
+from .outbox import Outbox as PureOutbox
+from .persister import Persister
+from .stats import StatsLog
+from .timers import TimerHeap
+
+Outbox = chosen(PureOutbox, built("warren.shards._outbox", "Outbox"))
+
+# Ready messages beyond which a queue with consumers counts as behind them (a few
+# delivery windows): with several gateways, its publishers' credit then waits.
+BEHIND_AT = 10_000
+STORE_RETRY = "store retry"  # the timer for writing again what a full store refused
+STORE_CHECKPOINT = "store checkpoint"  # the timer for writing the journals to LMDB
+
+log = logging.getLogger("warren.shard")
+
+
+class Shard:
+    """Commands in, effects out; the queues hold all the logic."""
+
+    def __init__(self, index: int, persister: Persister, stats: StatsLog, gateways: int = 1):
+        self.index = index
+        self.persister = persister
+        self.stats = stats
+        started = time.monotonic()
+        stats.event("shard_started")
+        self.queues: dict[int, Queue] = {q.qid: q for q in persister.recover(time.monotonic())}
+        stats.event("shard_recovered", recovery_seconds=round(time.monotonic() - started, 6),
+                    queues=len(self.queues),
+                    messages=sum(q.ready_count for q in self.queues.values()))
+        self.holder_queues: dict[int, set[int]] = {}  # who holds what where, for channel close
+        self.outbox = Outbox(gateways)
+        self.lost: list[tuple[int, r.GatewayLost]] = []  # (origin, report), handled last
+        self.commits = GroupCommit()
+        # When queues have timed work (message TTL, x-expires, consumer timeouts).
+        self.timers = TimerHeap()
+        for queue in self.queues.values():
+            self._schedule(queue)
+        self.running = True
+        self.stored_ok = True  # did the last commit succeed (else: the disk alarm)
+        self.alarms: set[str] = set()
+        self.ram_bytes = sum(q.ram_bytes for q in self.queues.values())  # content in RAM
+        # Gateways whose publishes this turn fed a queue whose consumers are behind:
+        # their credit waits for the other gateways (gatewayrings.py).
+        self.behind: set[int] = set()
+        self.paced = gateways > 1
+
+    def take_events(self) -> list[list]:
+        """This turn's events but confirms, per gateway, with stored content read back."""
+        turn = self.outbox.take()
+        if self.persister.content_out:  # else every event carries its content
+            for events in turn:
+                if events:
+                    self.persister.fill(events)
+        return turn
+
+    def take_lost(self) -> list[tuple[int, r.GatewayLost]]:
+        """This turn's GatewayLost reports with the gateway each came from: handled
+        after the turn's other commands, which may include the lost gateway's last."""
+        lost, self.lost = self.lost, []
+        return lost
+
+    def gateway_lost(self, origin: int, cmd: r.GatewayLost, now: float) -> None:
+        """A gateway died: release its holders as its channels' close would, and
+        drop what waits for it (events, the confirms of its channels). The one
+        that replaces it hears of the alarms in force."""
+        holders = [h for h in self.holder_queues if r.gateway_of(h) == cmd.gateway]
+        if holders:
+            self.handle(r.ReleaseHolders(holders), now)
+        self.outbox.drop(cmd.gateway)
+        self.commits.forget(cmd.gateway)
+        for resource in sorted(self.alarms):  # for the gateway that replaces it
+            self.outbox.add_to(cmd.gateway, r.Alarm(resource, True))
+        self.outbox.origin = origin
+        self.outbox.add(r.Reply(cmd.req))
+
+    # -- commits and confirms ------------------------------------------------------
+
+    def has_commit_work(self) -> bool:
+        return self.commits.has_confirms() or self.persister.writes_due(time.monotonic())
+
+    def start_commit(self, committer, now: float) -> list:
+        """With no commit in flight and commit work (the loop asks has_commit_work
+        first): hand the writes gathered so far to the committer, with the confirms
+        that must wait for them. Confirms of a turn that wrote nothing are returned
+        to be sent at once."""
+        if not self.persister.has_writes(now):
+            return self.commits.finished(self.commits.take(now), True, [], now)
+        committer.submit(self.commits.begin(now, self.persister.begin_commit()).writes)
+        return []
+
+    def finish_commit(self) -> list:
+        """The commit in flight is durable (or failed): its confirms, to send."""
+        commit = self.commits.end()
+        self.persister.finish_commit(commit.writes, self._evict)
+        return self._committed(commit)
+
+    def commit_now(self, started: float | None = None) -> list:
+        """Commit in this thread (no commit in flight) and return the confirms."""
+        commit = self.commits.take(time.monotonic() if started is None else started)
+        commit.writes = self.persister.commit(self._evict)
+        return self._committed(commit)
+
+    def _committed(self, commit: Commit) -> list:
+        """After a commit: its confirms (nacks if it failed)."""
+        self.stored_ok = commit.writes.ok
+        self.timers.schedule(STORE_RETRY, self.persister.retry_at)
+        self.timers.schedule(STORE_CHECKPOINT, self.persister.checkpoint_at)
+        return self.commits.finished(commit, commit.writes.ok, commit.writes.sizes,
+                                     time.monotonic())
+
+    def _evict(self, qid: int, msg) -> None:
+        queue = self.queues.get(qid)
+        if queue is not None:
+            before = queue.ram_bytes
+            queue.evict(msg)
+            self.ram_bytes += queue.ram_bytes - before
+
+    def _apply(self, queue: Queue, cmd, now: float) -> bool:
+        """Apply a command to a queue; False if the queue refused a publish."""
+        accepted = self._step(queue, queue.apply, cmd, now)
+        if _has_timers(queue):
+            self._schedule(queue)
+        return accepted
+
+    def _step(self, queue: Queue, step, *args) -> bool:
+        """Run one step of a queue's state machine, carry out its effects and follow
+        the change in the bodies it holds in RAM. False if it refused a publish."""
+        before = queue.ram_bytes
+        accepted = self._effects(step(*args))
+        self.ram_bytes += queue.ram_bytes - before
+        return accepted
+
+    # -- timers ------------------------------------------------------------------
+
+    def run_timers(self, now: float) -> None:
+        """Give the queues whose timers are due their tick. A due store retry or
+        checkpoint only wakes the loop, which then commits."""
+        for key in self.timers.due(now):
+            queue = self.queues.get(key) if type(key) is int else None
+            if queue is None:
+                continue
+            deadline = queue.next_deadline()  # the timer may be early (timers.py)
+            if deadline is not None and deadline <= now:
+                self._step(queue, queue.tick, now)
+            self._schedule(queue)
+
+    def _schedule(self, queue: Queue) -> None:
+        self.timers.schedule(queue.qid, None if queue.deleted else queue.next_deadline())
+
+    def check_resources(self, memory_limit: int, stored: bool) -> bool:
+        """Raise or clear this shard's alarms (publishers are blocked while any is on);
+        True if one changed (its event is in the outbox). Asked every turn."""
+        alarms, changed = self.alarms, False
+        if memory_limit and (self.ram_bytes > memory_limit) != ("memory" in alarms):
+            self._alarm("memory", self.ram_bytes > memory_limit)
+            changed = True
+        if stored == ("disk" in alarms):
+            self._alarm("disk", not stored)
+            changed = True
+        return changed
+
+    def _alarm(self, resource: str, active: bool) -> None:
+        """An alarm turns on or off."""
+        (self.alarms.add if active else self.alarms.discard)(resource)
+        self.outbox.add(r.Alarm(resource, active))
+        self.stats.event("alarm", resource=resource, state="on" if active else "off",
+                         ram_bytes=self.ram_bytes)
+
+    def run(self, cmd, now: float) -> None:
+        """Handle one command; a command that fails (a bug) is answered and logged,
+        and the shard goes on serving everyone else."""
+        try:
+            self.handle(cmd, now)
+        except Exception:
+            log.exception("shard %d: %s failed", self.index, type(cmd).__name__)
+            req = getattr(cmd, "req", 0)
+            if type(cmd) is r.Get:
+                self.outbox.add(r.GetReply(req, cmd.qid, refused=r.Refusal.FAILED))
+            elif req:
+                self.outbox.add(r.Reply(req, r.Refusal.FAILED))
+            elif type(cmd) is r.Publish and cmd.confirm_channel:
+                self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted=False)
+
+    def handle(self, cmd, now: float) -> None:
+        kind = type(cmd)
+        if kind is r.Publish:
+            accepted = True  # by every queue (x-overflow reject-publish turns it away)
+            for qid in cmd.qids:
+                queue = self.queues.get(qid)
+                if queue is None:
+                    continue
+                if queue.straight and queue.consumers:
+                    # What _apply does with the one Deliver of the queue's short way
+                    # (nothing ready, so nobody is behind; its timers stay as they
+                    # were), without its steps: most of a turn at a steady rate.
+                    before = queue.ram_bytes
+                    deliver = queue.publish_straight(cmd, now)
+                    if deliver is not None:
+                        self.outbox.add(deliver)
+                        self.ram_bytes += queue.ram_bytes - before
+                        continue
+                if not self._apply(queue, cmd, now):
+                    accepted = False
+                if self.paced and queue.ready_count >= BEHIND_AT and queue.consumers:
+                    self.behind.add(self.outbox.origin)
+            if cmd.confirm_channel:
+                self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted)
+        elif kind is r.CreateQueue:
+            if cmd.qid not in self.queues:
+                queue = self.queues[cmd.qid] = Queue(cmd)
+                if queue.stored:
+                    self.persister.create_queue(queue)
+                self.stats.event("queue_declared", vhost=cmd.spec.vhost, queue=cmd.spec.name,
+                                 durable=cmd.spec.durable)
+            self.outbox.add(r.Reply(cmd.req))
+        elif kind is r.ReleaseHolders:
+            qids: set[int] = set()
+            for holder in cmd.holders:
+                qids |= self.holder_queues.pop(holder, set())
+            for qid in qids:
+                queue = self.queues.get(qid)
+                if queue is not None:
+                    self._apply(queue, cmd, now)
+        elif kind is r.QueueInfo:
+            wanted = cmd.qids or list(self.queues)
+            self.outbox.add(r.QueueInfoReply(cmd.req, [
+                _queue_figures(self.queues[qid]) for qid in wanted if qid in self.queues],
+                self.commits.fsyncs, self.commits.messages))
+        elif kind is r.Stop:
+            self.running = False
+        elif kind is r.GatewayLost:
+            if not 0 < cmd.gateway < self.outbox.gateways or cmd.gateway == self.outbox.origin:
+                raise ValueError(f"no gateway {cmd.gateway} to lose")
+            self.lost.append((self.outbox.origin, cmd))
+        else:
+            queue = self.queues.get(cmd.qid)
+            if queue is None:
+                self._missing_queue(cmd)
+                return
+            if kind is r.Consume or kind is r.Get:
+                self.holder_queues.setdefault(cmd.holder, set()).add(cmd.qid)
+            if kind is r.Consume:
+                self.stats.event("consumer_added", vhost=queue.spec.vhost, queue=queue.spec.name,
+                                 consumer_tag=cmd.tag, timeout_ms=cmd.timeout_ms)
+            elif kind is r.Cancel:
+                self.stats.event("consumer_cancelled", vhost=queue.spec.vhost,
+                                 queue=queue.spec.name)
+            self._apply(queue, cmd, now)
+
+    def _missing_queue(self, cmd) -> None:
+        # The queue went away (deleted, or auto-deleted) after the gateway sent this.
+        req = getattr(cmd, "req", None)
+        if req is None:
+            return
+        if type(cmd) is r.Get:
+            self.outbox.add(r.GetReply(req, cmd.qid, refused=r.Refusal.NO_QUEUE))
+        else:
+            self.outbox.add(r.Reply(req, r.Refusal.NO_QUEUE))
+
+    def _effects(self, effects: list) -> bool:
+        """Carry out a queue's effects; False if it refused a publish."""
+        persister = self.persister
+        accepted = True
+        for effect in effects:
+            kind = type(effect)
+            if kind is r.Deliver:
+                self.outbox.add(effect)
+            elif kind is Persist:
+                persister.persist(effect.qid, effect.messages, effect.rich)
+            elif kind is Remove:
+                persister.remove(effect.qid, effect.seqs)
+            elif kind is Delivered:
+                persister.mark_delivered(effect.qid, effect.seq, effect.rich, effect.in_order)
+            elif kind is Refused:
+                accepted = False
+            elif kind is CountsChanged:
+                persister.update_counts(effect.qid, effect.seq, effect.delivery_count,
+                                        effect.acquired)
+            elif kind is Destroyed:
+                queue = self.queues.pop(effect.qid, None)
+                persister.delete_queue(effect.qid)
+                self.timers.cancel(effect.qid)
+                if queue is not None:
+                    self.stats.event("queue_deleted", vhost=queue.spec.vhost, queue=queue.spec.name)
+            else:
+                if kind is r.ConsumerTimedOut:
+                    queue = self.queues.get(effect.qid)
+                    if queue is not None:
+                        self.stats.event("consumer_timed_out", vhost=queue.spec.vhost,
+                                         queue=queue.spec.name, messages=len(effect.seqs),
+                                         timeout_ms=effect.timeout_ms)
+                self.outbox.add(effect)
+        return accepted
+
+
+def _queue_figures(queue: Queue) -> list[int]:
+    c = queue.counters
+    return [queue.qid, queue.ready_count, queue.unacked_count, len(queue.consumers),
+            queue.ram_bytes, c.published, c.delivered, c.redelivered, c.acked, c.rejected,
+            c.expired, c.dead_lettered]
+
+
+def _has_timers(queue: Queue) -> bool:
+    return queue.may_expire or queue.expires_after is not None or bool(queue.lock_heap)
