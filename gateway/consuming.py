@@ -340,20 +340,8 @@ class Consuming:
     def _settle_now(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
         if self.timed_out:
             self._settled_timed_out({tag for tag, _ in taken})
-        if len(taken) == 1:  # one ack of one delivery: the common case, without grouping
-            delivery = taken[0][1]
-            consumer = None
-            if delivery.holder != self.id:
-                self.consumer_unacked -= 1
-                consumer = self.by_holder.get(delivery.holder)
-                if consumer is not None:
-                    consumer.unacked -= 1
-            link = delivery.link
-            link.send(r.Settle(delivery.qid, delivery.holder, [delivery.seq], outcome),
-                      lazy=outcome == r.SETTLE_ACK and not self.channel_prefetch
-                      and _room_left(consumer, link.lazy_acks))
-            if self.channel_prefetch:
-                self._deal_credit()
+        if len(taken) == 1:
+            self._settle_one(taken[0][1], outcome)
             return
         groups: dict[tuple, list[int]] = {}
         for _tag, delivery in taken:
@@ -367,6 +355,22 @@ class Consuming:
         for (link, qid, holder), seqs in groups.items():
             link.send(r.Settle(qid, holder, seqs, outcome))
         self._deal_credit()
+
+    def _settle_one(self, delivery: Delivery, outcome: int) -> None:
+        """One delivery settled, outside a transaction: the common case, without
+        grouping (its timed-out state, if any, already dealt with)."""
+        consumer = None
+        if delivery.holder != self.id:
+            self.consumer_unacked -= 1
+            consumer = self.by_holder.get(delivery.holder)
+            if consumer is not None:
+                consumer.unacked -= 1
+        link = delivery.link
+        link.send(r.Settle(delivery.qid, delivery.holder, [delivery.seq], outcome),
+                  lazy=outcome == r.SETTLE_ACK and not self.channel_prefetch
+                  and _room_left(consumer, link.lazy_acks))
+        if self.channel_prefetch:
+            self._deal_credit()
 
     def _basic_ack(self, method: m.BasicAck) -> None:
         taken = self.unacked.take(method.delivery_tag, method.multiple)

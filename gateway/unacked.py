@@ -38,6 +38,10 @@ class Unacked:
     def get(self, tag: int) -> Delivery | None:
         return self._by_tag.get(tag)
 
+    def pop(self, tag: int) -> Delivery | None:
+        """Remove and return the delivery of `tag` (None if there is none)."""
+        return self._by_tag.pop(tag, None)
+
     def take(self, tag: int, multiple: bool) -> list[tuple[int, Delivery]]:
         """Remove and return what an ack, nack or reject of `tag` settles."""
         by_tag = self._by_tag

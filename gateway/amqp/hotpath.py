@@ -85,6 +85,10 @@ def _parse_publish(payload: bytes) -> Publish:
     return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2))
 
 
+# basic.ack's arguments from a payload checked as parse_ack's: (delivery tag, bits).
+ack_arguments = _ack_arguments.unpack_from  # (payload, 4)
+
+
 def parse_ack(payload: bytes) -> m.BasicAck:
     """basic.ack from a payload of exactly ACK_SIZE bytes with ACK_IDS (the caller
     checks); the generic class, as every other method handler expects."""
