@@ -1,6 +1,7 @@
 """The compiled twins of the hot paths: the codec's (gateway/amqp/_hotpath.pyx),
 the ring's core (shards/_ring.pyx), and the gateway's shard link and the shard's
-rings and outbox (their pure modules compiled as they are, typed by .pxd files).
+rings, outbox and queue state machine (their pure modules compiled as they are,
+typed by .pxd files).
 Everything else is in pyproject.toml. All are optional: without a C compiler
 (or, building without isolation, without Cython) the install goes on and the
 pure Python twins serve."""
@@ -17,8 +18,8 @@ except ImportError:  # pyproject.toml asks for it; only a build without isolatio
     extensions = []
 else:
     extensions = cythonize(
-        [Extension("warren.gateway.amqp._hotpath", ["gateway/amqp/_hotpath.pyx"], optional=True),
-         Extension("warren.shards._ring", ["shards/_ring.pyx"], optional=True)],
+        [Extension("warren.gateway.amqp._hotpath", ["gateway/amqp/_hotpath.pyx"]),
+         Extension("warren.shards._ring", ["shards/_ring.pyx"])],
         compiler_directives={"language_level": 3})
     # Pure modules compiled as they are, each typed by the .pxd of its extension's
     # name (gateway/_shardlink.pxd for gateway/shardlink.py): the .py stays the pure
@@ -27,11 +28,13 @@ else:
     # `shards` (the tree installs as `warren`): named so for Cython, renamed for
     # the install.
     typed = cythonize(
-        [Extension(f"{package}._{module}", [f"{package}/{module}.py"], optional=True)
+        [Extension(f"{package}._{module}", [f"{package}/{module}.py"])
          for package, module in TYPED],
         compiler_directives={"language_level": 3, "annotation_typing": False})
     for extension in typed:
         extension.name = "warren." + extension.name
     extensions += typed
+    for extension in extensions:  # cythonize drops it: a failed build must not stop the install
+        extension.optional = True
 
 setup(ext_modules=extensions)
