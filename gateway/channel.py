@@ -107,20 +107,12 @@ class Channel(Declarations, Consuming, Publishing):
                 and payload[:4] == hotpath.ACK_IDS and not self._waiting
                 and self.assembler.method is None):
             # basic.ack, a consumer's every message: what feed, _command and
-            # handle_method would do, without the layers; and an ack of one
-            # delivery outside a transaction, without those of _basic_ack.
+            # handle_method would do, without the layers or the method object.
             tag, bits = hotpath.ack_arguments(payload, 4)
-            if not bits & 1 and self.tx is None and not self.timed_out:
-                delivery = self.unacked.pop(tag)
-                if delivery is not None:
-                    self.gateway.totals.acknowledged += 1
-                    self._settle_one(delivery, r.SETTLE_ACK)
-                    return
-            self._running = ack = hotpath.parse_ack(payload)
             try:
-                self._basic_ack(ack)
+                self._ack(tag, bool(bits & 1))
             except AMQPError as error:
-                _name(error, ack)
+                _name(error, m.BasicAck)
                 raise
             return
         command = self.assembler.feed(frame_type, payload)

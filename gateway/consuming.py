@@ -373,7 +373,17 @@ class Consuming:
             self._deal_credit()
 
     def _basic_ack(self, method: m.BasicAck) -> None:
-        taken = self.unacked.take(method.delivery_tag, method.multiple)
+        self._ack(method.delivery_tag, method.multiple)
+
+    def _ack(self, tag: int, multiple: bool) -> None:
+        if not multiple and self.tx is None and not self.timed_out:
+            # one delivery, the common case: without the list _settle takes
+            delivery = self.unacked.pop(tag)
+            if delivery is not None:
+                self.gateway.totals.acknowledged += 1
+                self._settle_one(delivery, r.SETTLE_ACK)
+                return
+        taken = self.unacked.take(tag, multiple)
         self.gateway.totals.acknowledged += len(taken)
         self._settle(taken, r.SETTLE_ACK)
 

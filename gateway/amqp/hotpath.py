@@ -85,7 +85,7 @@ def _parse_publish(payload: bytes) -> Publish:
     return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2))
 
 
-# basic.ack's arguments from a payload checked as parse_ack's: (delivery tag, bits).
+# basic.ack's arguments, from a payload checked as parse_ack's: (delivery tag, bits).
 ack_arguments = _ack_arguments.unpack_from  # (payload, 4)
 
 
