@@ -87,16 +87,12 @@ class Publishing:
         route = self._routes.get(payload)
         gateway = self.gateway
         if (route is not None and route.epoch == gateway.epoch and self.tx is None
-                and not self._waiting
-                and not (flags := properties[0] << 8 | properties[1]) & _EXTRAS
+                and not self._waiting and not (properties[0] << 8 | properties[1]) & _EXTRAS
                 and len(body) <= self.assembler.max_size):
-            if not flags & _BEFORE_DELIVERY_MODE and len(properties) > 2:  # _persistent's
-                persistent = bool(flags & _DELIVERY_MODE) and properties[2] == 2  # first way
-            else:
-                try:
-                    persistent = _persistent(properties)
-                except PropertiesError:
-                    persistent = None  # _route says what is wrong with them
+            try:
+                persistent = _persistent(properties)
+            except PropertiesError:
+                persistent = None  # _route says what is wrong with them
             if persistent is not None:
                 totals = gateway.totals
                 totals.received += 1

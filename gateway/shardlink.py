@@ -208,9 +208,8 @@ class ShardLink:
                 last.seqs.extend(record.seqs)  # a run of acks: one record, as one multiple ack
                 return
         self._batch.append(record)
-        if feeder is not None:  # a publish: it spends its connection's credit (credit_cost)
-            self._feeds[feeder] = self._feeds.get(feeder, 0) + (
-                r.PERSISTENT_COST if record.persistent else 1)
+        if feeder is not None:  # a publish: it spends its connection's credit
+            self._feeds[feeder] = self._feeds.get(feeder, 0) + r.credit_cost(record)
         if not self.flush_scheduled and self._lazy_until is None:
             self.flush_scheduled = True
             self._loop.call_soon(self.flush)
