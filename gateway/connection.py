@@ -97,6 +97,7 @@ class Connection(asyncio.BufferedProtocol):
         # counted by gateway 0 (on another gateway): every connection that opened,
         # so the one that may declare, own exclusive queues and count against limits
         self.admitted = False
+        self._let_go_done = False
         self._last_received = self._last_sent = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._received_any = False
@@ -131,14 +132,25 @@ class Connection(asyncio.BufferedProtocol):
         self.state = CLOSED
         if self._timer is not None:
             self._timer.cancel()
-        for channel in list(self.channels.values()):
-            channel.release()
-        self.channels.clear()
-        self.gateway.delete_exclusive_queues(self)
+        self._let_go()
         self.gateway.connections.discard(self)
         self.gateway.totals.connections_closed += 1
         for link in self.gateway.shards:
             link.forget(self)
+
+    def _let_go(self) -> None:
+        """Release the channels (their unacked messages requeue, their consumers go)
+        and the exclusive queues, and stop counting against the limits (gateway 0,
+        told): once, before close-ok to the client's connection.close (RabbitMQ closes
+        the channels first; a client reconnecting at once, through any gateway, finds
+        its old connection gone) or when the connection ends another way."""
+        if self._let_go_done:
+            return
+        self._let_go_done = True
+        for channel in list(self.channels.values()):
+            channel.release()
+        self.channels.clear()
+        self.gateway.delete_exclusive_queues(self)
 
     def buffer_updated(self, nbytes: int) -> None:
         # The transport holds the buffer until this returns: the reader is not
@@ -548,6 +560,7 @@ class Connection(asyncio.BufferedProtocol):
         elif kind is m.ConnectionOpen:
             self._open(method)
         elif kind is m.ConnectionClose:
+            self._let_go()
             self.method(0, m.ConnectionCloseOk())
             self._linger()
         else:  # connection.update-secret

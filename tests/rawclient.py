@@ -68,7 +68,7 @@ class Conversation:
 
     def handshake(self, capabilities: dict | None = None, user: str = "guest",
                   password: str = "guest", heartbeat: int = 0,
-                  channel_max: int | None = None) -> None:
+                  channel_max: int | None = None, vhost: str = "/") -> None:
         self.send(frames.PROTOCOL_HEADER)
         self.expect(0, m.ConnectionStart)
         props = {"product": "rawclient", "capabilities": capabilities or {}}
@@ -78,7 +78,7 @@ class Conversation:
         tune = self.expect(0, m.ConnectionTune)
         self.send_method(0, m.ConnectionTuneOk(channel_max=channel_max or tune.channel_max,
                                                frame_max=tune.frame_max, heartbeat=heartbeat))
-        self.send_method(0, m.ConnectionOpen(virtual_host="/"))
+        self.send_method(0, m.ConnectionOpen(virtual_host=vhost))
         self.expect(0, m.ConnectionOpenOk)
 
     def open_channel(self, number: int = 1) -> None:

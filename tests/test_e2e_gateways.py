@@ -16,9 +16,11 @@ import pika.exceptions
 import pytest
 
 from warren.gateway.access import AccessControl
+from warren.gateway.amqp import methods as m
 from warren.storage.metastore import MetaStore, VHostDef
 
 from .conftest import RunningBroker, wait_until
+from .rawclient import RawClient
 from .test_e2e_basic import shard_pids
 
 
@@ -387,7 +389,8 @@ def test_the_disk_alarm_blocks_publishers_on_every_gateway(tmp_path):
         broker.stop()
 
 
-def test_limits_count_the_connections_and_channels_of_every_gateway(tmp_path):
+def limited_broker(tmp_path) -> RunningBroker:
+    """Two gateways; vhost "one" takes one connection, user "two" two channels."""
     data = tmp_path / "data"
     data.mkdir()
     meta = MetaStore(str(data / "meta"))
@@ -400,22 +403,28 @@ def test_limits_count_the_connections_and_channels_of_every_gateway(tmp_path):
     access.put_user("two", "pw", [], limits={"max-channels": 2})
     access.set_permissions("two", "/", ".*", ".*", ".*")
     meta.close()
-    broker = RunningBroker(data, shards=1, gateways=2).start()
+    return RunningBroker(data, shards=1, gateways=2).start()
 
-    def open_on(gateway: int, vhost: str = "/", user: str = "guest", password: str = "guest"):
-        return pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", broker.gateway_port(gateway), vhost,
-            pika.PlainCredentials(user, password), connection_attempts=1))
 
+def open_on(broker: RunningBroker, gateway: int, vhost: str = "/", user: str = "guest",
+            password: str = "guest") -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", broker.gateway_port(gateway), vhost,
+        pika.PlainCredentials(user, password), connection_attempts=1))
+
+
+def test_limits_count_the_connections_and_channels_of_every_gateway(tmp_path):
+    broker = limited_broker(tmp_path)
     try:
         for first, second in ((2, 1), (1, 2)):
-            held = open_on(first, "one")
+            held = open_on(broker, first, "one")
             with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as raised:
-                open_on(second, "one")
+                open_on(broker, second, "one")
             assert "access to vhost 'one' refused for user 'guest': connection limit (1) " \
                    "is reached" in str(raised.value)
             held.close()
-        on2, on1 = open_on(2, user="two", password="pw"), open_on(1, user="two", password="pw")
+        on2 = open_on(broker, 2, user="two", password="pw")
+        on1 = open_on(broker, 1, user="two", password="pw")
         on2.channel()
         on1.channel()  # the user's two channels, on two gateways
         refusal = ("NOT_ALLOWED - number of channels opened for user 'two' has reached the "
@@ -424,12 +433,41 @@ def test_limits_count_the_connections_and_channels_of_every_gateway(tmp_path):
             on1.channel()  # counted by the root with gateway 2's channel
         assert raised.value.reply_text == refusal
         # on1's channel went with it; the root counts the one on gateway 1 too
-        on1 = open_on(1, user="two", password="pw")
+        on1 = open_on(broker, 1, user="two", password="pw")
         on1.channel()
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
             on2.channel()
         assert raised.value.reply_text == refusal
     finally:
+        broker.stop()
+
+
+def test_a_client_s_connection_close_lets_everything_go_before_close_ok(tmp_path):
+    """As RabbitMQ does, its channels close (unacked messages back in the queue) and
+    its exclusive queues go before close-ok, while the client still holds its socket.
+    Warren also stops counting the connection then, on every gateway, so a client
+    that reconnects at once is never refused for itself. (RabbitMQ counts it until
+    the socket ends.)"""
+    broker = limited_broker(tmp_path)
+    raw = RawClient(broker.gateway_port(2))
+    try:
+        raw.handshake(vhost="one")
+        raw.open_channel()
+        raw.call(1, m.QueueDeclare(queue="held"), m.QueueDeclareOk)
+        raw.call(1, m.QueueDeclare(queue="mine", exclusive=True), m.QueueDeclareOk)
+        raw.publish(1, "held", b"unacked")
+        raw.call(1, m.BasicConsume(queue="held", consumer_tag="c"), m.BasicConsumeOk)
+        raw.expect(1, m.BasicDeliver)
+        raw.call(0, m.ConnectionClose(reply_code=200, reply_text="bye"), m.ConnectionCloseOk)
+        again = open_on(broker, 1, "one")  # the limit is one connection
+        channel = again.channel()
+        assert channel.basic_get("held", auto_ack=True)[2] == b"unacked"
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as raised:
+            channel.queue_declare("mine", passive=True)
+        assert raised.value.reply_code == 404
+        again.close()
+    finally:
+        raw.close()
         broker.stop()
 
 
