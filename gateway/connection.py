@@ -7,9 +7,10 @@ are flushed at the same moment.
 
 Fairness: before handling input, the shards' waiting events (deliveries,
 confirms, credit) are taken in; a connection handles at most FRAMES_PER_TURN
-frames per loop turn and then yields to everyone else. Reading stops while the
-connection is held: out of credit towards a shard or a shard's ring full
-(state `flow`), or a resource alarm (state `blocked`, with connection.blocked).
+frames per loop turn (FRAMES_PER_SHARED_TURN while input of the other kind,
+publishes or acks, comes in too) and then yields to everyone else. Reading stops while the connection is
+held: out of credit towards a shard or a shard's ring full (state `flow`), or a
+resource alarm (state `blocked`, with connection.blocked).
 
 Input: the transport reads the socket straight into the frame reader's buffer
 (get_buffer, buffer_updated); bytes handed to data_received are copied in.
@@ -38,8 +39,15 @@ HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 3.0
 # Frames one connection may handle per loop turn before yielding (a publish is
 # three): small enough that deliveries and credit are not kept waiting behind a
-# flood, large enough that a turn's work still goes out in big batches.
+# flood, large enough that a turn's work still goes out in big batches. A third
+# of that when input of the other kind came in since the connection's last turn:
+# publishes, for one whose last turn had acks or other commands, and those, for
+# one whose last turn had publishes only. Each ack frees a delivery, and the
+# round trip it waits through behind a flood bounds a manual-ack consumer; floods
+# among themselves keep the larger budget, which costs less a message (measured:
+# docs/architecture.md).
 FRAMES_PER_TURN = 90
+FRAMES_PER_SHARED_TURN = 30
 ALARM = "alarm"  # why reading is held, beside the shard links that hold it
 YIELD = "yield"
 ADMIT = "admit"  # another gateway waits for gateway 0 to count this connection or channel
@@ -89,6 +97,10 @@ class Connection(asyncio.BufferedProtocol):
         # Why reading is held: shard links (credit spent, ring full), ALARM, or YIELD
         # (this turn's share of input is used up; the rest waits in the reader).
         self._paused_by: set = set()
+        # Its last input turn's kind (not publishes only), and how many turns of
+        # the other kind the gateway had had by then (its budget: FRAMES_PER_TURN).
+        self._commands = False
+        self._other_kind_seen = 0
         self.has_published = False
         # method payload -> publishing.Route: where its channels' publishes went (one
         # user, one vhost: a route holds for every channel of the connection)
@@ -177,23 +189,29 @@ class Connection(asyncio.BufferedProtocol):
         """Handle this turn's share of the buffered frames, after the shards' events
         (taken in and written out first); what it produces goes to the shards at once,
         so a consumer's acks are not a loop turn late."""
-        self.gateway.take_shard_events()
+        gateway = self.gateway
+        gateway.take_shard_events()
+        turns = gateway.turns_by_kind
+        budget = (FRAMES_PER_TURN if turns[not self._commands] == self._other_kind_seen
+                  else FRAMES_PER_SHARED_TURN)
+        commands = published = False
         try:
             if self.state == AWAIT_HEADER and not self._read_protocol_header():
                 return
-            budget = FRAMES_PER_TURN
             reader = self.reader
             while self.state != CLOSED and not self._paused_by:
                 publish = reader.next_publish()
                 if publish is not None:  # three frames (or two) in one pass
                     self._handle_publish(*publish)
                     budget -= 3
+                    published = True
                 else:
                     frame = reader.next_frame()
                     if frame is None:
                         break
                     self._handle_frame(*frame)
                     budget -= 1
+                    commands = True
                 if budget <= 0:
                     self._pause(YIELD)
                     self.loop.call_soon(self._next_turn)
@@ -205,7 +223,11 @@ class Connection(asyncio.BufferedProtocol):
         except Exception as error:
             self.fail(error)
         finally:
-            self.gateway.shards.send()
+            if commands or published:
+                turns[commands] += 1
+                self._commands = commands
+            self._other_kind_seen = turns[not self._commands]
+            gateway.shards.send()
 
     def pause_writing(self) -> None:
         self._writing_paused = True

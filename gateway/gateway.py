@@ -136,6 +136,9 @@ class Gateway:
         self.alarms = Alarms(self._alarm_changed, logs=self.authority)
         self._dirty: list = []  # connections with output to write this turn
         self._flush_pending = False
+        # Connections' input turns so far: [publishes only, anything else (acks,
+        # say)]. Input of the other kind meanwhile shortens a Connection's turn.
+        self.turns_by_kind = [0, 0]
         self.connections: set = set()
         self.holders: dict[int, "Channel"] = {}  # consumer id -> its channel
         self.reply_channels: dict[str, "Channel"] = {}  # direct reply-to key -> channel

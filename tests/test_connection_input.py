@@ -1,11 +1,16 @@
 """How a connection takes its input, in-process (tests/inproc.py, which reads input
-into the connection's buffer as uvloop does): the read buffer's memory."""
+into the connection's buffer as uvloop does): the read buffer's memory, and how
+much of it one loop turn handles."""
 
 from __future__ import annotations
 
+import asyncio
+import struct
+
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
-from warren.gateway.connection import OPEN
+from warren.gateway.connection import FRAMES_PER_SHARED_TURN, FRAMES_PER_TURN, OPEN
+from warren.gateway.tlshandshake import feed
 
 
 def test_an_idle_connection_gives_its_read_buffer_back(inproc):
@@ -21,3 +26,44 @@ def test_an_idle_connection_gives_its_read_buffer_back(inproc):
     # Reading goes on as before.
     client.call(1, m.QueueDeclare(queue="", exclusive=True), m.QueueDeclareOk)
     assert client.conn.state == OPEN  # the tick was not taken for missed heartbeats
+
+
+def test_a_flood_yields_sooner_while_acks_come_in(inproc):
+    """A publisher with input to spare handles FRAMES_PER_TURN frames a loop turn
+    beside another flood, and FRAMES_PER_SHARED_TURN once another connection
+    handled anything but publishes (a consumer's acks, say; heartbeats here) since
+    its last; and that one, FRAMES_PER_SHARED_TURN too while publishes come in.
+    Each ack frees a delivery, and behind a flood it waits for the turns of both."""
+    publisher, flood, other = inproc.client(), inproc.client(), inproc.client()
+    for client in (publisher, flood, other):
+        client.handshake()
+        client.open_channel()
+    queue = publisher.call(1, m.QueueDeclare(queue="", exclusive=True), m.QueueDeclareOk).queue
+    one = frames.content_frames(1, m.encode_method(m.BasicPublish(routing_key=queue)), 60,
+                                b"\x00\x00", b"x", 131072)
+    count = 100  # within the connection's credit: nothing but the budget holds it
+    reader = publisher.conn.reader
+
+    def handled() -> int:
+        return count - reader.buffered // len(one)
+
+    heartbeat = struct.pack(">BHI", frames.FRAME_HEARTBEAT, 0, 0) + b"\xce"
+
+    async def turns() -> tuple[int, int, int]:
+        feed(publisher.conn, one * count)  # its first turn, here
+        feed(flood.conn, one * count)  # another flood's, to the same queue
+        before = handled()
+        await asyncio.sleep(0)  # one loop turn: each flood's next share
+        beside_a_flood = handled() - before
+        feed(other.conn, heartbeat)
+        before = handled()
+        await asyncio.sleep(0)
+        after_other_input = handled() - before
+        feed(other.conn, heartbeat * 200)  # and publishes came in since its last turn
+        return beside_a_flood, after_other_input, 200 - other.conn.reader.buffered // 8
+
+    assert inproc.loop.run_until_complete(turns()) == (
+        FRAMES_PER_TURN // 3, FRAMES_PER_SHARED_TURN // 3, FRAMES_PER_SHARED_TURN)
+    inproc.run(lambda: reader.buffered == 0)  # and the rest in later turns
+    assert publisher.call(1, m.QueueDeclare(queue=queue, passive=True),
+                          m.QueueDeclareOk).message_count == 2 * count
