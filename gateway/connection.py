@@ -107,9 +107,9 @@ class Connection(asyncio.BufferedProtocol):
         self.routes: dict = {}
         self.exclusive_queues: set = set()  # QueueMeta of the exclusive queues it owns
         # counted by gateway 0 (on another gateway): every connection that opened,
-        # so the one that may declare, own exclusive queues and count against limits
+        # so the one that may declare, own exclusive queues and count against limits,
+        # until gateway 0 is told it closed (follower.connection_closed)
         self.admitted = False
-        self._let_go_done = False
         self._last_received = self._last_sent = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._received_any = False
@@ -153,12 +153,9 @@ class Connection(asyncio.BufferedProtocol):
     def _let_go(self) -> None:
         """Release the channels (their unacked messages requeue, their consumers go)
         and the exclusive queues, and stop counting against the limits (gateway 0,
-        told): once, before close-ok to the client's connection.close (RabbitMQ closes
-        the channels first; a client reconnecting at once, through any gateway, finds
-        its old connection gone) or when the connection ends another way."""
-        if self._let_go_done:
-            return
-        self._let_go_done = True
+        told): before close-ok to the client's connection.close (RabbitMQ closes the
+        channels first; a client reconnecting at once, through any gateway, finds its
+        old connection gone), and again, with nothing left to do, when it ends."""
         for channel in list(self.channels.values()):
             channel.release()
         self.channels.clear()

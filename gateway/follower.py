@@ -75,8 +75,9 @@ class Leader:
 
     def connection_closed(self, conn) -> None:
         """A client's connection closed: gateway 0 stops counting it and deletes its
-        exclusive queues."""
+        exclusive queues (told once)."""
         if conn.admitted:
+            conn.admitted = False
             self.link.send(ConnectionClosed(conn.id))
 
     def admit(self, conn, vhost: str, channels: int, answered) -> None:
