@@ -8,9 +8,10 @@ are flushed at the same moment.
 Fairness: before handling input, the shards' waiting events (deliveries,
 confirms, credit) are taken in; a connection handles at most FRAMES_PER_TURN
 frames per loop turn (FRAMES_PER_SHARED_TURN while input of the other kind,
-publishes or acks, comes in too) and then yields to everyone else. Reading stops while the connection is
-held: out of credit towards a shard or a shard's ring full (state `flow`), or a
-resource alarm (state `blocked`, with connection.blocked).
+publishes or acks, comes in too) and then yields to everyone else. Reading
+stops while the connection is held: out of credit towards a shard or a shard's
+ring full (state `flow`), or a resource alarm (state `blocked`, with
+connection.blocked).
 
 Input: the transport reads the socket straight into the frame reader's buffer
 (get_buffer, buffer_updated); bytes handed to data_received are copied in.
