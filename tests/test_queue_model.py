@@ -10,10 +10,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from warren.shards import queue
 from warren.shards import records as r
-from warren.shards.compiled import built_module
 from warren.storage.queuespec import QueueSpec
 
-COMPILED = built_module("warren.shards._queue")
+from .twins import COMPILED_QUEUE
+
 CHANNEL = 900  # the holder id of basic.get deliveries
 
 
@@ -148,9 +148,9 @@ class QueueModel(RuleBasedStateMachine):
 TestQueueModel = QueueModel.TestCase
 TestQueueModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 
-if COMPILED is not None:
+if COMPILED_QUEUE is not None:
     class CompiledQueueModel(QueueModel):
-        build = COMPILED
+        build = COMPILED_QUEUE
 
     TestCompiledQueueModel = CompiledQueueModel.TestCase
     TestCompiledQueueModel.settings = TestQueueModel.settings

@@ -49,9 +49,9 @@ GATEWAY_RINGS = builds(gatewayrings.GatewayRings, "warren.shards._gatewayrings")
 OUTBOXES = builds(outbox.Outbox, "warren.shards._outbox")
 
 
+COMPILED_QUEUE = built_module("warren.shards._queue")  # queue.py's compiled build, or None
 QUEUE_BUILDS = [pytest.param(queue, id="pure")] + (
-    [pytest.param(built_module("warren.shards._queue"), id="compiled")]
-    if built_module("warren.shards._queue") is not None else [])
+    [pytest.param(COMPILED_QUEUE, id="compiled")] if COMPILED_QUEUE is not None else [])
 
 
 def each_queue_build(test_globals: dict, names: tuple[str, ...]):
