@@ -151,3 +151,18 @@ def test_shardcost_round_trip_delivers_each_message_in_a_turn_of_its_own():
     assert result["messages"] == 3000 and result["nacked"] == 0, result
     assert result["msgs_per_turn"] == 1.0, result
     assert result["shard_cpu_us_per_msg"] > 0, result
+
+
+def test_wakecost_times_each_doorbell_wake_up():
+    """`python -m warren.loadtest.wakecost` rings a sleeping process's eventfd and
+    reports the CPU each side spends a wake-up: with writes far apart each one
+    finds the other process asleep and wakes it once."""
+    run = subprocess.run([sys.executable, "-m", "warren.loadtest.wakecost", "--count", "300",
+                          "--gap", "2000", "--turns", "1000", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["writes"] == 300 and 270 <= result["wakes"] <= 300, result
+    assert result["waker_us_per_write"] > 0 and result["wakee_us_per_wake"] > 0, result
+    pair = result["waker_us_per_write"] + result["wakee_us_per_wake"]
+    assert result["cores_at_turns"] == round(2 * pair * 1000 / 1e6, 3), result
