@@ -166,3 +166,50 @@ def test_wakecost_times_each_doorbell_wake_up():
     assert result["waker_us_per_write"] > 0 and result["wakee_us_per_wake"] > 0, result
     pair = result["waker_us_per_write"] + result["wakee_us_per_wake"]
     assert result["cores_at_turns"] == round(2 * pair * 1000 / 1e6, 3), result
+
+
+def test_floor_skeleton_carries_messages_through_its_shard_process(tmp_path):
+    """`python -m warren.loadtest.floor` (the process split and nothing else) takes
+    real clients: a pika consumer with manual acks gets every message published,
+    in order, after each crossed to the skeleton's shard process and back; SIGINT
+    stops both processes."""
+    import signal
+
+    import pika
+
+    from warren.loadtest import procs
+
+    port = procs.free_port()
+    server = subprocess.Popen([sys.executable, "-m", "warren.loadtest.floor", "--port", str(port)],
+                              stdout=subprocess.DEVNULL)
+    try:
+        assert procs.wait_for_port(port, 30, alive=lambda: server.poll() is None)
+        shards = [pid for pid in procs.process_tree(server.pid)
+                  if b"--shard" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        assert len(shards) == 1, shards
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        channel = connection.channel()
+        queue = channel.queue_declare("floor-test").method.queue
+        got = []
+
+        def on_message(ch, deliver, properties, body):
+            got.append((body, properties.content_type))
+            ch.basic_ack(deliver.delivery_tag)
+
+        channel.basic_consume(queue, on_message)
+        sent = [f"message {i}".encode() for i in range(200)]
+        for body in sent:
+            channel.basic_publish("", queue, body, pika.BasicProperties(content_type="text/plain"))
+        deadline = time.monotonic() + 30
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            connection.process_data_events(time_limit=0.1)
+        assert got == [(body, "text/plain") for body in sent]
+        connection.close()
+        server.send_signal(signal.SIGINT)
+        assert server.wait(30) == 0
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f"/proc/{pid}") for pid in shards) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(os.path.exists(f"/proc/{pid}") for pid in shards)
+    finally:
+        procs.stop(server, 10)
