@@ -14,10 +14,11 @@ basic.deliver per message (the compiled deliver_frames) to the queue's consumer.
 No routing, no queue, no prefetch, no credit, no records beyond a list of
 (routing key, properties, body) and acks: two processes, two rings, two doorbells.
 
-What amqp-perf reports as broker_cores_avg against this process (`--pid`) is the
-least CPU any broker built as a gateway and a shard process in this Python can
-use for that load on this machine; Warren's own figure minus it is what its
-queues, channels and records cost.
+What amqp-perf reports as broker_cores_avg against this process (`--pid`) at a
+steady `--rate` is about the least CPU a broker built this way (a uvloop gateway
+and a shard process, in this Python) uses for that load on this machine; Warren's
+own figure minus it is what its routes, channels, queues and records cost. It has
+no flow control: a flood overruns its rings, and what does not fit is dropped.
 """
 
 from __future__ import annotations
