@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"# warren bench: scenarios {','.join(options.scenario_list)}, duration "
         f"{options.duration:g} s, backlog {options.backlog:,}, measured by "
         f"{' and '.join(options.clients)}, {os.cpu_count()} CPUs, "
-        f"Python {sys.version.split()[0]}")
+        f"Python {sys.version.split()[0]} ({sys.executable})")
     targets: list[Target] = []
     rows: list[dict[str, Any]] = []
     pairs: list[tuple[dict, dict]] = []
