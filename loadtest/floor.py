@@ -35,21 +35,19 @@ import sys
 import msgspec
 import uvloop
 
-from warren.gateway.amqp import frames
+from warren.gateway.amqp import frames, hotpath
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.compiled import hotpath_module
-from warren.gateway.amqp.hotpath import ACK_IDS, ACK_SIZE, PUBLISH_IDS, parse_ack
-from warren.gateway.amqp.hotpath import deliver_frames as pure_deliver_frames
 from warren.shards.ring import Ring, RingSpec
 
 FRAME_MAX = 131072
 _compiled = hotpath_module()
 FrameReader = _compiled.FrameReader if _compiled else frames.FrameReader
-deliver_frames = _compiled.deliver_frames if _compiled else pure_deliver_frames
+deliver_frames = _compiled.deliver_frames if _compiled else hotpath.deliver_frames
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
-# Replies to what amqp-perf sends besides the hot path; None: no reply.
+# Replies to what amqp-perf sends besides the hot path (none with nowait set).
 _REPLIES = {
     m.ChannelOpen: lambda method: m.ChannelOpenOk(),
     m.ChannelClose: lambda method: m.ChannelCloseOk(),
@@ -128,7 +126,7 @@ class Connection(asyncio.BufferedProtocol):
             publish = reader.next_publish()
             if publish is not None:
                 _, payload, properties, body = publish
-                batch.append((_routing_key(payload), properties, body))
+                batch.append((hotpath.parse_publish(payload).routing_key, properties, body))
                 continue
             frame = reader.next_frame()
             if frame is None:
@@ -136,10 +134,10 @@ class Connection(asyncio.BufferedProtocol):
             frame_type, channel, payload = frame
             if frame_type != frames.FRAME_METHOD:
                 self.content(frame_type, payload)
-            elif payload[:4] == PUBLISH_IDS:  # its content arrives in frames of its own
-                self.partial = [_routing_key(payload), None, 0, []]
-            elif payload[:4] == ACK_IDS and len(payload) == ACK_SIZE:
-                ack = parse_ack(payload)
+            elif payload[:4] == hotpath.PUBLISH_IDS:  # its content arrives in frames of its own
+                self.partial = [hotpath.parse_publish(payload).routing_key, None, 0, []]
+            elif payload[:4] == hotpath.ACK_IDS and len(payload) == hotpath.ACK_SIZE:
+                ack = hotpath.parse_ack(payload)
                 batch.append((None, ack.delivery_tag, ack.multiple))
             else:
                 self.handle(channel, m.decode_method(payload))
@@ -176,7 +174,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.method(channel, m.BasicCancelOk(consumer_tag=method.consumer_tag))
         elif kind is m.BasicConsume:
             tag = method.consumer_tag or f"floor-{id(self)}-{channel}"
-            self.gateway.consumers[method.queue] = (self, channel, _shortstr(tag))
+            self.gateway.consumers[method.queue] = (self, channel, hotpath.shortstr(tag))
             if not method.nowait:
                 self.method(channel, m.BasicConsumeOk(consumer_tag=tag))
         elif kind in _REPLIES and not getattr(method, "nowait", False):
@@ -199,17 +197,6 @@ class Connection(asyncio.BufferedProtocol):
         for queue, (conn, on, _) in list(consumers.items()):
             if conn is self and channel in (None, on):
                 del consumers[queue]
-
-
-def _shortstr(text: str) -> bytes:
-    data = text.encode()
-    return bytes((len(data),)) + data
-
-
-def _routing_key(payload: bytes) -> str:
-    """basic.publish's routing key: class and method ids, reserved short, exchange."""
-    at = 6 + payload[6] + 1
-    return payload[at + 1:at + 1 + payload[at]].decode()
 
 
 def shard(commands: Ring, events: Ring, lifeline: int) -> None:

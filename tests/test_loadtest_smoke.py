@@ -7,11 +7,15 @@ import csv
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
+import pika
 import pytest
+
+from warren.loadtest import procs
 
 from .conftest import ROOT, RunningBroker
 
@@ -168,17 +172,11 @@ def test_wakecost_times_each_doorbell_wake_up():
     assert result["cores_at_turns"] == round(2 * pair * 1000 / 1e6, 3), result
 
 
-def test_floor_skeleton_carries_messages_through_its_shard_process(tmp_path):
+def test_floor_skeleton_carries_messages_through_its_shard_process():
     """`python -m warren.loadtest.floor` (the process split and nothing else) takes
     real clients: a pika consumer with manual acks gets every message published,
     in order, after each crossed to the skeleton's shard process and back; SIGINT
     stops both processes."""
-    import signal
-
-    import pika
-
-    from warren.loadtest import procs
-
     port = procs.free_port()
     server = subprocess.Popen([sys.executable, "-m", "warren.loadtest.floor", "--port", str(port)],
                               stdout=subprocess.DEVNULL)
