@@ -7,10 +7,10 @@ It serves just enough AMQP 0-9-1 for amqp-perf's transient scenarios, autoack or
 manual acks (handshake, channel, queue.declare, basic.qos, basic.consume,
 basic.ack; anything else is answered with its -ok where one exists, or ignored).
 The hot path keeps the broker's shape and drops its work: a uvloop gateway reads
-publishes with the compiled FrameReader and sends each read's publishes and acks
-as one record over a shared-memory ring (shards/ring.py) to a second process,
-which echoes the record back over another ring; the gateway then writes one
-basic.deliver per message (the compiled deliver_frames) to the queue's consumer.
+publishes with the codec's FrameReader (compiled where built, as the gateway's)
+and sends each read's publishes and acks as one record over a shared-memory ring
+(shards/ring.py) to a second process, which echoes the record back over another ring; the gateway then writes one
+basic.deliver per message (hotpath.deliver_frames) to the queue's consumer.
 No routing, no queue, no prefetch, no credit, no records beyond a list of
 (routing key, properties, body) and acks: two processes, two rings, two doorbells.
 
@@ -37,13 +37,9 @@ import uvloop
 
 from warren.gateway.amqp import frames, hotpath
 from warren.gateway.amqp import methods as m
-from warren.gateway.amqp.compiled import hotpath_module
 from warren.shards.ring import Ring, RingSpec
 
 FRAME_MAX = 131072
-_compiled = hotpath_module()
-FrameReader = _compiled.FrameReader if _compiled else frames.FrameReader
-deliver_frames = _compiled.deliver_frames if _compiled else hotpath.deliver_frames
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
@@ -87,7 +83,7 @@ class Gateway:
                     if target is not None:
                         conn, channel, tag = target
                         conn.tag += 1
-                        conn.out.append(deliver_frames(channel, tag, conn.tag, False, "", key,
+                        conn.out.append(hotpath.deliver_frames(channel, tag, conn.tag, False, "", key,
                                                        properties, body, FRAME_MAX))
                         touched.add(conn)
                 for conn in touched:
@@ -99,7 +95,7 @@ class Gateway:
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, gateway: Gateway):
         self.gateway = gateway
-        self.reader = FrameReader(FRAME_MAX)
+        self.reader = frames.FrameReader(FRAME_MAX)
         self.out: list = []
         self.tag = 0
         self.started = False
