@@ -7,7 +7,7 @@ cdef class ShardLink:
     cdef public Py_ssize_t index, gateways, lazy_acks, _records_sent, _next_req
     cdef public bint flush_scheduled, alive, _dispatching
     cdef public list _batch, _pending, _pairs
-    cdef public dict _feeds, credit, _waiters
+    cdef public dict _feeds, credit, costs, _waiters
     cdef public set paused
     cdef public object _unreturned, _lazy_until, _loop, _on_events, _on_exit, process
     cdef public object commands, events, _doorbell, _lifeline_write, _exit_watch

@@ -17,6 +17,9 @@ turn's deliveries), and the publishes in those records are credited back. A
 connection out of credit is not read (state `flow`) until credit returns, so a
 shard that is behind holds its publishers back instead of queueing without
 bound in the ring or here. A full ring (large bodies) holds the same way.
+A publish into a queue whose consumers are behind spends more (`PublishCost`,
+which the shard sends as the queue's backlog grows and shrinks), so its
+publishers slow towards the pace of its consumers.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class ShardLink:
         self.lazy_acks = 0  # deliveries those acks settle
         self._feeds: dict = {}  # connection -> publishes in the batch being gathered
         self.credit: dict = {}  # connection -> publish credit left towards this shard
+        self.costs: dict = {}  # qid -> what a publish into it spends, where above 1
         self._unreturned: deque = deque()  # (record number, {connection: publishes})
         self._records_sent = 0  # ring records handed to this shard process
         self._dispatching = False
@@ -161,6 +165,7 @@ class ShardLink:
         self._pending.clear()
         self._feeds.clear()
         self.credit.clear()  # a restarted shard starts a new count
+        self.costs.clear()
         self._unreturned.clear()
         self._records_sent = 0
         waiters, self._waiters = self._waiters, {}
@@ -209,7 +214,10 @@ class ShardLink:
                 return
         self._batch.append(record)
         if feeder is not None:  # a publish: it spends its connection's credit
-            self._feeds[feeder] = self._feeds.get(feeder, 0) + r.credit_cost(record)
+            cost = r.credit_cost(record)
+            if self.costs:
+                cost *= max([self.costs.get(qid, 1) for qid in record.qids])
+            self._feeds[feeder] = self._feeds.get(feeder, 0) + cost
         if not self.flush_scheduled and self._lazy_until is None:
             self.flush_scheduled = True
             self._loop.call_soon(self.flush)
@@ -343,6 +351,11 @@ class ShardLink:
             kind = type(event)
             if kind is r.Progress:
                 self._credit_returned(event.records)
+            elif kind is r.PublishCost:
+                if event.cost > 1:
+                    self.costs[event.qid] = event.cost
+                else:
+                    self.costs.pop(event.qid, None)
             elif kind is r.Reply or kind is r.GetReply or kind is r.QueueInfoReply:
                 if plain:
                     self._on_events(self, plain)

@@ -134,6 +134,8 @@ def serve(spec: r.ShardSpec) -> None:
             # deliveries: a shard that is behind returns credit later.
             rings.worked(gateway, len(batches), outbox, gateway in shard.behind)
         shard.behind.clear()
+        if shard.costs:
+            shard.reprice()
         if shard.lost:
             for origin, lost in shard.take_lost():
                 shard.gateway_lost(origin, lost, now)

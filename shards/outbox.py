@@ -11,8 +11,9 @@ event ring is full and leave in order.
 With several gateway processes each event goes to the one it concerns: a
 delivery or a consumer's end to the gateway of its holder, a confirm to the
 gateway of its channel, a reply (and Progress) back to the gateway whose ring
-the command came in on (`origin`), an alarm or a queue's deletion to all, a
-dead-lettered message to gateway 0, which republishes it.
+the command came in on (`origin`), an alarm, a queue's deletion or the cost of
+publishing into it to all, a dead-lettered message to gateway 0, which
+republishes it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ EVENTS_PER_RECORD = 512
 
 _TO_HOLDER = frozenset((r.Deliver, r.ConsumerCancelled, r.ConsumerTimedOut))
 _TO_ORIGIN = frozenset((r.Reply, r.GetReply, r.QueueInfoReply, r.Progress))
-_TO_ALL = frozenset((r.Alarm, r.QueueDeleted))
+_TO_ALL = frozenset((r.Alarm, r.QueueDeleted, r.PublishCost))
 _CONFIRMS = frozenset((r.Confirmed, r.Rejected))
 
 

@@ -354,13 +354,22 @@ class Progress(_Record, tag=61):
     records: int
 
 
+class PublishCost(_Record, tag=62):
+    """What a publish into this queue now spends of its connection's credit, as a
+    multiple of its own cost (credit_cost): above 1 while the queue's consumers
+    are behind, so its publishers slow towards their pace; 1 once they catch up."""
+
+    qid: int
+    cost: int
+
+
 Command = (
     CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
     | Get | Settle | Grant | ReleaseHolders | Stop | ConfigureQueue | QueueInfo | Renew
     | GatewayLost
 )
 Event = (Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted
-         | Alarm | DeadLettered | QueueInfoReply | ConsumerTimedOut | Progress)
+         | Alarm | DeadLettered | QueueInfoReply | ConsumerTimedOut | Progress | PublishCost)
 
 _command_encoder = msgspec.msgpack.Encoder()
 _command_batch_decoder = msgspec.msgpack.Decoder(list[Command])

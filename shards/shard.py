@@ -21,6 +21,13 @@ Outbox = chosen(PureOutbox, built("warren.shards._outbox", "Outbox"))
 # Ready messages beyond which a queue with consumers counts as behind them (a few
 # delivery windows): with several gateways, its publishers' credit then waits.
 BEHIND_AT = 10_000
+# A queue with consumers and a backlog makes publishing into it dearer: a publish
+# spends one more unit of credit for every BACKLOG_STEP ready messages, up to
+# MAX_PUBLISH_COST times its own cost, so its publishers slow towards the pace
+# its consumers take and the backlog stops growing (docs/architecture.md, Flow
+# control). A queue without consumers is a buffer: the memory alarm bounds it.
+BACKLOG_STEP = 1_000
+MAX_PUBLISH_COST = 30
 STORE_RETRY = "store retry"  # the timer for writing again what a full store refused
 STORE_CHECKPOINT = "store checkpoint"  # the timer for writing the journals to LMDB
 
@@ -56,6 +63,7 @@ class Shard:
         # their credit waits for the other gateways (gatewayrings.py).
         self.behind: set[int] = set()
         self.paced = gateways > 1
+        self.costs: dict[int, int] = {}  # qid -> publish cost above 1 the gateways were told
 
     def take_events(self) -> list[list]:
         """This turn's events but confirms, per gateway, with stored content read back."""
@@ -214,8 +222,10 @@ class Shard:
                         continue
                 if not self._apply(queue, cmd, now):
                     accepted = False
-                if self.paced and queue.ready_count >= BEHIND_AT and queue.consumers:
-                    self.behind.add(self.outbox.origin)
+                if queue.consumers and queue.ready_count >= BACKLOG_STEP:
+                    self._price(qid, queue)
+                    if self.paced and queue.ready_count >= BEHIND_AT:
+                        self.behind.add(self.outbox.origin)
             if cmd.confirm_channel:
                 self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted)
         elif kind is r.CreateQueue:
@@ -259,6 +269,24 @@ class Shard:
                 self.stats.event("consumer_cancelled", vhost=queue.spec.vhost,
                                  queue=queue.spec.name)
             self._apply(queue, cmd, now)
+
+    def reprice(self) -> None:
+        """After a turn: tell the gateways what publishing into each queue that had
+        a backlog costs now that its consumers (or a purge, or its deletion) took
+        some of it."""
+        for qid in list(self.costs):
+            self._price(qid, self.queues.get(qid))
+
+    def _price(self, qid: int, queue: Queue | None) -> None:
+        cost = 1
+        if queue is not None and queue.consumers:
+            cost = min(MAX_PUBLISH_COST, 1 + queue.ready_count // BACKLOG_STEP)
+        if cost != self.costs.get(qid, 1):
+            if cost > 1:
+                self.costs[qid] = cost
+            else:
+                del self.costs[qid]
+            self.outbox.add(r.PublishCost(qid, cost))
 
     def _missing_queue(self, cmd) -> None:
         # The queue went away (deleted, or auto-deleted) after the gateway sent this.

@@ -1,11 +1,14 @@
 """A consumer's delivery window, in-process (tests/inproc.py): the gateway gives the
-shard its credit back in chunks, never a record (and a shard wake-up) per write."""
+shard its credit back in chunks, never a record (and a shard wake-up) per write.
+And a publisher's credit follows the consumers: publishing into a queue whose
+consumers are behind costs more, until they catch up."""
 
 from __future__ import annotations
 
 from warren.gateway.amqp import methods as m
 from warren.gateway.consuming import FLOW_WINDOW, GRANT_BELOW
 from warren.shards import records as r
+from warren.shards.shard import BACKLOG_STEP
 
 MESSAGES = 3 * FLOW_WINDOW
 
@@ -38,4 +41,24 @@ def test_a_no_ack_consumer_gives_credit_back_in_chunks(inproc):
     # chunks of at least half the window.
     assert grants and all(credit >= FLOW_WINDOW - GRANT_BELOW for credit in grants)
     assert len(grants) <= MESSAGES // (FLOW_WINDOW - GRANT_BELOW)
+    client.close()
+
+
+def test_publishing_into_a_backlog_its_consumers_are_behind_on_costs_more_until_it_goes(
+        inproc):
+    client = inproc.client()
+    client.handshake()
+    client.open_channel(1)
+    queue = client.call(1, m.QueueDeclare(queue="", exclusive=True), m.QueueDeclareOk).queue
+    meta = inproc.gateway.vhosts["/"].queues[queue]
+    link = inproc.gateway.shards[meta.shard]
+    client.call(1, m.BasicQos(prefetch_count=1), m.BasicQosOk)
+    client.call(1, m.BasicConsume(queue=queue), m.BasicConsumeOk)  # and never acks
+    for n in range(BACKLOG_STEP + 2):
+        client.publish(1, queue, b"%d" % n)
+    assert inproc.run(lambda: link.costs.get(meta.qid) == 2)  # every gateway is told
+    assert type(client.expect(1, m.BasicDeliver)) is m.BasicDeliver  # its one in flight
+    client.content()
+    client.call(1, m.QueuePurge(queue=queue), m.QueuePurgeOk)  # the backlog is gone
+    assert inproc.run(lambda: meta.qid not in link.costs)
     client.close()

@@ -242,12 +242,14 @@ def test_events_go_to_the_gateway_they_concern(outbox_class):
     outbox.add(r.Deliver(made_by(1, 7), 5, 1, False, "", "q", b"", b"x"))
     outbox.add(r.ConsumerCancelled(made_by(0, 7), 5))
     outbox.add(r.Alarm("memory", True))
+    outbox.add(r.PublishCost(5, 2))  # every gateway's publishers feed the queue
     outbox.add(r.DeadLettered(5, 1, "expired", None, None, None, None))
+    everyone = [r.Alarm("memory", True), r.PublishCost(5, 2)]
     assert outbox.take() == [
-        [r.ConsumerCancelled(made_by(0, 7), 5), r.Alarm("memory", True),
+        [r.ConsumerCancelled(made_by(0, 7), 5), *everyone,
          r.DeadLettered(5, 1, "expired", None, None, None, None)],
-        [r.Deliver(made_by(1, 7), 5, 1, False, "", "q", b"", b"x"), r.Alarm("memory", True)],
-        [r.Reply(1), r.Alarm("memory", True)]]
+        [r.Deliver(made_by(1, 7), 5, 1, False, "", "q", b"", b"x"), *everyone],
+        [r.Reply(1), *everyone]]
     a, b, c = made_by(0, 1), made_by(2, 1), made_by(0, 2)
     assert outbox.route([r.Confirmed([a, b, c], [1, 2, 3]), r.Rejected([b], [4])]) == [
         [r.Confirmed([a, c], [1, 3])], [], [r.Confirmed([b], [2]), r.Rejected([b], [4])]]

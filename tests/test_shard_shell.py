@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from warren.shards import persister as persister_module
 from warren.shards import records as r
+from warren.shards import shard as shard_module
 from warren.shards.main import before_commit
 from warren.shards.persister import Persister
 from warren.shards.queue import Queue, Remove
@@ -372,3 +373,45 @@ def test_alarms_go_on_and_off_once_each_as_the_resources_change(shard):
         shard.check_resources(memory_limit, stored)
         assert shard.take_events() == [expected]
     assert shard.alarms == set()
+
+
+def test_a_backlog_under_consumers_makes_publishing_into_it_dearer_until_they_catch_up(shard):
+    """One unit more per BACKLOG_STEP ready messages while the queue has consumers,
+    told to the gateways once per change, and 1 again as the backlog goes: the
+    publishers slow towards the consumers' pace, never to a stop."""
+    step = shard_module.BACKLOG_STEP
+    consume(shard, qid=7, prefetch=10)
+    shard.take_events()
+
+    def told() -> list[int]:
+        if shard.costs:
+            shard.reprice()  # as the shell does after each turn
+        return [e.cost for e in shard.take_events()[0] if type(e) is r.PublishCost]
+
+    costs = []
+    for seq in range(1, 10 + 2 * step + 1):  # 10 delivered, 2 steps ready
+        shard.run(publish(seq), 0.0)
+        costs += told()
+    assert costs == [2, 3] and shard.costs == {7: 3}
+    shard.run(r.Settle(7, 10, list(range(1, 11)), r.SETTLE_ACK), 0.0)  # 10 more go out
+    assert told() == [2]
+    for seq in range(1, shard_module.MAX_PUBLISH_COST * step):
+        shard.run(publish(seq), 0.0)
+    assert told()[-1] == shard_module.MAX_PUBLISH_COST  # the most it ever costs
+    shard.run(r.Cancel(0, 7, 10), 0.0)  # no consumers: a buffer, which the alarm bounds
+    assert told() == [1] and shard.costs == {}
+    for seq in range(1, 2 * step):
+        shard.run(publish(seq), 0.0)
+    assert told() == []
+
+
+def test_a_publish_cost_ends_with_its_queue(shard):
+    step = shard_module.BACKLOG_STEP
+    consume(shard, qid=7, prefetch=1)
+    for seq in range(1, step + 2):
+        shard.run(publish(seq), 0.0)
+    assert shard.costs == {7: 2}
+    shard.take_events()
+    shard.run(r.DeleteQueue(9, 7, False, False), 0.0)
+    shard.reprice()
+    assert r.PublishCost(7, 1) in shard.take_events()[0] and shard.costs == {}

@@ -182,6 +182,34 @@ def test_publishes_spend_credit_until_their_connection_is_held_and_progress_retu
     asyncio.run(run())
 
 
+def test_a_publish_into_a_queue_with_a_backlog_spends_what_the_shard_says_it_costs(
+        link_class):
+    async def run():
+        with link_over_a_ring(link_class) as (link, ring):
+            link.events = events = Ring.create(1 << 16)
+            try:
+                conn = Feeder()
+                into = {qids: r.Publish(list(qids), "", "q", b"\x00\x00", b"x", False)
+                        for qids in [(1,), (2,), (1, 2)]}
+                events.write_many([r.encode_batch([r.PublishCost(1, 3)])])
+                assert link.poll()
+                for qids in [(1,), (2,), (1, 2)]:
+                    link.send(into[qids], conn)
+                link.send(r.Publish([1], "", "q", b"\x00\x00", b"x", True), conn)
+                link.flush()
+                spent = 3 + 1 + 3 + 3 * r.PERSISTENT_COST  # fanned out: the dearest queue's
+                assert link.credit[conn] == r.PUBLISH_CREDIT - spent
+                events.write_many([r.encode_batch([r.Progress(1), r.PublishCost(1, 1)])])
+                assert link.poll()
+                link.send(into[(1,)], conn)
+                link.flush()
+                assert link.credit[conn] == r.PUBLISH_CREDIT - 1  # caught up: back to 1
+            finally:
+                events.close()
+                events.unlink()
+    asyncio.run(run())
+
+
 def test_events_reach_the_gateway_in_the_shard_s_order_and_replies_their_requests(
         link_class):
     async def run():
