@@ -13,13 +13,19 @@ from warren.shards.shard import BACKLOG_STEP
 MESSAGES = 3 * FLOW_WINDOW
 
 
-def test_a_no_ack_consumer_gives_credit_back_in_chunks(inproc):
+def a_queue(inproc):
+    """A client with channel 1 open, its exclusive queue, that queue as the gateway
+    holds it and the link to its shard."""
     client = inproc.client()
     client.handshake()
     client.open_channel(1)
     queue = client.call(1, m.QueueDeclare(queue="", exclusive=True), m.QueueDeclareOk).queue
     meta = inproc.gateway.vhosts["/"].queues[queue]
-    link = inproc.gateway.shards[meta.shard]
+    return client, queue, meta, inproc.gateway.shards[meta.shard]
+
+
+def test_a_no_ack_consumer_gives_credit_back_in_chunks(inproc):
+    client, queue, _meta, link = a_queue(inproc)
     grants = []
     send = link.send
 
@@ -46,12 +52,7 @@ def test_a_no_ack_consumer_gives_credit_back_in_chunks(inproc):
 
 def test_publishing_into_a_backlog_its_consumers_are_behind_on_costs_more_until_it_goes(
         inproc):
-    client = inproc.client()
-    client.handshake()
-    client.open_channel(1)
-    queue = client.call(1, m.QueueDeclare(queue="", exclusive=True), m.QueueDeclareOk).queue
-    meta = inproc.gateway.vhosts["/"].queues[queue]
-    link = inproc.gateway.shards[meta.shard]
+    client, queue, meta, link = a_queue(inproc)
     client.call(1, m.BasicQos(prefetch_count=1), m.BasicQosOk)
     client.call(1, m.BasicConsume(queue=queue), m.BasicConsumeOk)  # and never acks
     for n in range(BACKLOG_STEP + 2):

@@ -89,6 +89,22 @@ def link_over_a_ring(link_class):
         ring.unlink()
 
 
+@contextlib.contextmanager
+def link_between_rings(link_class):
+    """link_over_a_ring, and an event ring the shard's events come back on."""
+    with link_over_a_ring(link_class) as (link, ring):
+        link.events = events = Ring.create(1 << 16)
+        try:
+            yield link, ring, events
+        finally:
+            events.close()
+            events.unlink()
+
+
+def from_shard(events: Ring, *records) -> None:
+    events.write_many([r.encode_batch(list(records))])
+
+
 def records_in(ring: Ring) -> list[list]:
     return ring.read_many(r.decode_commands)
 
@@ -152,61 +168,51 @@ class Feeder:
 def test_publishes_spend_credit_until_their_connection_is_held_and_progress_returns_it(
         link_class):
     async def run():
-        with link_over_a_ring(link_class) as (link, ring):
-            link.events = events = Ring.create(1 << 16)
-            try:
-                conn = Feeder()
-                transient = r.Publish([1], "", "q", b"\x00\x00", b"x", False)
-                persistent = r.Publish([1], "", "q", b"\x00\x00", b"x", True)
-                for _ in range(r.PUBLISH_CREDIT - r.PERSISTENT_COST):
-                    link.send(transient, conn)
-                link.flush()  # ring record 1
-                assert link.credit[conn] == r.PERSISTENT_COST and conn.calls == []
-                link.send(persistent, conn)
-                link.flush()  # record 2 spends the rest
-                assert link.credit[conn] == 0 and conn.calls == ["hold"]
-                assert len(records_in(ring)) == 2
-                events.write_many([r.encode_batch([r.Progress(1)])])  # the shard did record 1
-                assert link.poll()
-                assert link.credit[conn] == r.PUBLISH_CREDIT - r.PERSISTENT_COST
-                assert conn.calls == ["hold", "release"]
-                events.write_many([r.encode_batch([r.Progress(2)])])
-                assert link.poll()
-                assert link.credit[conn] == r.PUBLISH_CREDIT
-                assert not link.poll()  # nothing more to hand over
-                link.forget(conn)
-                assert conn not in link.credit
-            finally:
-                events.close()
-                events.unlink()
+        with link_between_rings(link_class) as (link, ring, events):
+            conn = Feeder()
+            transient = r.Publish([1], "", "q", b"\x00\x00", b"x", False)
+            persistent = r.Publish([1], "", "q", b"\x00\x00", b"x", True)
+            for _ in range(r.PUBLISH_CREDIT - r.PERSISTENT_COST):
+                link.send(transient, conn)
+            link.flush()  # ring record 1
+            assert link.credit[conn] == r.PERSISTENT_COST and conn.calls == []
+            link.send(persistent, conn)
+            link.flush()  # record 2 spends the rest
+            assert link.credit[conn] == 0 and conn.calls == ["hold"]
+            assert len(records_in(ring)) == 2
+            from_shard(events, r.Progress(1))  # the shard did record 1
+            assert link.poll()
+            assert link.credit[conn] == r.PUBLISH_CREDIT - r.PERSISTENT_COST
+            assert conn.calls == ["hold", "release"]
+            from_shard(events, r.Progress(2))
+            assert link.poll()
+            assert link.credit[conn] == r.PUBLISH_CREDIT
+            assert not link.poll()  # nothing more to hand over
+            link.forget(conn)
+            assert conn not in link.credit
     asyncio.run(run())
 
 
 def test_a_publish_into_a_queue_with_a_backlog_spends_what_the_shard_says_it_costs(
         link_class):
     async def run():
-        with link_over_a_ring(link_class) as (link, ring):
-            link.events = events = Ring.create(1 << 16)
-            try:
-                conn = Feeder()
-                into = {qids: r.Publish(list(qids), "", "q", b"\x00\x00", b"x", False)
-                        for qids in [(1,), (2,), (1, 2)]}
-                events.write_many([r.encode_batch([r.PublishCost(1, 3)])])
-                assert link.poll()
-                for qids in [(1,), (2,), (1, 2)]:
-                    link.send(into[qids], conn)
-                link.send(r.Publish([1], "", "q", b"\x00\x00", b"x", True), conn)
-                link.flush()
-                spent = 3 + 1 + 3 + 3 * r.PERSISTENT_COST  # fanned out: the dearest queue's
-                assert link.credit[conn] == r.PUBLISH_CREDIT - spent
-                events.write_many([r.encode_batch([r.Progress(1), r.PublishCost(1, 1)])])
-                assert link.poll()
-                link.send(into[(1,)], conn)
-                link.flush()
-                assert link.credit[conn] == r.PUBLISH_CREDIT - 1  # caught up: back to 1
-            finally:
-                events.close()
-                events.unlink()
+        with link_between_rings(link_class) as (link, _ring, events):
+            conn = Feeder()
+            into = {qids: r.Publish(list(qids), "", "q", b"\x00\x00", b"x", False)
+                    for qids in [(1,), (2,), (1, 2)]}
+            from_shard(events, r.PublishCost(1, 3))
+            assert link.poll()
+            for qids in [(1,), (2,), (1, 2)]:
+                link.send(into[qids], conn)
+            link.send(r.Publish([1], "", "q", b"\x00\x00", b"x", True), conn)
+            link.flush()
+            spent = 3 + 1 + 3 + 3 * r.PERSISTENT_COST  # fanned out: the dearest queue's
+            assert link.credit[conn] == r.PUBLISH_CREDIT - spent
+            from_shard(events, r.Progress(1), r.PublishCost(1, 1))
+            assert link.poll()
+            link.send(into[(1,)], conn)
+            link.flush()
+            assert link.credit[conn] == r.PUBLISH_CREDIT - 1  # caught up: back to 1
     asyncio.run(run())
 
 
