@@ -26,7 +26,7 @@ BEHIND_AT = 10_000
 # MAX_PUBLISH_COST times its own cost, so its publishers slow towards the pace
 # its consumers take and the backlog stops growing (docs/architecture.md, Flow
 # control). A queue without consumers is a buffer: the memory alarm bounds it.
-BACKLOG_STEP = 1_000
+BACKLOG_STEP = 200
 MAX_PUBLISH_COST = 30
 STORE_RETRY = "store retry"  # the timer for writing again what a full store refused
 STORE_CHECKPOINT = "store checkpoint"  # the timer for writing the journals to LMDB
