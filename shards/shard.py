@@ -21,7 +21,8 @@ Outbox = chosen(PureOutbox, built("warren.shards._outbox", "Outbox"))
 # Ready messages beyond which a queue with consumers counts as behind them (a few
 # delivery windows): with several gateways, its publishers' credit then waits.
 BEHIND_AT = 10_000
-# A queue with consumers and a backlog makes publishing into it dearer: a publish
+# A queue whose consumers each take at most their prefetch per round trip of
+# their acks, and which has a backlog, makes publishing into it dearer: a publish
 # spends one more unit of credit for every BACKLOG_STEP ready messages, up to
 # MAX_PUBLISH_COST times its own cost, so its publishers slow towards the pace
 # its consumers take and the backlog stops growing (docs/architecture.md, Flow
@@ -279,7 +280,8 @@ class Shard:
 
     def _price(self, qid: int, queue: Queue | None) -> None:
         cost = 1
-        if queue is not None and queue.consumers:
+        if queue is not None and queue.consumers and all(
+                consumer.prefetch and not consumer.no_ack for consumer in queue.consumers.values()):
             cost = min(MAX_PUBLISH_COST, 1 + queue.ready_count // BACKLOG_STEP)
         if cost != self.costs.get(qid, 1):
             if cost > 1:

@@ -67,3 +67,26 @@ def test_a_flood_yields_sooner_while_acks_come_in(inproc):
     inproc.run(lambda: reader.buffered == 0)  # and the rest in later turns
     assert publisher.call(1, m.QueueDeclare(queue=queue, passive=True),
                           m.QueueDeclareOk).message_count == 2 * count
+
+
+def test_a_released_connection_handles_what_it_read_before_reading_again(inproc):
+    """A publisher held by credit is released after every shard turn of a flood.
+    Reading its socket at each release took in another buffer's worth while a
+    turn handles a slice, and the input it held grew without bound (17 MB in an
+    amqp-perf flood): it reads again only once what it read is handled."""
+    client = inproc.client()
+    client.handshake()
+    client.open_channel()
+    queue = client.call(1, m.QueueDeclare(queue="", exclusive=True), m.QueueDeclareOk).queue
+    conn = client.conn
+    cause = object()  # any hold: a shard link out of credit, say
+    conn.hold(cause)
+    method = m.encode_method(m.BasicPublish(routing_key=queue))
+    client.send(frames.content_frames(1, method, 60, b"\x00\x00", b"x", 131072) * 200)
+    assert conn.reader.buffered > 0  # read while held, not handled
+    conn.release(cause)
+    assert client.transport.paused  # 600 frames wait: no more reading meanwhile
+    assert inproc.run(lambda: conn.reader.buffered == 0)
+    assert not client.transport.paused  # all handled: reading again
+    declared = client.call(1, m.QueueDeclare(queue=queue, passive=True), m.QueueDeclareOk)
+    assert declared.message_count == 200

@@ -403,6 +403,12 @@ def test_a_backlog_under_consumers_makes_publishing_into_it_dearer_until_they_ca
     for seq in range(1, 2 * step):
         shard.run(publish(seq), 0.0)
     assert told() == []
+    # A consumer without a prefetch window (no-ack here) takes as fast as its
+    # gateway writes: its backlog is no publisher's to pay for.
+    shard.run(r.Consume(4, 7, 11, 1, "c2", True, False, 0, 10), 0.0)
+    for seq in range(1, 2 * step):
+        shard.run(publish(seq), 0.0)
+    assert told() == [] and shard.costs == {}
 
 
 def test_a_publish_cost_ends_with_its_queue(shard):
