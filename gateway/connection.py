@@ -111,7 +111,10 @@ class Connection(asyncio.BufferedProtocol):
         # so the one that may declare, own exclusive queues and count against limits,
         # until gateway 0 is told it closed (follower.connection_closed)
         self.admitted = False
-        self._last_received = self._last_sent = time.monotonic()
+        self._last_received = time.monotonic()
+        # the read and write counts the last heartbeat tick saw (reads and writes are
+        # counted, not timed: a clock call each would be on every message's path)
+        self._reads_seen = self._writes_seen = 0
         self._timer: asyncio.TimerHandle | None = None
         self._received_any = False
         self._end_logged = False  # why it ended is logged: no plain "closing" line
@@ -171,7 +174,6 @@ class Connection(asyncio.BufferedProtocol):
         if not self._received_any:  # RabbitMQ logs a connection once it sends something
             self._received_any = True
             log.info("accepting AMQP connection (%s)", self.name, extra=self._log_fields())
-        self._last_received = time.monotonic()
         self.recv_oct += nbytes
         self.recv_cnt += 1
         self._handle_input()
@@ -284,7 +286,6 @@ class Connection(asyncio.BufferedProtocol):
                 self.transport.write(data)
                 self.send_oct += len(data)
             self.send_cnt += 1
-            self._last_sent = time.monotonic()
         if self.owed_grants:
             self._grant_credit()
 
@@ -727,8 +728,11 @@ class Connection(asyncio.BufferedProtocol):
         if self.state != OPEN:
             return
         now = time.monotonic()
-        if self._paused_by:
-            # We are not reading: the peer's heartbeats wait in the socket, unseen.
+        # As RabbitMQ's heartbeat monitor, by the socket's counters: a read since the
+        # last tick dates the last receipt now. While we are not reading, the peer's
+        # heartbeats wait in the socket, unseen.
+        if self.recv_cnt != self._reads_seen or self._paused_by:
+            self._reads_seen = self.recv_cnt
             self._last_received = now
         if now - self._last_received > 2 * self.heartbeat:
             log.error("closing AMQP connection (%s):\nmissed heartbeats from client, "
@@ -740,8 +744,9 @@ class Connection(asyncio.BufferedProtocol):
         # An idle connection (most of them, when there are thousands) need not hold
         # a read buffer: it is allocated again by the next read.
         self.reader.release()
-        if now - self._last_sent >= self.heartbeat / 2:
+        if self.send_cnt == self._writes_seen:  # nothing written for half an interval
             self.send(frames.HEARTBEAT_FRAME)
+        self._writes_seen = self.send_cnt  # (the heartbeat's own write counts next tick)
         self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
 
     # -- closing ---------------------------------------------------------------

@@ -31,7 +31,7 @@ class Commit:
 
 class GroupCommit:
     def __init__(self):
-        self._gathering: list[tuple[int, int, bool]] = []  # confirms for the next commit
+        self.gathering: list[tuple[int, int, bool]] = []  # confirms for the next commit
         self.inflight: Commit | None = None  # the commit the committer thread runs
         # Cumulative, for QueueInfo and the statistics log:
         self.fsyncs = 0
@@ -43,14 +43,11 @@ class GroupCommit:
 
     def confirm(self, channel: int, seq: int, accepted: bool = True) -> None:
         """A confirmed publish is done in this shard: answer it with the next commit."""
-        self._gathering.append((channel, seq, accepted))
-
-    def has_confirms(self) -> bool:
-        return bool(self._gathering)
+        self.gathering.append((channel, seq, accepted))
 
     def take(self, now: float, writes=None) -> Commit:
         """The confirms gathered so far leave with a commit starting now."""
-        commit, self._gathering = Commit(self._gathering, now, writes), []
+        commit, self.gathering = Commit(self.gathering, now, writes), []
         return commit
 
     def begin(self, now: float, writes) -> Commit:
@@ -70,7 +67,7 @@ class GroupCommit:
         def kept(confirms):
             return [c for c in confirms if r.gateway_of(c[0]) != gateway]
 
-        self._gathering = kept(self._gathering)
+        self.gathering = kept(self.gathering)
         if self.inflight is not None:
             self.inflight.confirms = kept(self.inflight.confirms)
 

@@ -69,7 +69,11 @@ def serve(spec: r.ShardSpec) -> None:
     poller.register(spec.lifeline_fd, select.POLLIN)
     poller.register(committer.done_fd, select.POLLIN)
     outbox = shard.outbox
+    timers = shard.timers
     unmap_at = 0.0
+    # check_resources changes nothing while no alarm is on, the last commit worked
+    # and the RAM held is under its limit: the loop asks that first
+    ram_limit = spec.memory_limit or float("inf")
 
     # At a steady rate a turn handles a message or two, and most of its CPU goes to
     # the Python functions it runs, each costing most the first time a turn touches
@@ -92,18 +96,17 @@ def serve(spec: r.ShardSpec) -> None:
             rings.write(outbox)  # the confirms go now, not behind the next turn's work
         got = rings.read()
         now = time.monotonic()
-        next_timer = shard.timers.next_deadline()
+        next_timer = timers.next_deadline() if timers.heap else None
         timers_due = next_timer is not None and next_timer <= now
         if not got and not timers_due:
-            if shard.commits.inflight is None and shard.has_commit_work():
+            if shard.commits.inflight is None and shard.has_commit_work(now):
                 # what gathered while the last commit ran goes now
                 outbox.put_routed(shard.start_commit(committer, now))
                 continue
             if any(outbox.records) and rings.unsent(outbox):  # put after the top's write
                 continue
-            wall = time.time()
-            if wall >= stats.next_at:
-                stats.tick(wall, shard.queues.values(), shard.commits)
+            if now >= stats.next_at:
+                stats.tick(now, shard.queues.values(), shard.commits)
             if rings.sleep():
                 # Wake for commands, the end of a commit, room for a blocked gateway's
                 # events, a gateway reading what held credit waits for, at least once
@@ -126,9 +129,8 @@ def serve(spec: r.ShardSpec) -> None:
             continue
         for gateway, batches in got:
             outbox.origin = gateway  # replies go back where their requests came from
-            for batch in batches:
-                for cmd in batch:  # (a run of acks is one Settle already: ShardLink.send)
-                    shard.run(cmd, now)
+            for batch in batches:  # (a run of acks is one Settle already: ShardLink.send)
+                shard.run_all(batch, now)
         for gateway, batches in got:
             # Credit back for the publishes in these records, behind this turn's
             # deliveries: a shard that is behind returns credit later.
@@ -166,15 +168,15 @@ def serve(spec: r.ShardSpec) -> None:
             rings.write(outbox)  # the publisher waits for these: before the bookkeeping
         else:
             outbox.put_each(turn)
-            if shard.commits.inflight is None and shard.has_commit_work():
+            if shard.commits.inflight is None and shard.has_commit_work(now):
                 outbox.put_routed(shard.start_commit(committer, now))
         # The turn's events go out at the top of the loop: one ring write, at most
         # one doorbell, per gateway.
-        if shard.check_resources(spec.memory_limit, shard.stored_ok):
-            outbox.put_each(shard.take_events())  # the alarm it raised or cleared
-        wall = time.time()
-        if wall >= stats.next_at:
-            stats.tick(wall, shard.queues.values(), shard.commits)
+        if shard.alarms or not shard.stored_ok or shard.ram_bytes > ram_limit:
+            if shard.check_resources(spec.memory_limit, shard.stored_ok):
+                outbox.put_each(shard.take_events())  # the alarm it raised or cleared
+        if now >= stats.next_at:
+            stats.tick(now, shard.queues.values(), shard.commits)
         if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
             shard.persister.drop_mapped_pages()
             unmap_at = now + UNMAP_INTERVAL
@@ -195,7 +197,7 @@ def serve(spec: r.ShardSpec) -> None:
             _wait(poller, fds, spec.lifeline_fd)
             rings.clear_space()
     shard.persister.close()
-    stats.tick(time.time(), shard.queues.values(), shard.commits, force=True)
+    stats.tick(time.monotonic(), shard.queues.values(), shard.commits, force=True)
     stats.close()
 
 

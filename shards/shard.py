@@ -97,8 +97,8 @@ class Shard:
 
     # -- commits and confirms ------------------------------------------------------
 
-    def has_commit_work(self) -> bool:
-        return self.commits.has_confirms() or self.persister.writes_due(time.monotonic())
+    def has_commit_work(self, now: float) -> bool:
+        return bool(self.commits.gathering) or self.persister.writes_due(now)
 
     def start_commit(self, committer, now: float) -> list:
         """With no commit in flight and commit work (the loop asks has_commit_work
@@ -189,19 +189,25 @@ class Shard:
                          ram_bytes=self.ram_bytes)
 
     def run(self, cmd, now: float) -> None:
-        """Handle one command; a command that fails (a bug) is answered and logged,
-        and the shard goes on serving everyone else."""
-        try:
-            self.handle(cmd, now)
-        except Exception:
-            log.exception("shard %d: %s failed", self.index, type(cmd).__name__)
-            req = getattr(cmd, "req", 0)
-            if type(cmd) is r.Get:
-                self.outbox.add(r.GetReply(req, cmd.qid, refused=r.Refusal.FAILED))
-            elif req:
-                self.outbox.add(r.Reply(req, r.Refusal.FAILED))
-            elif type(cmd) is r.Publish and cmd.confirm_channel:
-                self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted=False)
+        """Handle one command (run_all)."""
+        self.run_all((cmd,), now)
+
+    def run_all(self, commands, now: float) -> None:
+        """Handle a batch of commands; one that fails (a bug) is answered and logged,
+        and the shard goes on serving everyone else. (One call a batch, not one a
+        command: a steady turn's batch holds a command or two.)"""
+        for cmd in commands:
+            try:
+                self.handle(cmd, now)
+            except Exception:
+                log.exception("shard %d: %s failed", self.index, type(cmd).__name__)
+                req = getattr(cmd, "req", 0)
+                if type(cmd) is r.Get:
+                    self.outbox.add(r.GetReply(req, cmd.qid, refused=r.Refusal.FAILED))
+                elif req:
+                    self.outbox.add(r.Reply(req, r.Refusal.FAILED))
+                elif type(cmd) is r.Publish and cmd.confirm_channel:
+                    self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted=False)
 
     def handle(self, cmd, now: float) -> None:
         kind = type(cmd)

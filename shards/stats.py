@@ -54,13 +54,16 @@ class StatsLog:
 
     def tick(self, now: float, queues, commits, force: bool = False) -> None:
         """Write the interval's records when the interval has passed (or `force`,
-        on stop); cheap otherwise. `commits` is the shard's GroupCommit."""
+        on stop); cheap otherwise. `now` is the loop's monotonic clock (the loop
+        has it already); the records carry the wall clock. `commits` is the
+        shard's GroupCommit."""
         if now < self.next_at and not force:
             return
         self.next_at = now + self.interval
+        wall = time.time()
         for q in queues:
             counters = q.counters
-            record = {"v": SCHEMA_VERSION, "type": "queue_stats", "ts": now,
+            record = {"v": SCHEMA_VERSION, "type": "queue_stats", "ts": wall,
                       "shard": self.shard, "vhost": q.spec.vhost, "queue": q.spec.name,
                       "queue_type": q.arguments.get("x-queue-type", "classic")}
             for name in _COUNTERS:
@@ -69,7 +72,7 @@ class StatsLog:
                           consumers=len(q.consumers), ram_bytes=q.ram_bytes)
             self._put(record)
         batches, latencies = commits.take_interval()
-        self._put({"v": SCHEMA_VERSION, "type": "shard_stats", "ts": now, "shard": self.shard,
+        self._put({"v": SCHEMA_VERSION, "type": "shard_stats", "ts": wall, "shard": self.shard,
                    "fsyncs": commits.fsyncs, "messages": commits.messages,
                    "fsync_batch": {str(k): v for k, v in sorted(batches.items())},
                    "confirm_latency_ms": _percentiles(latencies)})

@@ -20,7 +20,8 @@ COMPACT_BELOW = 64  # heaps smaller than this are never rebuilt
 
 class TimerHeap:
     def __init__(self):
-        self._heap: list[tuple[float, int, Hashable]] = []
+        # public: the loop asks whether it is empty before calling next_deadline
+        self.heap: list[tuple[float, int, Hashable]] = []
         self._live: dict[Hashable, float] = {}  # key -> its deadline in the heap
         self._order = itertools.count()  # ties: first scheduled first, keys never compared
 
@@ -33,8 +34,8 @@ class TimerHeap:
         if live is not None and live <= deadline:
             return
         self._live[key] = deadline
-        heapq.heappush(self._heap, (deadline, next(self._order), key))
-        if len(self._heap) > COMPACT_BELOW and len(self._heap) > 2 * len(self._live):
+        heapq.heappush(self.heap, (deadline, next(self._order), key))
+        if len(self.heap) > COMPACT_BELOW and len(self.heap) > 2 * len(self._live):
             self._compact()  # mostly stale: keys cancelled, or moved earlier
 
     def cancel(self, key: Hashable) -> None:
@@ -43,7 +44,7 @@ class TimerHeap:
     def due(self, now: float) -> list:
         """The keys whose deadline has come, in deadline order; they are unscheduled
         (the owner schedules their next deadline)."""
-        heap, live, keys = self._heap, self._live, []
+        heap, live, keys = self.heap, self._live, []
         while heap and heap[0][0] <= now:
             deadline, _, key = heapq.heappop(heap)
             if live.get(key) == deadline:
@@ -53,7 +54,7 @@ class TimerHeap:
 
     def next_deadline(self) -> float | None:
         """The earliest live deadline, for the loop's sleep."""
-        heap, live = self._heap, self._live
+        heap, live = self.heap, self._live
         while heap and live.get(heap[0][2]) != heap[0][0]:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
@@ -62,5 +63,5 @@ class TimerHeap:
         return len(self._live)
 
     def _compact(self) -> None:
-        self._heap = [entry for entry in self._heap if self._live.get(entry[2]) == entry[0]]
-        heapq.heapify(self._heap)
+        self.heap = [entry for entry in self.heap if self._live.get(entry[2]) == entry[0]]
+        heapq.heapify(self.heap)

@@ -31,11 +31,11 @@ def test_each_confirm_is_answered_once_with_its_commit(commits):
     for gathered, stored in commits:
         for channel, seq, accepted in gathered:
             group.confirm(channel, seq, accepted)
-        assert group.has_confirms() == bool(gathered)
+        assert bool(group.gathering) == bool(gathered)
         records = group.finished(group.take(0.0), stored, [], 0.0)
         assert sorted(answers(records)) == sorted(
             (c, s, accepted and stored) for c, s, accepted in gathered)
-        assert not group.has_confirms()
+        assert not bool(group.gathering)
 
 
 def test_a_refused_publish_is_nacked_even_when_the_commit_is_durable():

@@ -145,7 +145,7 @@ def test_a_full_store_nacks_and_wakes_the_shard_to_write_again(shard, monkeypatc
     monkeypatch.setattr(store, "append", real_append)
     clock[0] = retry_at
     shard.run_timers(retry_at)
-    assert shard.has_commit_work()
+    assert shard.has_commit_work(retry_at)
     shard.commit_now(retry_at)  # the kept writes go to the store this time
     assert shard.stored_ok and shard.timers.next_deadline() is None
     assert [seq for seq, *_ in store.recover(5)] == [1]
@@ -164,10 +164,10 @@ def test_confirmed_messages_leave_ram_at_the_checkpoint_the_timer_asks_for(shard
     assert shard.commit_now(100.0) == [r.Confirmed([3], [1])]
     assert shard.ram_bytes > 0 and list(store.recover(5)) == []  # journaled only
     due = 100.0 + persister_module.CHECKPOINT_AFTER
-    assert shard.timers.next_deadline() == due and not shard.has_commit_work()
+    assert shard.timers.next_deadline() == due and not shard.has_commit_work(100.0)
     clock[0] = due
     shard.run_timers(due)
-    assert shard.has_commit_work()
+    assert shard.has_commit_work(due)
     assert shard.commit_now(due) == []
     assert shard.ram_bytes == 0 and [seq for seq, *_ in store.recover(5)] == [1]
     assert shard.timers.next_deadline() is None

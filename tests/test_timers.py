@@ -57,4 +57,4 @@ def test_stale_entries_do_not_pile_up():
     for n in range(10_000):  # queues declared and deleted, each leaving an entry
         timers.schedule(n, 1000.0 + n)
         timers.cancel(n)
-    assert len(timers._heap) < 200 and timers.next_deadline() is None
+    assert len(timers.heap) < 200 and timers.next_deadline() is None
