@@ -111,10 +111,10 @@ class Connection(asyncio.BufferedProtocol):
         # so the one that may declare, own exclusive queues and count against limits,
         # until gateway 0 is told it closed (follower.connection_closed)
         self.admitted = False
-        self._last_received = time.monotonic()
         # the read and write counts the last heartbeat tick saw (reads and writes are
         # counted, not timed: a clock call each would be on every message's path)
         self._reads_seen = self._writes_seen = 0
+        self._quiet_ticks = 0  # heartbeat ticks in a row that saw nothing read
         self._timer: asyncio.TimerHandle | None = None
         self._received_any = False
         self._end_logged = False  # why it ended is logged: no plain "closing" line
@@ -727,14 +727,16 @@ class Connection(asyncio.BufferedProtocol):
     def _heartbeat_tick(self) -> None:
         if self.state != OPEN:
             return
-        now = time.monotonic()
-        # As RabbitMQ's heartbeat monitor, by the socket's counters: a read since the
-        # last tick dates the last receipt now. While we are not reading, the peer's
+        # As RabbitMQ's heartbeat monitor, by the socket's counters: a tick (every half
+        # interval) that sees nothing read since the last is a quiet one, and four in
+        # a row are two missed intervals. While we are not reading, the peer's
         # heartbeats wait in the socket, unseen.
         if self.recv_cnt != self._reads_seen or self._paused_by:
             self._reads_seen = self.recv_cnt
-            self._last_received = now
-        if now - self._last_received > 2 * self.heartbeat:
+            self._quiet_ticks = 0
+        else:
+            self._quiet_ticks += 1
+        if self._quiet_ticks >= 4:
             log.error("closing AMQP connection (%s):\nmissed heartbeats from client, "
                       "timeout: %ss", self._describe(), self.heartbeat, extra=self._log_fields())
             self._end_logged = True

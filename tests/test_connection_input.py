@@ -28,6 +28,29 @@ def test_an_idle_connection_gives_its_read_buffer_back(inproc):
     assert client.conn.state == OPEN  # the tick was not taken for missed heartbeats
 
 
+
+def test_heartbeats_are_judged_by_what_the_socket_read_and_wrote(inproc):
+    """As RabbitMQ's heartbeat monitor: the broker sends a heartbeat when it wrote
+    nothing for half an interval, and closes the connection after two intervals
+    (four ticks) in which it read nothing; any frame read starts the count again."""
+    client = inproc.client()
+    client.handshake(heartbeat=2)
+    client.open_channel()
+    heartbeat = struct.pack(">BHI", frames.FRAME_HEARTBEAT, 0, 0) + b"\xce"
+    written = len(client.transport.written)
+    inproc.advance(1.0)  # a tick after the handshake's writes: no heartbeat yet
+    assert len(client.transport.written) == written
+    inproc.advance(1.0)  # half an interval with nothing written
+    assert bytes(client.transport.written[written:]) == heartbeat
+    for _ in range(2):  # three quiet ticks in a row so far...
+        inproc.advance(1.0)
+    client.send(heartbeat)  # ...and the client's heartbeat starts the count again
+    for _ in range(4):  # the tick that sees it read, then three quiet ones
+        inproc.advance(1.0)
+    assert client.conn.state == OPEN and not client.transport.aborted
+    inproc.advance(1.0)  # the fourth quiet tick in a row: two missed intervals
+    assert client.transport.aborted
+
 def test_a_flood_yields_sooner_while_acks_come_in(inproc):
     """A publisher with input to spare handles FRAMES_PER_TURN frames a loop turn
     beside another flood, and FRAMES_PER_SHARED_TURN once another connection
