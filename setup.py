@@ -6,7 +6,11 @@ Everything else is in pyproject.toml. All are optional: without a C compiler
 (or, building without isolation, without Cython) the install goes on and the
 pure Python twins serve."""
 
+import os
+
 from setuptools import Extension, setup
+
+JOBS = os.cpu_count() or 1  # translate and compile the extensions side by side
 
 # The steady path's plumbing, compiled from its pure modules (see below).
 TYPED = [("gateway", "shardlink"), ("shards", "gatewayrings"), ("shards", "outbox"),
@@ -20,7 +24,7 @@ else:
     extensions = cythonize(
         [Extension("warren.gateway.amqp._hotpath", ["gateway/amqp/_hotpath.pyx"]),
          Extension("warren.shards._ring", ["shards/_ring.pyx"])],
-        compiler_directives={"language_level": 3})
+        compiler_directives={"language_level": 3}, nthreads=JOBS)
     # Pure modules compiled as they are, each typed by the .pxd of its extension's
     # name (gateway/_shardlink.pxd for gateway/shardlink.py): the .py stays the pure
     # twin (its annotations are for readers). Cython looks for the .pxd by the
@@ -30,11 +34,12 @@ else:
     typed = cythonize(
         [Extension(f"{package}._{module}", [f"{package}/{module}.py"])
          for package, module in TYPED],
-        compiler_directives={"language_level": 3, "annotation_typing": False})
+        compiler_directives={"language_level": 3, "annotation_typing": False},
+        nthreads=JOBS)
     for extension in typed:
         extension.name = "warren." + extension.name
     extensions += typed
     for extension in extensions:  # cythonize drops it: a failed build must not stop the install
         extension.optional = True
 
-setup(ext_modules=extensions)
+setup(ext_modules=extensions, options={"build_ext": {"parallel": JOBS}})
