@@ -214,7 +214,7 @@ class ShardLink:
                 return
         self._batch.append(record)
         if feeder is not None:  # a publish: it spends its connection's credit
-            cost = r.PERSISTENT_COST if record.persistent else 1  # credit_cost, inlined
+            cost = r.credit_cost(record)
             if self.costs:
                 cost *= max([self.costs.get(qid, 1) for qid in record.qids])
             self._feeds[feeder] = self._feeds.get(feeder, 0) + cost

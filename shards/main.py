@@ -71,9 +71,6 @@ def serve(spec: r.ShardSpec) -> None:
     outbox = shard.outbox
     timers = shard.timers
     unmap_at = 0.0
-    # check_resources changes nothing while no alarm is on, the last commit worked
-    # and the RAM held is under its limit: the loop asks that first
-    ram_limit = spec.memory_limit or float("inf")
 
     # At a steady rate a turn handles a message or two, and most of its CPU goes to
     # the Python functions it runs, each costing most the first time a turn touches
@@ -172,9 +169,8 @@ def serve(spec: r.ShardSpec) -> None:
                 outbox.put_routed(shard.start_commit(committer, now))
         # The turn's events go out at the top of the loop: one ring write, at most
         # one doorbell, per gateway.
-        if shard.alarms or not shard.stored_ok or shard.ram_bytes > ram_limit:
-            if shard.check_resources(spec.memory_limit, shard.stored_ok):
-                outbox.put_each(shard.take_events())  # the alarm it raised or cleared
+        if shard.check_resources(spec.memory_limit, shard.stored_ok):
+            outbox.put_each(shard.take_events())  # the alarm it raised or cleared
         if now >= stats.next_at:
             stats.tick(now, shard.queues.values(), shard.commits)
         if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
