@@ -320,10 +320,14 @@ class ShardLink:
     # -- events in -------------------------------------------------------------
 
     def _read_events(self) -> None:
-        """The event doorbell rang: take everything, then sleep on the doorbell."""
+        """The event doorbell rang: take everything, then sleep on the doorbell.
+        The doorbell is drained after the first take, not before: its drain is a
+        system call, and the deliveries should not wait behind it."""
         if not self.alive:
             return
-        self.events.clear_data_doorbell()
+        self.poll()
+        if self.alive:
+            self.events.clear_data_doorbell()
         while self.alive and (self.poll() or not self.events.sleep()):
             pass
 

@@ -6,3 +6,4 @@ cdef class GatewayRings:
     cdef dict __dict__
     cdef public list commands, events, done, blocked, held, _seen, _caught_up, _alive_at
     cdef public object doorbell
+    cdef public bint rung

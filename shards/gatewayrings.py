@@ -28,6 +28,7 @@ class GatewayRings:
         self.commands = [Ring.attach(pair.commands) for pair in pairs]
         self.events = [Ring.attach(pair.events) for pair in pairs]
         self.doorbell = pairs[0].commands.data_fd  # shared by every command ring
+        self.rung = False  # woken by the doorbell, which is not drained yet
         self.done = [0] * len(pairs)  # command records worked through, per ring
         self.blocked: list[int] = []  # gateways whose events wait for ring space
         # Credit held back, per gateway: [records worked through, the event rings'
@@ -192,6 +193,7 @@ class GatewayRings:
     def sleep(self) -> bool:
         """Ask every readable command ring for the doorbell; True if all are still
         empty (wait on the doorbell, then woke())."""
+        self.drain_doorbell()
         asked = []
         for gateway, ring in enumerate(self.commands):
             if gateway in self.blocked:
@@ -204,9 +206,19 @@ class GatewayRings:
         return True
 
     def woke(self) -> None:
+        """Back from a wait. The doorbell is drained later (drain_doorbell, before
+        the next wait), not now: its drain is a system call, and the turn's
+        deliveries should not wait behind it."""
         for ring in self.commands:
             ring.awake()
-        self.commands[0].clear_data_doorbell()  # one fd for all
+        self.rung = True
+
+    def drain_doorbell(self) -> None:
+        """Before a wait: take the last wake's ring of the doorbell (one fd for
+        all), or the wait would end at once."""
+        if self.rung:
+            self.rung = False
+            self.commands[0].clear_data_doorbell()
 
     def reset(self, gateway: int) -> None:
         """The gateway died: its rings are empty and new for the one replacing it."""

@@ -83,6 +83,7 @@ def serve(spec: r.ShardSpec) -> None:
         if rings.blocked and rings.all_blocked():
             fds = rings.space_fds()
             if fds is not None:
+                rings.drain_doorbell()
                 _wait(poller, fds, spec.lifeline_fd)
                 rings.clear_space()
             continue
@@ -190,6 +191,7 @@ def serve(spec: r.ShardSpec) -> None:
             break
         fds = rings.space_fds()
         if fds is not None:
+            rings.drain_doorbell()
             _wait(poller, fds, spec.lifeline_fd)
             rings.clear_space()
     shard.persister.close()

@@ -119,6 +119,48 @@ def shard_sleeps(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "S"
 
 
+def settles_asleep(pid: int) -> bool:
+    """Within the deadline, seen asleep in most of 20 looks at its state, 5 ms
+    apart: a shard that spins (a doorbell it never drains ends each wait at once)
+    is seen running."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        asleep = 0
+        for _ in range(20):
+            asleep += shard_sleeps(pid)
+            time.sleep(0.005)
+        if asleep >= 15:
+            return True
+    return False
+
+
+def test_a_woken_shard_sleeps_again_once_its_work_is_done(driver):
+    gw0, gw1 = driver.ends
+    gw0.send([create_queue(1, 1, "q")])
+    answer(gw0, 1)
+    for req in (2, 3):  # each a wake by the doorbell, drained before the next wait
+        gw1.send([r.QueueInfo(req, [1])])
+        assert answer(gw1, req).queues[0][0] == 1
+        assert settles_asleep(driver.process.pid)
+
+
+def test_a_shard_whose_only_gateway_reads_nothing_waits_for_it_asleep(tmp_path):
+    driver = Driver(str(tmp_path))
+    try:
+        (gw,) = driver.ends
+        gw.send([create_queue(1, 1, "q"), consume(2, 1, made_by(0, 1), made_by(0, 2))])
+        body = b"x" * (1 << 20)
+        for _ in range(14):  # most of what its event ring holds, and it reads none of it
+            gw.send([publish(1, body)])
+        assert settles_asleep(driver.process.pid)
+        for _ in range(4):  # woken by the doorbell for more than the ring has room for
+            gw.send([publish(1, body)])
+        assert settles_asleep(driver.process.pid)  # blocked on the full ring, not spinning
+        assert len(of(r.Deliver, collect(gw, lambda got: len(of(r.Deliver, got)) == 18))) == 18
+    finally:
+        driver.stop()
+
+
 def test_a_sleeping_shard_wakes_for_the_second_gateways_ring(driver):
     gw0, gw1 = driver.ends
     gw0.send([create_queue(1, 1, "q")])
@@ -141,6 +183,7 @@ def test_a_gateway_that_reads_nothing_holds_up_only_itself(driver):
         gw0.send([publish(1, body)])
     gw0.send([create_queue(2, 2, "q2")])
     assert answer(gw0, 2) == r.Reply(2)
+    assert settles_asleep(driver.process.pid)  # waiting for gateway 1, without spinning
     gw0.send([r.GatewayLost(3, 1)])  # had it died: its report is read
     assert answer(gw0, 3) == r.Reply(3)
 
