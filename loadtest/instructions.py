@@ -2,6 +2,7 @@
 
     python -m warren.loadtest.instructions --external-client PATH
         [--scenario transient-autoack] [--rate 50] [--warmup 20] [--seconds 20] [--shards 2]
+        [--keep DIR]
 
 Timed figures (cores, microseconds a message) move by a quarter from run to run
 on a shared two-core host, so a change worth a few percent cannot be seen in
@@ -9,7 +10,8 @@ them. Instruction counts can: this starts `warren serve` under valgrind's
 callgrind (its shards too, --trace-children), runs the external client (amqp-perf)
 at a low steady rate, and counts the instructions each process executes over a
 window after the warm-up (callgrind_control dumps at its start and end). Runs
-agree within about 3%.
+agree within about 3%. `--keep DIR` keeps the window's dumps (cg.PID.2) for
+callgrind_annotate, to see which C functions the instructions went to.
 
 The default rate, 50 messages a second, is low enough that valgrind (which
 slows the broker some 50 times) leaves every message alone: its own client write
@@ -98,7 +100,7 @@ def _dump_all(pids: list[int], part: int, folder: Path, deadline: float) -> None
 
 
 def measure(client: str, scenario: str, rate: float, warmup: float, seconds: float,
-            shards: int) -> tuple[list[Count], int, dict | None]:
+            shards: int, keep: str = "") -> tuple[list[Count], int, dict | None]:
     with tempfile.TemporaryDirectory(prefix="warren-instructions-") as tmp:
         folder = Path(tmp)
         port = procs.free_port()
@@ -130,6 +132,11 @@ def measure(client: str, scenario: str, rate: float, warmup: float, seconds: flo
             _dump_all(pids, 2, folder, ended + 60)
             counts = [Count(pid, roles[pid], dumped_instructions(folder / f"cg.{pid}.2") or 0)
                       for pid in pids]
+            if keep:
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                for pid in pids:
+                    name = f"cg.{pid}.2"
+                    shutil.copy(folder / name, Path(keep) / f"{roles[pid].replace(' ', '-')}.{name}")
             out, _ = perf.communicate(timeout=120)
             return counts, round(rate * (ended - started)), external.parse_json_line(out)
         finally:
@@ -149,12 +156,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds before the window (valgrind starts slowly)")
     parser.add_argument("--seconds", type=float, default=20.0, help="the window")
     parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--keep", default="", metavar="DIR",
+                        help="keep the window's callgrind dumps here (ROLE.cg.PID.2)")
     options = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     counts, messages, result = measure(options.external_client, options.scenario,
                                        options.rate, options.warmup, options.seconds,
-                                       options.shards)
+                                       options.shards, options.keep)
     print(report(counts, messages,
                  f"instructions a message: {options.scenario} at {options.rate:g}/s, "
                  f"{options.seconds:g} s window ({messages:,} messages)"))
