@@ -169,8 +169,8 @@ def serve(spec: r.ShardSpec) -> None:
             if shard.commits.inflight is None and shard.has_commit_work(now):
                 outbox.put_routed(shard.start_commit(committer, now))
             # The turn's events go now, before the bookkeeping below: one ring write,
-            # at most one doorbell, per gateway. (Each microsecond a delivery waits
-            # here, a client pacing its publishes by the clock wakes more often:
+            # at most one doorbell, per gateway. (A delivery's wait here also moves
+            # how often a client that paces its publishes by the clock writes:
             # docs/architecture.md.)
             rings.write(outbox)
         if shard.check_resources(spec.memory_limit, shard.stored_ok):
