@@ -38,14 +38,13 @@ import argparse
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import external, procs
-from .targets import RabbitTarget, WarrenTarget
+from . import external
+from .targets import FloorTarget, RabbitTarget, WarrenTarget
 
 TRACEPOINTS = ("syscalls:sys_enter_epoll_pwait", "syscalls:sys_exit_epoll_pwait")
 _LINE = re.compile(r"\s*(\d+)\s+([\d.]+):\s+syscalls:(\w+):\s*(.*)")
@@ -110,27 +109,6 @@ def trace(pid: int, seconds: float, folder: Path) -> Wakes:
     script = subprocess.run(["perf", "script", "-i", str(data), "-F", "tid,time,event,trace"],
                             check=True, capture_output=True, text=True)
     return analyse(script.stdout.splitlines())
-
-
-class FloorTarget:
-    """The skeleton broker of loadtest.floor on a free port."""
-
-    label = "floor"
-
-    def __init__(self):
-        port = procs.free_port()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "warren.loadtest.floor", "--port", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not procs.wait_for_port(port, 30, alive=lambda: self.process.poll() is None):
-            raise RuntimeError("the floor broker did not start")
-        self.url = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
-
-    def root_pid(self) -> int:
-        return self.process.pid
-
-    def stop(self) -> None:
-        procs.stop(self.process, 10)
 
 
 def measure(client: str, target, scenario: str, rate: float, warmup: float,
