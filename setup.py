@@ -1,20 +1,22 @@
 """The compiled twins of the hot paths: the codec's (gateway/amqp/_hotpath.pyx),
-the ring's core (shards/_ring.pyx), and the gateway's shard link and the shard's
-rings, outbox and queue state machine (their pure modules compiled as they are,
-typed by .pxd files).
+the ring's core (shards/_ring.pyx), the gateway's shard link, and the shard's
+loop, state machine, rings, outbox, queues and batch codec (their pure modules
+compiled as they are, typed by .pxd files).
 Everything else is in pyproject.toml. All are optional: without a C compiler
 (or, building without isolation, without Cython) the install goes on and the
 pure Python twins serve."""
 
 import os
+import tempfile
 
 from setuptools import Extension, setup
 
 JOBS = os.cpu_count() or 1  # translate and compile the extensions side by side
 
-# The steady path's plumbing, compiled from its pure modules (see below).
+# The steady path, compiled from its pure modules (see below).
 TYPED = [("gateway", "shardlink"), ("shards", "gatewayrings"), ("shards", "outbox"),
-         ("shards", "queue")]
+         ("shards", "queue"), ("shards", "shard"), ("shards", "main"),
+         ("shards", "batches")]
 
 try:
     from Cython.Build import cythonize
@@ -25,17 +27,23 @@ else:
         [Extension("warren.gateway.amqp._hotpath", ["gateway/amqp/_hotpath.pyx"]),
          Extension("warren.shards._ring", ["shards/_ring.pyx"])],
         compiler_directives={"language_level": 3}, nthreads=JOBS)
-    # Pure modules compiled as they are, each typed by the .pxd of its extension's
-    # name (gateway/_shardlink.pxd for gateway/shardlink.py): the .py stays the pure
-    # twin (its annotations are for readers). Cython looks for the .pxd by the
+    # Pure modules compiled as they are, typed by the .pxd of their extension's name
+    # where there is one (gateway/_shardlink.pxd for gateway/shardlink.py): the .py
+    # stays the pure twin (its annotations are for readers). Cython looks for the .pxd by the
     # module's name within the source tree, where the packages are `gateway` and
     # `shards` (the tree installs as `warren`): named so for Cython, renamed for
     # the install.
-    typed = cythonize(
-        [Extension(f"{package}._{module}", [f"{package}/{module}.py"])
-         for package, module in TYPED],
-        compiler_directives={"language_level": 3, "annotation_typing": False},
-        nthreads=JOBS)
+    # A .pxd cimports another's types by their installed name (warren.shards._outbox),
+    # so that the compiled modules call each other's methods as C functions: Cython
+    # finds them through a folder where `warren` is this tree.
+    with tempfile.TemporaryDirectory(prefix="warren-pxd-") as include:
+        os.symlink(os.path.abspath(os.path.dirname(__file__) or "."),
+                   os.path.join(include, "warren"))
+        typed = cythonize(
+            [Extension(f"{package}._{module}", [f"{package}/{module}.py"])
+             for package, module in TYPED],
+            compiler_directives={"language_level": 3, "annotation_typing": False},
+            include_path=[include], nthreads=JOBS)
     for extension in typed:
         extension.name = "warren." + extension.name
     extensions += typed

@@ -6,6 +6,7 @@ Channel."""
 from __future__ import annotations
 
 from warren.shards import records as r
+from warren.shards.batches import SIDE_BODY_MIN
 
 from . import prefetch, replyto
 from .amqp import frames, hotpath, spec
@@ -265,7 +266,7 @@ class Consuming:
         if event.delivery_count:
             properties = _with_delivery_count(properties, event.delivery_count)
         conn = self.conn
-        if len(event.body) < r.SIDE_BODY_MIN:  # the frames packed in one join
+        if len(event.body) < SIDE_BODY_MIN:  # the frames packed in one join
             data = hotpath.deliver_frames(
                 self.number, consumer.tag_shortstr, tag, event.redelivered, event.exchange,
                 event.routing_key, properties, event.body, conn.frame_max)

@@ -35,6 +35,7 @@ from typing import Callable
 import msgspec
 
 from warren.shards import records as r
+from warren.shards.codec import decode_events, encode_batch
 from warren.shards.logsetup import LogSettings
 from warren.shards.ring import Ring
 
@@ -239,7 +240,7 @@ class ShardLink:
         if not self.alive:
             return
         if self._batch and self._lazy_until is None:
-            self._pending.append(r.encode_batch(self._batch))
+            self._pending.append(encode_batch(self._batch))
             self._batch = []
             self._records_sent += 1
             if self._feeds:
@@ -336,7 +337,7 @@ class ShardLink:
         before reading more input, so deliveries and confirms go first."""
         if not self.alive or self._dispatching or self.events.is_empty():
             return False
-        batches = self.events.read_many(r.decode_events)
+        batches = self.events.read_many(decode_events)
         if not batches:  # only part of a large record so far
             return False
         events = batches[0] if len(batches) == 1 else [e for batch in batches for e in batch]

@@ -42,6 +42,7 @@ from collections import deque
 import msgspec
 
 from warren.shards import records as r
+from warren.shards.codec import decode_events, encode_batch
 from warren.shards.records import PERSISTENT_COST, PUBLISH_CREDIT
 from warren.shards.ring import Ring
 from warren.storage.queuespec import QueueSpec
@@ -66,7 +67,7 @@ class RingEnd:
 
     def send(self, records: list) -> None:
         self.records_sent += 1
-        while not self.commands.write_many([r.encode_batch(records)]):
+        while not self.commands.write_many([encode_batch(records)]):
             time.sleep(0.001)  # credit keeps the ring far from full
         self.commands.flush()
 
@@ -77,7 +78,7 @@ class RingEnd:
             select.select([self.events.spec().data_fd], [], [], timeout)
             self.events.clear_data_doorbell()
             batches = self.events.read_many()
-        return [event for batch in batches for event in r.decode_events(batch)]
+        return [event for batch in batches for event in decode_events(batch)]
 
 
 class Driver:

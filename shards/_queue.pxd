@@ -1,7 +1,8 @@
 # The compiled twin of queue.py: that module built by pip install as
 # warren.shards._queue (setup.py). Queue, Consumer and QueueCounters are extension
 # types whose state is typed here; a publish's short way (the consumer it goes to)
-# is C calls. __dict__: a queue keeps what it was configured with beside these.
+# is C calls, and a C call from the compiled shard. __dict__: a queue keeps what
+# it was configured with beside these.
 cdef class QueueCounters:
     cdef public Py_ssize_t published, published_bytes, delivered, redelivered, acked
     cdef public Py_ssize_t rejected, requeued, expired, dead_lettered, dropped, timeouts
@@ -22,5 +23,6 @@ cdef class Queue:
     cdef public dict holdings, consumers, rotations, locks
     cdef public QueueCounters counters
 
+    cpdef publish_straight(self, cmd, double now)
     cdef bint _can_take(self, Consumer c) except -1
     cdef Consumer _next_consumer(self)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 
 from . import records as r
+from .codec import decode_commands
 from .outbox import Outbox
 from .ring import Ring
 
@@ -179,7 +180,7 @@ class GatewayRings:
         blocked = self.blocked
         for gateway, ring in enumerate(self.commands):
             if not blocked or gateway not in blocked:
-                batches = ring.read_many(r.decode_commands)
+                batches = ring.read_many(decode_commands)
                 if batches:
                     got.append((gateway, batches))
         return got

@@ -36,10 +36,11 @@ from .gatewayrings import STALLED_AFTER
 from .gatewayrings import GatewayRings as PureGatewayRings
 from .malloc import keep_freed_memory
 from .persister import Persister
-from .shard import Shard
+from .shard import Shard as PureShard
 from .stats import StatsLog
 
 GatewayRings = chosen(PureGatewayRings, built("warren.shards._gatewayrings", "GatewayRings"))
+Shard = chosen(PureShard, built("warren.shards._shard", "Shard"))
 
 UNMAP_INTERVAL = 1.0  # seconds between drops of the stores' mapped pages under load
 log = logging.getLogger("warren.shard")
@@ -150,8 +151,7 @@ def serve(spec: r.ShardSpec) -> None:
             # Nothing else to do meanwhile and nobody to deliver to: commit here,
             # sparing a lone publisher the two thread hand-offs. With consumers,
             # deliveries never wait for an fsync.
-            spent = {gateway: sum(r.credit_cost(cmd) for batch in batches for cmd in batch)
-                     for gateway, batches in got}
+            spent = _credit_spent(got)
             early_any = False
             for gateway, events in enumerate(turn):
                 early, turn[gateway] = before_commit(events, spent.get(gateway, 0))
@@ -202,6 +202,14 @@ def serve(spec: r.ShardSpec) -> None:
     stats.close()
 
 
+def _credit_spent(got: list) -> dict[int, int]:
+    """The credit each gateway's commands of this turn spent (r.credit_cost)."""
+    spent = {}
+    for gateway, batches in got:
+        spent[gateway] = sum([r.credit_cost(cmd) for batch in batches for cmd in batch])
+    return spent
+
+
 def _wait(poller: select.poll, extra_fds, lifeline_fd: int,
           timeout: float | None = None) -> None:
     """Block until a registered fd (or one of `extra_fds`) is readable or `timeout`
@@ -230,7 +238,7 @@ def main() -> None:
     log.info("shard %d starting on stores %s", spec.index,
              ", ".join(f"shard-{k}" for k in spec.stores))
     os.set_blocking(spec.lifeline_fd, False)
-    serve(spec)
+    chosen(serve, built("warren.shards._main", "serve"))(spec)
 
 
 if __name__ == "__main__":

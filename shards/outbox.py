@@ -19,6 +19,7 @@ republishes it.
 from __future__ import annotations
 
 from . import records as r
+from .codec import encode_batch
 
 EVENTS_PER_RECORD = 512
 
@@ -90,9 +91,9 @@ class Outbox:
         """Events ready to go to `gateway`: encode them behind what is waiting."""
         if len(events) <= EVENTS_PER_RECORD:  # a turn's events at a steady rate: no slicing
             if events:
-                self.records[gateway].append(r.encode_batch(events))
+                self.records[gateway].append(encode_batch(events))
             return
-        self.records[gateway] += [r.encode_batch(events[i:i + EVENTS_PER_RECORD])
+        self.records[gateway] += [encode_batch(events[i:i + EVENTS_PER_RECORD])
                                   for i in range(0, len(events), EVENTS_PER_RECORD)]
 
     def put_each(self, turn: list[list]) -> None:
@@ -100,7 +101,7 @@ class Outbox:
         for gateway, events in enumerate(turn):
             if events:
                 if len(events) <= EVENTS_PER_RECORD:  # put()'s common case, without its frame
-                    self.records[gateway].append(r.encode_batch(events))
+                    self.records[gateway].append(encode_batch(events))
                 else:
                     self.put(gateway, events)
 

@@ -183,7 +183,10 @@ class Shard:
 
     def _alarm(self, resource: str, active: bool) -> None:
         """An alarm turns on or off."""
-        (self.alarms.add if active else self.alarms.discard)(resource)
+        if active:
+            self.alarms.add(resource)
+        else:
+            self.alarms.discard(resource)
         self.outbox.add(r.Alarm(resource, active))
         self.stats.event("alarm", resource=resource, state="on" if active else "off",
                          ram_bytes=self.ram_bytes)

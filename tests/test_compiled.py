@@ -14,7 +14,8 @@ import pytest
 
 from warren.gateway import shardlink, shardpool
 from warren.gateway.amqp import frames, hotpath
-from warren.shards import gatewayrings, main, model, outbox, queue, ring, shard
+from warren.shards import batches, codec, gatewayrings, main, model, outbox, queue, ring, shard
+from warren.shards.compiled import built, built_module
 
 from . import twins
 
@@ -23,20 +24,24 @@ def test_the_compiled_twins_are_built_and_used_where_there_is_a_compiler():
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip("no C compiler here: the pure twins serve")
-    assert twins.compiled is not None, "pip install built no warren.gateway.amqp._hotpath"
+    hot = built_module("warren.gateway.amqp._hotpath")
+    assert hot is not None, "pip install built no warren.gateway.amqp._hotpath"
     assert ring.CompiledRing is not None, "pip install built no warren.shards._ring"
-    compiled_link = twins.LINKS[-1].values[0]
-    assert len(twins.LINKS) == len(twins.GATEWAY_RINGS) == len(twins.OUTBOXES) == 2, \
-        "pip install built no compiled shardlink, gatewayrings or outbox"
-    assert len(twins.QUEUE_BUILDS) == 2, "pip install built no compiled queue"
-    compiled_queue = twins.QUEUE_BUILDS[-1].values[0]
+    builds = {name: built(f"warren.{package}._{name}", cls) for package, name, cls in (
+        ("gateway", "shardlink", "ShardLink"), ("shards", "gatewayrings", "GatewayRings"),
+        ("shards", "outbox", "Outbox"), ("shards", "shard", "Shard"),
+        ("shards", "queue", "Queue"), ("shards", "main", "serve"),
+        ("shards", "batches", "encode_batch"))}
+    assert None not in builds.values(), f"pip install built none of {builds}"
+    compiled_queue = built_module("warren.shards._queue")
+    compiled_batches = built_module("warren.shards._batches")
     # extension types, their state typed by their .pxd (attributes are struct fields,
     # internal steps C functions)
-    assert not hasattr(compiled_link, "_spend")
+    assert not hasattr(builds["shardlink"], "_spend")
     assert not hasattr(compiled_queue.Queue, "_next_consumer")
-    for built_class, attribute in ((compiled_link, "credit"),
-                                   (twins.GATEWAY_RINGS[-1].values[0], "commands"),
-                                   (twins.OUTBOXES[-1].values[0], "records"),
+    for built_class, attribute in ((builds["shardlink"], "credit"),
+                                   (builds["gatewayrings"], "commands"),
+                                   (builds["outbox"], "records"), (builds["shard"], "queues"),
                                    (compiled_queue.Queue, "consumers"),
                                    (compiled_queue.Consumer, "credit")):
         assert type(vars(built_class)[attribute]).__name__ == "getset_descriptor"
@@ -46,14 +51,17 @@ def test_the_compiled_twins_are_built_and_used_where_there_is_a_compiler():
         assert ring.Ring is ring.PureRing
         assert shardpool.ShardLink is shardlink.ShardLink
         assert main.GatewayRings is gatewayrings.GatewayRings and shard.Outbox is outbox.Outbox
+        assert main.Shard is shard.Shard and codec.batches is batches
         assert model.queue is queue
+        assert twins.compiled is None and len(twins.SHARDS) == len(twins.RINGS) == 1
     else:
-        assert hotpath.deliver_frames is twins.compiled.deliver_frames
-        assert frames.FrameReader is twins.compiled.FrameReader
+        assert hotpath.deliver_frames is hot.deliver_frames
+        assert frames.FrameReader is hot.FrameReader
         assert ring.Ring is ring.CompiledRing
-        assert shardpool.ShardLink is compiled_link
-        assert main.GatewayRings is twins.GATEWAY_RINGS[-1].values[0]
-        assert shard.Outbox is twins.OUTBOXES[-1].values[0]
+        assert shardpool.ShardLink is builds["shardlink"]
+        assert main.GatewayRings is builds["gatewayrings"]
+        assert shard.Outbox is builds["outbox"] and main.Shard is builds["shard"]
+        assert codec.batches is compiled_batches
         assert model.queue is compiled_queue
 
 

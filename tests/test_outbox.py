@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warren.shards import records as r
+from warren.shards.codec import decode_events
 from warren.shards.outbox import EVENTS_PER_RECORD
 
 from .twins import OUTBOXES
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.parametrize("outbox_class", OUTBOXES)  # pure, and comp
 
 
 def decoded(records: list[bytes]) -> list:
-    return [event for record in records for event in r.decode_events(record)]
+    return [event for record in records for event in decode_events(record)]
 
 
 @given(st.lists(st.integers(0, 3 * EVENTS_PER_RECORD), max_size=4),
@@ -29,7 +30,7 @@ def test_events_leave_in_order_whatever_the_ring_takes(outbox_class, puts, ring_
         n += size
         expected += events
         outbox.put(0, events)
-        assert all(0 < len(r.decode_events(rec)) <= EVENTS_PER_RECORD
+        assert all(0 < len(decode_events(rec)) <= EVENTS_PER_RECORD
                    for rec in outbox.records[0])  # no empty records
         room = ring_room.pop() if ring_room else len(outbox.records[0])
         taken = outbox.records[0][:room]

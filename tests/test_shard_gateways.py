@@ -15,16 +15,17 @@ import pytest
 
 from warren.loadtest.shardcost import Driver, RingEnd
 from warren.shards import records as r
+from warren.shards.codec import decode_events
 from warren.shards.gatewayrings import STALLED_AFTER
 from warren.shards.persister import Persister
 from warren.shards.ring import Ring
-from warren.shards.shard import BEHIND_AT, Shard
+from warren.shards.shard import BEHIND_AT
 from warren.shards.stats import StatsLog
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore
 
 from .test_shard_shell import InlineCommitter
-from .twins import GATEWAY_RINGS, LINKS, OUTBOXES
+from .twins import GATEWAY_RINGS, LINKS, OUTBOXES, SHARDS
 
 TIMEOUT = 10.0
 PROPERTIES = b"\x00\x00"
@@ -227,10 +228,10 @@ def test_a_lost_gateways_messages_come_back_and_its_rings_serve_the_next_one(dri
 # -- in-process ----------------------------------------------------------------
 
 
-@pytest.fixture
-def shard(tmp_path):
+@pytest.fixture(params=SHARDS)  # pure, and compiled
+def shard(tmp_path, request):
     store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
-    shard = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0), gateways=2)
+    shard = request.param(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0), gateways=2)
     shard.run(create_queue(1, 5, "d", durable=True), 0.0)
     shard.take_events()
     yield shard
@@ -359,7 +360,7 @@ class Rings:
         self.outbox.put_each(self.outbox.take())
         self.shard.write(self.outbox)
         return [e.records for batch in self.events[gateway].read_many()
-                for e in r.decode_events(batch) if type(e) is r.Progress]
+                for e in decode_events(batch) if type(e) is r.Progress]
 
     def close(self) -> None:
         for ring in self.commands + self.events:

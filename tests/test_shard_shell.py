@@ -19,12 +19,12 @@ from warren.shards import shard as shard_module
 from warren.shards.main import before_commit
 from warren.shards.persister import Persister
 from warren.shards.queue import Queue, Remove
-from warren.shards.shard import Shard
 from warren.shards.stats import StatsLog
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore, StoreFull
 
 from . import test_queue_straight as straight
+from .twins import SHARDS
 
 
 def create_queue(req: int, qid: int, name: str, durable: bool = False,
@@ -33,10 +33,15 @@ def create_queue(req: int, qid: int, name: str, durable: bool = False,
     return r.CreateQueue(req, qid, spec, spec.arguments)
 
 
+@pytest.fixture(params=SHARDS)  # pure, and compiled
+def shard_class(request):
+    return request.param
+
+
 @pytest.fixture
-def shard(tmp_path):
+def shard(tmp_path, shard_class):
     store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
-    shard = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0))
+    shard = shard_class(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0))
     shard.run(create_queue(1, 7, "q"), 0.0)
     yield shard
     store.close()
@@ -281,10 +286,11 @@ def test_a_queue_settles_a_merged_run_as_it_would_one_ack_at_a_time(count, prefe
 
 
 @pytest.mark.parametrize("arguments, marks", [({}, 0), ({"x-max-priority": 5}, 2)])
-def test_delivered_messages_come_back_redelivered_after_a_restart(tmp_path, arguments, marks):
+def test_delivered_messages_come_back_redelivered_after_a_restart(tmp_path, arguments, marks,
+                                                                 shard_class):
     """In order (no priorities): one number per queue; a priority queue: a mark each."""
     store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
-    shard = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0))
+    shard = shard_class(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs"), 0))
     shard.run(create_queue(2, 5, "d", True, arguments), 0.0)
     consume(shard, prefetch=2)
     for seq in range(1, 5):
@@ -295,7 +301,7 @@ def test_delivered_messages_come_back_redelivered_after_a_restart(tmp_path, argu
         assert txn.stat(store._marks)["entries"] == marks
     store.close()
     store = ShardStore(str(tmp_path / "shard-0"), 1 << 26)
-    again = Shard(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs2"), 0))
+    again = shard_class(0, Persister({0: store}, 0), StatsLog(str(tmp_path / "logs2"), 0))
     assert [m.redelivered for m in again.queues[5].ready] == [True, True, False, False]
     store.close()
 
@@ -315,14 +321,16 @@ def test_credit_alone_waits_for_the_confirms_of_an_in_loop_commit():
        arguments=st.one_of(straight.ARGUMENTS, st.just({"x-expires": 10_000})))
 @example(script=[("consume", 11, False, 0, 3, 0), ("publish", False, -1, b"x")], durable=False,
          arguments={})  # a message held for its consumer: the shard's RAM figure grows
-def test_a_shard_handles_a_straight_publish_as_the_long_way_does(script, durable, arguments):
+@pytest.mark.parametrize("build", SHARDS)
+def test_a_shard_handles_a_straight_publish_as_the_long_way_does(build, script, durable,
+                                                                 arguments):
     """Shard.handle takes a queue's short way itself: the same events, RAM figures,
     queue state and timers as the long way through the queue's apply."""
     with tempfile.TemporaryDirectory() as folder:
         shards, stores = [], []
         for name in ("short", "long"):
             store = ShardStore(f"{folder}/{name}/shard-0", 1 << 24)
-            shard = Shard(0, Persister({0: store}, 0), StatsLog(f"{folder}/{name}/logs", 0))
+            shard = build(0, Persister({0: store}, 0), StatsLog(f"{folder}/{name}/logs", 0))
             shard.run(create_queue(1, 1, "q", durable, arguments), 0.0)
             shard.take_events()
             shards.append(shard)

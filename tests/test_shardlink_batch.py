@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from warren.gateway.shardlink import SETTLE_DELAY
 from warren.shards import records as r
+from warren.shards.codec import decode_commands, encode_batch
 from warren.shards.ring import Ring
 
 from .twins import LINKS
@@ -102,11 +103,11 @@ def link_between_rings(link_class):
 
 
 def from_shard(events: Ring, *records) -> None:
-    events.write_many([r.encode_batch(list(records))])
+    events.write_many([encode_batch(list(records))])
 
 
 def records_in(ring: Ring) -> list[list]:
-    return ring.read_many(r.decode_commands)
+    return ring.read_many(decode_commands)
 
 
 def test_a_lone_ack_waits_for_the_next_record_to_its_shard_and_goes_with_it(link_class):
@@ -233,7 +234,7 @@ def test_events_reach_the_gateway_in_the_shard_s_order_and_replies_their_request
             link.request(lambda req: r.QueueInfo(req, []), failing)
             before, between, after = (r.Alarm("memory", True), r.Alarm("disk", True),
                                       r.Alarm("memory", False))
-            link.events.write_many([r.encode_batch(
+            link.events.write_many([encode_batch(
                 [before, r.Reply(1), between, r.Reply(2), r.Reply(99), after, r.Progress(0)])])
             assert link.poll()
             # a reply never overtakes what the shard emitted before it; the broken

@@ -1,24 +1,38 @@
 """The hot paths' two twins, pure Python and compiled (the codec's functions, the
 ring's core, the gateway's shard link), for the tests that run both on the same
-inputs (the compiled one where it was built); and the shard's rings, outbox and
-queue state machine, whose compiled twins are their modules built as they are
-(typed by .pxd files)."""
+inputs (the compiled one where it was built); and the shard's pure modules whose
+compiled twins are those modules built as they are (typed by .pxd files).
+
+With WARREN_PURE_PYTHON set the suite runs without the compiled extension: only
+the pure twins, here as in the broker. (A compiled twin works with the compiled
+twins it calls as C types, so it never serves beside pure ones.)"""
 
 from __future__ import annotations
 
-import importlib
+import os
 
 import pytest
 
 from warren.gateway import shardlink
 from warren.gateway.amqp import frames, hotpath
-from warren.shards import gatewayrings, outbox, queue, ring
-from warren.shards.compiled import built, built_module
+from warren.shards import batches, gatewayrings, outbox, queue, ring, shard
+from warren.shards import compiled as choice
 
-try:  # imported directly: WARREN_PURE_PYTHON switches the broker's choice, not this
-    compiled = importlib.import_module("warren.gateway.amqp._hotpath")
-except ImportError:
-    compiled = None
+PURE_ONLY = bool(os.environ.get("WARREN_PURE_PYTHON"))
+
+
+def built_module(module: str):
+    """The compiled extension `module` for the tests to run, or None (not built, or
+    the suite runs without them)."""
+    return None if PURE_ONLY else choice.built_module(module)
+
+
+def built(module: str, name: str):
+    extension = built_module(module)
+    return None if extension is None else getattr(extension, name)
+
+
+compiled = built_module("warren.gateway.amqp._hotpath")
 
 
 def twins(name: str, pure) -> list:
@@ -34,7 +48,8 @@ SCAN_PUBLISH = twins("scan_publish", frames.scan_publish)
 READERS = twins("FrameReader", frames.PureFrameReader)
 DELIVER_FRAMES = twins("deliver_frames", hotpath.pure_deliver_frames)
 RINGS = [pytest.param(ring.PureRing, id="pure")] + (
-    [pytest.param(ring.CompiledRing, id="compiled")] if ring.CompiledRing is not None else [])
+    [pytest.param(ring.CompiledRing, id="compiled")]
+    if ring.CompiledRing is not None and not PURE_ONLY else [])
 
 
 def builds(pure, module: str) -> list:
@@ -47,7 +62,12 @@ def builds(pure, module: str) -> list:
 LINKS = builds(shardlink.ShardLink, "warren.gateway._shardlink")
 GATEWAY_RINGS = builds(gatewayrings.GatewayRings, "warren.shards._gatewayrings")
 OUTBOXES = builds(outbox.Outbox, "warren.shards._outbox")
+SHARDS = builds(shard.Shard, "warren.shards._shard")
 
+
+COMPILED_BATCHES = built_module("warren.shards._batches")
+BATCH_CODECS = [pytest.param(batches, id="pure")] + (  # batches.py, and its compiled build
+    [pytest.param(COMPILED_BATCHES, id="compiled")] if COMPILED_BATCHES is not None else [])
 
 COMPILED_QUEUE = built_module("warren.shards._queue")  # queue.py's compiled build, or None
 QUEUE_BUILDS = [pytest.param(queue, id="pure")] + (
