@@ -6,7 +6,8 @@ from warren.shards._gatewayrings cimport GatewayRings as TypedGatewayRings
 from warren.shards._outbox cimport Outbox as TypedOutbox
 from warren.shards._shard cimport Shard as TypedShard
 
-@cython.locals(rings=TypedGatewayRings, outbox=TypedOutbox, shard=TypedShard,
-                now=double, unmap_at=double, timers_due=bint,
-               early_any=bint)
+@cython.locals(rings=TypedGatewayRings, outbox=TypedOutbox, shard=TypedShard, now=double,
+               unmap_at=double, timers_due=bint, early_any=bint, lifeline=int)
 cpdef serve(spec)
+
+cdef _wait(poller, extra_fds, int lifeline_fd, timeout=*)

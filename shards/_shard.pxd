@@ -1,16 +1,18 @@
 # The compiled twin of shard.py: that module built by pip install as
 # warren.shards._shard (setup.py), Shard an extension type whose state is typed
 # here, and whose steady turn's methods are C calls for the compiled shard loop
-# (final: nothing overrides them), as are its calls into its queues (the compiled
-# queue.py's: a compiled twin only ever works with compiled ones, tests/twins.py).
+# (final: nothing overrides them), as are its calls into its outbox and queues
+# (compiled too: a compiled twin only ever works with compiled ones, tests/twins.py).
 # __dict__: tests may set what they look at.
 cimport cython
+from warren.shards._outbox cimport Outbox as TypedOutbox
 from warren.shards._queue cimport Queue as TypedQueue
 
 @cython.final
 cdef class Shard:
     cdef dict __dict__
-    cdef public object index, persister, stats, outbox, commits, timers
+    cdef public object index, persister, stats, commits, timers
+    cdef public TypedOutbox outbox
     cdef public dict queues, holder_queues, costs
     cdef public list lost
     cdef public set alarms, behind

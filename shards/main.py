@@ -69,8 +69,8 @@ def serve(spec: r.ShardSpec) -> None:
     poller.register(rings.doorbell, select.POLLIN)
     poller.register(spec.lifeline_fd, select.POLLIN)
     poller.register(committer.done_fd, select.POLLIN)
-    outbox = shard.outbox
-    timers = shard.timers
+    outbox, timers, commits = shard.outbox, shard.timers, shard.commits
+    lifeline, memory_limit = spec.lifeline_fd, spec.memory_limit
     unmap_at = 0.0
 
     # At a steady rate a turn handles a message or two, and most of its CPU goes to
@@ -85,12 +85,12 @@ def serve(spec: r.ShardSpec) -> None:
             fds = rings.space_fds()
             if fds is not None:
                 rings.drain_doorbell()
-                _wait(poller, fds, spec.lifeline_fd)
+                _wait(poller, fds, lifeline)
                 rings.clear_space()
             continue
-        if shard.commits.inflight is not None and committer.finished():
+        if commits.inflight is not None and committer.finished():
             outbox.put_routed(shard.finish_commit())
-            shard.check_resources(spec.memory_limit, shard.stored_ok)
+            shard.check_resources(memory_limit, shard.stored_ok)
             outbox.put_each(shard.take_events())
             rings.write(outbox)  # the confirms go now, not behind the next turn's work
         got = rings.read()
@@ -98,14 +98,14 @@ def serve(spec: r.ShardSpec) -> None:
         next_timer = timers.next_deadline() if timers.heap else None
         timers_due = next_timer is not None and next_timer <= now
         if not got and not timers_due:
-            if shard.commits.inflight is None and shard.has_commit_work(now):
+            if commits.inflight is None and shard.has_commit_work(now):
                 # what gathered while the last commit ran goes now
                 outbox.put_routed(shard.start_commit(committer, now))
                 continue
             if any(outbox.records) and rings.unsent(outbox):  # put after the top's write
                 continue
             if now >= stats.next_at:
-                stats.tick(now, shard.queues.values(), shard.commits)
+                stats.tick(now, shard.queues.values(), commits)
             if rings.sleep():
                 # Wake for commands, the end of a commit, room for a blocked gateway's
                 # events, a gateway reading what held credit waits for, at least once
@@ -115,14 +115,14 @@ def serve(spec: r.ShardSpec) -> None:
                 if next_timer is not None:
                     timeout = max(0.0, min(timeout, next_timer - now))
                 if not rings.blocked and not any(rings.held):  # a steady turn's sleep
-                    _wait(poller, (), spec.lifeline_fd, timeout)
+                    _wait(poller, (), lifeline, timeout)
                 else:
                     fds = rings.space_fds()
                     reads = rings.read_waits() if fds is not None and rings.holding() else []
                     if fds is not None and reads is not None:
                         if rings.holding():  # and to see a gateway that stopped reading
                             timeout = min(timeout, STALLED_AFTER)
-                        _wait(poller, fds + reads, spec.lifeline_fd, timeout)
+                        _wait(poller, fds + reads, lifeline, timeout)
                         rings.clear_space()
                 rings.woke()
             continue
@@ -147,7 +147,7 @@ def serve(spec: r.ShardSpec) -> None:
         # durable. A commit runs in the committer thread while this loop goes on:
         # what arrives meanwhile gathers into the next one (group commit).
         turn = shard.take_events()
-        if shard.commits.inflight is None and not shard.holder_queues and rings.is_empty():
+        if commits.inflight is None and not shard.holder_queues and rings.is_empty():
             # Nothing else to do meanwhile and nobody to deliver to: commit here,
             # sparing a lone publisher the two thread hand-offs. With consumers,
             # deliveries never wait for an fsync.
@@ -166,17 +166,17 @@ def serve(spec: r.ShardSpec) -> None:
             rings.write(outbox)  # the publisher waits for these: before the bookkeeping
         else:
             outbox.put_each(turn)
-            if shard.commits.inflight is None and shard.has_commit_work(now):
+            if commits.inflight is None and shard.has_commit_work(now):
                 outbox.put_routed(shard.start_commit(committer, now))
             # The turn's events go now, before the bookkeeping below: one ring write,
             # at most one doorbell, per gateway. (A delivery's wait here also moves
             # how often a client that paces its publishes by the clock writes:
             # docs/architecture.md.)
             rings.write(outbox)
-        if shard.check_resources(spec.memory_limit, shard.stored_ok):
+        if shard.check_resources(memory_limit, shard.stored_ok):
             outbox.put_each(shard.take_events())  # the alarm it raised or cleared
         if now >= stats.next_at:
-            stats.tick(now, shard.queues.values(), shard.commits)
+            stats.tick(now, shard.queues.values(), commits)
         if now >= unmap_at:  # the store's mapped pages are page cache, not ours to hold
             shard.persister.drop_mapped_pages()
             unmap_at = now + UNMAP_INTERVAL
