@@ -23,22 +23,24 @@ try:
 except ImportError:  # pyproject.toml asks for it; only a build without isolation lacks it
     extensions = []
 else:
-    extensions = cythonize(
-        [Extension("warren.gateway.amqp._hotpath", ["gateway/amqp/_hotpath.pyx"]),
-         Extension("warren.shards._ring", ["shards/_ring.pyx"])],
-        compiler_directives={"language_level": 3}, nthreads=JOBS)
-    # Pure modules compiled as they are, typed by the .pxd of their extension's name
-    # where there is one (gateway/_shardlink.pxd for gateway/shardlink.py): the .py
-    # stays the pure twin (its annotations are for readers). Cython looks for the .pxd by the
-    # module's name within the source tree, where the packages are `gateway` and
-    # `shards` (the tree installs as `warren`): named so for Cython, renamed for
-    # the install.
-    # A .pxd cimports another's types by their installed name (warren.shards._outbox),
-    # so that the compiled modules call each other's methods as C functions: Cython
-    # finds them through a folder where `warren` is this tree.
+    # A .pxd is found by the module's installed name (warren.shards._ring), and one
+    # cimports another's types by it, so that the compiled modules call each other's
+    # methods as C functions: Cython finds them through a folder where `warren` is
+    # this tree.
     with tempfile.TemporaryDirectory(prefix="warren-pxd-") as include:
         os.symlink(os.path.abspath(os.path.dirname(__file__) or "."),
                    os.path.join(include, "warren"))
+        extensions = cythonize(
+            [Extension("warren.gateway.amqp._hotpath", ["gateway/amqp/_hotpath.pyx"]),
+             Extension("warren.shards._ring", ["shards/_ring.pyx"])],
+            compiler_directives={"language_level": 3}, include_path=[include],
+            nthreads=JOBS)
+        # Pure modules compiled as they are, typed by the .pxd of their extension's
+        # name where there is one (gateway/_shardlink.pxd for gateway/shardlink.py):
+        # the .py stays the pure twin (its annotations are for readers). Cython looks
+        # for that .pxd by the module's name within the source tree, where the
+        # packages are `gateway` and `shards`: named so for Cython, renamed for the
+        # install.
         typed = cythonize(
             [Extension(f"{package}._{module}", [f"{package}/{module}.py"])
              for package, module in TYPED],

@@ -1,7 +1,12 @@
 # The compiled twin of shardlink.py: that module built by pip install as
 # warren.gateway._shardlink (setup.py), ShardLink an extension type whose state is
 # typed here (its methods reach it as struct fields, not dict lookups) and whose
-# internal steps below are C calls. __dict__ lets tests wrap a method on an instance.
+# internal steps below are C calls, as are its calls into its two rings (the
+# compiled ring core's: a compiled twin only ever works with compiled ones,
+# tests/twins.py). __dict__ lets tests wrap a method on an instance.
+from warren.shards._ring cimport RingCore as TypedRing
+
+
 cdef class ShardLink:
     cdef dict __dict__
     cdef public Py_ssize_t index, gateways, lazy_acks, _records_sent, _next_req
@@ -10,7 +15,8 @@ cdef class ShardLink:
     cdef public dict _feeds, credit, costs, _waiters
     cdef public set paused
     cdef public object _unreturned, _lazy_until, _loop, _on_events, _on_exit, process
-    cdef public object commands, events, _doorbell, _lifeline_write, _exit_watch
+    cdef public TypedRing commands, events
+    cdef public object _doorbell, _lifeline_write, _exit_watch
     cdef public object log_dir, log, data_dir, stores, memory_limit, stats_interval
     cdef public object store_map_size
 

@@ -107,17 +107,7 @@ cdef char* _copy_piece(char* at, object piece) except NULL:
         PyBuffer_Release(&view)
 
 
-cdef class RingCore:
-    cdef Py_buffer _view
-    cdef char* _base
-    cdef char* _data
-    cdef bint _bound
-    cdef readonly Py_ssize_t capacity
-    cdef int _data_fd
-    cdef int _space_fd
-    cdef public object _fragments
-    cdef public object _partial
-    cdef public Py_ssize_t _max_fragment
+cdef class RingCore:  # its state and C methods: _ring.pxd
 
     def _bind(self, buf, Py_ssize_t capacity, int data_fd, int space_fd):
         if self._bound:
@@ -143,7 +133,7 @@ cdef class RingCore:
         if self._bound:
             PyBuffer_Release(&self._view)
 
-    cdef inline int _check(self) except -1:
+    cdef int _check(self) except -1:
         if not self._bound:
             raise ValueError("the ring is closed")
         return 0
@@ -155,7 +145,7 @@ cdef class RingCore:
         return self.capacity - <Py_ssize_t>(ring_load64(self._base + _HEAD)
                                             - ring_load64(self._base + _TAIL))
 
-    def is_empty(self):
+    cpdef bint is_empty(self) except -1:
         self._check()
         return ring_load64(self._base + _HEAD) == ring_load64(self._base + _TAIL)
 
@@ -169,7 +159,7 @@ cdef class RingCore:
 
     # -- producer --------------------------------------------------------------
 
-    def write_many(self, records):
+    cpdef Py_ssize_t write_many(self, records) except -1:
         self._check()
         cdef uint64_t head = ring_load64(self._base + _HEAD)
         cdef uint64_t tail = ring_load64(self._base + _TAIL)
@@ -197,7 +187,7 @@ cdef class RingCore:
         ring_store64(self._base + _HEAD, head)
         return taken
 
-    def backlogged(self):
+    cpdef bint backlogged(self) except -1:
         return bool(self._fragments)
 
     cdef uint64_t _push_fragments(self, uint64_t head, uint64_t tail) except? 0:
@@ -232,7 +222,7 @@ cdef class RingCore:
         head[0] += need
         return True
 
-    def flush(self):
+    cpdef flush(self):
         self._check()
         ring_fence()  # the head stored before the flag is read
         if ring_load32(self._base + _READER_SLEEPING):
@@ -260,7 +250,7 @@ cdef class RingCore:
 
     # -- consumer --------------------------------------------------------------
 
-    def read_many(self, decode=bytes, Py_ssize_t max_records=1 << 30):
+    cpdef list read_many(self, decode=bytes, Py_ssize_t max_records=1 << 30):
         self._check()
         cdef uint64_t head = ring_load64(self._base + _HEAD)
         cdef uint64_t tail = ring_load64(self._base + _TAIL)
@@ -301,7 +291,7 @@ cdef class RingCore:
             _ring_or_raise(self._space_fd)
         return records
 
-    def sleep(self):
+    cpdef bint sleep(self) except -1:
         self._check()
         ring_store32(self._base + _READER_SLEEPING, 1)
         ring_fence()  # the flag stored before the head is read again
@@ -310,11 +300,11 @@ cdef class RingCore:
             return False
         return True
 
-    def awake(self):
+    cpdef awake(self):
         self._check()
         ring_store32(self._base + _READER_SLEEPING, 0)
 
-    def clear_data_doorbell(self):
+    cpdef clear_data_doorbell(self):
         self._check()
         ring_store32(self._base + _READER_SLEEPING, 0)
         if ring_drain(self._data_fd) < 0 and errno != EAGAIN:
