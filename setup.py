@@ -6,6 +6,7 @@ Everything else is in pyproject.toml. All are optional: without a C compiler
 (or, building without isolation, without Cython) the install goes on and the
 pure Python twins serve."""
 
+import glob
 import os
 import tempfile
 
@@ -41,6 +42,14 @@ else:
         # for that .pxd by the module's name within the source tree, where the
         # packages are `gateway` and `shards`: named so for Cython, renamed for the
         # install.
+        # cythonize does not see that a module's .pxd, named apart, or one it
+        # cimports by its installed name changed: a changed .pxd translates them all
+        # again (types that disagree between modules would refuse to import).
+        typing = max(os.path.getmtime(pxd) for pxd in glob.glob("*/_*.pxd"))
+        for package, module in TYPED:
+            generated = f"{package}/{module}.c"
+            if os.path.exists(generated) and os.path.getmtime(generated) < typing:
+                os.remove(generated)
         typed = cythonize(
             [Extension(f"{package}._{module}", [f"{package}/{module}.py"])
              for package, module in TYPED],
