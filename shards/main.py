@@ -12,7 +12,9 @@ work (timers.py).
 When the command rings are empty the shard sleeps on their shared doorbell;
 when a gateway's event ring is full it stops reading that gateway's commands,
 which is the backpressure the gateway feels. Started by the gateway as
-`python -m warren.shards.main SPEC_JSON`.
+`python -m warren.shards.main SPEC_JSON`. pip install compiles this module as it
+is (warren.shards._main, its loop typed by _main.pxd), and main() runs that
+build's loop where there is one (shards/compiled.py).
 """
 
 from __future__ import annotations
@@ -203,7 +205,8 @@ def serve(spec: r.ShardSpec) -> None:
 
 
 def _credit_spent(got: list) -> dict[int, int]:
-    """The credit each gateway's commands of this turn spent (r.credit_cost)."""
+    """The credit each gateway's commands of this turn spent (r.credit_cost). (Not
+    inline: Cython compiles no closure, a generator's, inside the typed loop.)"""
     spent = {}
     for gateway, batches in got:
         spent[gateway] = sum([r.credit_cost(cmd) for batch in batches for cmd in batch])

@@ -1,6 +1,8 @@
 """A shard's queues and what their commands do, as a pure state machine: commands
 in (`run`), effects out (the outbox's events, the persister's writes, the group
-commit's confirms). The shard process (main.py) is the I/O shell around it."""
+commit's confirms). The shard process (main.py) is the I/O shell around it.
+pip install compiles this module as it is (warren.shards._shard, typed by
+_shard.pxd), the build the compiled loop uses."""
 
 from __future__ import annotations
 
