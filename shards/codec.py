@@ -11,4 +11,3 @@ batches = chosen(pure, built_module("warren.shards._batches"))
 
 encode_batch, decode_commands, decode_events = (
     batches.encode_batch, batches.decode_commands, batches.decode_events)
-SIDE_BODY_MIN = pure.SIDE_BODY_MIN

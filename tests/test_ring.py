@@ -136,24 +136,24 @@ def test_the_reader_decodes_records_in_place(ring):
     assert r.is_empty()
 
 
-@pytest.mark.parametrize("codec", BATCH_CODECS)
-def test_large_bodies_cross_beside_the_batch_not_inside_its_msgpack(ring, codec):
+@pytest.mark.parametrize("build", BATCH_CODECS)
+def test_large_bodies_cross_beside_the_batch_not_inside_its_msgpack(ring, build):
     from warren.shards import records as rec
-    big, huge = os.urandom(codec.SIDE_BODY_MIN), os.urandom(3 << 20)
+    big, huge = os.urandom(build.SIDE_BODY_MIN), os.urandom(3 << 20)
     commands = [rec.Publish([1], "", "k", b"p", b"small", False),
                 rec.Publish([1, 2], "x", "k", b"\x80\x00", big, True, 3, 4),
                 rec.Settle(1, 2, [3], rec.SETTLE_ACK),
                 rec.Publish([2], "", "k", b"", huge, False)]
     events = [rec.Deliver(7, 1, 9, False, "", "k", b"", big),
               rec.GetReply(1, 1, 10, body=huge), rec.Deliver(7, 1, 11, True, "", "k", b"", b"x")]
-    encoded = codec.encode_batch(commands)
+    encoded = build.encode_batch(commands)
     # the bodies are pieces of their own, the records untouched by encoding
     assert isinstance(encoded, list) and encoded[-2] is big and encoded[-1] is huge
     assert commands[1].body is big and commands[3].body is huge
     r = ring(1 << 20)
     got = []
-    decoders = iter([codec.decode_commands, codec.decode_events])
-    pending = deque([encoded, codec.encode_batch(events)])
+    decoders = iter([build.decode_commands, build.decode_events])
+    pending = deque([encoded, build.encode_batch(events)])
     while pending or r.backlogged():
         for _ in range(r.write_many(list(pending))):
             pending.popleft()
