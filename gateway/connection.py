@@ -23,6 +23,9 @@ import asyncio
 import logging
 import platform
 import time
+from typing import Callable
+
+from warren.shards import records as r
 
 from . import __version__
 from .amqp import frames, spec
@@ -52,6 +55,7 @@ FRAMES_PER_SHARED_TURN = 30
 ALARM = "alarm"  # why reading is held, beside the shard links that hold it
 YIELD = "yield"
 ADMIT = "admit"  # another gateway waits for gateway 0 to count this connection or channel
+RELEASING = "releasing"  # connection.close waits for the shards to release its channels
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -164,6 +168,37 @@ class Connection(asyncio.BufferedProtocol):
             channel.release()
         self.channels.clear()
         self.gateway.delete_exclusive_queues(self)
+
+    def _after_releases(self, then: Callable[[], None]) -> None:
+        """Call `then` once the shards have worked through the releases sent so far.
+        With one gateway that is at once: a shard's one ring from it carries
+        whatever the client sends next behind them. With several, the client's next
+        connection may come in through another gateway, whose ring the shard may read
+        first: a Sync behind the releases is answered when they are done (RabbitMQ's
+        channels likewise wait for their queues before close-ok). Input waits."""
+        gateway = self.gateway
+        alone = gateway.leader is None and gateway.followers is None
+        links = [] if alone else [link for link in gateway.shards.links if link.alive]
+        if not links:
+            then()
+            return
+        self._pause(RELEASING)
+        left = len(links)
+
+        def answered(reply: r.Reply) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                then()  # (close-ok's _linger reads on itself: it drops what follows)
+                self._resume(RELEASING)
+
+        for link in links:
+            link.request(r.Sync, answered)
+
+    def _close_ok(self) -> None:
+        if self.state != CLOSED:  # (the client may have hung up meanwhile)
+            self.method(0, m.ConnectionCloseOk())
+            self._linger()
 
     def buffer_updated(self, nbytes: int) -> None:
         # The transport holds the buffer until this returns: the reader is not
@@ -590,8 +625,7 @@ class Connection(asyncio.BufferedProtocol):
             self._open(method)
         elif kind is m.ConnectionClose:
             self._let_go()
-            self.method(0, m.ConnectionCloseOk())
-            self._linger()
+            self._after_releases(self._close_ok)
         else:  # connection.update-secret
             self.method(0, m.ConnectionUpdateSecretOk())
 

@@ -200,6 +200,14 @@ class GatewayLost(_Record, tag=17):
     gateway: int
 
 
+class Sync(_Record, tag=18):
+    """Answered (Reply) once the shard has worked through everything sent before
+    it on this ring: a gateway's barrier where another gateway's ring, which the
+    shard may read first, carries what must come after."""
+
+    req: int
+
+
 class Stop(_Record, tag=13):
     """Finish pending work, commit, and exit."""
 
@@ -365,7 +373,7 @@ class PublishCost(_Record, tag=62):
 Command = (
     CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
     | Get | Settle | Grant | ReleaseHolders | Stop | ConfigureQueue | QueueInfo | Renew
-    | GatewayLost
+    | GatewayLost | Sync
 )
 Event = (Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted
          | Alarm | DeadLettered | QueueInfoReply | ConsumerTimedOut | Progress | PublishCost)

@@ -263,6 +263,8 @@ class Shard:
                 self.commits.fsyncs, self.commits.messages))
         elif kind is r.Stop:
             self.running = False
+        elif kind is r.Sync:
+            self.outbox.add(r.Reply(cmd.req))
         elif kind is r.GatewayLost:
             if not 0 < cmd.gateway < self.outbox.gateways or cmd.gateway == self.outbox.origin:
                 raise ValueError(f"no gateway {cmd.gateway} to lose")

@@ -16,6 +16,7 @@ import pika.exceptions
 import pytest
 
 from warren.gateway.access import AccessControl
+from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.storage.metastore import MetaStore, VHostDef
 
@@ -458,7 +459,20 @@ def test_a_client_s_connection_close_lets_everything_go_before_close_ok(tmp_path
         raw.publish(1, "held", b"unacked")
         raw.call(1, m.BasicConsume(queue="held", consumer_tag="c"), m.BasicConsumeOk)
         raw.expect(1, m.BasicDeliver)
-        raw.call(0, m.ConnectionClose(reply_code=200, reply_text="bye"), m.ConnectionCloseOk)
+        assert raw.next_frame()[0] == frames.FRAME_HEADER and raw.next_frame()[2] == b"unacked"
+        pids = shard_pids(broker)
+        for pid in pids:  # the release cannot be done while they are stopped
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            raw.send_method(0, m.ConnectionClose(reply_code=200, reply_text="bye"))
+            # close-ok waits for the shards: the client's next connection may come
+            # in through another gateway, whose ring a shard may read first
+            with pytest.raises(TimeoutError):
+                raw.next_frame(timeout=0.5)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        raw.expect(0, m.ConnectionCloseOk)
         again = open_on(broker, 1, "one")  # the limit is one connection
         channel = again.channel()
         assert channel.basic_get("held", auto_ack=True)[2] == b"unacked"
