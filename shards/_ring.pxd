@@ -15,6 +15,10 @@ cdef class RingCore:
     cdef public object _fragments
     cdef public object _partial
     cdef public Py_ssize_t _max_fragment
+    # The shell's state (ring._Ring), kept here so that a ring has no __dict__:
+    # Cython checks whether a Python subclass overrides a cpdef method at every
+    # call, and caches the answer only for instances without one.
+    cdef public object _spec, _own_fds, _buf, _owner, _mapping
 
     cdef int _check(self) except -1
     cdef uint64_t _push_fragments(self, uint64_t head, uint64_t tail) except? 0

@@ -273,6 +273,8 @@ class _Ring:
     """A ring's shell, whichever core it is built on: making and mapping the
     segment, its doorbells, closing, and cutting large records into fragments."""
 
+    __slots__ = ()  # its state is the core's (_ring.pxd says why)
+
     def __init__(self, spec: RingSpec, buf, owner: shared_memory.SharedMemory | None, mapping,
                  own_fds: tuple[int, ...] = ()):
         self._spec = spec
@@ -381,6 +383,8 @@ except ImportError:  # not built (no compiler when installed): the pure core ser
 else:
     class CompiledRing(_Ring, _CompiledCore):
         """A ring on the compiled core."""
+
+        __slots__ = ()
 
 # The compiled core unless WARREN_PURE_PYTHON switches it off (as for the codec's twins).
 Ring = chosen(PureRing, CompiledRing)
