@@ -34,9 +34,24 @@ from typing import Callable
 
 import msgspec
 
-from warren.shards import records as r
 from warren.shards.codec import decode_events, encode_batch
 from warren.shards.logsetup import LogSettings
+
+# Records by name: a compiled module would look each up in `records` at every use.
+from warren.shards.records import (
+    PUBLISH_CREDIT,
+    GetReply,
+    Progress,
+    PublishCost,
+    QueueInfoReply,
+    Refusal,
+    Reply,
+    RingPair,
+    Settle,
+    ShardSpec,
+    Stop,
+    credit_cost,
+)
 from warren.shards.ring import Ring
 
 from .exitwatch import ExitWatch
@@ -95,7 +110,7 @@ class ShardLink:
                         Ring.create(EVENT_RING_BYTES)) for _ in range(self.gateways)]
         self.commands, self.events = self._pairs[0]
         lifeline_read, self._lifeline_write = os.pipe()
-        spec = r.ShardSpec(self.index, self.data_dir,
+        spec = ShardSpec(self.index, self.data_dir,
                            [self.rings_for(k) for k in range(self.gateways)],
                            lifeline_read, self.stores, self.memory_limit, self.stats_interval,
                            self.store_map_size, self.log_dir, self.log)
@@ -111,7 +126,7 @@ class ShardLink:
         self.alive = True
         self._read_events()  # arms the doorbell (tells the shard we sleep)
 
-    def attach(self, rings: r.RingPair, handed: bool = False) -> None:
+    def attach(self, rings: RingPair, handed: bool = False) -> None:
         """Another gateway's link (not the root's): the rings the root made for this
         gateway, whose process is the root's to start and stop. `handed`: their
         doorbells came in a message (Handover), so they are this link's to close."""
@@ -128,7 +143,7 @@ class ShardLink:
             return
         if self.process is None:  # attached: the root stops the shard
             return self._teardown()
-        self.send(r.Stop())
+        self.send(Stop())
         self.flush()
         deadline = self._loop.time() + timeout
         while self.process.poll() is None and self._loop.time() < deadline:
@@ -171,14 +186,14 @@ class ShardLink:
         self._records_sent = 0
         waiters, self._waiters = self._waiters, {}
         for callback in waiters.values():
-            callback(r.Reply(0, r.Refusal.SHARD_DOWN))
+            callback(Reply(0, Refusal.SHARD_DOWN))
         self._resume_paused()
 
-    def rings_for(self, gateway: int) -> r.RingPair:
+    def rings_for(self, gateway: int) -> RingPair:
         """The rings gateway `gateway` attaches to (with their doorbells' fds, which
         its process must inherit): fresh ones after each start of the shard."""
         commands, events = self._pairs[gateway]
-        return r.RingPair(commands.spec(), events.spec())
+        return RingPair(commands.spec(), events.spec())
 
     # -- commands out ----------------------------------------------------------
 
@@ -189,7 +204,7 @@ class ShardLink:
     def request(self, make: Callable[[int], object], callback: Callable) -> None:
         """Send the command `make(req)` and call `callback(reply)` when it is answered."""
         if not self.alive:
-            callback(r.Reply(0, r.Refusal.SHARD_DOWN))
+            callback(Reply(0, Refusal.SHARD_DOWN))
             return
         req = self.next_req()
         self._waiters[req] = callback
@@ -207,15 +222,15 @@ class ShardLink:
             self._stop_waiting()
         if self._lazy_until is not None:
             self.lazy_acks += len(record.seqs)
-        if type(record) is r.Settle and self._batch:
+        if type(record) is Settle and self._batch:
             last = self._batch[-1]
-            if type(last) is r.Settle and (last.qid, last.holder, last.outcome) == \
+            if type(last) is Settle and (last.qid, last.holder, last.outcome) == \
                     (record.qid, record.holder, record.outcome):
                 last.seqs.extend(record.seqs)  # a run of acks: one record, as one multiple ack
                 return
         self._batch.append(record)
         if feeder is not None:  # a publish: it spends its connection's credit
-            cost = r.credit_cost(record)
+            cost = credit_cost(record)
             if self.costs:
                 cost *= max([self.costs.get(qid, 1) for qid in record.qids])
             self._feeds[feeder] = self._feeds.get(feeder, 0) + cost
@@ -258,7 +273,7 @@ class ShardLink:
         self._unreturned.append((self._records_sent, feeds))
         credit = self.credit
         for conn, count in feeds.items():
-            left = credit[conn] = credit.get(conn, r.PUBLISH_CREDIT) - count
+            left = credit[conn] = credit.get(conn, PUBLISH_CREDIT) - count
             if left <= 0:
                 self._hold(conn)
 
@@ -309,7 +324,7 @@ class ShardLink:
         if not self.paused or self._pending or self.commands.backlogged():
             return
         credit = self.credit
-        for conn in [c for c in self.paused if credit.get(c, r.PUBLISH_CREDIT) > 0]:
+        for conn in [c for c in self.paused if credit.get(c, PUBLISH_CREDIT) > 0]:
             self.paused.discard(conn)
             conn.release(self)
 
@@ -354,14 +369,14 @@ class ShardLink:
         plain = []
         for event in events:
             kind = type(event)
-            if kind is r.Progress:
+            if kind is Progress:
                 self._credit_returned(event.records)
-            elif kind is r.PublishCost:
+            elif kind is PublishCost:
                 if event.cost > 1:
                     self.costs[event.qid] = event.cost
                 else:
                     self.costs.pop(event.qid, None)
-            elif kind is r.Reply or kind is r.GetReply or kind is r.QueueInfoReply:
+            elif kind is Reply or kind is GetReply or kind is QueueInfoReply:
                 if plain:
                     self._on_events(self, plain)
                     plain = []

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from . import records as r
 from .codec import decode_commands
 from .outbox import Outbox
+
+# Records by name: a compiled module would look each up in `records` at every use.
+from .records import Progress, RingPair
 from .ring import Ring
 
 # A gateway that has read none of its waiting events for this long is taken to
@@ -25,7 +27,7 @@ STALLED_AFTER = 0.5
 
 
 class GatewayRings:
-    def __init__(self, pairs: list[r.RingPair]):
+    def __init__(self, pairs: list[RingPair]):
         self.commands = [Ring.attach(pair.commands) for pair in pairs]
         self.events = [Ring.attach(pair.events) for pair in pairs]
         self.doorbell = pairs[0].commands.data_fd  # shared by every command ring
@@ -74,7 +76,7 @@ class GatewayRings:
         held = self.held[gateway]
         if not held and (not behind or len(self.events) == 1):
             outbox.origin = gateway
-            outbox.add(r.Progress(self.done[gateway]))
+            outbox.add(Progress(self.done[gateway]))
         elif held and held[-1][1] is None:  # a second batch of records in one turn
             held[-1][0] = self.done[gateway]
         else:
@@ -100,7 +102,7 @@ class GatewayRings:
             while held and self._passes(gateway, held[0][1], read):
                 passed = held.popleft()[0]
             if passed is not None:
-                outbox.put(gateway, [r.Progress(passed)])
+                outbox.put(gateway, [Progress(passed)])
 
     def _read_to(self, heads: list[int], now: float) -> list[float]:
         """How far each gateway has read its event ring: infinitely far if it is

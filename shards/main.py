@@ -24,20 +24,22 @@ import os
 import select
 import signal
 import sys
-import time
+from time import monotonic  # a name of its own: a compiled turn calls it bare
 
 import msgspec
 
 from warren.storage.shardstore import ShardStore
 
 from . import logsetup
-from . import records as r
 from .committer import Committer
 from .compiled import built, chosen
 from .gatewayrings import STALLED_AFTER
 from .gatewayrings import GatewayRings as PureGatewayRings
 from .malloc import keep_freed_memory
 from .persister import Persister
+
+# Records by name: a compiled module would look each up in `records` at every use.
+from .records import PUBLISH_CREDIT, Progress, ShardSpec, credit_cost
 from .shard import Shard as PureShard
 from .stats import StatsLog
 
@@ -54,12 +56,12 @@ def before_commit(events: list, credit: int) -> tuple[list, list]:
     first; credit alone (Progress) waits, sparing the gateway a wake-up, unless
     the turn's publishes spent enough of it (`credit` units) that a publisher
     may be waiting for it while the commit runs."""
-    if credit <= r.PUBLISH_CREDIT // 2 and all(type(e) is r.Progress for e in events):
+    if credit <= PUBLISH_CREDIT // 2 and all(type(e) is Progress for e in events):
         return [], events
     return events, []
 
 
-def serve(spec: r.ShardSpec) -> None:
+def serve(spec: ShardSpec) -> None:
     rings = GatewayRings(spec.gateways)
     stores = {k: ShardStore(os.path.join(spec.data_dir, f"shard-{k}"), spec.store_map_size)
               for k in spec.stores}
@@ -82,7 +84,7 @@ def serve(spec: r.ShardSpec) -> None:
     while shard.running:
         rings.write(outbox)
         if any(rings.held):  # rings.holding()
-            rings.pass_credit(outbox, time.monotonic())
+            rings.pass_credit(outbox, monotonic())
         if rings.blocked and rings.all_blocked():
             fds = rings.space_fds()
             if fds is not None:
@@ -96,7 +98,7 @@ def serve(spec: r.ShardSpec) -> None:
             outbox.put_each(shard.take_events())
             rings.write(outbox)  # the confirms go now, not behind the next turn's work
         got = rings.read()
-        now = time.monotonic()
+        now = monotonic()
         next_timer = timers.next_deadline() if timers.heap else None
         timers_due = next_timer is not None and next_timer <= now
         if not got and not timers_due:
@@ -200,16 +202,16 @@ def serve(spec: r.ShardSpec) -> None:
             _wait(poller, fds, spec.lifeline_fd)
             rings.clear_space()
     shard.persister.close()
-    stats.tick(time.monotonic(), shard.queues.values(), shard.commits, force=True)
+    stats.tick(monotonic(), shard.queues.values(), shard.commits, force=True)
     stats.close()
 
 
 def _credit_spent(got: list) -> dict[int, int]:
-    """The credit each gateway's commands of this turn spent (r.credit_cost). (Not
+    """The credit each gateway's commands of this turn spent (credit_cost). (Not
     inline: Cython compiles no closure, a generator's, inside the typed loop.)"""
     spent = {}
     for gateway, batches in got:
-        spent[gateway] = sum([r.credit_cost(cmd) for batch in batches for cmd in batch])
+        spent[gateway] = sum([credit_cost(cmd) for batch in batches for cmd in batch])
     return spent
 
 
@@ -236,7 +238,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     keep_freed_memory()
-    spec = msgspec.json.decode(sys.argv[1], type=r.ShardSpec)
+    spec = msgspec.json.decode(sys.argv[1], type=ShardSpec)
     logsetup.configure(spec.log, f"shard-{spec.index}")
     log.info("shard %d starting on stores %s", spec.index,
              ", ".join(f"shard-{k}" for k in spec.stores))

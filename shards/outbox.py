@@ -18,15 +18,31 @@ republishes it.
 
 from __future__ import annotations
 
-from . import records as r
 from .codec import encode_batch
+
+# Records by name: a compiled module would look each up in `records` at every use.
+from .records import (
+    Alarm,
+    Confirmed,
+    ConsumerCancelled,
+    ConsumerTimedOut,
+    Deliver,
+    GetReply,
+    Progress,
+    PublishCost,
+    QueueDeleted,
+    QueueInfoReply,
+    Rejected,
+    Reply,
+    gateway_of,
+)
 
 EVENTS_PER_RECORD = 512
 
-_TO_HOLDER = frozenset((r.Deliver, r.ConsumerCancelled, r.ConsumerTimedOut))
-_TO_ORIGIN = frozenset((r.Reply, r.GetReply, r.QueueInfoReply, r.Progress))
-_TO_ALL = frozenset((r.Alarm, r.QueueDeleted, r.PublishCost))
-_CONFIRMS = frozenset((r.Confirmed, r.Rejected))
+_TO_HOLDER = frozenset((Deliver, ConsumerCancelled, ConsumerTimedOut))
+_TO_ORIGIN = frozenset((Reply, GetReply, QueueInfoReply, Progress))
+_TO_ALL = frozenset((Alarm, QueueDeleted, PublishCost))
+_CONFIRMS = frozenset((Confirmed, Rejected))
 
 
 class Outbox:
@@ -67,7 +83,7 @@ class Outbox:
     def _route(self, event, turn: list[list]) -> None:
         kind = type(event)
         if kind in _TO_HOLDER:
-            gateway = r.gateway_of(event.holder)
+            gateway = gateway_of(event.holder)
             if gateway < self.gateways:
                 turn[gateway].append(event)
         elif kind in _TO_ORIGIN:
@@ -75,7 +91,7 @@ class Outbox:
         elif kind in _CONFIRMS:
             split: dict[int, tuple[list, list]] = {}
             for channel, seq in zip(event.channels, event.seqs):
-                channels, seqs = split.setdefault(r.gateway_of(channel), ([], []))
+                channels, seqs = split.setdefault(gateway_of(channel), ([], []))
                 channels.append(channel)
                 seqs.append(seq)
             for gateway, (channels, seqs) in split.items():

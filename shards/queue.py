@@ -28,7 +28,33 @@ import msgspec
 
 from warren.gateway.amqp.properties import PropertiesError, peek_expiration, peek_priority
 
-from . import records as r
+# Records by name: a compiled module would look each up in `records` at every use.
+from .records import (
+    SETTLE_ACK,
+    SETTLE_REQUEUE,
+    SETTLE_RETURN,
+    Cancel,
+    ConfigureQueue,
+    Consume,
+    ConsumerCancelled,
+    ConsumerTimedOut,
+    CreateQueue,
+    DeadLettered,
+    DeleteQueue,
+    Deliver,
+    Get,
+    GetReply,
+    Grant,
+    Publish,
+    PurgeQueue,
+    QueueDeleted,
+    QueueStatus,
+    Refusal,
+    ReleaseHolders,
+    Renew,
+    Reply,
+    Settle,
+)
 
 # What a message held in RAM costs beyond its properties and body (its Message,
 # content tuple and queue slot), measured with a transient flood: 100-byte
@@ -137,7 +163,7 @@ class Consumer:
     __slots__ = ("holder", "channel", "tag", "no_ack", "exclusive", "prefetch", "credit",
                  "priority", "timeout", "timed_out")
 
-    def __init__(self, c: r.Consume):
+    def __init__(self, c: Consume):
         self.holder = c.holder
         self.channel = c.channel
         self.tag = c.tag
@@ -232,7 +258,7 @@ class QueueCounters:
 
 
 class Queue:
-    def __init__(self, c: r.CreateQueue):
+    def __init__(self, c: CreateQueue):
         self.qid = c.qid
         self.spec = c.spec
         # Exclusive queues die with their connection, so they are never stored.
@@ -322,7 +348,7 @@ class Queue:
 
     def apply(self, cmd, now: float) -> list:
         """Apply one command; return its effects. Unknown commands are ignored."""
-        if type(cmd) is r.Publish and self.straight and self.consumers:
+        if type(cmd) is Publish and self.straight and self.consumers:
             deliver = self.publish_straight(cmd, now)
             if deliver is not None:
                 return [deliver]
@@ -353,7 +379,7 @@ class Queue:
         if (self.expires_after is not None and not self.consumers
                 and now >= self.last_used + self.expires_after):
             self._destroy(effects)
-            effects.append(r.QueueDeleted(self.qid))
+            effects.append(QueueDeleted(self.qid))
         return effects
 
     def _time_out_locks(self, now: float, effects: list) -> None:
@@ -376,11 +402,11 @@ class Queue:
             if consumer is not None:
                 consumer.timed_out.update(seqs)
                 self.counters.timeouts += 1
-                effects.append(r.ConsumerTimedOut(holder, self.qid, seqs,
+                effects.append(ConsumerTimedOut(holder, self.qid, seqs,
                                                   int(consumer.timeout * 1000)))
         self._dispatch(effects)
 
-    def _renew(self, cmd: r.Renew, effects: list) -> None:
+    def _renew(self, cmd: Renew, effects: list) -> None:
         consumer = self.consumers.get(cmd.holder)
         held = self.holdings.get(cmd.holder)
         if consumer is None or consumer.timeout is None or not held:
@@ -391,7 +417,7 @@ class Queue:
                 self.locks[(cmd.holder, seq)] = deadline
                 heapq.heappush(self.lock_heap, (deadline, cmd.holder, seq))
 
-    def _publish(self, cmd: r.Publish, effects: list) -> None:
+    def _publish(self, cmd: Publish, effects: list) -> None:
         size = len(cmd.body)
         content = (cmd.exchange, cmd.routing_key, cmd.properties, cmd.body)
         if self.overflow != "drop-head" and self._at_limit():
@@ -413,7 +439,7 @@ class Queue:
         if self.max_length is not None or self.max_bytes is not None:
             self._drop_over_limit(effects)
 
-    def publish_straight(self, cmd: r.Publish, now: float) -> r.Deliver | None:
+    def publish_straight(self, cmd: Publish, now: float) -> Deliver | None:
         """A transient message for a queue with nothing ready and a consumer that can
         take it goes out at once: what _publish, _dispatch and _hand_out would do,
         without the message passing through the ready deque (most of the per-message
@@ -438,8 +464,8 @@ class Queue:
             content = (cmd.exchange, cmd.routing_key, cmd.properties, cmd.body)
             self.holdings.setdefault(consumer.holder, {})[seq] = Message(seq, content)
             self.ram_bytes += ram_size(content)
-        return r.Deliver(consumer.holder, self.qid, seq, False, cmd.exchange, cmd.routing_key,
-                         cmd.properties, cmd.body)
+        return Deliver(consumer.holder, self.qid, seq, False, cmd.exchange, cmd.routing_key,
+                       cmd.properties, cmd.body)
 
     def _new_message(self, content: tuple, persistent: bool, expiration: int, priority: int,
                      size: int) -> Message:
@@ -489,13 +515,13 @@ class Queue:
             int(expiration) if expiration is not None and expiration.isdigit() else -1,
             priority, size, now, delivery_count, acquired)
 
-    def _status(self, cmd: r.QueueStatus, effects: list) -> None:
-        effects.append(r.Reply(cmd.req, message_count=self.ready_count,
+    def _status(self, cmd: QueueStatus, effects: list) -> None:
+        effects.append(Reply(cmd.req, message_count=self.ready_count,
                                consumer_count=len(self.consumers)))
 
-    def _consume(self, cmd: r.Consume, effects: list) -> None:
+    def _consume(self, cmd: Consume, effects: list) -> None:
         if self.consumers and (cmd.exclusive or any(c.exclusive for c in self.consumers.values())):
-            effects.append(r.Reply(cmd.req, r.Refusal.EXCLUSIVE_USE))
+            effects.append(Reply(cmd.req, Refusal.EXCLUSIVE_USE))
             return
         consumer = Consumer(cmd)
         self.consumers[cmd.holder] = consumer
@@ -504,27 +530,27 @@ class Queue:
             self.priorities = sorted(self.rotations, reverse=True)
         self.rotations[consumer.priority].append(cmd.holder)
         self.had_consumer = True
-        effects.append(r.Reply(cmd.req, consumer_count=len(self.consumers)))
+        effects.append(Reply(cmd.req, consumer_count=len(self.consumers)))
         self._dispatch(effects)
 
-    def _cancel(self, cmd: r.Cancel, effects: list) -> None:
+    def _cancel(self, cmd: Cancel, effects: list) -> None:
         self._remove_consumer(cmd.holder)
-        effects.append(r.Reply(cmd.req))
+        effects.append(Reply(cmd.req))
         self._maybe_auto_delete(effects)
 
-    def _get(self, cmd: r.Get, effects: list) -> None:
+    def _get(self, cmd: Get, effects: list) -> None:
         msg = self._take_next(effects)
         if msg is None:
-            effects.append(r.GetReply(cmd.req, self.qid))
+            effects.append(GetReply(cmd.req, self.qid))
             return
         # The reply takes the content first: a no-ack get settles the message at once.
-        reply = r.GetReply(cmd.req, self.qid, msg.seq, msg.redelivered,
+        reply = GetReply(cmd.req, self.qid, msg.seq, msg.redelivered,
                            *(msg.content or NO_CONTENT), self.ready_count,
                            delivery_count=getattr(msg, "delivery_count", 0))
         self._hand_out(msg, None if cmd.no_ack else cmd.holder, effects)
         effects.append(reply)
 
-    def _settle(self, cmd: r.Settle, effects: list) -> None:
+    def _settle(self, cmd: Settle, effects: list) -> None:
         consumer = self.consumers.get(cmd.holder)
         if consumer is not None and consumer.timed_out:
             # settling its timed-out messages (already back in the queue) ends the
@@ -542,9 +568,9 @@ class Queue:
                 continue
             if locks:
                 locks.pop((cmd.holder, seq), None)
-            if cmd.outcome == r.SETTLE_REQUEUE or cmd.outcome == r.SETTLE_RETURN:
-                self._return(msg, cmd.outcome == r.SETTLE_REQUEUE, effects)
-            elif cmd.outcome == r.SETTLE_ACK:
+            if cmd.outcome == SETTLE_REQUEUE or cmd.outcome == SETTLE_RETURN:
+                self._return(msg, cmd.outcome == SETTLE_REQUEUE, effects)
+            elif cmd.outcome == SETTLE_ACK:
                 self.counters.acked += 1
                 self._settled(msg, effects, removed)
             else:
@@ -557,13 +583,13 @@ class Queue:
             del self.holdings[cmd.holder]
         self._dispatch(effects)
 
-    def _grant(self, cmd: r.Grant, effects: list) -> None:
+    def _grant(self, cmd: Grant, effects: list) -> None:
         consumer = self.consumers.get(cmd.holder)
         if consumer is not None:
             consumer.credit = cmd.credit if cmd.reset else consumer.credit + cmd.credit
             self._dispatch(effects)
 
-    def _release(self, cmd: r.ReleaseHolders, effects: list) -> None:
+    def _release(self, cmd: ReleaseHolders, effects: list) -> None:
         for holder in cmd.holders:
             self._remove_consumer(holder)
             for seq, msg in self.holdings.pop(holder, {}).items():
@@ -572,40 +598,40 @@ class Queue:
         self._maybe_auto_delete(effects)
         self._dispatch(effects)
 
-    def _purge(self, cmd: r.PurgeQueue, effects: list) -> None:
+    def _purge(self, cmd: PurgeQueue, effects: list) -> None:
         count = self._drop_ready(effects)
-        effects.append(r.Reply(cmd.req, message_count=count))
+        effects.append(Reply(cmd.req, message_count=count))
 
-    def _delete(self, cmd: r.DeleteQueue, effects: list) -> None:
+    def _delete(self, cmd: DeleteQueue, effects: list) -> None:
         if cmd.if_unused and self.consumers:
-            effects.append(r.Reply(cmd.req, r.Refusal.IN_USE))
+            effects.append(Reply(cmd.req, Refusal.IN_USE))
             return
         if cmd.if_empty and self.ready_count:
-            effects.append(r.Reply(cmd.req, r.Refusal.NOT_EMPTY))
+            effects.append(Reply(cmd.req, Refusal.NOT_EMPTY))
             return
         count = self.ready_count
         # delete-ok goes out before the consumers' basic.cancel, as RabbitMQ sends them
-        effects.append(r.Reply(cmd.req, message_count=count))
+        effects.append(Reply(cmd.req, message_count=count))
         self._destroy(effects)
 
-    def _configure(self, cmd: r.ConfigureQueue, effects: list) -> None:
+    def _configure(self, cmd: ConfigureQueue, effects: list) -> None:
         self.configure(cmd.arguments)
         if self.max_length is not None or self.max_bytes is not None:
             self._drop_over_limit(effects)
 
     _handlers = {
-        r.ConfigureQueue: _configure,
-        r.Renew: _renew,
-        r.Publish: _publish,
-        r.QueueStatus: _status,
-        r.Consume: _consume,
-        r.Cancel: _cancel,
-        r.Get: _get,
-        r.Settle: _settle,
-        r.Grant: _grant,
-        r.ReleaseHolders: _release,
-        r.PurgeQueue: _purge,
-        r.DeleteQueue: _delete,
+        ConfigureQueue: _configure,
+        Renew: _renew,
+        Publish: _publish,
+        QueueStatus: _status,
+        Consume: _consume,
+        Cancel: _cancel,
+        Get: _get,
+        Settle: _settle,
+        Grant: _grant,
+        ReleaseHolders: _release,
+        PurgeQueue: _purge,
+        DeleteQueue: _delete,
     }
 
     # -- internals -------------------------------------------------------------
@@ -676,7 +702,7 @@ class Queue:
     def _dead_letter(self, msg: Message, reason: str, effects: list) -> None:
         if self.dead_letters:
             self.counters.dead_lettered += 1
-            effects.append(r.DeadLettered(self.qid, msg.seq, reason,
+            effects.append(DeadLettered(self.qid, msg.seq, reason,
                                           *(msg.content or NO_CONTENT)))
 
     def _hand_out(self, msg: Message, holder: int | None, effects: list) -> None:
@@ -767,11 +793,11 @@ class Queue:
     def _maybe_auto_delete(self, effects: list) -> None:
         if self.spec.auto_delete and self.had_consumer and not self.consumers:
             self._destroy(effects)
-            effects.append(r.QueueDeleted(self.qid))
+            effects.append(QueueDeleted(self.qid))
 
     def _destroy(self, effects: list) -> None:
         for holder in list(self.consumers):
-            effects.append(r.ConsumerCancelled(holder, self.qid))
+            effects.append(ConsumerCancelled(holder, self.qid))
         self.consumers.clear()
         self.rotations.clear()
         self.priorities = []
@@ -818,11 +844,11 @@ class Queue:
             if msg is None:
                 return
             consumer.credit -= 1
-            effects.append(r.Deliver(consumer.holder, self.qid, msg.seq, msg.redelivered,
+            effects.append(Deliver(consumer.holder, self.qid, msg.seq, msg.redelivered,
                                      *(msg.content or NO_CONTENT),
                                      getattr(msg, "delivery_count", 0)))
             self._hand_out(msg, None if consumer.no_ack else consumer.holder, effects)
 
 
 # Commands that count as using a queue (x-expires counts from the last of them).
-_USES = frozenset({r.QueueStatus, r.Consume, r.Cancel, r.Get, r.ReleaseHolders})
+_USES = frozenset({QueueStatus, Consume, Cancel, Get, ReleaseHolders})

@@ -9,12 +9,34 @@ from __future__ import annotations
 import logging
 import time
 
-from . import records as r
 from .compiled import built, chosen
 from .groupcommit import Commit, GroupCommit
 from .model import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
 from .outbox import Outbox as PureOutbox
 from .persister import Persister
+
+# Records by name: a compiled module would look each up in `records` at every use.
+from .records import (
+    Alarm,
+    Cancel,
+    Consume,
+    ConsumerTimedOut,
+    CreateQueue,
+    Deliver,
+    GatewayLost,
+    Get,
+    GetReply,
+    Publish,
+    PublishCost,
+    QueueInfo,
+    QueueInfoReply,
+    Refusal,
+    ReleaseHolders,
+    Reply,
+    Stop,
+    Sync,
+    gateway_of,
+)
 from .stats import StatsLog
 from .timers import TimerHeap
 
@@ -52,7 +74,7 @@ class Shard:
                     messages=sum(q.ready_count for q in self.queues.values()))
         self.holder_queues: dict[int, set[int]] = {}  # who holds what where, for channel close
         self.outbox = Outbox(gateways)
-        self.lost: list[tuple[int, r.GatewayLost]] = []  # (origin, report), handled last
+        self.lost: list[tuple[int, GatewayLost]] = []  # (origin, report), handled last
         self.commits = GroupCommit()
         # When queues have timed work (message TTL, x-expires, consumer timeouts).
         self.timers = TimerHeap()
@@ -77,25 +99,25 @@ class Shard:
                     self.persister.fill(events)
         return turn
 
-    def take_lost(self) -> list[tuple[int, r.GatewayLost]]:
+    def take_lost(self) -> list[tuple[int, GatewayLost]]:
         """This turn's GatewayLost reports with the gateway each came from: handled
         after the turn's other commands, which may include the lost gateway's last."""
         lost, self.lost = self.lost, []
         return lost
 
-    def gateway_lost(self, origin: int, cmd: r.GatewayLost, now: float) -> None:
+    def gateway_lost(self, origin: int, cmd: GatewayLost, now: float) -> None:
         """A gateway died: release its holders as its channels' close would, and
         drop what waits for it (events, the confirms of its channels). The one
         that replaces it hears of the alarms in force."""
-        holders = [h for h in self.holder_queues if r.gateway_of(h) == cmd.gateway]
+        holders = [h for h in self.holder_queues if gateway_of(h) == cmd.gateway]
         if holders:
-            self.handle(r.ReleaseHolders(holders), now)
+            self.handle(ReleaseHolders(holders), now)
         self.outbox.drop(cmd.gateway)
         self.commits.forget(cmd.gateway)
         for resource in sorted(self.alarms):  # for the gateway that replaces it
-            self.outbox.add_to(cmd.gateway, r.Alarm(resource, True))
+            self.outbox.add_to(cmd.gateway, Alarm(resource, True))
         self.outbox.origin = origin
-        self.outbox.add(r.Reply(cmd.req))
+        self.outbox.add(Reply(cmd.req))
 
     # -- commits and confirms ------------------------------------------------------
 
@@ -189,7 +211,7 @@ class Shard:
             self.alarms.add(resource)
         else:
             self.alarms.discard(resource)
-        self.outbox.add(r.Alarm(resource, active))
+        self.outbox.add(Alarm(resource, active))
         self.stats.event("alarm", resource=resource, state="on" if active else "off",
                          ram_bytes=self.ram_bytes)
 
@@ -207,16 +229,16 @@ class Shard:
             except Exception:
                 log.exception("shard %d: %s failed", self.index, type(cmd).__name__)
                 req = getattr(cmd, "req", 0)
-                if type(cmd) is r.Get:
-                    self.outbox.add(r.GetReply(req, cmd.qid, refused=r.Refusal.FAILED))
+                if type(cmd) is Get:
+                    self.outbox.add(GetReply(req, cmd.qid, refused=Refusal.FAILED))
                 elif req:
-                    self.outbox.add(r.Reply(req, r.Refusal.FAILED))
-                elif type(cmd) is r.Publish and cmd.confirm_channel:
+                    self.outbox.add(Reply(req, Refusal.FAILED))
+                elif type(cmd) is Publish and cmd.confirm_channel:
                     self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted=False)
 
     def handle(self, cmd, now: float) -> None:
         kind = type(cmd)
-        if kind is r.Publish:
+        if kind is Publish:
             accepted = True  # by every queue (x-overflow reject-publish turns it away)
             for qid in cmd.qids:
                 queue = self.queues.get(qid)
@@ -240,15 +262,15 @@ class Shard:
                         self.behind.add(self.outbox.origin)
             if cmd.confirm_channel:
                 self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted)
-        elif kind is r.CreateQueue:
+        elif kind is CreateQueue:
             if cmd.qid not in self.queues:
                 queue = self.queues[cmd.qid] = Queue(cmd)
                 if queue.stored:
                     self.persister.create_queue(queue)
                 self.stats.event("queue_declared", vhost=cmd.spec.vhost, queue=cmd.spec.name,
                                  durable=cmd.spec.durable)
-            self.outbox.add(r.Reply(cmd.req))
-        elif kind is r.ReleaseHolders:
+            self.outbox.add(Reply(cmd.req))
+        elif kind is ReleaseHolders:
             qids: set[int] = set()
             for holder in cmd.holders:
                 qids |= self.holder_queues.pop(holder, set())
@@ -256,16 +278,16 @@ class Shard:
                 queue = self.queues.get(qid)
                 if queue is not None:
                     self._apply(queue, cmd, now)
-        elif kind is r.QueueInfo:
+        elif kind is QueueInfo:
             wanted = cmd.qids or list(self.queues)
-            self.outbox.add(r.QueueInfoReply(cmd.req, [
+            self.outbox.add(QueueInfoReply(cmd.req, [
                 _queue_figures(self.queues[qid]) for qid in wanted if qid in self.queues],
                 self.commits.fsyncs, self.commits.messages))
-        elif kind is r.Stop:
+        elif kind is Stop:
             self.running = False
-        elif kind is r.Sync:
-            self.outbox.add(r.Reply(cmd.req))
-        elif kind is r.GatewayLost:
+        elif kind is Sync:
+            self.outbox.add(Reply(cmd.req))
+        elif kind is GatewayLost:
             if not 0 < cmd.gateway < self.outbox.gateways or cmd.gateway == self.outbox.origin:
                 raise ValueError(f"no gateway {cmd.gateway} to lose")
             self.lost.append((self.outbox.origin, cmd))
@@ -274,12 +296,12 @@ class Shard:
             if queue is None:
                 self._missing_queue(cmd)
                 return
-            if kind is r.Consume or kind is r.Get:
+            if kind is Consume or kind is Get:
                 self.holder_queues.setdefault(cmd.holder, set()).add(cmd.qid)
-            if kind is r.Consume:
+            if kind is Consume:
                 self.stats.event("consumer_added", vhost=queue.spec.vhost, queue=queue.spec.name,
                                  consumer_tag=cmd.tag, timeout_ms=cmd.timeout_ms)
-            elif kind is r.Cancel:
+            elif kind is Cancel:
                 self.stats.event("consumer_cancelled", vhost=queue.spec.vhost,
                                  queue=queue.spec.name)
             self._apply(queue, cmd, now)
@@ -301,17 +323,17 @@ class Shard:
                 self.costs[qid] = cost
             else:
                 del self.costs[qid]
-            self.outbox.add(r.PublishCost(qid, cost))
+            self.outbox.add(PublishCost(qid, cost))
 
     def _missing_queue(self, cmd) -> None:
         # The queue went away (deleted, or auto-deleted) after the gateway sent this.
         req = getattr(cmd, "req", None)
         if req is None:
             return
-        if type(cmd) is r.Get:
-            self.outbox.add(r.GetReply(req, cmd.qid, refused=r.Refusal.NO_QUEUE))
+        if type(cmd) is Get:
+            self.outbox.add(GetReply(req, cmd.qid, refused=Refusal.NO_QUEUE))
         else:
-            self.outbox.add(r.Reply(req, r.Refusal.NO_QUEUE))
+            self.outbox.add(Reply(req, Refusal.NO_QUEUE))
 
     def _effects(self, effects: list) -> bool:
         """Carry out a queue's effects; False if it refused a publish."""
@@ -319,7 +341,7 @@ class Shard:
         accepted = True
         for effect in effects:
             kind = type(effect)
-            if kind is r.Deliver:
+            if kind is Deliver:
                 self.outbox.add(effect)
             elif kind is Persist:
                 persister.persist(effect.qid, effect.messages, effect.rich)
@@ -339,7 +361,7 @@ class Shard:
                 if queue is not None:
                     self.stats.event("queue_deleted", vhost=queue.spec.vhost, queue=queue.spec.name)
             else:
-                if kind is r.ConsumerTimedOut:
+                if kind is ConsumerTimedOut:
                     queue = self.queues.get(effect.qid)
                     if queue is not None:
                         self.stats.event("consumer_timed_out", vhost=queue.spec.vhost,
