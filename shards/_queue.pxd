@@ -2,7 +2,11 @@
 # warren.shards._queue (setup.py). Queue, Consumer and QueueCounters are extension
 # types whose state is typed here; a publish's short way (the consumer it goes to)
 # is C calls, and a C call from the compiled shard. __dict__: a queue keeps what
-# it was configured with beside these.
+# it was configured with beside these. Queue is final: its cpdef methods are called
+# without asking whether a subclass overrides them.
+cimport cython
+
+
 cdef class QueueCounters:
     cdef public Py_ssize_t published, published_bytes, delivered, redelivered, acked
     cdef public Py_ssize_t rejected, requeued, expired, dead_lettered, dropped, timeouts
@@ -13,6 +17,7 @@ cdef class Consumer:
     cdef public Py_ssize_t prefetch, credit
     cdef public set timed_out
 
+@cython.final
 cdef class Queue:
     cdef dict __dict__
     cdef public object qid, spec, ready, last_used
@@ -24,5 +29,12 @@ cdef class Queue:
     cdef public QueueCounters counters
 
     cpdef publish_straight(self, cmd, double now)
+    cpdef list apply(self, cmd, double now)
+    cpdef _settle(self, cmd, list effects)
+    cpdef _settled(self, msg, list effects, list removed=*)
+    cpdef _dispatch(self, list effects)
     cdef bint _can_take(self, Consumer c) except -1
     cdef Consumer _next_consumer(self)
+
+
+cpdef Py_ssize_t ram_size(content) except -1

@@ -25,3 +25,10 @@ cdef class Shard:
     cpdef run_all(self, commands, double now)
     @cython.locals(accepted=bint, before=Py_ssize_t, queue=TypedQueue)
     cpdef handle(self, cmd, double now)
+    @cython.locals(before=Py_ssize_t)
+    cpdef bint _apply(self, TypedQueue queue, cmd, double now) except -1
+    cpdef bint _step(self, TypedQueue queue, Py_ssize_t before, list effects) except -1
+    cpdef bint _effects(self, list effects) except -1
+
+
+cdef bint _has_timers(TypedQueue queue) except -1

@@ -163,16 +163,17 @@ class Shard:
 
     def _apply(self, queue: Queue, cmd, now: float) -> bool:
         """Apply a command to a queue; False if the queue refused a publish."""
-        accepted = self._step(queue, queue.apply, cmd, now)
+        before = queue.ram_bytes
+        accepted = self._step(queue, before, queue.apply(cmd, now))
         if _has_timers(queue):
             self._schedule(queue)
         return accepted
 
-    def _step(self, queue: Queue, step, *args) -> bool:
-        """Run one step of a queue's state machine, carry out its effects and follow
-        the change in the bodies it holds in RAM. False if it refused a publish."""
-        before = queue.ram_bytes
-        accepted = self._effects(step(*args))
+    def _step(self, queue: Queue, before: int, effects: list) -> bool:
+        """Carry out the effects of one step of a queue's state machine, taken when
+        the bodies it held in RAM were `before` bytes, and follow the change in
+        them. False if it refused a publish."""
+        accepted = self._effects(effects)
         self.ram_bytes += queue.ram_bytes - before
         return accepted
 
@@ -187,7 +188,8 @@ class Shard:
                 continue
             deadline = queue.next_deadline()  # the timer may be early (timers.py)
             if deadline is not None and deadline <= now:
-                self._step(queue, queue.tick, now)
+                before = queue.ram_bytes
+                self._step(queue, before, queue.tick(now))
             self._schedule(queue)
 
     def _schedule(self, queue: Queue) -> None:
