@@ -59,7 +59,8 @@ class Persister:
         self.stores = stores
         self.home = stores[home]  # where new queues go
         self._store_of: dict[int, ShardStore] = {}  # qid -> its store
-        self._batches: dict[ShardStore, WriteBatch] = {}
+        # this commit's write batches by store, empty until something is written
+        self.open_batches: dict[ShardStore, WriteBatch] = {}
         self._batch_of: dict[int, WriteBatch] = {}  # qid -> its store's batch, this commit
         self._written: list[tuple[int, Message]] = []  # this turn's, to drop from RAM
         self._journaled: list[tuple[int, Message]] = []  # to drop at the next checkpoint
@@ -101,9 +102,9 @@ class Persister:
         batch = self._batch_of.get(qid)
         if batch is None:
             store = self._store_of.get(qid, self.home)
-            batch = self._batches.get(store)
+            batch = self.open_batches.get(store)
             if batch is None:
-                batch = self._batches[store] = WriteBatch()
+                batch = self.open_batches[store] = WriteBatch()
             self._batch_of[qid] = batch
         return batch
 
@@ -147,8 +148,8 @@ class Persister:
     def has_writes(self, now: float | None = None) -> bool:
         """Writes to commit, or a checkpoint due (at `now`, if given)."""
         # Asked twice a loop turn: with no batch open, no generator is made.
-        return bool(self._batches and any(not batch.is_empty()
-                                          for batch in self._batches.values())) \
+        return bool(self.open_batches and any(not batch.is_empty()
+                                              for batch in self.open_batches.values())) \
             or (now is not None and self._checkpoint_due(now))
 
     def _checkpoint_due(self, now: float) -> bool:
@@ -156,9 +157,9 @@ class Persister:
             now >= self.checkpoint_at or self._journal_bytes >= CHECKPOINT_BYTES)
 
     def writes_due(self, now: float) -> bool:
-        """Writes to commit now: none before the retry time after a refusal."""
-        if not self._batches and self.checkpoint_at is None:  # every turn of a transient load
-            return False
+        """Writes to commit now: none before the retry time after a refusal. (The
+        shard asks first whether any batch is open or a checkpoint set: every turn
+        of a transient load, without this call.)"""
         return self.has_writes(now) and (self.retry_at is None or now >= self.retry_at)
 
     def begin_commit(self) -> "PendingCommit":
@@ -171,10 +172,10 @@ class Persister:
             return PendingCommit({}, [], ok=False)
         checkpoint = self._checkpoint_now or self._checkpoint_due(now) \
             or self.retry_at is not None  # a checkpoint refused: it comes first now
-        pending = PendingCommit({store: batch for store, batch in self._batches.items()
+        pending = PendingCommit({store: batch for store, batch in self.open_batches.items()
                                  if not batch.is_empty()}, self._written,
                                 checkpoint=list(self.stores.values()) if checkpoint else None)
-        self._batches = {}
+        self.open_batches = {}
         self._batch_of = {}
         self._written = []
         self._checkpoint_now = False
@@ -241,10 +242,10 @@ class Persister:
             self.retry_at = None
         elif pending.refused or pending.checkpoint_refused:
             for store, batch in pending.refused.items():
-                later = self._batches.get(store)
+                later = self.open_batches.get(store)
                 if later is not None:
                     batch.merge(later)
-                self._batches[store] = batch
+                self.open_batches[store] = batch
             self._batch_of = {}
             if pending.refused:
                 self._written[:0] = pending.written

@@ -122,7 +122,12 @@ class Shard:
     # -- commits and confirms ------------------------------------------------------
 
     def has_commit_work(self, now: float) -> bool:
-        return bool(self.commits.gathering) or self.persister.writes_due(now)
+        if self.commits.gathering:
+            return True
+        persister = self.persister
+        if not persister.open_batches and persister.checkpoint_at is None:
+            return False  # every turn of a transient load: no call into the persister
+        return persister.writes_due(now)
 
     def start_commit(self, committer, now: float) -> list:
         """With no commit in flight and commit work (the loop asks has_commit_work

@@ -219,7 +219,7 @@ def test_a_message_acked_before_its_commit_is_never_written(shard):
     shard.run(durable_publish(1), 0.0)
     assert delivered_seqs(shard.take_events()[0]) == [1]
     shard.run(r.Settle(5, 10, [1], r.SETTLE_ACK), 0.0)
-    (batch,) = shard.persister._batches.values()
+    (batch,) = shard.persister.open_batches.values()
     assert not batch.puts and not batch.deletes and not batch.marks  # nothing of it to write
     assert shard.commit_now(0.0) == [r.Confirmed([3], [1])]
     assert shard.ram_bytes == 0 and list(shard.persister.home.recover(5)) == []
