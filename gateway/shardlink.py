@@ -111,9 +111,9 @@ class ShardLink:
         self.commands, self.events = self._pairs[0]
         lifeline_read, self._lifeline_write = os.pipe()
         spec = ShardSpec(self.index, self.data_dir,
-                           [self.rings_for(k) for k in range(self.gateways)],
-                           lifeline_read, self.stores, self.memory_limit, self.stats_interval,
-                           self.store_map_size, self.log_dir, self.log)
+                         [self.rings_for(k) for k in range(self.gateways)],
+                         lifeline_read, self.stores, self.memory_limit, self.stats_interval,
+                         self.store_map_size, self.log_dir, self.log)
         fds = [self._doorbell, lifeline_read]
         for commands, events in self._pairs:
             fds += [commands.spec().space_fd, events.spec().data_fd, events.spec().space_fd]

@@ -185,7 +185,7 @@ def serve(spec: ShardSpec) -> None:
             shard.persister.drop_mapped_pages()
             unmap_at = now + UNMAP_INTERVAL
 
-    if shard.commits.inflight is not None:  # finish the commit in flight, then what is left
+    if commits.inflight is not None:  # finish the commit in flight, then what is left
         committer.wait()
         committer.finished()
         outbox.put_routed(shard.finish_commit())
@@ -202,7 +202,7 @@ def serve(spec: ShardSpec) -> None:
             _wait(poller, fds, spec.lifeline_fd)
             rings.clear_space()
     shard.persister.close()
-    stats.tick(monotonic(), shard.queues.values(), shard.commits, force=True)
+    stats.tick(monotonic(), shard.queues.values(), commits, force=True)
     stats.close()
 
 

@@ -403,7 +403,7 @@ class Queue:
                 consumer.timed_out.update(seqs)
                 self.counters.timeouts += 1
                 effects.append(ConsumerTimedOut(holder, self.qid, seqs,
-                                                  int(consumer.timeout * 1000)))
+                                                int(consumer.timeout * 1000)))
         self._dispatch(effects)
 
     def _renew(self, cmd: Renew, effects: list) -> None:
@@ -517,7 +517,7 @@ class Queue:
 
     def _status(self, cmd: QueueStatus, effects: list) -> None:
         effects.append(Reply(cmd.req, message_count=self.ready_count,
-                               consumer_count=len(self.consumers)))
+                             consumer_count=len(self.consumers)))
 
     def _consume(self, cmd: Consume, effects: list) -> None:
         if self.consumers and (cmd.exclusive or any(c.exclusive for c in self.consumers.values())):
@@ -545,8 +545,8 @@ class Queue:
             return
         # The reply takes the content first: a no-ack get settles the message at once.
         reply = GetReply(cmd.req, self.qid, msg.seq, msg.redelivered,
-                           *(msg.content or NO_CONTENT), self.ready_count,
-                           delivery_count=getattr(msg, "delivery_count", 0))
+                         *(msg.content or NO_CONTENT), self.ready_count,
+                         delivery_count=getattr(msg, "delivery_count", 0))
         self._hand_out(msg, None if cmd.no_ack else cmd.holder, effects)
         effects.append(reply)
 
@@ -703,7 +703,7 @@ class Queue:
         if self.dead_letters:
             self.counters.dead_lettered += 1
             effects.append(DeadLettered(self.qid, msg.seq, reason,
-                                          *(msg.content or NO_CONTENT)))
+                                        *(msg.content or NO_CONTENT)))
 
     def _hand_out(self, msg: Message, holder: int | None, effects: list) -> None:
         """A message goes out: to `holder` until settled, or settled now (no-ack)."""
@@ -845,8 +845,8 @@ class Queue:
                 return
             consumer.credit -= 1
             effects.append(Deliver(consumer.holder, self.qid, msg.seq, msg.redelivered,
-                                     *(msg.content or NO_CONTENT),
-                                     getattr(msg, "delivery_count", 0)))
+                                   *(msg.content or NO_CONTENT),
+                                   getattr(msg, "delivery_count", 0)))
             self._hand_out(msg, None if consumer.no_ack else consumer.holder, effects)
 
 
