@@ -24,6 +24,7 @@ from warren.shards.malloc import keep_freed_memory
 from warren.shards.ring import remove_orphans
 from warren.storage import recovery
 
+from .compaction import Compactor
 from .config import Config
 from .connection import Connection
 from .followers import Followers
@@ -126,13 +127,28 @@ async def serve(settings: Config) -> None:
         log.info("Management plugin: HTTP (non-TLS) listener started on %s", _address(http))
         print(f"Warren management on http://{_address(http)}", flush=True)
 
+    compactor = Compactor(lambda: _broker_pids(gateway)) if settings.load_compaction else None
+    if compactor is not None:
+        compactor.start()
+
     await stop.wait()
+    if compactor is not None:
+        compactor.stop()
     if gateway.followers is not None:
         await gateway.followers.stop()  # they close their clients' connections
     await close_connections(gateway, servers)
     await gateway.stop()
     data.release()
     print("Warren stopped", flush=True)
+
+
+def _broker_pids(gateway: Gateway) -> list[int]:
+    """This process, the shards and the other gateways."""
+    pids = [os.getpid(), *gateway.shards.pids()]
+    if gateway.followers is not None:
+        pids += [process.pid for process in gateway.followers.processes.values()
+                 if process.returncode is None]
+    return pids
 
 
 async def close_connections(gateway: Gateway, servers: list) -> None:

@@ -46,6 +46,11 @@ class ShardPool:
         for index in range(self.count):
             self.links.append(self._start(index))
 
+    def pids(self) -> list[int]:
+        """The shard processes running now (the root's; another gateway starts none)."""
+        return [link.process.pid for link in self.links
+                if link.alive and link.process is not None]
+
     def attach(self, rings: list) -> None:
         """Another gateway's shards (not the root's): links over the rings the root
         made for this gateway, `rings[shard]`; a shard without (None) is down until
