@@ -66,16 +66,15 @@ class Compactor:
     What is sampled is demand: the time each process's main thread ran plus the
     time it waited, runnable, for a CPU (/proc/PID/schedstat). Waiting counts
     because a CPU shared with something busy shows up there first: the broker
-    spreads when its one CPU is crowded, whoever crowds it. Processes started while
-    packed inherit the one CPU from this process; the rest are set at the next
-    sample."""
+    spreads when its one CPU is crowded, whoever crowds it. Each process is set
+    when first seen and again whenever the decision changes."""
 
     def __init__(self, pids: Callable[[], Iterable[int]]):
         self._pids = pids
-        self._allowed = os.sched_getaffinity(0)
+        self._allowed = frozenset(os.sched_getaffinity(0))
         self._compaction = Compaction()
         self._seen: dict[int, int] = {}  # pid -> ns run and waited, at the last sample
-        self._placed: set[int] = set()  # pids confined to the one CPU while packed
+        self._placed: dict[int, frozenset[int] | None] = {}  # pid -> the CPUs set for it
         self._cpu = min(self._allowed)
         self._clock = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -102,6 +101,17 @@ class Compactor:
             self._timer = None
 
     def _sample(self) -> None:
+        self._timer = self._loop.call_later(INTERVAL, self._sample)
+        try:
+            self._place(self._decide())
+        except PermissionError as error:  # a sandbox that forbids it: the OS places them
+            log.warning("load compaction off: cannot set CPU affinity (%s)", error.strerror)
+            self.stop()
+        except OSError as error:  # out of descriptors, say: the next sample tries again
+            log.debug("load compaction skipped a sample: %s", error)
+
+    def _decide(self) -> list[int]:
+        """The pids of now, after a sample of their demand."""
         now = self._loop.time()
         elapsed, self._clock = now - self._clock, now
         pids = list(self._pids())
@@ -116,38 +126,33 @@ class Compactor:
         self._seen = seen
         demand = spent / 1e9 / elapsed if elapsed > 0 else 0.0
         decision = self._compaction.sample(demand)
-        try:
-            if decision is True:
-                self._cpu = _current_cpu(self._allowed)
-                self._placed = set()
-                log.debug("load compaction: demand %.2f cores, the broker's processes move"
-                          " to CPU %d", demand, self._cpu)
-            elif decision is False:
-                log.debug("load compaction: demand %.2f cores, the broker's processes spread"
-                          " over CPUs %s", demand, sorted(self._allowed))
-                self._place(self._allowed, pids)
-            if self.packed:
-                fresh = [pid for pid in pids if pid not in self._placed]
-                self._place({self._cpu}, fresh)
-                self._placed.update(fresh)
-        except PermissionError as error:  # a sandbox that forbids it: keep the OS's placement
-            log.warning("load compaction off: cannot set CPU affinity (%s)", error.strerror)
-            self._timer = None
-            return
-        self._timer = self._loop.call_later(INTERVAL, self._sample)
+        if decision is True:
+            self._cpu = _current_cpu(self._allowed)
+            log.debug("load compaction: demand %.2f cores, the broker's processes move to"
+                      " CPU %d", demand, self._cpu)
+        elif decision is False:
+            log.debug("load compaction: demand %.2f cores, the broker's processes spread"
+                      " over CPUs %s", demand, sorted(self._allowed))
+        return pids
 
-    @staticmethod
-    def _place(cpus: set[int], pids: Iterable[int]) -> None:
-        for pid in pids:
+    def _place(self, pids: list[int]) -> None:
+        """Sets every thread of each process that is not where it belongs now; one
+        that fails is tried again at the next sample."""
+        cpus = frozenset({self._cpu} if self.packed else self._allowed)
+        self._placed = {pid: self._placed.get(pid) for pid in pids}
+        for pid, placed in self._placed.items():
+            if placed == cpus:
+                continue
             try:
-                threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-            except FileNotFoundError:
+                threads = os.listdir(f"/proc/{pid}/task")
+            except FileNotFoundError:  # gone
                 continue
             for tid in threads:
                 try:
-                    os.sched_setaffinity(tid, cpus)
+                    os.sched_setaffinity(int(tid), cpus)
                 except ProcessLookupError:  # the thread (or process) just ended
                     pass
+            self._placed[pid] = cpus
 
 
 def _demand_ns(pid: int) -> int | None:
@@ -161,7 +166,7 @@ def _demand_ns(pid: int) -> int | None:
     return int(run) + int(wait)
 
 
-def _current_cpu(allowed: set[int]) -> int:
+def _current_cpu(allowed: frozenset[int]) -> int:
     """The CPU this process last ran on (field 39 of /proc/self/stat), so the one
     CPU is where the gateway already is."""
     with open("/proc/self/stat", "rb") as f:

@@ -4,6 +4,7 @@ CPU time and affinity, and a real broker packing itself when idle."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import subprocess
 import sys
@@ -120,6 +121,36 @@ def test_idle_processes_share_one_cpu_and_spread_again_once_busy():
         for child in children:
             child.kill()
             child.wait()
+
+
+@several_cpus
+def test_a_sample_that_fails_is_skipped_and_sampling_goes_on():
+    """Out of descriptors (a root at its RLIMIT_NOFILE), /proc cannot be read: that
+    sample is skipped, the next ones decide."""
+    child = subprocess.Popen([sys.executable, "-c", SPINNER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    calls = []
+
+    def pids():
+        calls.append(None)
+        if 2 <= len(calls) <= 4:  # the first three samples after the start
+            raise OSError(errno.EMFILE, "Too many open files")
+        return [child.pid]
+
+    try:
+        assert child.stdout.readline() == b"ready\n"
+        compactor = Compactor(pids)
+
+        async def scenario():
+            assert compactor.start()
+            await until(lambda: one_cpu([child.pid]) is not None, "packed after the failures")
+            assert len(calls) >= 4 + CALM_SAMPLES  # the failed samples counted for nothing
+            compactor.stop()
+
+        asyncio.run(scenario())
+    finally:
+        child.kill()
+        child.wait()
 
 
 async def until(condition, what: str, timeout: float = 15.0) -> None:
