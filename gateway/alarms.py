@@ -55,13 +55,17 @@ class Alarms:
         stays in the shard stores as free pages, which they fill before growing, so
         those count as free too, and the alarm clears once the data is gone."""
         self.disk_free_limit = limit
-        self.disk_free = shutil.disk_usage(data_dir).free + sum(
-            reusable_bytes(os.path.join(data_dir, entry))
-            for entry in os.listdir(data_dir)
-            if entry.startswith("shard-") and entry[6:].isdigit())
-        self.set(("gateway", "disk"), self.disk_free < limit)
         self._disk_timer = asyncio.get_running_loop().call_later(
             DISK_CHECK_INTERVAL, self.watch_disk, data_dir, limit)
+        try:
+            self.disk_free = shutil.disk_usage(data_dir).free + sum(
+                reusable_bytes(os.path.join(data_dir, entry))
+                for entry in os.listdir(data_dir)
+                if entry.startswith("shard-") and entry[6:].isdigit())
+        except OSError as error:  # out of descriptors, say: the alarm stays as it was
+            log.warning("cannot check free disk space in %s: %s", data_dir, error)
+            return
+        self.set(("gateway", "disk"), self.disk_free < limit)
 
     def stop(self) -> None:
         if self._disk_timer is not None:

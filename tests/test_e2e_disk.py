@@ -5,11 +5,16 @@ a shard whose disk is full nacks, raises the alarm and keeps running."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import os
+import shutil
 import struct
 
 import pika
 import pytest
+
+from warren.gateway import alarms
 
 from .confirmpublisher import ConfirmPublisher
 from .conftest import RunningBroker, mounted_tmpfs, wait_until
@@ -138,3 +143,32 @@ def test_full_disk_nacks_raises_the_alarm_and_the_shard_goes_on(tmpfs):
         conn.close()
     finally:
         broker.stop()
+
+
+def test_a_disk_check_that_fails_keeps_the_watch_going(tmp_path, monkeypatch):
+    """A check that cannot look (the gateway out of descriptors) changes nothing
+    and the next one, a second later, decides: the watch does not end there."""
+    real = shutil.disk_usage
+    looks = []
+
+    def disk_usage(path):
+        looks.append(path)
+        if len(looks) == 1:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(path)
+
+    monkeypatch.setattr(alarms.shutil, "disk_usage", disk_usage)
+    changes = []
+    watch = alarms.Alarms(changes.append, logs=False)
+
+    async def scenario():
+        watch.watch_disk(str(tmp_path), 10**18)  # more than any disk: the alarm goes on
+        assert changes == [] and not watch.on("disk")
+        deadline = asyncio.get_running_loop().time() + 10
+        while not watch.on("disk"):
+            assert asyncio.get_running_loop().time() < deadline, "the next check never came"
+            await asyncio.sleep(0.05)
+        watch.stop()
+
+    asyncio.run(scenario())
+    assert changes == ["low on disk"] and len(looks) == 2
