@@ -58,7 +58,7 @@ def dumped_instructions(path: Path) -> int | None:
 
 def role_of(cmdline: list[str]) -> str | None:
     """'shard N' for a shard process (its spec's index), 'gateway' for a gateway,
-    None for anything else in the tree (multiprocessing's resource tracker)."""
+    None for anything else in the tree."""
     if "warren.shards.main" in cmdline:
         spec = json.loads(cmdline[cmdline.index("warren.shards.main") + 1])
         return f"shard {spec['index']}"

@@ -37,7 +37,6 @@ import os
 import secrets
 import struct
 from collections import deque
-from multiprocessing import shared_memory
 
 import msgspec
 
@@ -59,7 +58,10 @@ class RingSpec(msgspec.Struct, array_like=True):
     space_fd: int  # consumer -> producer: space available
 
 
-def remove_orphans(folder: str = "/dev/shm") -> list[str]:
+SEGMENTS = "/dev/shm"  # where POSIX shared memory lives on Linux
+
+
+def remove_orphans(folder: str = SEGMENTS) -> list[str]:
     """Unlink the rings of processes that are gone (a gateway killed with -9 cannot
     unlink its own): warren_<pid>_* whose creator no longer runs. Their names."""
     removed = []
@@ -275,12 +277,12 @@ class _Ring:
 
     __slots__ = ()  # its state is the core's (_ring.pxd says why)
 
-    def __init__(self, spec: RingSpec, buf, owner: shared_memory.SharedMemory | None, mapping,
+    def __init__(self, spec: RingSpec, buf, owner: str | None, mapping,
                  own_fds: tuple[int, ...] = ()):
         self._spec = spec
         self._own_fds = own_fds  # the doorbells this ring made or was handed, closed with it
         self._buf = buf
-        self._owner = owner
+        self._owner = owner  # the creator's: the segment's path, which it unlinks
         self._mapping = mapping
         # An eighth of the ring: with a wrap's waste, one piece then needs under half
         # the ring, so 'half free' (the space doorbell's threshold) always fits it.
@@ -295,29 +297,21 @@ class _Ring:
         other rings the same reader sleeps on (the caller keeps it and closes it)."""
         capacity = _padded(capacity)
         # Named after the creating process, so a leaked segment in /dev/shm says whose it is.
-        shm = shared_memory.SharedMemory(f"warren_{os.getpid()}_{secrets.token_hex(4)}",
-                                         create=True, size=HEADER_SIZE + capacity)
-        shm.buf[:HEADER_SIZE] = bytes(HEADER_SIZE)
+        path = f"{SEGMENTS}/warren_{os.getpid()}_{secrets.token_hex(4)}"
+        mapping = _map(path, HEADER_SIZE + capacity, os.O_CREAT | os.O_EXCL)
         space_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         own = (space_fd,)
         if data_fd is None:
             data_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             own += (data_fd,)
-        spec = RingSpec(shm.name, capacity, data_fd, space_fd)
-        return cls(spec, shm.buf, shm, None, own)
+        spec = RingSpec(os.path.basename(path), capacity, data_fd, space_fd)
+        return cls(spec, memoryview(mapping), path, mapping, own)
 
     @classmethod
     def attach(cls, spec: RingSpec, own_fds: bool = False):
         """The ring `spec` names, made by another process; with `own_fds` its
         doorbells (handed over, not inherited) are closed with it."""
-        # Map the segment directly rather than through SharedMemory: in 3.11 that
-        # would register it with this process's resource tracker, which would then
-        # unlink the creator's segment (and warn) when this process exits.
-        fd = os.open(f"/dev/shm/{spec.shm_name.lstrip('/')}", os.O_RDWR)
-        try:
-            mapping = mmap.mmap(fd, HEADER_SIZE + spec.capacity)
-        finally:
-            os.close(fd)
+        mapping = _map(f"{SEGMENTS}/{spec.shm_name}", HEADER_SIZE + spec.capacity)
         return cls(spec, memoryview(mapping), None, mapping,
                    (spec.data_fd, spec.space_fd) if own_fds else ())
 
@@ -327,16 +321,16 @@ class _Ring:
     def close(self) -> None:
         self._unbind()
         self._buf.release()
-        if self._owner is not None:
-            self._owner.close()
-        elif self._mapping is not None:
-            self._mapping.close()
+        self._mapping.close()
         for fd in self._own_fds:
             os.close(fd)
 
     def unlink(self) -> None:
         if self._owner is not None:
-            self._owner.unlink()
+            try:
+                os.unlink(self._owner)
+            except FileNotFoundError:  # removed as an orphan already
+                pass
 
     def reset(self) -> None:
         """Empty the ring, as new: for when the process at its other end died and
@@ -388,6 +382,20 @@ else:
 
 # The compiled core unless WARREN_PURE_PYTHON switches it off (as for the codec's twins).
 Ring = chosen(PureRing, CompiledRing)
+
+
+def _map(path: str, size: int, create: int = 0) -> mmap.mmap:
+    """A shared-memory segment, mapped. Not multiprocessing.shared_memory: in 3.11
+    that registers each segment with a resource tracker, one more process (14 MB
+    resident) that also unlinks an attacher's segments when the attacher exits.
+    Rings left by a killed broker are removed_orphans' to clean."""
+    fd = os.open(path, os.O_RDWR | create, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, size)  # zero-filled: an empty ring
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
 
 
 def _drain(fd: int) -> None:
