@@ -87,12 +87,11 @@ class Compactor:
     def start(self) -> bool:
         """Begins sampling; False (and nothing done) with only one CPU, or where the
         kernel keeps no scheduler statistics."""
-        if len(self._allowed) < 2 or _demand_ns(os.getpid()) in (None, 0):
+        if len(self._allowed) < 2 or not _schedstat_kept():
             return False
         self._loop = asyncio.get_running_loop()
         self._clock = self._loop.time()
-        self._seen = {pid: ns for pid in self._pids() if (ns := _demand_ns(pid)) is not None}
-        self._timer = self._loop.call_later(INTERVAL, self._sample)
+        self._timer = self._loop.call_later(INTERVAL, self._sample)  # sets the baselines
         return True
 
     def stop(self) -> None:
@@ -164,6 +163,15 @@ def _demand_ns(pid: int) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return int(run) + int(wait)
+
+
+def _schedstat_kept() -> bool:
+    """Whether the kernel keeps run and wait times (CONFIG_SCHED_INFO): without, it
+    shows zeros, even for this process, which has run."""
+    try:
+        return _demand_ns(os.getpid()) != 0
+    except OSError:  # cannot tell now (out of descriptors, say): the samples will try
+        return True
 
 
 def _current_cpu(allowed: frozenset[int]) -> int:

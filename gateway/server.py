@@ -114,6 +114,9 @@ async def serve(settings: Config) -> None:
 
     for name in remove_orphans():  # once started: a failed start changes nothing
         log.warning("removed /dev/shm/%s, a ring left behind by a killed broker", name)
+    compactor = Compactor(lambda: _broker_pids(gateway)) if settings.load_compaction else None
+    if compactor is not None:
+        compactor.start()
     for server in servers:
         await server.start_serving()
     # RabbitMQ's lines in the log; the printed ones are for whoever started it.
@@ -126,10 +129,6 @@ async def serve(settings: Config) -> None:
     if settings.management_port:
         log.info("Management plugin: HTTP (non-TLS) listener started on %s", _address(http))
         print(f"Warren management on http://{_address(http)}", flush=True)
-
-    compactor = Compactor(lambda: _broker_pids(gateway)) if settings.load_compaction else None
-    if compactor is not None:
-        compactor.start()
 
     await stop.wait()
     if compactor is not None:
