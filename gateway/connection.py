@@ -263,6 +263,7 @@ class Connection(asyncio.BufferedProtocol):
                 self._commands = commands
             self._other_kind_seen = turns[not self._commands]
             gateway.shards.send()
+            gateway.take_answers()
 
     def pause_writing(self) -> None:
         self._writing_paused = True

@@ -589,9 +589,25 @@ class Gateway:
         (deliveries, confirms, credit) and write out what they produced, now. What
         is sent to the shards from here goes at the end of the input (shards.send()),
         without a loop callback of its own."""
-        for link in self.shards.links:  # (no ShardPool method: one frame less a read)
+        links = self.shards.links  # (no ShardPool method: one frame less a read)
+        for link in links:
             link.flush_scheduled = True
             link.poll()
+        if self._dirty:
+            self.flush_output()
+        # Awake till take_answers: a shard that answers meanwhile need not ring.
+        for link in links:
+            if link.alive:
+                link.events.awake()
+
+    def take_answers(self) -> None:
+        """After a connection's input went to the shards: what they answered
+        meanwhile, written out now, and their doorbells armed again. With load
+        compaction a shard shares this CPU, runs the moment its doorbell rings and
+        has answered by the time this process runs again, so its answers go out in
+        this turn, without a doorbell, a wake-up and a loop turn of their own."""
+        for link in self.shards.links:
+            link.take_answers()
         if self._dirty:
             self.flush_output()
 

@@ -349,6 +349,16 @@ class ShardLink:
         while self.alive and (self.poll() or not self.events.sleep()):
             pass
 
+    def take_answers(self) -> None:
+        """After a connection's input went out: take what the shard answered
+        meanwhile, then sleep on the doorbell again (Gateway.take_shard_events
+        told the shard not to ring it while the input was handled). Inside this
+        link's own dispatch (a connection it resumed) the outer take does that."""
+        if self._dispatching:
+            return
+        while self.alive and (self.poll() or not self.events.sleep()):
+            pass
+
     def poll(self) -> bool:
         """Hand over the events waiting in the ring, if any; connections call this
         before reading more input, so deliveries and confirms go first."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import os
 
 import pytest
 from hypothesis import given
@@ -244,4 +245,34 @@ def test_events_reach_the_gateway_in_the_shard_s_order_and_replies_their_request
             for ring in (link.commands, link.events):
                 ring.close()
                 ring.unlink()
+    asyncio.run(run())
+
+
+def test_answers_to_a_turn_s_input_are_taken_without_a_doorbell_and_it_is_armed_again(
+        link_class):
+    """While a connection's input is handled the gateway is awake (its event ring
+    says so, Gateway.take_shard_events): a shard answering meanwhile does not ring.
+    take_answers hands the answers over and arms the doorbell again, so an answer
+    after the turn rings it. Called from inside the link's own dispatch (a
+    connection resumed by it), it leaves that to the outer take."""
+    async def run():
+        handed: list = []
+        with link_between_rings(link_class) as (link, _ring, events):
+            def on_events(_link, got):
+                handed.append(list(got))
+                link.take_answers()  # nested: returns at once
+
+            link._on_events = on_events
+            doorbell = events.spec().data_fd
+            assert events.sleep()  # armed, as after the gateway's last read
+            events.awake()  # the turn begins
+            from_shard(events, r.Alarm("memory", True))
+            events.flush()  # the shard's doorbell: the gateway is awake, so silence
+            with pytest.raises(BlockingIOError):
+                os.eventfd_read(doorbell)
+            link.take_answers()
+            assert handed == [[r.Alarm("memory", True)]]
+            from_shard(events, r.Alarm("memory", False))
+            events.flush()  # after the turn: armed again, it rings
+            assert os.eventfd_read(doorbell) == 1
     asyncio.run(run())
