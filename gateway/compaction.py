@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 log = logging.getLogger("warren")
 
 INTERVAL = 0.1  # seconds between samples of the broker's demand for CPU
-PACK_BELOW = 0.4  # cores the broker wanted on average over CALM_SAMPLES: pack it
+PACK_BELOW = 0.5  # cores the broker wanted on average over CALM_SAMPLES: pack it
 CALM_SAMPLES = 5  # half a second: a lull in a busy load packs it for one interval at most
 SPREAD_ABOVE = 0.75  # cores the packed broker wanted in one sample: spread it at once
 

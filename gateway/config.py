@@ -137,7 +137,7 @@ HELP = {
                           "DATA/quarantine/ and serve their queues empty",
     "rebuild_definitions": "start although meta/ is missing or damaged: rebuild the queue "
                            "definitions from the shard stores",
-    "load_compaction": "while the broker uses under 0.4 of a core, run all its processes "
+    "load_compaction": "while the broker uses under half a core, run all its processes "
                        "on one CPU, where waking each other costs less (as Erlang's +scl)",
 }
 # The command line's older short forms.
