@@ -346,14 +346,13 @@ class ShardLink:
         self.poll()
         if self.alive:
             self.events.clear_data_doorbell()
-        while self.alive and (self.poll() or not self.events.sleep()):
-            pass
+        self.take_answers()
 
     def take_answers(self) -> None:
-        """After a connection's input went out: take what the shard answered
-        meanwhile, then sleep on the doorbell again (Gateway.take_shard_events
-        told the shard not to ring it while the input was handled). Inside this
-        link's own dispatch (a connection it resumed) the outer take does that."""
+        """Take what the shard has sent, then sleep on the doorbell again: after
+        the doorbell rang, or after a connection's input went out (while it was
+        handled, Gateway.take_shard_events told the shard not to ring). Inside
+        this link's own dispatch (a connection it resumed) the outer take does that."""
         if self._dispatching:
             return
         while self.alive and (self.poll() or not self.events.sleep()):
