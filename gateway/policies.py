@@ -6,11 +6,9 @@ the rest the declared argument wins."""
 
 from __future__ import annotations
 
-import re
-
 from warren.storage.metastore import PolicyDef
 
-from . import arguments
+from . import arguments, patterns
 
 # policy key -> the queue argument it stands for
 QUEUE_KEYS = {
@@ -35,10 +33,9 @@ def problems(policy: PolicyDef) -> str | None:
     """Why a policy cannot be set, or None."""
     if policy.apply_to not in APPLY_TO:
         return f"apply-to must be one of {', '.join(APPLY_TO)}"
-    try:
-        re.compile(policy.pattern)
-    except re.error as error:
-        return f"invalid pattern '{policy.pattern}': {error}"
+    pattern = patterns.problem(policy.pattern)
+    if pattern:
+        return f"invalid pattern '{policy.pattern}': {pattern}"
     if not isinstance(policy.definition, dict) or not policy.definition:
         return "definition must be a non-empty object"
     for key, value in policy.definition.items():
@@ -61,8 +58,8 @@ def select(policies, name: str, kind: str, queue_type: str = "classic") -> Polic
     """The policy for a queue or exchange: the highest priority of those whose
     pattern matches the name; of equal priorities, the name sorting first (in code
     points). RabbitMQ leaves that tie undefined (README, Policies)."""
-    matching = [policy for policy in policies
-                if _applies(policy.apply_to, kind, queue_type) and re.search(policy.pattern, name)]
+    matching = [policy for policy in policies if _applies(policy.apply_to, kind, queue_type)
+                and patterns.search(policy.pattern, name)]
     return min(matching, key=lambda policy: (-policy.priority, policy.name), default=None)
 
 

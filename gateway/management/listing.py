@@ -7,8 +7,8 @@ endpoint: `name` (a substring, or a regular expression with `use_regex=true`),
 from __future__ import annotations
 
 import math
-import re
 
+from .. import patterns
 from .http import bad_request
 
 PAGE_SIZE = 100  # RabbitMQ's default and largest page sizes
@@ -22,10 +22,10 @@ def listing(items: list[dict], query: dict):
     if name:
         if query.get("use_regex") == "true":
             try:
-                pattern = re.compile(name)
-            except re.error:
-                raise bad_request(f"invalid regular expression '{name}'") from None
-            items = [i for i in items if pattern.search(str(i.get("name", "")))]
+                matches = patterns.matcher(name)
+            except patterns.Invalid as error:
+                raise bad_request(f"invalid regular expression '{name}': {error}") from None
+            items = [i for i in items if matches(str(i.get("name", "")))]
         else:
             needle = name.lower()
             items = [i for i in items if needle in str(i.get("name", "")).lower()]
