@@ -5,7 +5,10 @@ Every change to the catalogue goes to every other gateway, numbered; each
 answers with the last number it applied. A declaration's -ok waits until all
 have applied its changes (`request`: the channel parks as for a shard), so a
 client that is told -ok finds the change on every gateway. A gateway that starts
-gets the whole catalogue first, and accepts connections only once it has it.
+gets the whole catalogue first; declarations wait for it only once it has applied
+that (a process starting on a busy machine stalls nobody, and is not judged on
+changes made before it ran), and it is handed clients only once it has every
+change made before then too.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ LIST_TIMEOUT = 2.0  # seconds the management API waits for another gateway's con
 # Seconds a gateway may take to apply the catalogue's changes before it is taken for
 # stuck and restarted: declarations everywhere wait for it meanwhile.
 APPLY_TIMEOUT = 5.0
+# Seconds a started gateway may take to apply the catalogue and accept connections
+# before it is taken for stuck and restarted: only it is missing meanwhile.
+START_TIMEOUT = 30.0
 
 
 class FollowerSpec(msgspec.Struct, array_like=True):
@@ -109,7 +115,13 @@ class Followers:
         self._accepting = False
         self._starting: set[asyncio.Task] = set()  # gateways being started again
         self._next_gateway = 0  # the last one a client was handed to (round robin)
-        self.applied: dict[int, int] = {}  # gateway index -> the last change it applied
+        # gateway index -> the last change it applied, once it has the whole catalogue
+        # (declarations wait for these)
+        self.applied: dict[int, int] = {}
+        # gateway index -> the change it must have applied to be handed clients: the
+        # last one made before declarations waited for it
+        self._ready_at: dict[int, int] = {}
+        self._said_serving: set[int] = set()  # it told it accepts connections
         self.seq = 0  # number of the last change sent
         self._pending: list = []
         self._flush_scheduled = False
@@ -158,13 +170,17 @@ class Followers:
         self._waiters.append((self.seq, answered))
         self._release()
         if self._waiters:
-            asyncio.get_running_loop().call_later(APPLY_TIMEOUT, self._check_applied, self.seq)
+            # Judged later: the gateway processes waited for now, not their replacements.
+            waited = {index: self.processes.get(index) for index in self.applied}
+            asyncio.get_running_loop().call_later(APPLY_TIMEOUT, self._check_applied,
+                                                  self.seq, waited)
 
-    def _check_applied(self, seq: int) -> None:
-        """Restart a gateway that has not applied change `seq` in APPLY_TIMEOUT."""
-        for index, applied in list(self.applied.items()):
-            process = self.processes.get(index)
-            if applied < seq and process is not None and process.poll() is None:
+    def _check_applied(self, seq: int, waited: dict[int, subprocess.Popen]) -> None:
+        """Restart a gateway that has not applied change `seq` in APPLY_TIMEOUT,
+        if it is still the process that was waited for."""
+        for index, process in waited.items():
+            if self.processes.get(index) is process and self.applied.get(index, seq) < seq \
+                    and process.poll() is None:
                 log.error("gateway %d has not applied the catalogue's changes in %.0f s; "
                           "restarting it", index, APPLY_TIMEOUT)
                 process.kill()  # its exit releases the waiters and restarts it
@@ -189,13 +205,14 @@ class Followers:
     def _message(self, index: int, message) -> None:
         kind = type(message)
         if kind is Applied:
+            if index not in self.applied:  # it has the catalogue: waited for from now
+                self._ready_at[index] = self.seq
             self.applied[index] = message.seq
             self._release()
+            self._serve(index)
         elif kind is Serving:
-            self.serving.add(index)
-            self._update_accepting()
-            if len(self.serving) == self.count:
-                self._all_serving.set()
+            self._said_serving.add(index)
+            self._serve(index)
         elif kind is Forward:
             mirror = self.mirrors.get(message.connection)
             if mirror is None:
@@ -233,6 +250,18 @@ class Followers:
             mirror = self.mirrors.pop(message.connection, None)
             if mirror is not None:
                 mirror.close()
+
+    def _serve(self, index: int) -> None:
+        """Hand clients to a gateway that accepts connections once it has every
+        change a client may have been told -ok for (some made while it started
+        were answered without waiting for it)."""
+        if index in self.serving or index not in self._said_serving \
+                or self.applied.get(index, -1) < self._ready_at.get(index, 0):
+            return
+        self.serving.add(index)
+        self._update_accepting()
+        if len(self.serving) == self.count:
+            self._all_serving.set()
 
     def _admit(self, index: int, ask: Admit) -> None:
         """Count a connection or channel of another gateway, unless a limit says no."""
@@ -345,11 +374,19 @@ class Followers:
             lambda: ControlLink(lambda message: self._message(index, message),
                                 lambda: self._lost(index, link)), sock=ours)
         self.links[index] = link
-        self.applied[index] = 0
         self.flush()  # what is pending belongs to the snapshot
         link.send(Changes(self.seq, replication.snapshot(self.gateway)))
         ExitWatch(loop, process, lambda: self._exited(index, process))
         loop.call_later(STABLE, self._stable, index, process)
+        loop.call_later(START_TIMEOUT, self._check_started, index, process)
+
+    def _check_started(self, index: int, process: subprocess.Popen) -> None:
+        """Restart a gateway that has not come to serve in START_TIMEOUT."""
+        if self.processes.get(index) is process and index not in self.serving \
+                and process.poll() is None and not self.stopping:
+            log.error("gateway %d has not started in %.0f s; restarting it", index,
+                      START_TIMEOUT)
+            process.kill()
 
     def _lost(self, index: int, link: ControlLink) -> None:
         """Its control link closed: it died or is stopping. Its connections are gone."""
@@ -357,6 +394,8 @@ class Followers:
             return
         del self.links[index]
         self.applied.pop(index, None)
+        self._ready_at.pop(index, None)
+        self._said_serving.discard(index)
         self.serving.discard(index)
         self._update_accepting()
         self.remote.pop(index, None)

@@ -9,12 +9,14 @@ import resource
 import signal
 import socket
 import threading
+import time
 import urllib.parse
 
 import pika
 import pika.exceptions
 import pytest
 
+from warren.gateway import followers
 from warren.gateway.access import AccessControl
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
@@ -575,6 +577,56 @@ def test_a_stuck_gateway_is_restarted_and_declarations_go_on(tmp_path):
         again.close()
         conn.close()
     finally:
+        broker.stop()
+
+
+def test_a_gateway_killed_under_a_declaration_storm_serves_again_within_seconds(tmp_path):
+    """Two clients declare and delete queues without pause; gateway 1 is killed.
+    Its replacement is judged only on the changes made after it started: the
+    checks armed for the declarations before the kill (each waits APPLY_TIMEOUT
+    for every gateway) must not take it for stuck while it starts, over and over."""
+    broker = RunningBroker(tmp_path / "data", shards=1, gateways=2).start()
+    stop = threading.Event()
+    declared = [0, 0]
+
+    def storm(n: int) -> None:
+        conn = connect(broker, 2)
+        ch = conn.channel()
+        while not stop.is_set():
+            ch.queue_declare(f"gw.storm{n}.{declared[n] % 20}")
+            ch.queue_delete(f"gw.storm{n}.{declared[n] % 20}")
+            declared[n] += 1
+        conn.close()
+
+    storms = [threading.Thread(target=storm, args=(n,)) for n in (0, 1)]
+    try:
+        pid = gateway_pid(broker, 1)
+        for thread in storms:
+            thread.start()
+        # Every moment of the last APPLY_TIMEOUT armed a check when the kill comes.
+        began = time.monotonic()
+        wait_until(lambda: time.monotonic() - began > followers.APPLY_TIMEOUT + 0.5,
+                   followers.APPLY_TIMEOUT + 5, interval=0.1)
+        assert min(declared) > 0
+        broker.forget_gateway_port(1)
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        before = sum(declared)
+        port = broker.gateway_port(1, timeout=10)  # announced once it has the catalogue
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        conn.channel().queue_declare("gw.storm.probe", auto_delete=True)
+        conn.close()
+        assert time.monotonic() - killed < 10
+        # the storm went on meanwhile, and goes on with the new gateway
+        after = sum(declared)
+        assert after > before
+        wait_until(lambda: sum(declared) > after + 100, 10)
+        assert "has not applied the catalogue's changes" not in broker.log_text()
+        assert broker.log_text().count("gateway 1 started") == 2
+    finally:
+        stop.set()
+        for thread in storms:
+            thread.join(10)
         broker.stop()
 
 

@@ -1,10 +1,13 @@
-"""Gateway 0's relay of mandatory direct replies between other gateway processes
-(followers.Followers), in-process: each comes back to its publisher as delivered
-or returned, also when the gateway it went to dies before saying."""
+"""Gateway 0's dealings with the other gateway processes (followers.Followers),
+in-process: the relay of mandatory direct replies, each of which comes back to
+its publisher as delivered or returned, also when the gateway it went to dies
+before saying; and how a gateway that (re)starts is waited for and judged."""
 
 from __future__ import annotations
 
-from warren.gateway.controllink import Reply, ReplyOutcome
+import asyncio
+
+from warren.gateway.controllink import Applied, Reply, ReplyOutcome, Serving
 from warren.gateway.followers import Followers
 from warren.shards import records as r
 
@@ -80,3 +83,51 @@ def test_a_reply_whose_publisher_goes_is_forgotten():
     followers._lost(1, links[1])
     followers._lost(2, links[2])
     assert gateway.outcomes == []
+
+
+class Process:
+    """A gateway process as Followers sees it."""
+
+    def __init__(self):
+        self.killed = False
+
+    def poll(self):
+        return -9 if self.killed else None
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_a_replacement_is_not_judged_on_changes_made_before_it_started():
+    followers, gateway, links = followers_with_links(1, 2)
+    old, other = Process(), Process()
+    followers.processes.update({1: old, 2: other})
+    followers.applied.update({1: 0, 2: 0})
+    followers.seq = 7  # a declaration made then waits for both
+    waited = {1: old, 2: other}
+    followers._lost(1, links[1])  # gateway 1 died; its replacement starts
+    new = followers.processes[1] = Process()
+    followers.links[1] = Link()
+    followers._check_applied(7, waited)  # APPLY_TIMEOUT later
+    assert not new.killed  # not judged on what its predecessor was asked
+    assert other.killed  # still the process waited for, and still behind
+
+
+def test_a_starting_gateway_is_waited_for_and_handed_clients_once_it_has_the_catalogue():
+    async def run():
+        followers, gateway, links = followers_with_links(1, 2)
+        followers.applied[2] = 3
+        followers.seq = 3
+        answers = []
+        followers.request(None, answers.append)  # gateway 1 is starting: not waited for
+        assert answers == [None]
+        followers.seq = 5  # made while gateway 1 applied the catalogue as of change 4
+        followers._message(1, Applied(4))
+        followers._message(1, Serving(1))
+        followers.request(None, answers.append)  # waits for gateway 1 now
+        assert answers == [None] and followers.serving == set()  # lacks change 5
+        followers._message(2, Applied(5))
+        followers._message(1, Applied(5))
+        assert answers == [None, None] and followers.serving == {1}
+
+    asyncio.run(run())
