@@ -110,14 +110,25 @@ def check_queue_type(arguments: dict, durable: bool, exclusive: bool, auto_delet
             raise AMQPError(spec.PRECONDITION_FAILED, f"invalid property '{name}' for {what}")
 
 
+def exchange_named(arguments: dict, name: str, what: str) -> str | None:
+    """The exchange an argument names (x-dead-letter-exchange, alternate-exchange),
+    None without one; 406 when it is no string."""
+    value = arguments.get(name)
+    if value is None and name not in arguments:
+        return None
+    if not isinstance(value, (str, bytes)):
+        raise AMQPError(spec.PRECONDITION_FAILED,
+                        f"invalid type '{type_name(value)}' for arg '{name}' in {what}")
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def validate(arguments: dict, known: dict, what: str) -> None:
     for name, check in known.items():
         if name not in arguments:
             continue
+        if name in _EXCHANGE_NAMES:
+            exchange_named(arguments, name, what)
         value = arguments[name]
-        if name in _EXCHANGE_NAMES and not isinstance(value, (str, bytes)):
-            raise AMQPError(spec.PRECONDITION_FAILED,
-                            f"invalid type '{type_name(value)}' for arg '{name}' in {what}")
         error = check(value)
         if error:
             raise AMQPError(spec.PRECONDITION_FAILED, f"invalid arg '{name}' for {what}: {error}")

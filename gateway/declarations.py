@@ -69,7 +69,7 @@ class Declarations:
         self._allow("configure", "exchange", name)
         declare.declare_exchange(self.gateway, Exchange(
             vhost.name, name, method.type, method.durable, method.auto_delete, method.internal,
-            method.arguments))
+            method.arguments), self._allow)
         self._reply_seen(m.ExchangeDeclareOk(), method.nowait)
 
     def _exchange_delete(self, method: m.ExchangeDelete) -> None:
@@ -159,7 +159,7 @@ class Declarations:
             self._check_exclusive(meta, redeclared_exclusive=method.exclusive)
         meta, created = declare.declare_queue(self.gateway, queue,
                                               self.conn if method.exclusive else None,
-                                              server_named)
+                                              server_named, self._allow)
         if not created:
             return self._queue_declare_existing(method, meta)
         self.last_queue = name

@@ -3,10 +3,13 @@ come in by: AMQP (gateway/declarations.py), the management API's PUT and POST,
 and definitions import. Each is checked here once, with RabbitMQ's reply codes
 and texts, and applied to the gateway's state. Refusals are AMQPErrors; each door words
 them its way (a channel closes, HTTP answers 400, 401 or 404, an import lists
-them). What only one door has stays there: permissions, server-named queues,
-exclusive ownership, passive declarations."""
+them). What only one door has stays there: permissions (but for those a new
+queue or exchange needs on where it sends messages, which a door passes in as
+`allow`), server-named queues, exclusive ownership, passive declarations."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 from warren.storage.queuespec import QueueSpec
 
@@ -15,6 +18,9 @@ from .amqp import spec
 from .errors import AMQPError, exchange_name, queue_name
 from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 from .gateway import Gateway, QueueMeta
+
+# A door's permission check: allow(access, kind, name) raises its refusal.
+Allow = Callable[[str, str, str], None]
 
 # -- queues ---------------------------------------------------------------------
 
@@ -25,12 +31,15 @@ def check_queue_name(name: str) -> None:
                         f"queue name '{name}' contains reserved prefix 'amq.*'")
 
 
-def check_queue(gateway: Gateway, queue: QueueSpec, server_named: bool = False) -> None:
+def check_queue(gateway: Gateway, queue: QueueSpec, server_named: bool = False,
+                allow: Allow | None = None) -> None:
     """A new queue's refusals, in RabbitMQ's order: its name (unless the server chose
-    it), its type's properties, its arguments, the vhost's queue limit."""
+    it), its dead-letter exchange, its type's properties, its arguments, the vhost's
+    queue limit."""
     if not server_named:
         check_queue_name(queue.name)
     what = queue_name(queue.vhost, queue.name)
+    check_route(allow, QUEUE, queue.name, queue.arguments, "x-dead-letter-exchange", what)
     arguments.check_queue_type(queue.arguments, queue.durable, queue.exclusive,
                                queue.auto_delete, what)
     arguments.validate(queue.arguments, arguments.QUEUE_ARGUMENTS, what)
@@ -51,8 +60,8 @@ def check_equivalent_queue(current: QueueSpec, queue: QueueSpec) -> None:
                                 what)
 
 
-def declare_queue(gateway: Gateway, queue: QueueSpec, owner=None,
-                  server_named: bool = False) -> tuple[QueueMeta, bool]:
+def declare_queue(gateway: Gateway, queue: QueueSpec, owner=None, server_named: bool = False,
+                  allow: Allow | None = None) -> tuple[QueueMeta, bool]:
     """The queue `queue` describes, and whether it was created: an existing one must
     be equivalent, a new one pass check_queue. `owner` is the connection of an
     exclusive queue (whose exclusivity AMQP checks before this)."""
@@ -60,7 +69,7 @@ def declare_queue(gateway: Gateway, queue: QueueSpec, owner=None,
     if existing is not None:
         check_equivalent_queue(existing.spec, queue)
         return existing, False
-    check_queue(gateway, queue, server_named)
+    check_queue(gateway, queue, server_named, allow)
     return gateway.create_queue(queue, owner), True
 
 
@@ -72,24 +81,27 @@ def check_exchange_type(kind: str) -> None:
         raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{kind}'")
 
 
-def check_exchange(exchange: Exchange) -> None:
-    """A new exchange's refusals: its type, its name, its arguments."""
+def check_exchange(exchange: Exchange, allow: Allow | None = None) -> None:
+    """A new exchange's refusals: its type, its name, its alternate exchange, its
+    arguments."""
     check_exchange_type(exchange.type)
     if exchange.name == "":
         raise AMQPError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
     if exchange.name.startswith("amq."):
         raise AMQPError(spec.ACCESS_REFUSED,
                         f"exchange name '{exchange.name}' contains reserved prefix 'amq.*'")
-    arguments.validate(exchange.arguments, arguments.EXCHANGE_ARGUMENTS,
-                       exchange_name(exchange.vhost, exchange.name))
+    what = exchange_name(exchange.vhost, exchange.name)
+    check_route(allow, EXCHANGE, exchange.name, exchange.arguments, "alternate-exchange", what)
+    arguments.validate(exchange.arguments, arguments.EXCHANGE_ARGUMENTS, what)
 
 
-def declare_exchange(gateway: Gateway, exchange: Exchange) -> tuple[Exchange, bool]:
+def declare_exchange(gateway: Gateway, exchange: Exchange,
+                     allow: Allow | None = None) -> tuple[Exchange, bool]:
     """The exchange `exchange` describes, and whether it was created: an existing one
     (a predeclared amq.* one too) must be equivalent, a new one pass check_exchange."""
     existing = gateway.vhosts[exchange.vhost].exchanges.get(exchange.name)
     if existing is None:
-        check_exchange(exchange)
+        check_exchange(exchange, allow)
         gateway.add_exchange(exchange)
         return exchange, True
     what = exchange_name(exchange.vhost, exchange.name)
@@ -101,6 +113,22 @@ def declare_exchange(gateway: Gateway, exchange: Exchange) -> tuple[Exchange, bo
     arguments.assert_equivalent(exchange.arguments, existing.arguments,
                                 arguments.EXCHANGE_ARGUMENTS, what)
     return existing, False
+
+
+# -- where a new queue or exchange sends messages ------------------------------------
+
+
+def check_route(allow: Allow | None, kind: str, name: str, declared: dict, argument: str,
+                what: str) -> None:
+    """RabbitMQ's rule for a new queue's dead-letter exchange and a new exchange's
+    alternate one: whoever declares it must be allowed to read it and to write to
+    the exchange named, or it could send messages where it may not publish. 406
+    first when the name is no string. Without `allow` (a door for administrators
+    only) nothing but the type is checked."""
+    target = arguments.exchange_named(declared, argument, what)
+    if allow is not None and target is not None:
+        allow("read", kind, name)
+        allow("write", EXCHANGE, target)
 
 
 # -- bindings -------------------------------------------------------------------

@@ -48,6 +48,13 @@ def problems(policy: PolicyDef) -> str | None:
     return None
 
 
+def exchanges_named(definition: dict) -> list[str]:
+    """The exchanges a policy's definition sends messages to: its dead-letter and
+    alternate exchanges."""
+    return [value for key in ("dead-letter-exchange", "alternate-exchange")
+            if isinstance(value := definition.get(key), str)]
+
+
 def _applies(apply_to: str, kind: str, queue_type: str) -> bool:
     if kind == "exchange":
         return apply_to in ("all", "exchanges")

@@ -3,6 +3,9 @@
 The shard's loop only encodes lines and hands them to a queue; a background
 thread owns the file, writes, flushes and rotates it (shard-K.jsonl ->
 shard-K.jsonl.1 -> ... up to `backups`), so a slow disk never stalls the loop.
+A write the disk refuses (full) drops its lines, cut back to the last whole
+line, and the thread goes on: statistics are not worth the shard, and a full
+disk is the disk alarm's to report. It says so once, and again once it writes.
 
 Record schema, version 1 (every record has "v", "type", "ts" in unix seconds
 and "shard"):
@@ -18,12 +21,15 @@ and "shard"):
 
 from __future__ import annotations
 
+import logging
 import os
 import queue as queue_module
 import threading
 import time
 
 import msgspec
+
+log = logging.getLogger("warren.shard")
 
 SCHEMA_VERSION = 1
 _COUNTERS = ("published", "published_bytes", "delivered", "redelivered", "acked", "rejected",
@@ -33,12 +39,13 @@ _COUNTERS = ("published", "published_bytes", "delivered", "redelivered", "acked"
 class StatsLog:
     def __init__(self, log_dir: str, shard: int, interval: float = 5.0,
                  max_bytes: int = 64 << 20, backups: int = 5):
-        os.makedirs(log_dir, exist_ok=True)
+        self.log_dir = log_dir
         self.path = os.path.join(log_dir, f"shard-{shard}.jsonl")
         self.shard = shard
         self.interval = interval
         self.max_bytes = max_bytes
         self.backups = backups
+        self.dropped = 0  # lines the disk refused since the last that it took
         self._encode = msgspec.json.Encoder().encode
         self._lines: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self.next_at = 0.0  # when tick() next writes (the loop asks before calling it)
@@ -87,25 +94,61 @@ class StatsLog:
         self._lines.put(self._encode(record) + b"\n")
 
     def _write_lines(self) -> None:
-        out = open(self.path, "ab")
+        fd = None
         try:
             while True:
-                line = self._lines.get()
-                if line is None:
+                lines = [self._lines.get()]
+                while not self._lines.empty():  # write what piled up at once
+                    lines.append(self._lines.get())
+                stop = None in lines
+                if stop:
+                    lines = lines[:lines.index(None)]
+                fd = self._write(fd, lines)
+                if stop:
                     break
-                out.write(line)
-                while not self._lines.empty():  # write what piled up, then flush once
-                    more = self._lines.get()
-                    if more is None:
-                        return
-                    out.write(more)
-                out.flush()
-                if out.tell() >= self.max_bytes:
-                    out.close()
-                    self._rotate()
-                    out = open(self.path, "ab")
         finally:
-            out.close()
+            if fd is not None:
+                os.close(fd)
+
+    def _write(self, fd: int | None, lines: list[bytes]) -> int | None:
+        """Append the lines (rotating first if the file is full): the descriptor to
+        write with next, None if it failed (opened again next time)."""
+        if not lines:
+            return fd
+        size = None
+        try:
+            if fd is None:
+                os.makedirs(self.log_dir, exist_ok=True)
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                             0o644)
+            size = os.fstat(fd).st_size
+            if size >= self.max_bytes:
+                os.close(fd)
+                fd = None
+                self._rotate()
+                return self._write(None, lines)
+            data = b"".join(lines)
+            written = 0
+            while written < len(data):  # a short write is followed by ENOSPC's error
+                written += os.write(fd, data[written:])
+        except OSError as error:
+            if fd is not None and size is not None:
+                try:  # no torn line left behind; freeing blocks needs no space
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass
+            if not self.dropped:
+                log.warning("statistics log %s: cannot write (%s): dropping its lines "
+                            "until it can", self.path, error.strerror or error)
+            self.dropped += len(lines)
+            if fd is not None:
+                os.close(fd)
+            return None
+        if self.dropped:
+            log.warning("statistics log %s: writing again, %d lines dropped",
+                        self.path, self.dropped)
+            self.dropped = 0
+        return fd
 
     def _rotate(self) -> None:
         for n in range(self.backups - 1, 0, -1):

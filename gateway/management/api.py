@@ -14,7 +14,7 @@ from warren.shards import records as r
 from warren.storage.metastore import PolicyDef
 from warren.storage.queuespec import QueueSpec
 
-from .. import __version__, declare
+from .. import __version__, declare, patterns, policies
 from ..amqp import spec
 from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
@@ -204,6 +204,12 @@ class Management:
             self.gateway.access.check(request.user.name, vhost.name, access, kind, name)
         except AMQPError:
             raise not_authorised("Access refused.") from None
+
+    def allow_for(self, request: Request, vhost):
+        """check_permission for declare's checks of where a new queue or exchange
+        sends messages."""
+        return lambda access, kind, name: self.check_permission(request, vhost, access, kind,
+                                                                name)
 
     def visible_connections(self, request: Request) -> list:
         """Monitors see every client connection, the others their own."""
@@ -449,6 +455,10 @@ class Management:
                 raise not_found()
             body = request.json({"configure": str, "write": str, "read": str})
             values = [body.get(k, "") for k in ("configure", "write", "read")]
+            for value in values:
+                problem = patterns.problem(value)
+                if problem:
+                    raise bad_request(f"invalid regular expression '{value}': {problem}")
             access.set_permissions(user, vhost, *values)
             return Response(201)
         if request.method == "DELETE":
@@ -490,7 +500,8 @@ class Management:
             queue = QueueSpec(vhost.name, name, flag(body, "durable", True), False,
                               flag(body, "auto_delete", False), body.get("arguments", {}))
             try:
-                _, created = declare.declare_queue(self.gateway, queue)
+                _, created = declare.declare_queue(self.gateway, queue,
+                                                   allow=self.allow_for(request, vhost))
             except AMQPError as error:
                 raise refused(error) from None
             return Response(201 if created else 204)
@@ -565,7 +576,7 @@ class Management:
                 _, created = declare.declare_exchange(gateway, Exchange(
                     vhost.name, name, body.get("type", "direct"), flag(body, "durable", True),
                     flag(body, "auto_delete", False), flag(body, "internal", False),
-                    body.get("arguments", {})))
+                    body.get("arguments", {})), self.allow_for(request, vhost))
             except AMQPError as error:
                 raise refused(error) from None
             return Response(201 if created else 204)
@@ -680,6 +691,15 @@ class Management:
         if request.method == "PUT":
             body = request.json({"pattern": str, "apply-to": str, "priority": int,
                                  "definition": dict})
+            if not is_admin(request.user):
+                # RabbitMQ lets a policymaker send the messages of the queues and exchanges
+                # it matches to any exchange; here it must be allowed to publish there
+                for target in policies.exchanges_named(body.get("definition", {})):
+                    try:
+                        gateway.access.check(request.user.name, vhost, "write", EXCHANGE,
+                                             target)
+                    except AMQPError as error:
+                        raise not_authorised(error.detail) from None
             try:
                 gateway.put_policy(PolicyDef(vhost, name, body.get("pattern", ""),
                                             body.get("apply-to", "all"),

@@ -12,7 +12,7 @@ import msgspec
 from warren.storage.metastore import PolicyDef
 from warren.storage.queuespec import QueueSpec
 
-from .. import __version__, declare, policies
+from .. import __version__, declare, patterns, policies
 from ..errors import AMQPError
 from ..exchange import EXCHANGE, QUEUE, Exchange
 from . import limits, supported
@@ -283,6 +283,11 @@ def _unresolved(gateway, data: dict, loaded: dict[str, list]) -> list[str]:
     for i, p in loaded["permissions"]:
         if p.user not in users:
             problems.append(f"permissions[{i}].user: no user '{p.user}'")
+        for access in ("configure", "write", "read"):
+            problem = patterns.problem(getattr(p, access))
+            if problem:
+                problems.append(f"permissions[{i}].{access}: invalid regular expression "
+                                f"'{getattr(p, access)}': {problem}")
     for i, p in loaded["parameters"]:
         if p.component != supported.VHOST_LIMITS:
             continue  # reported as unsupported
