@@ -9,7 +9,8 @@ import os
 import shutil
 from collections.abc import Callable
 
-from warren.storage.shardstore import reusable_bytes
+from warren.storage.journal import GROW_BY
+from warren.storage.shardstore import journal_path, reusable_bytes
 
 log = logging.getLogger("warren")
 
@@ -53,13 +54,15 @@ class Alarms:
         """Block publishers while free disk is under the limit (RabbitMQ's disk alarm),
         checked every second. LMDB files never shrink: what consumers and purges free
         stays in the shard stores as free pages, which they fill before growing, so
-        those count as free too, and the alarm clears once the data is gone."""
+        those count as free too, as do the journals' growth (journal_reserve), and
+        the alarm clears once the data is gone."""
         self.disk_free_limit = limit
         self._disk_timer = asyncio.get_running_loop().call_later(
             DISK_CHECK_INTERVAL, self.watch_disk, data_dir, limit)
         try:
             self.disk_free = shutil.disk_usage(data_dir).free + sum(
                 reusable_bytes(os.path.join(data_dir, entry))
+                + journal_reserve(journal_path(os.path.join(data_dir, entry)))
                 for entry in os.listdir(data_dir)
                 if entry.startswith("shard-") and entry[6:].isdigit())
         except OSError as error:  # out of descriptors, say: the alarm stays as it was
@@ -70,3 +73,16 @@ class Alarms:
     def stop(self) -> None:
         if self._disk_timer is not None:
             self._disk_timer.cancel()
+
+
+def journal_reserve(path: str) -> int:
+    """What a store's journal holds beyond its first zero-filled stretch: a flood
+    grows it (a checkpoint's worth, 20 MiB) and it never shrinks, but it is written
+    over from its start after every checkpoint, so it is free space the next flood
+    takes before the disk's. Counted as free, a purged broker reads as free as a
+    new one (whose journal grows into the same space): else a limit above what the
+    disk holds beside a grown journal kept the alarm on for good."""
+    try:
+        return max(0, os.stat(path).st_size - GROW_BY)
+    except FileNotFoundError:
+        return 0

@@ -172,3 +172,34 @@ def test_a_disk_check_that_fails_keeps_the_watch_going(tmp_path, monkeypatch):
 
     asyncio.run(scenario())
     assert changes == ["low on disk"] and len(looks) == 2
+
+
+def test_disk_alarm_clears_after_a_flood_grew_the_journal_and_a_purge(tmp_path):
+    """A flood grows the shard's journal to a checkpoint's worth (20 MiB, kept: it
+    is written over from its start) and the alarm goes on; once purged, the broker
+    reads as free as when it started, so the alarm clears. Counted as used, the
+    grown journal kept it on for good on a disk this small."""
+    with mounted_tmpfs(tmp_path / "disk", "64m") as disk:
+        free = shutil.disk_usage(disk).free
+        broker = RunningBroker(disk / "data", shards=1,
+                               extra_args=["--disk-free-limit", str(free - 8 * MB)])
+        broker.log_path = tmp_path / "broker.log"
+        broker.start()
+        publisher = ConfirmPublisher(broker.port, "flood")
+        try:
+            publisher.publish(20, body=b"j" * MB)  # at once: one checkpoint's worth
+            wait_until(lambda: "resource alarm disk on: ('gateway'" in broker.log_text(),
+                       timeout=20)
+            wait_until(lambda: len(publisher.acked | publisher.nacked) == publisher.sent,
+                       timeout=20)
+            journal = disk / "data" / "shard-0" / "journal"
+            assert os.path.getsize(journal) >= 12 * MB  # what the point is about
+            conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+            assert conn.channel().queue_purge("flood").method.message_count == 20
+            conn.close()
+            wait_until(lambda: "resource alarm disk off: ('gateway'" in broker.log_text(),
+                       timeout=20)
+            assert os.path.getsize(journal) >= 12 * MB  # it did not shrink: it counts as free
+        finally:
+            publisher.close()
+            broker.stop()
