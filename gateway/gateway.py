@@ -28,7 +28,7 @@ from warren.storage.metastore import (
 )
 from warren.storage.queuespec import QueueSpec
 
-from . import deadletter, policies, replication, replyto
+from . import deadletter, patterns, policies, replication, replyto
 from .access import AccessControl
 from .alarms import Alarms
 from .amqp.properties import PropertiesError, decode_properties, encode_properties
@@ -206,6 +206,8 @@ class Gateway:
             vhost.queues[q.spec.name] = self.queues_by_qid[q.qid] = meta
         for p in defs.policies:
             self.policies.setdefault(p.vhost, {})[p.name] = p
+        if self.authority:
+            self._warn_unmatchable(defs)
         for vhost in self.vhosts.values():
             self._apply_policies(vhost, send=False)
         for b in defs.bindings:
@@ -291,6 +293,22 @@ class Gateway:
         if vhost in self.vhosts:
             self._apply_policies(self.vhosts[vhost])
         return True
+
+    @staticmethod
+    def _warn_unmatchable(defs) -> None:
+        """Patterns stored before they were matched by RE2 (patterns.py) and that
+        it cannot run match nothing: say so, once, rather than drop them unseen."""
+        for p in defs.policies:
+            if problem := patterns.problem(p.pattern):
+                log.warning("policy '%s' in vhost '%s' applies to nothing: its pattern '%s' "
+                            "cannot be matched in linear time (%s); set it again", p.name,
+                            p.vhost, p.pattern, problem)
+        for p in defs.permissions:
+            for access in ("configure", "write", "read"):
+                if problem := patterns.problem(getattr(p, access)):
+                    log.warning("the %s permission of user '%s' in vhost '%s' grants nothing: "
+                                "its pattern '%s' cannot be matched in linear time (%s); set "
+                                "it again", access, p.user, p.vhost, getattr(p, access), problem)
 
     def _apply_policies(self, vhost: VHost, send: bool = True) -> None:
         for meta in vhost.queues.values():

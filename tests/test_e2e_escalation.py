@@ -11,6 +11,9 @@ import pika
 import pika.exceptions
 import pytest
 
+from warren.gateway.access import AccessControl
+from warren.storage.metastore import MetaStore, PolicyDef, VHostDef
+
 from .conftest import RunningBroker, wait_until
 from .test_management_api import call
 
@@ -232,3 +235,35 @@ def test_patterns_RE2_cannot_run_are_refused_where_they_are_set(broker):
         "permissions[0].write: invalid regular expression '(?!x)': invalid perl operator: (?!"]
     status, answer = call(broker, "GET", "/api/queues?name=(a&use_regex=true")
     assert status == 400 and answer["reason"] == "invalid regular expression '(a': missing ): (a"
+
+
+def test_patterns_stored_before_RE2_that_it_cannot_run_are_named_at_start(tmp_path):
+    """A data directory from before may hold lookaround or backreferences: they
+    match nothing now, and the log says which."""
+    data = tmp_path / "data"
+    data.mkdir()
+    meta = MetaStore(str(data / "meta"))
+    try:
+        meta.put_vhost(VHostDef("/", "", {}))
+        access = AccessControl(meta)
+        access.put_user("guest", "guest", ["administrator"])
+        access.set_permissions("guest", "/", ".*", ".*", ".*")
+        access.put_user("old", "pw", [])
+        access.set_permissions("old", "/", "(?!secret)", ".*", ".*")
+        meta.put_policy(PolicyDef("/", "lookbehind", "(?<=a)b", "all", 0, {"max-length": 1}))
+    finally:
+        meta.close()
+    broker = RunningBroker(data, shards=1).start()
+    try:
+        conn = connect(broker, "old", "pw")
+        assert refused(conn, lambda ch: ch.queue_declare("public"))[0] == 403
+        conn.close()
+        log = broker.log_text()
+        assert ("policy 'lookbehind' in vhost '/' applies to nothing: its pattern '(?<=a)b' "
+                "cannot be matched in linear time (invalid perl operator: (?<=); set it again"
+                in log)
+        assert ("the configure permission of user 'old' in vhost '/' grants nothing: its "
+                "pattern '(?!secret)' cannot be matched in linear time (invalid perl operator: "
+                "(?!); set it again" in log)
+    finally:
+        broker.stop()
