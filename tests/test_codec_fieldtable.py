@@ -11,7 +11,9 @@ from pamqp import decode as pamqp_decode
 from pamqp import encode as pamqp_encode
 
 from warren.gateway.amqp.fieldtable import (
+    MAX_DEPTH,
     FieldTableError,
+    Timestamp,
     decode_array,
     decode_table,
     decode_value,
@@ -28,6 +30,9 @@ keys = st.text(max_size=20)
 timestamps = st.datetimes(
     min_value=datetime(1970, 1, 1), max_value=datetime(9999, 12, 31), timezones=st.just(UTC)
 ).map(lambda d: d.replace(microsecond=0))
+LAST_DATETIME_SECOND = 253402300799  # 9999-12-31 23:59:59
+# Past datetime's range: milliseconds sent as seconds, up to the largest uint64.
+late_timestamps = st.integers(LAST_DATETIME_SECOND + 1, 2**64 - 1).map(Timestamp)
 decimals = st.builds(
     lambda mantissa, scale: Decimal(mantissa).scaleb(-scale),
     st.integers(-(2**31), 2**31 - 1),
@@ -41,6 +46,7 @@ leaf_values = st.one_of(
     st.text(max_size=40),
     st.binary(max_size=40),
     timestamps,
+    late_timestamps,
     st.none(),
 )
 field_values = st.recursive(
@@ -77,6 +83,8 @@ def table_with(value_bytes: bytes, key: bytes = b"k") -> bytes:
         (b"I" + struct.pack(">i", -(2**31)), -(2**31)),
         (b"i\xff\xff\xff\xff", 2**32 - 1),
         (b"l" + struct.pack(">q", -(2**63)), -(2**63)),
+        (b"L" + struct.pack(">q", -1), -1),  # RabbitMQ reads 'L' as signed, as 'l'
+        (b"L" + struct.pack(">q", 2**63 - 1), 2**63 - 1),
         (b"f" + struct.pack(">f", 1.5), 1.5),
         (b"d" + struct.pack(">d", -0.25), -0.25),
         (b"D\x02" + struct.pack(">i", -12345), Decimal("-123.45")),
@@ -88,6 +96,11 @@ def table_with(value_bytes: bytes, key: bytes = b"k") -> bytes:
         (b"A\x00\x00\x00\x05b\x01Vt\x01", [1, None, True]),
         (b"T" + struct.pack(">Q", 1_700_000_000), datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)),
         (b"T\x00\x00\x00\x00\x00\x00\x00\x00", datetime(1970, 1, 1, tzinfo=UTC)),
+        (b"T" + struct.pack(">Q", LAST_DATETIME_SECOND), datetime(9999, 12, 31, 23, 59, 59,
+                                                                  tzinfo=UTC)),
+        # Milliseconds sent as seconds (issue 56.9): RabbitMQ takes any uint64.
+        (b"T" + struct.pack(">Q", 1_764_355_200_000), Timestamp(1_764_355_200_000)),
+        (b"T" + struct.pack(">Q", 2**64 - 1), Timestamp(2**64 - 1)),
         (b"F" + table_with(b"V", b"n"), {"n": None}),
         (b"F\x00\x00\x00\x00", {}),
         (b"V", None),
@@ -155,6 +168,7 @@ def test_decode_value_and_array_helpers():
         (datetime(1970, 1, 1, 0, 1, tzinfo=UTC), b"T" + struct.pack(">Q", 60)),
         (datetime(1970, 1, 1, 0, 1), b"T" + struct.pack(">Q", 60)),  # naive = UTC
         (datetime(1970, 1, 1, 2, 1, tzinfo=timezone(timedelta(hours=2))), b"T" + struct.pack(">Q", 60)),
+        (Timestamp(2**64 - 1), b"T" + struct.pack(">Q", 2**64 - 1)),
         ({"a": None}, b"F\x00\x00\x00\x03\x01aV"),
         (None, b"V"),
     ],
@@ -185,6 +199,8 @@ def test_table_keeps_insertion_order():
         {1: "int key"},
         {"k": [object()]},
         {"k": {"nested": object()}},
+        {"k": Timestamp(-1)},
+        {"k": Timestamp(2**64)},
     ],
 )
 def test_encode_rejects(table):
@@ -195,6 +211,72 @@ def test_encode_rejects(table):
 def test_encode_rejects_non_dict_table():
     with pytest.raises(FieldTableError):
         encode_table([("a", 1)])
+
+
+# --- nesting ------------------------------------------------------------------------
+# Tables and arrays nest up to MAX_DEPTH (the outermost counting as 1), walked
+# with an explicit stack: issue 56.6 found a 541 and a 3,000-line traceback for
+# client properties 2,000 deep, and refusals from 300 deep, under RabbitMQ's 500+.
+
+
+def _nest(kinds: str, leaf: bytes) -> bytes:
+    body = leaf
+    for depth in range(len(kinds) - 1, 0, -1):
+        value = kinds[depth].encode() + struct.pack(">I", len(body)) + body
+        body = (b"\x01k" + value) if kinds[depth - 1] == "F" else value
+    return struct.pack(">I", len(body)) + body
+
+
+def nested_value(kinds: str, leaf) -> object:
+    value = leaf
+    for depth in range(len(kinds) - 1, 0, -1):
+        value = {"k": value} if kinds[depth - 1] == "F" else [value]
+    return value
+
+
+def test_max_depth_is_more_than_rabbitmq_users_nest():
+    assert MAX_DEPTH >= 500  # the issue's figure for what RabbitMQ accepts
+
+
+@pytest.mark.parametrize("kinds", ["F" * MAX_DEPTH, "A" * MAX_DEPTH, "FA" * (MAX_DEPTH // 2)])
+def test_nesting_to_the_bound_decodes_and_encodes(kinds):
+    raw = _nest(kinds, b"\x01kI\x00\x00\x00\x07" if kinds[-1] == "F" else b"I\x00\x00\x00\x07")
+    expected = nested_value(kinds, {"k": 7} if kinds[-1] == "F" else [7])
+    decode = decode_table if kinds[0] == "F" else decode_array
+    encode = encode_table if kinds[0] == "F" else encode_array
+    assert decode(raw) == (expected, len(raw))
+    assert encode(expected) == raw
+    assert decode_value(kinds[0].encode() + raw) == (expected, len(raw) + 1)
+
+
+@pytest.mark.parametrize("kinds", ["F" * (MAX_DEPTH + 1), "A" * (MAX_DEPTH + 1),
+                                   "F" * 20_000, "AF" * 10_000])
+def test_nesting_past_the_bound_is_a_field_table_error(kinds):
+    raw = _nest(kinds, b"")
+    decode = decode_table if kinds[0] == "F" else decode_array
+    with pytest.raises(FieldTableError, match=f"nested deeper than {MAX_DEPTH} levels"):
+        decode(raw)
+    with pytest.raises(FieldTableError, match=f"nested deeper than {MAX_DEPTH} levels"):
+        decode_value(kinds[0].encode() + raw)
+    value = nested_value(kinds, {} if kinds[-1] == "F" else [])
+    encode = encode_table if kinds[0] == "F" else encode_array
+    with pytest.raises(FieldTableError, match=f"nested deeper than {MAX_DEPTH} levels"):
+        encode(value)
+
+
+@given(st.text("FA", min_size=1, max_size=MAX_DEPTH + 40), st.sampled_from([b"", b"V"]))
+@settings(max_examples=40, deadline=None)
+def test_any_nesting_decodes_within_the_bound_or_is_refused(kinds, leaf):
+    leaf = (b"\x01k" + leaf if kinds[-1] == "F" else leaf) if leaf else b""
+    raw = _nest(kinds, leaf)
+    decode = decode_table if kinds[0] == "F" else decode_array
+    if len(kinds) > MAX_DEPTH:
+        with pytest.raises(FieldTableError):
+            decode(raw)
+        return
+    value, offset = decode(raw)
+    assert offset == len(raw)
+    assert (encode_table if kinds[0] == "F" else encode_array)(value) == raw
 
 
 def test_longest_key():
@@ -214,7 +296,6 @@ def test_longest_key():
         table_with(b"Z"),  # unknown tag
         table_with(b"\x00"),  # pamqp accepts this as void; RabbitMQ does not
         table_with(b"V", key=b"\xff"),  # key not UTF-8
-        table_with(b"T" + struct.pack(">Q", 2**64 - 1)),  # beyond datetime's range
         b"\x00\x00\x00\x01\x05",  # key length past the table's end
         b"\x00\x00\x00\x02\x01a" + b"V",  # value lies outside the declared table length
         table_with(b"F\x00\x00\x00\x09\x01aV"),  # nested table longer than its parent

@@ -4,16 +4,20 @@ Type tags (as in rabbit_binary_parser / rabbit_binary_generator, not the
 0-9-1 spec's own table, which disagrees on several letters):
 
     t bool        b int8      B uint8     s int16     u uint16
-    I int32       i uint32    l int64     f float32   d float64
-    D decimal (scale octet + int32)       S longstr   x byte array (longstr)
-    A array       T timestamp (uint64 seconds)        F nested table    V void
+    I int32       i uint32    l int64     L int64 (as RabbitMQ reads it)
+    f float32     d float64   D decimal (scale octet + int32)
+    S longstr     x byte array (longstr)  A array     F nested table    V void
+    T timestamp (uint64 seconds): a datetime, or beyond datetime's year 9999 (a
+      client that sent milliseconds) a Timestamp, the int; both encode as 'T'
 
 Decoding works on bytes, bytearray or memoryview with explicit offsets (no
 slicing copies of the input except for the values themselves) and raises
-FieldTableError -- never IndexError or struct.error -- for anything malformed,
-including keys that are not UTF-8, unknown tags (pamqp's NUL-byte void tag is not
-accepted, as in RabbitMQ) and 'T' timestamps beyond datetime's year 9999.
-A nested value may not extend past its enclosing table or array.
+FieldTableError -- never IndexError, struct.error or RecursionError -- for
+anything malformed, including keys that are not UTF-8, unknown tags (pamqp's
+NUL-byte void tag is not accepted, as in RabbitMQ) and tables and arrays nested
+deeper than MAX_DEPTH. A nested value may not extend past its enclosing table or
+array. Nesting is walked with an explicit stack, in both directions, so depth
+is bounded by MAX_DEPTH alone, never by Python's recursion limit.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Any, Callable
 
 __all__ = [
     "FieldTableError",
+    "MAX_DEPTH",
+    "Timestamp",
     "encode_table",
     "encode_array",
     "encode_value",
@@ -33,14 +39,29 @@ __all__ = [
     "decode_value",
 ]
 
+# Tables and arrays one inside another, the outermost counting as 1. RabbitMQ
+# bounds them only by the frame's size; here the steps after decoding (the
+# management API's JSON, msgpack to the shards and the catalogue, comparisons)
+# walk them recursively, and they stay well within Python's recursion limit of
+# 1000 (600 deep needs a margin of a few hundred frames for their callers).
+MAX_DEPTH = 600
+
 
 class FieldTableError(ValueError):
     """A field table or value that cannot be encoded or decoded."""
 
 
+class Timestamp(int):
+    """A 'T' value past datetime's range: seconds since the epoch, as an int that
+    encodes back as 'T' (RabbitMQ keeps every timestamp as a plain integer)."""
+
+    __slots__ = ()
+
+
 UTC = datetime.timezone.utc
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_SECOND = datetime.timedelta(seconds=1)
+_DATETIME_MAX_SECONDS = (datetime.datetime.max.replace(tzinfo=UTC) - EPOCH) // _ONE_SECOND
 
 _U8 = Struct(">B")
 _U32 = Struct(">I")
@@ -53,31 +74,44 @@ _DECIMAL = Struct(">Bi")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
+
+
+def _too_deep() -> FieldTableError:
+    return FieldTableError(f"field tables and arrays nested deeper than {MAX_DEPTH} levels")
 
 
 # --- encoding --------------------------------------------------------------------
-# Writers append to a shared bytearray; tables and arrays reserve their 4-byte
-# length prefix and patch it once their contents are written.
+# Leaf writers append to a shared bytearray; tables and arrays reserve their
+# 4-byte length prefix and patch it once their contents are written.
 
 
 def encode_table(table: dict[str, Any] | None) -> bytes:
     """Encode a table, including its 4-byte length prefix. None encodes as empty."""
     out = bytearray()
-    _write_table(out, table)
+    if table and not isinstance(table, dict):
+        raise FieldTableError(f"field table must be a dict, not {type(table).__name__}")
+    _write_nested(out, table or {}, True)
     return bytes(out)
 
 
 def encode_array(array: list[Any] | tuple[Any, ...]) -> bytes:
     """Encode a field array, including its 4-byte length prefix."""
     out = bytearray()
-    _write_array(out, array)
+    _write_nested(out, array, False)
     return bytes(out)
 
 
 def encode_value(value: Any) -> bytes:
     """Encode one tagged field value (type tag + payload)."""
     out = bytearray()
-    _write_value(out, value)
+    writer = _writer(value)
+    if writer is _NESTED:
+        is_table = isinstance(value, dict)
+        out += b"F" if is_table else b"A"
+        _write_nested(out, value, is_table)
+    else:
+        writer(out, value)
     return bytes(out)
 
 
@@ -88,30 +122,45 @@ def _patch_length(out: bytearray, start: int) -> None:
     _U32.pack_into(out, start, length)
 
 
-def _write_table(out: bytearray, table: dict[str, Any] | None) -> None:
+def _write_nested(out: bytearray, container: Any, is_table: bool) -> None:
+    """A table (is_table) or an array with everything inside it, depth first: the
+    stack holds each enclosing container's remaining items and length position."""
+    stack: list[tuple[Any, int, bool]] = []
     start = len(out)
     out += b"\0\0\0\0"
-    if table:
-        if not isinstance(table, dict):
-            raise FieldTableError(f"field table must be a dict, not {type(table).__name__}")
-        for key, value in table.items():
-            if not isinstance(key, str):
-                raise FieldTableError(f"field table key must be str, not {type(key).__name__}")
-            raw_key = _utf8(key)
-            if len(raw_key) > 255:
-                raise FieldTableError(f"field table key longer than 255 bytes: {key[:40]!r}...")
-            out.append(len(raw_key))
-            out += raw_key
-            _write_value(out, value)
-    _patch_length(out, start)
-
-
-def _write_array(out: bytearray, array: list[Any] | tuple[Any, ...]) -> None:
-    start = len(out)
-    out += b"\0\0\0\0"
-    for value in array:
-        _write_value(out, value)
-    _patch_length(out, start)
+    items = iter(container.items() if is_table else container)
+    writers, nested = _WRITERS, _NESTED
+    while True:
+        for item in items:
+            if is_table:
+                key, value = item
+                if not isinstance(key, str):
+                    raise FieldTableError(f"field table key must be str, not {type(key).__name__}")
+                raw_key = _utf8(key)
+                if len(raw_key) > 255:
+                    raise FieldTableError(f"field table key longer than 255 bytes: {key[:40]!r}...")
+                out.append(len(raw_key))
+                out += raw_key
+            else:
+                value = item
+            writer = writers.get(type(value)) or _writer(value)
+            if writer is not nested:
+                writer(out, value)
+                continue
+            if len(stack) + 2 > MAX_DEPTH:
+                raise _too_deep()
+            stack.append((items, start, is_table))
+            is_table = isinstance(value, dict)
+            out += b"F" if is_table else b"A"
+            start = len(out)
+            out += b"\0\0\0\0"
+            items = iter(value.items() if is_table else value)
+            break  # on with the nested container's items
+        else:  # this container is done: back to the one around it
+            _patch_length(out, start)
+            if not stack:
+                return
+            items, start, is_table = stack.pop()
 
 
 def _utf8(text: str) -> bytes:
@@ -183,23 +232,28 @@ def _write_datetime(out: bytearray, value: datetime.datetime) -> None:
     out += _U64.pack(seconds)
 
 
-def _write_nested_table(out: bytearray, value: dict[str, Any]) -> None:
-    out += b"F"
-    _write_table(out, value)
-
-
-def _write_nested_array(out: bytearray, value: list[Any] | tuple[Any, ...]) -> None:
-    out += b"A"
-    _write_array(out, value)
+def _write_timestamp(out: bytearray, value: Timestamp) -> None:
+    if not 0 <= value <= _U64_MAX:
+        raise FieldTableError(f"timestamp out of the unsigned 64-bit range: {int(value)}")
+    out += b"T"
+    out += _U64.pack(value)
 
 
 def _write_void(out: bytearray, value: None) -> None:
     out += b"V"
 
 
-# Exact-type dispatch first (fast); subclasses fall back to the isinstance chain.
+def _nested(out: bytearray, value: Any) -> None:
+    raise AssertionError("tables and arrays are written by _write_nested")
+
+
+_NESTED = _nested  # the writer that says: a table or an array, to descend into
+
+# Exact-type dispatch first (fast); subclasses fall back to the isinstance chain,
+# in this order (bool and Timestamp before int: both are int subclasses).
 _WRITERS: dict[type, Callable[[bytearray, Any], None]] = {
     bool: _write_bool,
+    Timestamp: _write_timestamp,
     int: _write_int,
     float: _write_float,
     decimal.Decimal: _write_decimal,
@@ -207,31 +261,27 @@ _WRITERS: dict[type, Callable[[bytearray, Any], None]] = {
     bytes: _write_bytes,
     bytearray: _write_bytes,
     memoryview: _write_bytes,
-    list: _write_nested_array,
-    tuple: _write_nested_array,
+    list: _NESTED,
+    tuple: _NESTED,
     datetime.datetime: _write_datetime,
-    dict: _write_nested_table,
+    dict: _NESTED,
     type(None): _write_void,
 }
 
 
-def _write_value(out: bytearray, value: Any) -> None:
+def _writer(value: Any) -> Callable[[bytearray, Any], None]:
     writer = _WRITERS.get(type(value))
-    if writer is None:
-        # bool before int: bool is an int subclass.
-        for base in _WRITERS:
-            if isinstance(value, base):
-                writer = _WRITERS[base]
-                break
-        else:
-            raise FieldTableError(f"cannot encode {type(value).__name__} in a field table")
-    writer(out, value)
+    if writer is not None:
+        return writer
+    for base, writer in _WRITERS.items():
+        if isinstance(value, base):
+            return writer
+    raise FieldTableError(f"cannot encode {type(value).__name__} in a field table")
 
 
 # --- decoding --------------------------------------------------------------------
-# Every reader takes (buf, offset, end) -- end being the end of the innermost
-# enclosing table/array -- and returns (value, new_offset), raising
-# FieldTableError if the value would extend past end.
+# Readers take (buf, offset, end) -- end being the end of the innermost enclosing
+# table/array -- and raise FieldTableError if a value would extend past end.
 
 # Fixed-width numeric types: tag -> (unpack_from, size).
 _FIXED: dict[int, tuple[Callable[..., tuple[Any, ...]], int]] = {
@@ -244,6 +294,7 @@ _FIXED: dict[int, tuple[Callable[..., tuple[Any, ...]], int]] = {
         "I": "i",
         "i": "I",
         "l": "q",
+        "L": "q",  # RabbitMQ reads 'L' as signed too (and writes it back as 'l')
         "f": "f",
         "d": "d",
     }.items()
@@ -284,14 +335,14 @@ def decode_table(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[
     """Decode the length-prefixed table at offset; return (table, offset after it)."""
     buf = _as_buffer(buf)
     start, stop = _read_length(buf, offset, len(buf), "table")
-    return _read_table_body(buf, start, stop), stop
+    return _read_nested(buf, start, stop, True), stop
 
 
 def decode_array(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[list[Any], int]:
     """Decode the length-prefixed field array at offset; return (list, offset after it)."""
     buf = _as_buffer(buf)
     start, stop = _read_length(buf, offset, len(buf), "array")
-    return _read_array_body(buf, start, stop), stop
+    return _read_nested(buf, start, stop, False), stop
 
 
 def decode_value(
@@ -299,60 +350,95 @@ def decode_value(
 ) -> tuple[Any, int]:
     """Decode one tagged field value at offset; return (value, offset after it)."""
     buf = _as_buffer(buf)
-    return _read_value(buf, offset, len(buf) if end is None else min(end, len(buf)))
-
-
-def _read_table_body(buf: Any, offset: int, end: int) -> dict[str, Any]:
-    table = {}
-    while offset < end:
-        key_end = offset + 1 + buf[offset]
-        if key_end > end:
-            raise _truncated("key")
-        try:
-            key = str(buf[offset + 1 : key_end], "utf-8")
-        except UnicodeDecodeError:
-            raise FieldTableError("field table key is not valid UTF-8") from None
-        table[key], offset = _read_value(buf, key_end, end)
-    return table
-
-
-def _read_array_body(buf: Any, offset: int, end: int) -> list[Any]:
-    array = []
-    while offset < end:
-        value, offset = _read_value(buf, offset, end)
-        array.append(value)
-    return array
-
-
-def _read_value(buf: Any, offset: int, end: int) -> tuple[Any, int]:
+    end = len(buf) if end is None else min(end, len(buf))
     if offset >= end:
         raise _truncated("value type tag")
     tag = buf[offset]
-    offset += 1
+    if tag == _TAG_TABLE or tag == _TAG_ARRAY:
+        start, stop = _read_length(buf, offset + 1, end, "nested table" if tag == _TAG_TABLE
+                                   else "array")
+        return _read_nested(buf, start, stop, tag == _TAG_TABLE), stop
+    return _read_leaf(buf, tag, offset + 1, end)
 
+
+def _read_nested(buf: Any, offset: int, end: int, is_table: bool) -> Any:
+    """The contents of a table (is_table) or array in buf[offset:end], depth first:
+    a nested one is attached to its parent at once and read next, the parent's
+    (container, end, is_table) kept on the stack until it is done."""
+    root = current = {} if is_table else []
+    stack: list[tuple[Any, int, bool]] = []
+    fixed_readers = _FIXED
+    while True:
+        if offset >= end:  # exactly at end: every read below stays within it
+            if not stack:
+                return root
+            current, end, is_table = stack.pop()
+            continue
+        if is_table:
+            key_end = offset + 1 + buf[offset]
+            if key_end > end:
+                raise _truncated("key")
+            try:
+                key = str(buf[offset + 1 : key_end], "utf-8")
+            except UnicodeDecodeError:
+                raise FieldTableError("field table key is not valid UTF-8") from None
+            if key_end >= end:
+                raise _truncated("value type tag")
+            offset = key_end
+        tag = buf[offset]
+        offset += 1
+        fixed = fixed_readers.get(tag)
+        if fixed is not None:  # the common cases inline: numbers and strings
+            unpack_from, size = fixed
+            if offset + size > end:
+                raise _truncated(f"{chr(tag)!r} value")
+            value = unpack_from(buf, offset)[0]
+            offset += size
+        elif tag == _TAG_LONGSTR:
+            start, offset = _read_length(buf, offset, end, "'S' value")
+            value = bytes(buf[start:offset])
+            try:  # longstrs carry arbitrary bytes; text is by far the common case
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        elif tag == _TAG_TABLE or tag == _TAG_ARRAY:
+            start, stop = _read_length(buf, offset, end, "nested table" if tag == _TAG_TABLE
+                                       else "array")
+            if len(stack) + 2 > MAX_DEPTH:
+                raise _too_deep()
+            value = {} if tag == _TAG_TABLE else []
+            if is_table:
+                current[key] = value
+            else:
+                current.append(value)
+            stack.append((current, end, is_table))
+            current, offset, end, is_table = value, start, stop, tag == _TAG_TABLE
+            continue
+        else:
+            value, offset = _read_leaf(buf, tag, offset, end)
+        if is_table:
+            current[key] = value
+        else:
+            current.append(value)
+
+
+def _read_leaf(buf: Any, tag: int, offset: int, end: int) -> tuple[Any, int]:
+    """A value that is neither a table nor an array, its tag at offset - 1."""
     fixed = _FIXED.get(tag)
     if fixed is not None:
         unpack_from, size = fixed
         if offset + size > end:
             raise _truncated(f"{chr(tag)!r} value")
         return unpack_from(buf, offset)[0], offset + size
-
     if tag == _TAG_LONGSTR or tag == _TAG_BYTES:
         start, stop = _read_length(buf, offset, end, f"{chr(tag)!r} value")
         raw = bytes(buf[start:stop])
         if tag == _TAG_LONGSTR:
-            # Longstrs carry arbitrary bytes; text is by far the common case.
             try:
                 return raw.decode("utf-8"), stop
             except UnicodeDecodeError:
                 pass
         return raw, stop
-    if tag == _TAG_TABLE:
-        start, stop = _read_length(buf, offset, end, "nested table")
-        return _read_table_body(buf, start, stop), stop
-    if tag == _TAG_ARRAY:
-        start, stop = _read_length(buf, offset, end, "array")
-        return _read_array_body(buf, start, stop), stop
     if tag == _TAG_BOOL:
         if offset + 1 > end:
             raise _truncated("'t' value")
@@ -363,10 +449,9 @@ def _read_value(buf: Any, offset: int, end: int) -> tuple[Any, int]:
         if offset + 8 > end:
             raise _truncated("'T' value")
         seconds = _U64.unpack_from(buf, offset)[0]
-        try:
-            return EPOCH + datetime.timedelta(seconds=seconds), offset + 8
-        except OverflowError:
-            raise FieldTableError(f"timestamp out of datetime's range: {seconds}") from None
+        if seconds > _DATETIME_MAX_SECONDS:
+            return Timestamp(seconds), offset + 8
+        return EPOCH + datetime.timedelta(seconds=seconds), offset + 8
     if tag == _TAG_DECIMAL:
         if offset + 5 > end:
             raise _truncated("'D' value")

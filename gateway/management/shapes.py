@@ -115,10 +115,18 @@ def consumer(conn: ConnectionInfo, ch: ChannelInfo, c: ConsumerInfo) -> dict:
 
 
 def jsonable(value):
+    # Loops, not comprehensions: one frame a level, as tables nest up to
+    # fieldtable.MAX_DEPTH (a comprehension is a frame of its own).
     if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
+        table = {}
+        for k, v in value.items():
+            table[k] = jsonable(v)
+        return table
     if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
+        array = []
+        for v in value:
+            array.append(jsonable(v))
+        return array
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if value is None or isinstance(value, (str, int, float, bool)):
