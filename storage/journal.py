@@ -8,13 +8,27 @@ the store applies the journal to LMDB now and then, many commits in one
 transaction (a checkpoint), and then writes the journal over from its start.
 
 The file is zero-filled ahead of the writes, so a sync writes data blocks only,
-not the file's size or extents. It never shrinks. Each record carries its
-number and a checksum: reading stops at the first record that is torn, damaged,
-zero, or not the next number, which is where the last cycle's writes ended (a
-record left from an earlier cycle has a lower number).
+not the file's size or extents. It never shrinks.
 
-A record: payload length (4 bytes), number (8), xxh3-64 of both and the payload
-(8), payload.
+A record: a mark (4 bytes), payload length (4), number (8), xxh3-64 of those and
+the payload (8), the payload, and the checksum again (8). Reading (`scan`) takes
+the records from the start while they are whole, intact and numbered one after
+another; where they stop, it tells the journal's end from damage:
+
+* the end: zeros, a record left from an earlier cycle (its number is one the
+  store has applied), or a torn record: the append a crash cut short, which was
+  never confirmed. A torn record lacks its trailing checksum (its last bytes
+  were never written), so neither copy of the checksum matches its bytes.
+* damage: an intact record numbered beyond the break (the broken one was
+  written whole before it, so it was confirmed); a record that is whole (its
+  two checksums agree, or the trailing one matches its bytes) but fails its
+  check; a record that runs past the file's end (an append grows the file
+  first, in whole blocks), or a file that is not whole blocks long.
+
+A flipped bit in a torn-looking place (the length of the very last record)
+reads as a torn tail: the journal cannot tell them apart without a second
+synchronous write per commit. Journals an earlier Warren wrote (records without
+the mark) are read as it read them.
 
 Where the filesystem allows it, appends bypass the page cache: one write of
 whole blocks through an O_DIRECT | O_DSYNC descriptor, from an aligned buffer
@@ -40,9 +54,13 @@ import struct
 
 import xxhash
 
-_HEAD = struct.Struct("<IQ")
+_HEAD = struct.Struct("<4sIQ")
+MARK = b"\xa7WJ2"  # a record of this format (the mark is in the checksum)
 _DIGEST = 8
 HEADER_SIZE = _HEAD.size + _DIGEST
+TRAILER_SIZE = _DIGEST
+_OLD_HEAD = struct.Struct("<IQ")  # an earlier Warren's records: no mark, no trailer
+_OLD_HEADER_SIZE = _OLD_HEAD.size + _DIGEST
 GROW_BY = 4 << 20  # bytes zero-filled ahead at a time (a multiple of BLOCK)
 BLOCK = 4096  # direct writes cover whole blocks of this size, from an aligned buffer
 KEEP_BUFFER = 1 << 20  # a direct-write buffer grown past this shrinks after small writes
@@ -65,24 +83,28 @@ class Journal:
         """Do appends bypass the page cache (O_DIRECT | O_DSYNC)?"""
         return self._direct is not None
 
-    def records(self) -> list[tuple[int, bytes]]:
+    def records(self, applied: int = 0) -> list[tuple[int, bytes]]:
         """(number, payload) of the records written since the journal was last
         started over, in order. Written directly, they are read directly too: a
         page the kernel failed to invalidate after a direct write (a buffered
         reader, say `warren inspect`, racing it) may hold older bytes than
         the disk, and the replay must see what the disk holds."""
-        return records_in(_read_whole(self._fd, self._direct, self._size))
+        return scan(_read_whole(self._fd, self._direct, self._size), applied).records
+
+    def scan(self, applied: int) -> "Scan":
+        """What the journal holds beyond record `applied` (see `scan`)."""
+        return scan(_read_whole(self._fd, self._direct, self._size), applied)
 
     def append(self, number: int, payload: bytes) -> int:
         """Write record `number` (> 0) and make it durable; the bytes it took.
         OSError (a full disk) leaves the journal as it was: the next append
         writes over what this one may have left."""
-        head = _HEAD.pack(len(payload), number)
+        head = _HEAD.pack(MARK, len(payload), number)
         hasher = xxhash.xxh3_64()  # fed in two parts: no joined copy of a large payload
         hasher.update(head)
         hasher.update(payload)
         digest = hasher.digest()
-        end = self.offset + HEADER_SIZE + len(payload)
+        end = self.offset + HEADER_SIZE + len(payload) + TRAILER_SIZE
         if _round_up(end) > self._size:
             self._grow(end)
         if self._direct is not None:
@@ -93,7 +115,7 @@ class Journal:
                     raise
                 self._stop_direct()  # the filesystem took the descriptor, not the write
         if self._direct is None:
-            record = b"".join((head, digest, payload))
+            record = b"".join((head, digest, payload, digest))
             if os.pwrite(self._fd, record, self.offset) != len(record):
                 raise OSError(errno.EIO, f"a short write to {self.path}")
             os.fdatasync(self._fd)
@@ -117,6 +139,8 @@ class Journal:
         at += _DIGEST
         buffer[at:at + len(payload)] = payload
         at += len(payload)
+        buffer[at:at + _DIGEST] = digest
+        at += _DIGEST
         buffer[at:length] = _ZEROS[:length - at]
         with memoryview(buffer) as view:
             if os.pwritev(self._direct, [view[:length]], start) != length:
@@ -209,35 +233,145 @@ def _read_whole(fd: int, direct: int | None, size: int) -> bytes:
     return os.pread(fd, size, 0) if size else b""
 
 
-def records_in(data: bytes) -> list[tuple[int, bytes]]:
-    """The records a journal's bytes hold: from the start, while they are whole,
-    intact and numbered one after another."""
+class Scan:
+    """A journal's bytes read: `records` from the start while they are intact and
+    numbered one after another (what a shard replays); where they stop, `damage`
+    says why that is not the journal's end, and `after` holds the intact records
+    beyond the break numbered above `applied` (what a salvage keeps)."""
+
+    def __init__(self, records: list[tuple[int, bytes]], damage: str | None = None,
+                 after: list[tuple[int, bytes]] | None = None):
+        self.records = records
+        self.damage = damage
+        self.after = after or []
+
+    def salvage(self, applied: int) -> list[tuple[int, bytes]]:
+        """Every intact record beyond `applied`, in order."""
+        return [r for r in self.records if r[0] > applied] + self.after
+
+
+def scan(data: bytes, applied: int = 0) -> Scan:
+    """The journal's records, and whether they end in damage rather than at the
+    end of what was written (`applied`: the last record the store holds)."""
+    if data[:4] != MARK:
+        old = _old_records(data)
+        if old:
+            return Scan(old)
+    found, at = _run(data)
+    floor = max(found[-1][0] if found else 0, applied)
+    after = [r for r in _intact_from(data, at + 1) if r[0] > floor]
+    if after:
+        first = after[0][0]
+        return Scan(found, f"its journal is damaged at record {floor + 1} (offset {at}); "
+                    f"{len(after)} intact records follow, from record {first}", after)
+    if len(data) % BLOCK and (found and found[-1][0] > applied):
+        return Scan(found, f"its journal is truncated ({len(data)} bytes, not whole blocks)")
+    if at + HEADER_SIZE <= len(data) and data[at:at + 4] == MARK:
+        _, length, number = _HEAD.unpack_from(data, at)
+        end = at + HEADER_SIZE + length + TRAILER_SIZE
+        if number > floor and end > len(data):
+            return Scan(found, f"its journal is truncated: record {number} runs past its "
+                        f"end ({len(data)} bytes)")
+        if number > floor and _whole(data, at, length):
+            return Scan(found, f"its journal is damaged: record {number} (offset {at}) fails "
+                        "its checksum")
+    return Scan(found)
+
+
+def _run(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
+    """The intact records from the start, numbered one after another, and where
+    they stop."""
     found: list[tuple[int, bytes]] = []
     at = 0
-    while at + HEADER_SIZE <= len(data):
-        length, number = _HEAD.unpack_from(data, at)
-        end = at + HEADER_SIZE + length
+    while True:
+        record = _record_at(data, at)
+        if record is None or (found and record[0] != found[-1][0] + 1):
+            return found, at
+        found.append(record)
+        at += HEADER_SIZE + len(record[1]) + TRAILER_SIZE
+
+
+def _record_at(data: bytes, at: int) -> tuple[int, bytes] | None:
+    """The intact record at `at`, or None."""
+    if at + HEADER_SIZE > len(data) or data[at:at + 4] != MARK:
+        return None
+    _, length, number = _HEAD.unpack_from(data, at)
+    start = at + HEADER_SIZE
+    end = start + length
+    if number == 0 or end + TRAILER_SIZE > len(data):
+        return None
+    digest = data[at + _HEAD.size:start]
+    if data[end:end + TRAILER_SIZE] != digest or _digest_of(data, at, length) != digest:
+        return None
+    return number, data[start:end]
+
+
+def _digest_of(data: bytes, at: int, length: int) -> bytes:
+    hasher = xxhash.xxh3_64()
+    hasher.update(memoryview(data)[at:at + _HEAD.size])
+    hasher.update(memoryview(data)[at + HEADER_SIZE:at + HEADER_SIZE + length])
+    return hasher.digest()
+
+
+def _whole(data: bytes, at: int, length: int) -> bool:
+    """Was the (broken) record at `at` written to its end? Its two checksums
+    agree, or the trailing one matches its bytes: a torn write leaves neither."""
+    head = data[at + _HEAD.size:at + HEADER_SIZE]
+    end = at + HEADER_SIZE + length
+    trailer = data[end:end + TRAILER_SIZE]
+    return trailer == head or trailer == _digest_of(data, at, length)
+
+
+def _intact_from(data: bytes, at: int) -> list[tuple[int, bytes]]:
+    """Intact records that start at or after `at` (wherever a mark begins one), in
+    number order, without repeats."""
+    found: dict[int, bytes] = {}
+    at = data.find(MARK, at)
+    while at >= 0:
+        record = _record_at(data, at)
+        if record is not None:
+            found.setdefault(*record)
+            at += HEADER_SIZE + len(record[1]) + TRAILER_SIZE
+        else:
+            at += 1
+        at = data.find(MARK, at)
+    return sorted(found.items())
+
+
+def _old_records(data: bytes) -> list[tuple[int, bytes]]:
+    """The records of a journal an earlier Warren wrote (no mark, no trailer)."""
+    found: list[tuple[int, bytes]] = []
+    at = 0
+    while at + _OLD_HEADER_SIZE <= len(data):
+        length, number = _OLD_HEAD.unpack_from(data, at)
+        end = at + _OLD_HEADER_SIZE + length
         if number == 0 or end > len(data) or (found and number != found[-1][0] + 1):
             break
-        digest = xxhash.xxh3_64_digest(data[at:at + _HEAD.size] + data[at + HEADER_SIZE:end])
-        if digest != data[at + _HEAD.size:at + HEADER_SIZE]:
+        digest = xxhash.xxh3_64_digest(data[at:at + _OLD_HEAD.size] + data[at + _OLD_HEADER_SIZE:end])
+        if digest != data[at + _OLD_HEAD.size:at + _OLD_HEADER_SIZE]:
             break
-        found.append((number, data[at + HEADER_SIZE:end]))
+        found.append((number, data[at + _OLD_HEADER_SIZE:end]))
         at = end
     return found
 
 
 def read(path: str) -> list[tuple[int, bytes]]:
-    """The records of the journal at `path`, read without writing (none if
-    absent); past the page cache where the filesystem allows it, so that reading
-    a running broker's journal never races its direct writes."""
+    """The records of the journal at `path` (see `read_scan`)."""
+    found = read_scan(path)
+    return [] if found is None else found.records
+
+
+def read_scan(path: str, applied: int = 0) -> Scan | None:
+    """The journal at `path` scanned, read without writing (None if absent); past
+    the page cache where the filesystem allows it, so that reading a running
+    broker's journal never races its direct writes."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return []
+        return None
     direct = _open_direct(path, os.O_RDONLY) if DIRECT else None
     try:
-        return records_in(_read_whole(fd, direct, os.fstat(fd).st_size))
+        return scan(_read_whole(fd, direct, os.fstat(fd).st_size), applied)
     finally:
         os.close(fd)
         if direct is not None:

@@ -92,6 +92,10 @@ class _Logged(msgspec.Struct, array_like=True):
     delivered: list[tuple[int, int]]
 
 
+class JournalDamaged(Exception):
+    """The journal holds damage before its end: confirmed commits beyond it."""
+
+
 class StoreFull(Exception):
     """A commit failed, for a full map or disk (or another write error): nothing of
     the batch was written, and a later try may succeed."""
@@ -216,19 +220,26 @@ class ShardStore:
         self._mark_decoder = msgspec.msgpack.Decoder(_Mark)
         self._seq_decoder = msgspec.msgpack.Decoder(int)
         self._mapping: tuple | None = None  # (address, length) of LMDB's map, () if none
-        with self.env.begin(write=True) as txn:
-            if txn.get(MANIFEST_KEY, db=self._manifest) is None:
-                txn.put(MANIFEST_KEY, manifest_value(), db=self._manifest)
-            self._applied = applied_of(txn, self._manifest)  # the last journal record in LMDB
+        # The journal exists before the manifest says the store is running: from
+        # then on a missing journal is damage (storage.verify).
         self._journal = Journal(journal_path(path))
+        with self.env.begin(write=True) as txn:
+            manifest = manifest_of(txn, self._manifest)
+            self._applied = manifest.journal  # the last journal record in LMDB
+            txn.put(MANIFEST_KEY, manifest_value(self._applied, True), db=self._manifest)
         self._logged = self._applied  # the last journal record written
         self._unapplied = WriteBatch()  # what the journal holds beyond LMDB, merged
-        self._replay()
+        self._replay(manifest.running)
 
-    def _replay(self) -> None:
+    def _replay(self, crashed: bool) -> None:
         """Apply the commits the journal holds beyond the last checkpoint (the store
         was not closed), then start the journal over."""
-        records = self._journal.records()
+        found = self._journal.scan(self._applied)
+        # Damage matters only after a crash (closed, LMDB holds everything; an older
+        # Warren's store does not say, and is read as it read it: the intact run).
+        if found.damage and crashed:  # storage.recovery refuses to start on it first
+            raise JournalDamaged(f"{self.path}: {found.damage}")
+        records = found.records
         self._unapplied, numbers = beyond(records, self._applied)
         self._logged = numbers[-1] if numbers else self._applied
         try:
@@ -238,7 +249,17 @@ class ShardStore:
             # the stop): grow the map for them, at most a checkpoint's worth.
             size = self.env.info()["map_size"]
             self.env.set_mapsize(size + 2 * sum(len(p) for _, p in records) + (1 << 20))
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except StoreFull:
+                pass  # a full disk: the journal keeps them, and `unapplied` shows them
+
+    @property
+    def unapplied(self) -> "WriteBatch":
+        """The journal's commits beyond LMDB, merged: after opening, empty unless the
+        disk was too full to apply them (the shard then serves them from RAM and
+        checkpoints once there is room, shards.persister)."""
+        return self._unapplied
 
     def _sealed(self, record) -> bytes:
         return seal(self._encode(record))
@@ -294,7 +315,7 @@ class ShardStore:
                             db=self._marks)
                 for qid, seq in batch.delivered.items():
                     txn.put(_qid.pack(qid), sealed(seq), db=self._delivered)
-                txn.put(MANIFEST_KEY, manifest_value(applied), db=self._manifest)
+                txn.put(MANIFEST_KEY, manifest_value(applied, True), db=self._manifest)
         except lmdb.PanicError:  # the environment is unusable: the shard must start over
             raise
         except lmdb.Error as error:  # a full map or disk (ENOSPC, or EIO: a short write)
@@ -370,7 +391,9 @@ class ShardStore:
         to be applied when the store is next opened."""
         try:
             self.checkpoint()
-        except StoreFull:
+            with self.env.begin(write=True) as txn:  # nothing beyond LMDB: no journal needed
+                txn.put(MANIFEST_KEY, manifest_value(self._applied), db=self._manifest)
+        except (StoreFull, lmdb.Error):
             pass
         self.env.close()
         self._journal.close()
@@ -378,8 +401,12 @@ class ShardStore:
 
 def applied_of(txn, manifest_db) -> int:
     """The last journal record a store's LMDB holds, as a read transaction sees it."""
+    return manifest_of(txn, manifest_db).journal
+
+
+def manifest_of(txn, manifest_db) -> Manifest:
     value = txn.get(MANIFEST_KEY, db=manifest_db)
-    return 0 if value is None else msgspec.msgpack.decode(unseal(value), type=Manifest).journal
+    return Manifest(0) if value is None else msgspec.msgpack.decode(unseal(value), type=Manifest)
 
 
 def beyond(records: list[tuple[int, bytes]], applied: int) -> tuple[WriteBatch, list[int]]:

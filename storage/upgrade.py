@@ -33,6 +33,10 @@ class Manifest(msgspec.Struct, array_like=True):
     # A shard store's last journal record applied (storage.journal); a store
     # written before the journal has none (0), and an older Warren ignores it.
     journal: int = 0
+    # Opened for writing and not closed since: its journal may hold confirmed
+    # commits beyond `journal`, so a missing journal is damage. Absent (False)
+    # in a store an older Warren wrote, which is then not held to it.
+    running: bool = False
 
 
 class Upgraded(msgspec.Struct):
@@ -93,8 +97,8 @@ def _meta_queue_3(value: bytes) -> bytes:
     return msgspec.msgpack.encode({"spec": spec, "qid": old.qid, "shard": old.shard})
 
 
-def manifest_value(journal: int = 0) -> bytes:
-    return seal(msgspec.msgpack.encode(Manifest(FORMAT, journal)))
+def manifest_value(journal: int = 0, running: bool = False) -> bytes:
+    return seal(msgspec.msgpack.encode(Manifest(FORMAT, journal, running)))
 
 
 def found_format(env, txn, names: list[bytes]) -> int:
@@ -135,10 +139,18 @@ def upgrade(path: str) -> Upgraded | None:
                 for key, value in list(txn.cursor(db=queues)):
                     txn.put(key, seal(convert(bytes(unseal(value)))), db=queues)
                     done.queues += 1
-            txn.put(MANIFEST_KEY, manifest_value(), db=env.open_db(MANIFEST_DB, txn=txn))
+            manifest = env.open_db(MANIFEST_DB, txn=txn)
+            txn.put(MANIFEST_KEY, manifest_value(_journal_of(txn.get(MANIFEST_KEY, db=manifest))),
+                    db=manifest)
         return done
     finally:
         env.close()
+
+
+def _journal_of(raw) -> int:
+    """The last journal record a format 2 manifest says the store holds (kept: the
+    journal's records up to it are applied), 0 without one."""
+    return 0 if raw is None else msgspec.msgpack.decode(unseal(raw), type=Manifest).journal
 
 
 def _seal_all(env, txn, names: list[bytes]) -> int:

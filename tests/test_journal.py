@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warren.storage import journal
-from warren.storage.journal import BLOCK, HEADER_SIZE, KEEP_BUFFER, Journal
+from warren.storage.journal import BLOCK, HEADER_SIZE, KEEP_BUFFER, TRAILER_SIZE, Journal
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore, StoredQueue, WriteBatch
 
@@ -87,7 +87,7 @@ def test_whatever_the_sizes_the_journal_reads_back_what_was_appended(tmp_path_fa
             if op[0] == "append":
                 number += 1
                 payload = bytes([number % 251]) * op[1]
-                assert j.append(number, payload) == HEADER_SIZE + op[1]
+                assert j.append(number, payload) == HEADER_SIZE + op[1] + TRAILER_SIZE
                 if reopened:
                     model, reopened = [], False
                 model.append((number, payload))
