@@ -9,6 +9,7 @@ noticed (storage.recovery).
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import lmdb
@@ -95,8 +96,17 @@ _STORES = b"stores"
 _CLUSTER_NAME = b"cluster_name"
 
 
+MAX_KEY = 511  # LMDB's default largest key
+
+
 def _key(*parts: str) -> bytes:
-    return "\0".join(parts).encode()
+    """The parts, joined; a key LMDB cannot hold (a binding's long names, key and
+    arguments) keeps its start, the vhost that deletes it by prefix, and ends in a
+    digest of the whole (the value holds every part)."""
+    key = "\0".join(parts).encode()
+    if len(key) > MAX_KEY:
+        key = key[:MAX_KEY - 64] + hashlib.sha256(key).hexdigest().encode()
+    return key
 
 
 class MetaStore:
