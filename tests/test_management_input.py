@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+from urllib.parse import quote
 
 import pytest
 
@@ -178,3 +179,91 @@ def test_booleans_as_rabbitmqadmin_sends_them(managed):
                 {"durable": "false", "auto_delete": "true"})[0] == 201
     queue = call(managed, "GET", "/api/queues/%2F/admin-q")[1]
     assert (queue["durable"], queue["auto_delete"]) == (False, True)
+
+
+# Input the stores or AMQP cannot hold, each found answered 500 with a traceback
+# (issue 56); the module's fixture finds no traceback in the log.
+LONG = 1 << 80
+
+
+def test_lone_surrogates_are_stored_as_rabbitmq_stores_them(managed):
+    # RabbitMQ 3.10.8 answers 201 and keeps U+FFFD; Warren answered 500 and yet
+    # had created the user
+    assert call(managed, "PUT", "/api/users/surrogate", {"password": "pw",
+                                                         "tags": "\udc00"})[0] == 201
+    assert call(managed, "GET", "/api/users/surrogate")[1]["tags"] == ["\ufffd"]
+    assert call(managed, "PUT", "/api/vhosts/surrogate-v", {"description": "a\ud800"})[0] == 201
+    assert call(managed, "GET", "/api/vhosts/surrogate-v")[1]["description"] == "a\ufffd"
+    assert call(managed, "PUT", "/api/queues/%2F/surrogate-q",
+                {"arguments": {"x-\udfff": "\ud800"}})[0] == 201
+    assert call(managed, "GET", "/api/queues/%2F/surrogate-q")[1]["arguments"] == {
+        "x-\ufffd": "\ufffd"}
+
+
+def test_integers_past_64_bits_get_400_and_change_nothing(managed):
+    for path, body in (("/api/policies/%2F/huge", {"pattern": "^huge", "priority": LONG,
+                                                    "definition": {"max-length": 1}}),
+                       ("/api/policies/%2F/huge", {"pattern": "^huge",
+                                                   "definition": {"max-length": LONG}}),
+                       ("/api/vhost-limits/%2F/max-queues", {"value": LONG}),
+                       ("/api/queues/%2F/huge", {"arguments": {"x-max-length": -LONG}})):
+        status, answer = call(managed, "PUT", path, body)
+        assert status == 400 and "integers must be from" in answer["reason"], (path, answer)
+    assert call(managed, "GET", "/api/policies/%2F/huge")[0] == 404
+    assert call(managed, "GET", "/api/queues/%2F/huge")[0] == 404
+    assert call(managed, "GET", "/api/vhost-limits/%2F")[1] == []
+
+
+def test_a_negative_vhost_limit_is_no_limit_as_in_rabbitmq(managed):
+    call(managed, "PUT", "/api/vhosts/neg")
+    call(managed, "PUT", "/api/permissions/neg/guest", {"configure": ".*", "write": ".*",
+                                                        "read": ".*"})
+    assert call(managed, "PUT", "/api/vhost-limits/neg/max-queues", {"value": -5})[0] == 204
+    assert call(managed, "PUT", "/api/queues/neg/q1")[0] == 201
+
+
+@pytest.mark.parametrize("path", ["/api/queues/%2F/", "/api/exchanges/%2F/", "/api/vhosts/",
+                                  "/api/users/", "/api/policies/%2F/"])
+def test_names_longer_than_amqp_carries_get_rabbitmqs_400(managed, path):
+    kind = path.split("/")[2].rstrip("s").replace("ie", "y")
+    body = {"password": "pw", "pattern": "^x", "definition": {"max-length": 1}}
+    for name, size in (("q" * 256, 256), (quote("é" * 255), 510)):
+        status, answer = call(managed, "PUT", path + name, body)
+        assert (status, answer) == (400, {
+            "error": "bad_request",
+            "reason": f"{kind} should be less than 255 bytes, actually was {size}\n"})
+    assert call(managed, "PUT", path + "q" * 255, body)[0] == 201
+
+
+def test_a_routing_key_longer_than_amqp_carries_cannot_be_published(managed):
+    status, answer = call(managed, "POST", "/api/exchanges/%2F/amq.default/publish", {
+        "properties": {}, "routing_key": "k" * 256, "payload": "x",
+        "payload_encoding": "string"})
+    assert (status, answer["reason"]) == (
+        400, "routing_key should be less than 255 bytes, actually was 256\n")
+    status, answer = call(managed, "POST", f"/api/queues/%2F/{'q' * 300}/get",
+                          {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
+    assert status == 400
+
+
+def test_a_binding_of_long_names_is_kept_and_deleted(managed):
+    # the store's key of such a binding is past LMDB's 511 bytes
+    queue, key = "b" * 255, "k" * 300
+    assert call(managed, "PUT", f"/api/queues/%2F/{queue}")[0] == 201
+    assert call(managed, "POST", f"/api/bindings/%2F/e/amq.topic/q/{queue}",
+                {"routing_key": key, "arguments": {"x-a": "v" * 200}})[0] == 201
+    bound = [b for b in call(managed, "GET", "/api/bindings/%2F")[1]
+             if b["source"] == "amq.topic" and b["destination"] == queue]
+    assert [b["routing_key"] for b in bound] == [key]
+    assert call(managed, "DELETE", f"/api/bindings/%2F/e/amq.topic/q/{queue}/"
+                                   f"{quote(bound[0]['properties_key'])}")[0] == 204
+    assert call(managed, "DELETE", f"/api/queues/%2F/{queue}")[0] == 204
+
+
+def test_a_definitions_import_names_a_name_too_long(managed):
+    status, answer = call(managed, "POST", "/api/definitions", {"queues": [
+        {"name": "d" * 300, "vhost": "/", "durable": True, "auto_delete": False,
+         "arguments": {}}]})
+    assert status == 400
+    assert answer["problems"] == ["queues[0].name: should be less than 255 bytes, "
+                                  "actually was 300"]

@@ -19,7 +19,7 @@ from ..amqp import spec
 from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 from . import definitions, limits, messages, metrics, shapes, static
-from .http import HTTPError, Request, Response, bad_request
+from .http import HTTPError, Request, Response, bad_request, check_name
 from .listing import listing
 from .rates import SAMPLE_INTERVAL, Rates
 from .shapes import NODE
@@ -380,6 +380,7 @@ class Management:
                 raise not_found()
             return Response.json(self._vhost(name))
         if request.method == "PUT":
+            check_name("vhost", name)
             body = request.json({"description": str})
             created = name not in gateway.vhosts
             gateway.add_vhost(name, body.get("description", ""),
@@ -412,6 +413,7 @@ class Management:
                 raise not_found()
             return Response.json(shapes.user(user))
         if request.method == "PUT":
+            check_name("user", name)
             body = request.json({"password": str, "password_hash": str, "tags": (str, list)})
             tags = body.get("tags", [])
             if isinstance(tags, str):
@@ -495,6 +497,7 @@ class Management:
             figures = await self.queue_figures()
             return Response.json(self._queue(meta, figures.get(meta.qid)))
         if request.method == "PUT":
+            check_name("queue", name)
             self.check_permission(request, vhost, "configure", QUEUE, name)
             body = request.json({"arguments": dict})
             queue = QueueSpec(vhost.name, name, flag(body, "durable", True), False,
@@ -570,6 +573,7 @@ class Management:
                 raise not_found()
             return Response.json(shapes.exchange(exchange))
         if request.method == "PUT":
+            check_name("exchange", name)
             self.check_permission(request, vhost, "configure", EXCHANGE, name)
             body = request.json({"type": str, "arguments": dict})
             try:
@@ -689,6 +693,7 @@ class Management:
                 raise not_found()
             return Response.json(shapes.policy(policy))
         if request.method == "PUT":
+            check_name("policy", name)
             body = request.json({"pattern": str, "apply-to": str, "priority": int,
                                  "definition": dict})
             if not is_admin(request.user):
@@ -721,7 +726,7 @@ class Management:
             # skip-unsupported=true: import what Warren supports, list what it skipped
             skip = request.query.get("skip-unsupported") == "true"
             try:
-                skipped = definitions.import_(self.gateway, request.json(), skip)
+                skipped = await definitions.import_(self.gateway, request.json(), skip)
             except definitions.Invalid as error:
                 reason = ("invalid definitions, nothing imported" if error.problems else
                           "the definitions hold what Warren does not support, nothing "

@@ -5,6 +5,7 @@ with its place in the document, and a document with any problem changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -16,9 +17,13 @@ from .. import __version__, declare, patterns, policies
 from ..errors import AMQPError
 from ..exchange import EXCHANGE, QUEUE, Exchange
 from . import limits, supported
+from .http import MAX_NAME
 
 COMPATIBLE_RABBITMQ = "3.13.7"
 SHA256 = "rabbit_password_hashing_sha256"
+# Seconds an import works before it lets the loop serve everyone else a turn: a
+# 20,000-queue import takes seconds, longer than a client's handshake may wait.
+SLICE = 0.01
 
 def export(gateway) -> dict:
     access = gateway.access
@@ -184,11 +189,13 @@ class Invalid(Exception):
         self.unsupported = list(unsupported)
 
 
-def import_(gateway, data, skip_unsupported: bool = False) -> list[str]:
+async def import_(gateway, data, skip_unsupported: bool = False) -> list[str]:
     """Create what the definitions name and Warren lacks (existing objects stay;
     users, permissions, policies and limits are set). Returns what was skipped as
     unsupported. Raises Invalid, having changed nothing, when the document has
-    problems, or unsupported items and skip_unsupported is false."""
+    problems, or unsupported items and skip_unsupported is false. It yields to
+    the loop as it goes; a change made meanwhile that the rest of the document
+    no longer fits (a vhost deleted) stops it there, with what was applied kept."""
     if not isinstance(data, dict):
         raise Invalid(["the definitions: expected an object"])
     loaded, problems = _load(data)
@@ -197,7 +204,16 @@ def import_(gateway, data, skip_unsupported: bool = False) -> list[str]:
     problems += _unresolved(gateway, data, loaded)
     if problems or (unsupported and not skip_unsupported):
         raise Invalid(problems, [] if skip_unsupported else unsupported)
+    try:
+        await _apply(gateway, loaded)
+    except AMQPError as error:
+        raise Invalid([f"changed while importing, stopped partway: {error.text}"]) from None
+    return unsupported if skip_unsupported else []
+
+
+async def _apply(gateway, loaded: dict[str, list]) -> None:
     access = gateway.access
+    turn = _Turns()
     for _, v in loaded["vhosts"]:
         if v.name not in gateway.vhosts:
             gateway.add_vhost(v.name, v.description or v.metadata.description, v.limits or {})
@@ -209,17 +225,42 @@ def import_(gateway, data, skip_unsupported: bool = False) -> list[str]:
     for _, p in loaded["permissions"]:
         access.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
     for _, p in loaded["policies"]:
+        await turn()
+        if p.vhost not in gateway.vhosts:
+            raise AMQPError(404, f"no vhost '{p.vhost}'")
         gateway.put_policy(_policy(p))
     for _, x in loaded["exchanges"]:
-        if x.name not in gateway.vhosts[x.vhost].exchanges:
+        await turn()
+        if x.name not in _vhost(gateway, x.vhost).exchanges:
             declare.declare_exchange(gateway, _exchange(x))
     for _, q in loaded["queues"]:
-        if q.name not in gateway.vhosts[q.vhost].queues:
+        await turn()
+        if q.name not in _vhost(gateway, q.vhost).queues:
             declare.declare_queue(gateway, _queue_spec(q))
     for _, b in loaded["bindings"]:
+        await turn()
         declare.bind(gateway, b.vhost, b.source, (_KINDS[b.destination_type], b.destination),
                      b.routing_key, b.arguments)
-    return unsupported if skip_unsupported else []
+
+
+class _Turns:
+    """Awaited before each step: gives the loop a turn every SLICE seconds."""
+
+    def __init__(self):
+        self.loop = asyncio.get_running_loop()
+        self.until = self.loop.time() + SLICE
+
+    async def __call__(self) -> None:
+        if self.loop.time() >= self.until:
+            await asyncio.sleep(0)
+            self.until = self.loop.time() + SLICE
+
+
+def _vhost(gateway, name: str):
+    vhost = gateway.vhosts.get(name)
+    if vhost is None:
+        raise AMQPError(404, f"no vhost '{name}'")
+    return vhost
 
 
 _KINDS = {"queue": QUEUE, "exchange": EXCHANGE}
@@ -276,6 +317,12 @@ def _unresolved(gateway, data: dict, loaded: dict[str, list]) -> list[str]:
     for section in ("permissions", "policies", "exchanges", "queues", "bindings"):
         problems += [f"{section}[{i}].vhost: no vhost '{item.vhost}'"
                      for i, item in loaded[section] if item.vhost not in vhosts]
+    for section in ("users", "vhosts", "policies", "exchanges", "queues"):
+        for i, item in loaded[section]:
+            size = len(item.name.encode())
+            if size > MAX_NAME:
+                problems.append(f"{section}[{i}].name: should be less than {MAX_NAME} bytes, "
+                                f"actually was {size}")
     for i, u in loaded["users"]:
         if u.hashing_algorithm != SHA256:
             problems.append(f"users[{i}].hashing_algorithm: {u.hashing_algorithm} is not "

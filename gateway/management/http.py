@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import logging
+import re
 import ssl
 from typing import Awaitable, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -20,6 +21,8 @@ from aiohttp.http_exceptions import InvalidURLError
 log = logging.getLogger("warren.management")
 
 MAX_BODY = 64 << 20
+MAX_NAME = 255  # bytes: names are AMQP short strings
+LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1  # what an AMQP field and the stores hold
 
 
 class Request:
@@ -43,11 +46,14 @@ class Request:
         if not self.body:
             return {}
         try:
-            value = json.loads(self.body)
+            text = self.body.decode()
+            value = json.loads(text, parse_constant=_not_json)
         except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             raise bad_request("body is not valid JSON") from None
         if not isinstance(value, dict):
             raise bad_request("body must be a JSON object")
+        if _ESCAPE.search(text) or _LONG_NUMBER.search(text):
+            _clean(value)
         check_types(value, types or {})
         return value
 
@@ -93,6 +99,49 @@ class HTTPError(Exception):
 
 def bad_request(reason: str) -> HTTPError:
     return HTTPError(400, "bad_request", reason)
+
+
+def check_name(kind: str, name: str) -> None:
+    """400, in RabbitMQ's words for a queue, for a name longer than AMQP can carry
+    (or the stores' keys hold)."""
+    size = len(name.encode())
+    if size > MAX_NAME:
+        raise bad_request(f"{kind} should be less than {MAX_NAME} bytes, actually was {size}\n")
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+# A body without these has no surrogate escape (UTF-8 cannot carry a raw one) and no
+# integer past 64 bits (19 digits): most bodies, a large definitions import among them.
+_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONG_NUMBER = re.compile(r"[0-9]{19}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(root) -> None:
+    """Replace lone surrogates (from \\udc00 escapes; UTF-8 cannot hold them) with
+    U+FFFD in the decoded body's strings, keys too, as RabbitMQ stores them; 400
+    for an integer beyond 64 bits. Without recursion: the body may nest deeply."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        items = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+        for key, item in items:
+            if isinstance(key, str) and _SURROGATE.search(key):
+                del node[key]
+                key = _SURROGATE.sub("\ufffd", key)
+                node[key] = item
+            if isinstance(item, str):
+                if _SURROGATE.search(item):
+                    node[key] = _SURROGATE.sub("\ufffd", item)
+            elif isinstance(item, int) and not isinstance(item, bool):
+                if not LONG_MIN <= item <= LONG_MAX:
+                    raise bad_request(f"integers must be from {LONG_MIN} to {LONG_MAX}, "
+                                      f"actually was one of {len(str(abs(item)))} digits")
+            elif isinstance(item, (dict, list)):
+                stack.append(item)
 
 
 JSON_TYPES = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object",

@@ -20,7 +20,7 @@ from ..amqp import spec
 from ..amqp.properties import BasicProperties, PropertiesError, decode_properties, encode_properties
 from ..errors import AMQPError
 from ..internal import InternalConnection
-from .http import HTTPError, Request, Response, bad_request, check_types
+from .http import HTTPError, Request, Response, bad_request, check_name, check_types
 from .shapes import jsonable
 
 PROPERTY_TYPES = {"content_type": str, "content_encoding": str, "headers": dict,
@@ -53,6 +53,9 @@ async def publish(gateway, request: Request, vhost, exchange: str) -> Response:
     body = request.json({"properties": dict, "routing_key": str, "payload": str,
                          "payload_encoding": str, "mandatory": bool})
     _required(body, "properties", "routing_key", "payload", "payload_encoding")
+    # RabbitMQ routes a longer key it is given here; an AMQP publish cannot carry one
+    check_name("exchange", exchange)
+    check_name("routing_key", body["routing_key"])
     properties = body["properties"]
     check_types(properties, PROPERTY_TYPES, "properties.")
     unknown = sorted(set(properties) - set(PROPERTY_TYPES))
@@ -91,6 +94,7 @@ async def publish(gateway, request: Request, vhost, exchange: str) -> Response:
 async def get(gateway, request: Request, vhost, queue: str) -> Response:
     body = request.json({"count": int, "ackmode": str, "encoding": str, "truncate": int})
     _required(body, "count", "ackmode", "encoding")
+    check_name("queue", queue)
     if body["ackmode"] not in ACKMODES:
         raise bad_request(f"ackmode must be one of {', '.join(ACKMODES)}")
     if body["encoding"] not in ("auto", "base64"):
