@@ -5,10 +5,13 @@ touches, with RabbitMQ's refusals."""
 from __future__ import annotations
 
 import logging
+import time
+from collections import OrderedDict
 
 from warren.storage.metastore import MetaStore, PermissionDef, UserDef
 
 from . import auth, replication
+from .controllink import LoginFailed, LoginTurn
 from .amqp import spec
 from .errors import AMQPError
 
@@ -28,7 +31,13 @@ class AccessControl:
         # (user, vhost, access, kind, name) -> allowed; publishes check every message,
         # so decisions are remembered until a permission changes
         self._decisions: dict[tuple, bool] = {}
-        self.throttle = auth.LoginThrottle()  # AMQP and management logins alike
+        # The broker's one throttle of failed logins (AMQP and management alike),
+        # in the root; another gateway asks it over the control link (`root`, its
+        # Leader), and only about failures and about the addresses it throttles.
+        self.throttle = auth.LoginThrottle()
+        self.root = None
+        # on another gateway: the addresses the root said it throttles -> when
+        self._throttled: OrderedDict[str, float] = OrderedDict()
 
     def load(self, users: list[UserDef], permissions: list[PermissionDef]) -> None:
         self.users = {u.name: u for u in users}
@@ -111,15 +120,63 @@ class AccessControl:
               mechanism: str = "PLAIN") -> tuple[UserDef | None, float]:
         """The user, or None when refused (logged in RabbitMQ's words, with the
         address), with how many seconds to wait before answering a refusal: the
-        throttle's delay for its address. `mechanism`: the AMQP one, or "HTTP"."""
+        throttle's delay for its address. `mechanism`: the AMQP one, or "HTTP".
+        In the root, which holds the throttle."""
         reason = self.refusal(name, password, peer_host)
         if reason is None:
             return self.users[name], 0.0
         delay = self.throttle.failed(peer_host)
+        self._log_refusal(name, reason, peer_host, mechanism, delay)
+        return None, delay
+
+    def must_wait(self, peer_host: str) -> bool:
+        """Is `peer_host` throttled: must a login from there wait its turn
+        (`login_turn`) before its password is checked? Any other is checked at once."""
+        if self.root is None:
+            return self.throttle.throttled(peer_host)
+        told = self._throttled.get(peer_host)
+        return told is not None and time.monotonic() - told < self.throttle.forget_after
+
+    def login_turn(self, peer_host: str, answered) -> None:
+        """`answered(wait)`: seconds until a login from a throttled address may be
+        checked, or None to refuse it unchecked (its turn is too far off)."""
+        if self.root is None:
+            answered(self.throttle.turn(peer_host))
+        else:
+            self.root.request(lambda req: LoginTurn(req, peer_host),
+                              lambda reply: self._heard(peer_host, reply, answered))
+
+    def login_failed(self, name, reason: str, peer_host: str, mechanism: str,
+                     at_turn: bool, waited: float, answered) -> None:
+        """Count a refused login with the broker's throttle and log it (in RabbitMQ's
+        words, with the address); `answered(delay)`: seconds to wait before
+        answering it. `waited`: the seconds it waited for its turn."""
+        def logged(delay: float) -> None:
+            self._log_refusal(name, reason, peer_host, mechanism, waited + delay)
+            answered(delay)
+
+        if self.root is None:
+            logged(self.throttle.failed(peer_host, at_turn))
+        else:
+            self.root.request(lambda req: LoginFailed(req, peer_host, at_turn),
+                              lambda reply: self._heard(peer_host, reply, logged))
+
+    def _heard(self, peer_host: str, reply, answered) -> None:
+        """The root's answer about `peer_host` (a LoginWait), which says whether it
+        throttles the address now."""
+        self._throttled.pop(peer_host, None)
+        if reply.throttled:
+            self._throttled[peer_host] = time.monotonic()
+            if len(self._throttled) > self.throttle.max_addresses:
+                self._throttled.popitem(last=False)
+        answered(None if reply.wait < 0 else reply.wait)
+
+    @staticmethod
+    def _log_refusal(name, reason: str, peer_host: str, mechanism: str,
+                     delay: float) -> None:
         refused = "HTTP access denied" if mechanism == "HTTP" else f"{mechanism} login refused"
         log.warning("%s: user '%s' - %s (from %s%s)", refused, name or "", reason, peer_host,
-                    f", answered in {delay:g}s" if delay else "")
-        return None, delay
+                    f", answered in {round(delay, 2):g}s" if delay else "")
 
     def may_use_vhost(self, user: str, vhost: str) -> bool:
         return (user, vhost) in self.permissions

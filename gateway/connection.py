@@ -56,6 +56,7 @@ ALARM = "alarm"  # why reading is held, beside the shard links that hold it
 YIELD = "yield"
 ADMIT = "admit"  # another gateway waits for gateway 0 to count this connection or channel
 RELEASING = "releasing"  # connection.close waits for the shards to release its channels
+LOGIN = "login"  # its credentials wait for their turn at the broker's login throttle
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -643,12 +644,43 @@ class Connection(asyncio.BufferedProtocol):
             self.log_name = f"{self.name} - {given}"
         name, password = self._credentials(method.mechanism, method.response)
         peer_host = self.peer[0] if isinstance(self.peer, tuple) else ""
-        user, delay = self.gateway.access.login(name, password, peer_host,
-                                                  method.mechanism)
-        if user is None:
-            self._refuse_login(method.mechanism, delay)
+        login = (name, password, peer_host, method.mechanism)
+        access = self.gateway.access
+        if not access.must_wait(peer_host):  # the common case: no waiting, nobody asked
+            self._check_login(*login, False, 0.0)
             return
-        self.user = user.name
+        # An address that failed often: its logins are checked one at a time, each
+        # at its turn, however many connections it opens.
+        self._pause(LOGIN)
+        access.login_turn(peer_host, lambda wait: self._login_turn(wait, login))
+
+    def _login_turn(self, wait: float | None, login: tuple, waited: float = 0.0) -> None:
+        if self.state == CLOSED:
+            return
+        if wait is None:  # its turn is too far off: refused unchecked, as slowly
+            self._resume(LOGIN)
+            delay = self.gateway.access.throttle.cap
+            log.warning("%s login refused: user '%s' - too many failed logins (from %s, "
+                        "answered in %gs)", login[3], login[0] or "", login[2], delay,
+                        extra=self._log_fields())
+            self.state = CLOSING
+            self._refuse_login(login[3], delay)
+        elif wait:
+            self.loop.call_later(wait, self._login_turn, 0.0, login, wait)
+        else:
+            self._resume(LOGIN)
+            self._check_login(*login, True, waited)
+
+    def _check_login(self, name, password, peer_host: str, mechanism: str, at_turn: bool,
+                     waited: float) -> None:
+        access = self.gateway.access
+        reason = access.refusal(name, password, peer_host)
+        if reason is not None:
+            self.state = CLOSING  # what the client sends meanwhile is ignored
+            access.login_failed(name, reason, peer_host, mechanism, at_turn, waited,
+                                lambda delay: self._refuse_login(mechanism, delay))
+            return
+        self.user = name
         self.state = AWAIT_TUNE_OK
         self.method(0, m.ConnectionTune(channel_max=self.channel_max, frame_max=self.frame_max,
                                         heartbeat=self.heartbeat))
@@ -675,6 +707,8 @@ class Connection(asyncio.BufferedProtocol):
     def _refuse_login(self, mechanism: str, delay: float) -> None:
         """Refuse, after `delay` seconds when the throttle asks for one; the loop
         serves everyone else meanwhile, and CLOSING ignores what this client sends."""
+        if self.state == CLOSED:
+            return
         if delay:
             self.state = CLOSING
             self._timer = self.loop.call_later(delay, self._refuse_login, mechanism, 0.0)

@@ -4,8 +4,9 @@ each behind its 4-byte length, over a Unix socket pair, in order both ways.
 Gateway 0 sends the catalogue's changes (`Changes`, answered with `Applied`)
 and the answers to declarations; the other gateway forwards its clients'
 declarations (`Forward`, answered with `Answer`), says when a connection
-that declared through it has closed (its exclusive queues go with it), and
-shows its connections to the management API (`Connections`, `CloseConnection`).
+that declared through it has closed (its exclusive queues go with it), shows
+its connections to the management API (`Connections`, `CloseConnection`) and
+asks the broker's login throttle about failed logins (`LoginFailed`, `LoginTurn`).
 """
 
 from __future__ import annotations
@@ -155,9 +156,33 @@ class ReplyConsumer(_Message, tag=15):
     consuming: bool
 
 
+class LoginTurn(_Message, tag=20):
+    """A login from an address the root throttles: when may its password be
+    checked? Answered with `LoginWait`."""
+
+    req: int
+    address: str
+
+
+class LoginFailed(_Message, tag=21):
+    """A refused login, for the root's throttle to count; answered with `LoginWait`
+    (how long to delay the refusal). `at_turn`: it waited its turn."""
+
+    req: int
+    address: str
+    at_turn: bool
+
+
+class LoginWait(_Message, tag=22):
+    req: int
+    wait: float  # seconds; -1: refuse the login unchecked
+    throttled: bool  # the root throttles the address (now)
+
+
 Message = Union[Admit, Admitted, ChannelCount, Serving, Changes, Applied, Forward, Answer,
                 ConnectionClosed, ListConnections, Connections, CloseConnection, Reply,
-                AskReplyConsumer, ReplyConsumer, ReplyOutcome]
+                AskReplyConsumer, ReplyConsumer, ReplyOutcome, LoginTurn, LoginFailed,
+                LoginWait]
 _decode = msgspec.msgpack.Decoder(Message).decode
 _encode = msgspec.msgpack.Encoder().encode
 

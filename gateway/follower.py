@@ -40,6 +40,7 @@ from .controllink import (
     ControlLink,
     Handover,
     ListConnections,
+    LoginWait,
     Reply,
     ReplyConsumer,
     ReplyOutcome,
@@ -101,7 +102,7 @@ class Leader:
                     log.exception("gateway %d: applying %s failed", self.gateway.index, change)
             self.link.send(Applied(message.seq))
             self.ready.set()
-        elif kind is Answer or kind is Admitted:
+        elif kind is Answer or kind is Admitted or kind is LoginWait:
             answered = self._waiters.pop(message.req, None)
             if answered is not None:
                 answered(message)
@@ -160,7 +161,7 @@ async def serve(spec: FollowerSpec) -> None:
         loop.add_signal_handler(signum, stop.set)
     settings = msgspec.convert(spec.config, Config)
     gateway = Gateway(settings, spec.index)
-    leader = gateway.leader = Leader(gateway, stop)
+    leader = gateway.leader = gateway.access.root = Leader(gateway, stop)
     await loop.connect_accepted_socket(lambda: leader.link,
                                        sock=socket.socket(fileno=spec.control_fd))
     await gateway.start(spec.rings)

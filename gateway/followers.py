@@ -38,6 +38,9 @@ from .controllink import (
     Forward,
     Handover,
     ListConnections,
+    LoginFailed,
+    LoginTurn,
+    LoginWait,
     Reply,
     ReplyConsumer,
     ReplyOutcome,
@@ -245,6 +248,8 @@ class Followers:
             asked = self._asked.pop(message.req, None)
             if asked is not None:
                 asked[1](message)
+        elif kind is LoginTurn or kind is LoginFailed:
+            self._throttle(index, message)
         elif kind is ConnectionClosed:
             self.tally.pop(message.connection, None)
             mirror = self.mirrors.pop(message.connection, None)
@@ -271,6 +276,17 @@ class Followers:
         if refusal is None:
             self.tally[ask.connection] = (ask.user, ask.vhost, ask.channels)
         self.links[index].send(Admitted(ask.req, refusal or ""))
+
+    def _throttle(self, index: int, ask) -> None:
+        """The broker's login throttle, asked by another gateway: when a login from
+        a throttled address may be checked, or how long to delay a refusal."""
+        throttle = self.gateway.access.throttle
+        if type(ask) is LoginTurn:
+            wait = throttle.turn(ask.address)
+        else:
+            wait = throttle.failed(ask.address, ask.at_turn)
+        self.links[index].send(LoginWait(ask.req, -1.0 if wait is None else wait,
+                                         throttle.throttled(ask.address)))
 
     def at(self, index: int) -> Asking:
         return Asking(self, index)
