@@ -17,14 +17,17 @@ durable queue is found again and stays in the store it was written to.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 
 from warren.storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
 
 from . import records as r
 from .model import Message, Queue
+from .queue import ram_size
 
 log = logging.getLogger("warren.shard")
+_QID = struct.Struct(">Q")  # a store key's halves: queue id, sequence number
 
 RETRY_AFTER = 1.0  # seconds before writes a full disk (or map) refused are tried again
 # A checkpoint is due this long after the first commit it would apply, or once the
@@ -38,7 +41,7 @@ class PendingCommit:
     """The writes of one commit, on their way to the stores."""
 
     __slots__ = ("batches", "written", "ok", "sizes", "refused", "error", "checkpoint",
-                 "checkpointed", "checkpoint_refused", "appended")
+                 "checkpointed", "checkpoint_refused", "appended", "full")
 
     def __init__(self, batches: dict, written: list, ok: bool = True,
                  checkpoint: list | None = None):
@@ -52,6 +55,7 @@ class PendingCommit:
         self.checkpointed = False
         self.checkpoint_refused = False
         self.appended = 0  # journal bytes
+        self.full: str | None = None  # what a full store refused, for the shard's log
 
 
 class Persister:
@@ -68,6 +72,7 @@ class Persister:
         self.checkpoint_at: float | None = None  # when the next checkpoint is due
         self._checkpoint_now = False  # a queue was created or deleted
         self.retry_at: float | None = None  # writes were refused for space: try again then
+        self.refusals = 0  # commits refused in a row: the log says the first, and the end
         # Some stored message's content is not in RAM (recovered, or evicted at a
         # checkpoint): deliveries may need it read back (fill). Never cleared.
         self.content_out = False
@@ -77,13 +82,36 @@ class Persister:
     def recover(self, now: float) -> list[Queue]:
         """Rebuild every stored queue's index from its store, in sequence order.
         Only tracked queues (TTL, length in bytes, priorities) and messages with an
-        expiration of their own need their properties read back."""
+        expiration of their own need their properties read back. A store whose
+        disk was too full to apply its journal at opening (`unapplied`) is read
+        with the journal's commits on top, their messages' content kept in RAM
+        until a checkpoint takes them, as at any checkpoint."""
         queues = []
         for store in self.stores.values():
-            for qid, stored in store.queues().items():
+            pending = None if store.unapplied.is_empty() else store.unapplied
+            stored_queues = store.queues()
+            if pending is not None:
+                for qid in pending.queue_deletes:
+                    stored_queues.pop(qid, None)
+                stored_queues.update(pending.queue_puts)
+                self.checkpoint_at = now  # the checkpoint the opening could not make
+                self._checkpoint_now = True
+            for qid, stored in stored_queues.items():
                 queue = Queue(r.CreateQueue(0, qid, stored.spec, stored.arguments))
                 self._store_of[qid] = store
-                for seq, delivered, delivery_count, acquired, rich in store.recover(qid):
+                found = store.recover(qid) if pending is None else _with_journal(
+                    store, qid, pending)
+                for seq, delivered, delivery_count, acquired, rich, *journaled in found:
+                    if journaled:  # (content,): in the journal only
+                        content = journaled[0]
+                        msg = queue.recovered_message(
+                            seq, delivered, content[2] if queue.tracked or rich else None,
+                            len(content[3]), now, delivery_count, acquired)
+                        msg.content = content
+                        queue.ram_bytes += ram_size(content)
+                        self._journaled.append((qid, msg))
+                        queue.enqueue_recovered(msg)
+                        continue
                     self.content_out = True
                     if queue.tracked or rich:
                         content = store.read(qid, seq)
@@ -189,8 +217,8 @@ class Persister:
             try:
                 pending.appended += store.append(batch)
             except StoreFull as error:
-                log.error("%s refused a commit (%s): nacking its publishes, keeping its "
-                          "writes to try again", store, error)
+                pending.full = (f"{store} refused a commit ({error}): nacking its publishes, "
+                                "keeping its writes to try again")
                 pending.ok = False
                 pending.refused[store] = batch
                 continue
@@ -205,8 +233,8 @@ class Persister:
         except StoreFull as error:
             # What the journals hold is durable, but LMDB cannot take it: nack until a
             # checkpoint succeeds, so the journals cannot run far ahead of LMDB.
-            log.error("%s refused a checkpoint (%s): nacking publishes until it succeeds",
-                      store, error)
+            pending.full = (f"{store} refused a checkpoint ({error}): nacking publishes "
+                            "until it succeeds")
             pending.ok = False
             pending.checkpoint_refused = True
             return
@@ -224,6 +252,15 @@ class Persister:
         messages kept in RAM) until there is room."""
         if pending.error is not None:
             raise pending.error
+        if pending.full is not None:  # once, not every second while the disk is full
+            if not self.refusals:
+                log.error("%s (tried again every %.0f s, said again once it succeeds)",
+                          pending.full, RETRY_AFTER)
+            self.refusals += 1
+        elif pending.ok and self.refusals:
+            log.warning("the stores take writes again, after %d refused commits",
+                        self.refusals)
+            self.refusals = 0
         if pending.appended:
             self._journal_bytes += pending.appended
             if self.checkpoint_at is None:
@@ -291,3 +328,33 @@ class Persister:
     def close(self) -> None:
         for store in self.stores.values():
             store.close()
+
+
+def _with_journal(store: ShardStore, qid: int, pending: WriteBatch) -> list[tuple]:
+    """store.recover(qid) with the journal's unapplied commits (`pending`) on top,
+    in sequence order; a message only the journal holds comes with its content."""
+    prefix = _QID.pack(qid)
+    upto = pending.delivered.get(qid, 0)
+    found = []
+    if qid not in pending.queue_deletes:  # else what LMDB holds of it is gone
+        for seq, delivered, delivery_count, acquired, rich in store.recover(qid):
+            key = prefix + _QID.pack(seq)
+            if key not in pending.deletes:
+                found.append(_marked(pending.marks.get(key), seq, delivered or seq <= upto,
+                                     delivery_count, acquired, rich))
+    for key, content in pending.puts.items():
+        if key[:8] == prefix:
+            seq = _QID.unpack(key[8:])[0]
+            found.append(_marked(pending.marks.get(key), seq, seq <= upto, 0, 0, False)
+                         + (tuple(content),))
+    found.sort(key=lambda entry: entry[0])
+    return found
+
+
+def _marked(mark, seq: int, delivered: bool, delivery_count: int, acquired: int,
+            rich: bool) -> tuple:
+    """A recovered message's state with the journal's mark for it, if any, on top."""
+    if mark is None:
+        return seq, delivered, delivery_count, acquired, rich
+    return (seq, delivered or mark.delivered, mark.delivery_count, mark.acquired_count,
+            mark.rich)

@@ -179,7 +179,8 @@ def prepare(data_dir: str, shard_count: int, quarantine: bool = False,
         stores = set(survey.shards) | set(range(shard_count))
         for k in sorted(stores - set(survey.shards)):  # new, or in place of a quarantined one
             ShardStore(os.path.join(data_dir, f"shard-{k}"), 1 << 20).close()
-        meta.set_stores(stores)
+        if meta.stores() != stores:  # a write, which a full disk refuses, only if new
+            meta.set_stores(stores)
     finally:
         meta.close()
     return Recovery(upgraded, report, rebuilt)

@@ -1,7 +1,8 @@
 """The disk alarm and a full disk, end to end against `warren serve` with its data
 on a small tmpfs (skipped where mounting is not allowed): publishers are held
-back from their first publish, the alarm clears once consumed data is gone, and
-a shard whose disk is full nacks, raises the alarm and keeps running."""
+back from their first publish, the alarm clears once consumed data is gone, a
+shard whose disk is full nacks, raises the alarm and keeps running, and a broker
+stopped on a full disk starts on it and serves what it had."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ import asyncio
 import errno
 import os
 import shutil
+import signal
 import struct
 
 import pika
 import pytest
 
 from warren.gateway import alarms
+from warren.storage import journal
 
 from .confirmpublisher import ConfirmPublisher
 from .conftest import RunningBroker, mounted_tmpfs, wait_until
-from .test_e2e_basic import shard_pids
+from .test_e2e_basic import shard_pids, shard_processes
 
 MB = 1 << 20
 
@@ -202,4 +205,62 @@ def test_disk_alarm_clears_after_a_flood_grew_the_journal_and_a_purge(tmp_path):
             assert os.path.getsize(journal) >= 12 * MB  # it did not shrink: it counts as free
         finally:
             publisher.close()
+            broker.stop()
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+def test_a_restart_on_a_full_disk_serves_every_confirmed_message(tmp_path, stop):
+    """Filled until the disk refuses, stopped with commits in the journal that LMDB
+    had no room for, started again on the still full disk: no crash loop (the
+    shard applied its journal at start or exited), every confirmed message is
+    served, and consuming them frees the shard to write again."""
+    with mounted_tmpfs(tmp_path / "disk", "40m") as disk:
+        data = disk / "data"
+        broker = RunningBroker(data, shards=1, extra_args=["--disk-free-limit", "0"])
+        broker.log_path = tmp_path / "broker.log"  # not on the full disk
+        broker.start()
+        publisher = ConfirmPublisher(broker.port, "full")
+        try:
+            body = b"f" * (256 << 10)
+            refused = "resource alarm disk on: (0, 'disk')"  # then its publishes are held
+            while refused not in broker.log_text():
+                assert publisher.sent < 400, "a full disk must refuse what it cannot store"
+                publisher.publish(8, body=body)
+                wait_until(lambda: len(publisher.acked | publisher.nacked) == publisher.sent
+                           or refused in broker.log_text(), timeout=20)
+        finally:
+            publisher.close()
+            if stop == "sigkill":
+                for pid in [broker.process.pid, *shard_pids(broker)]:
+                    os.kill(pid, signal.SIGKILL)
+            broker.stop()
+        assert journal.read(str(data / "shard-0" / "journal")), \
+            "the journal holds no commits beyond LMDB: this test does not test the point"
+        assert shutil.disk_usage(disk).free < 1 * MB
+
+        broker.log_path = tmp_path / "restart.log"
+        broker.start()
+        try:
+            pid = shard_processes(broker)[0]
+            conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+            ch = conn.channel()
+            stored = set()
+            while (got := ch.basic_get("full"))[0] is not None:
+                stored.add(struct.unpack(">Q", got[2][:8])[0])
+                ch.basic_ack(got[0].delivery_tag)
+            assert publisher.acked <= stored
+            # Its commits gone with the messages they held, the checkpoint succeeds.
+            wait_until(lambda: "take writes again" in broker.log_text(), timeout=20)
+            log = broker.log_text()
+            assert shard_processes(broker)[0] == pid, "the shard restarted"
+            assert "exited with code" not in log and "Traceback" not in log
+            assert log.count("refused a checkpoint") <= 1  # said once, not every second
+            conn.close()
+        finally:
+            broker.stop()
+        broker.log_path = tmp_path / "again.log"
+        broker.start()  # what was consumed stays consumed
+        try:
+            assert message_count(broker, "full") == 0
+        finally:
             broker.stop()
