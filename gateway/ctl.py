@@ -1,14 +1,17 @@
 """`warren ctl`: the management API from the command line, as rabbitmqadmin and
 rabbitmqctl are used with RabbitMQ: rabbitmqadmin's verbs (list, show, declare,
-delete, close, purge, export, import; `name=value` arguments work too) and
-rabbitmqctl's (add-user, set-permissions, set-vhost-limits...). A change prints
+delete, close, purge, publish, get, export, import; `name=value` arguments work
+too) and rabbitmqctl's (add-user, set-user-tags, set-permissions,
+set-vhost-limits...). A change prints
 what it did; an error prints the API's reason and exits 1."""
 
 from __future__ import annotations
 
 import argparse
+import base64
 import functools
 import json
+import os
 import re
 import sys
 
@@ -109,6 +112,11 @@ def _parser() -> argparse.ArgumentParser:
     _objects(command("delete", "delete a queue, exchange or binding"), options, DELETE)
     _objects(command("close", "close a client connection"), options, CLOSE)
     _objects(command("purge", "remove a queue's ready messages"), options, PURGE)
+    _fields(command("publish", "publish a message to an exchange in --vhost (rabbitmqadmin's "
+                               "publish; the payload is read from stdin when not given)"),
+            PUBLISH)
+    _fields(command("get", "get messages from a queue in --vhost (rabbitmqadmin's get; they "
+                           "are requeued unless --ackmode says otherwise)"), GET)
 
     add_user = command("add-user", "create a user (or set an existing one's password and tags)")
     add_user.add_argument("name", help="user name")
@@ -117,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     change = command("change-password", "set a user's password (its tags stay)")
     change.add_argument("name", help="user name")
     change.add_argument("new_password", metavar="password", help="new password")
+    tags = command("set-user-tags", "set a user's tags (none: no tags); its password stays")
+    tags.add_argument("name", help="user name")
+    tags.add_argument("tags", nargs="*", metavar="tag", help="a tag, e.g. administrator")
     command("delete-user", "delete a user").add_argument("name", help="user name")
     command("add-vhost", "create a vhost").add_argument("name", help="vhost name")
     command("delete-vhost", "delete a vhost and everything in it").add_argument(
@@ -248,18 +259,46 @@ CLOSE = {"connection": ("close a client connection (its clients see 320 CONNECTI
     ("name", "connection name (see `list connections`)", {"required": True}),
     ("reason", "what the client is told (default: Closed via management plugin)", {})])}
 PURGE = {"queue": ("remove a queue's ready messages", [_NAME])}
+PUBLISH = [("routing_key", "routing key", {"required": True}),
+           ("exchange", "exchange (default: amq.default, the default exchange)",
+            {"default": "amq.default"}),
+           ("payload", "the message body (default: stdin's, as bytes)", {}),
+           ("payload_encoding", "string (default) or base64: how --payload is written",
+            {"choices": ["string", "base64"], "default": "string"}),
+           ("properties", "JSON object of properties, e.g. '{\"delivery_mode\": 2, "
+                          "\"headers\": {\"k\": 1}}'", {"type": _json_object, "default": {}})]
+ACKMODES = ["ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
+            "reject_requeue_false"]
+GET = [("queue", "queue name", {"required": True}),
+       ("count", "how many messages at most (default 1)", {"type": int, "default": 1}),
+       ("ackmode", f"what becomes of them: {', '.join(ACKMODES)} (default: requeued, "
+                   "ack_requeue_true)", {"choices": ACKMODES, "default": "ack_requeue_true"}),
+       ("encoding", "auto (default: text when it is UTF-8, else base64) or base64",
+        {"choices": ["auto", "base64"], "default": "auto"}),
+       ("payload_file", "write the message's body to this file (with --count 1) and show "
+                        "the rest", {})]
+GOT = ["routing_key", "exchange", "message_count", "payload", "payload_bytes",
+       "payload_encoding", "properties", "redelivered"]  # rabbitmqadmin's columns
 
 
 def _objects(parser, options, table: dict) -> None:
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="OBJECT")
     for kind, (help, fields) in table.items():
-        sub = kinds.add_parser(kind, parents=[options], help=help, description=help)
-        for field, field_help, keywords in fields:
-            sub.add_argument(f"--{field.replace('_', '-')}", dest=field, help=field_help,
-                             **keywords)
+        _fields(kinds.add_parser(kind, parents=[options], help=help, description=help),
+                fields)
+
+
+def _fields(parser, fields: list) -> None:
+    for field, field_help, keywords in fields:
+        parser.add_argument(f"--{field.replace('_', '-')}", dest=field, help=field_help,
+                            **keywords)
 
 
 _FLAGS = {"--json", "-q", "--quiet", "-h", "--help"}  # the options that take no value
+
+
+# rabbitmqadmin's verbs that take name=value words: after an object's kind, or at once
+_KEYWORD_VERBS = {"declare": 2, "delete": 2, "close": 2, "purge": 2, "publish": 1, "get": 1}
 
 
 def _rabbitmqadmin_style(argv: list[str]) -> list[str]:
@@ -269,10 +308,11 @@ def _rabbitmqadmin_style(argv: list[str]) -> list[str]:
     while position < len(argv) and argv[position].startswith("-"):  # global options
         takes_value = argv[position] not in _FLAGS and "=" not in argv[position]
         position += 2 if takes_value else 1
-    if position >= len(argv) or argv[position] not in ("declare", "delete", "close", "purge"):
+    if position >= len(argv) or argv[position] not in _KEYWORD_VERBS:
         return argv
-    rewritten = argv[:position + 2]
-    for word in argv[position + 2:]:
+    start = position + _KEYWORD_VERBS[argv[position]]
+    rewritten = argv[:start]
+    for word in argv[start:]:
         key, equals, value = word.partition("=")
         previous = rewritten[-1]
         is_value = (previous.startswith("-") and previous not in _FLAGS
@@ -285,18 +325,47 @@ def _rabbitmqadmin_style(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = _rabbitmqadmin_style(sys.argv[1:] if argv is None else list(argv))
-    args = _parser().parse_args(argv, argparse.Namespace(**GLOBAL_DEFAULTS))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser()
+    for word in argv:
+        try:
+            word.encode()
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (surrogate-escaped)
+            parser.error(f"not UTF-8 text: {ascii(word)}")
+    args, extra = parser.parse_known_args(_rabbitmqadmin_style(argv),
+                                          argparse.Namespace(**GLOBAL_DEFAULTS))
+    # argparse gives `list queues -V v name messages` the columns after an option as
+    # extra words: they are columns still
+    if extra and args.command in ("list", "show") and not any(
+            word.startswith("-") for word in extra):
+        args.column += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         client = Client(*ctlclient.target(args.url, args.user, args.password, args.config))
         message = run(client, args)
+        if message and not args.quiet:
+            print(json.dumps({"ok": True, "message": message}) if args.format == "json"
+                  else message)
+        sys.stdout.flush()
     except CtlError as error:
         print(f"warren ctl: {error}", file=sys.stderr)
         return 1
-    if message and not args.quiet:
-        print(json.dumps({"ok": True, "message": message}) if args.format == "json"
-              else message)
+    except KeyboardInterrupt:
+        return 130  # as a shell counts a SIGINT
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as cat does
+        _discard_stdout()
+        return 1
     return 0
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit does not fail again."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout with no descriptor (in tests)
+        pass
 
 
 def run(client: Client, args) -> str | None:
@@ -312,7 +381,13 @@ def _list(client: Client, args, vhost: str) -> None:
     path = what.replace("_", "-")
     if args.vhost is not None and per_vhost:
         path += "/" + segment(args.vhost)
-    rows = client.call("GET", path, what=f"list {what}")
+    try:
+        rows = client.call("GET", path, what=f"list {what}")
+    except CtlError as error:
+        if args.vhost is not None and per_vhost and error.status == 404:
+            raise CtlError(f"list {what}: no vhost '{args.vhost}' [404 Object Not Found]",
+                           error.answer) from None
+        raise
     if args.vhost is not None and what in VHOST_FIELD:
         rows = [row for row in rows if row.get(VHOST_FIELD[what]) == args.vhost]
     columns = [c for c in (args.columns or "").split(",") if c] + args.column
@@ -406,7 +481,55 @@ def _delete_binding(client: Client, args, vhost: str) -> str:
 def _close_connection(client: Client, args, vhost: str) -> str:
     return _change(client, "DELETE", f"connections/{segment(args.name)}",
                    f"connection '{args.name}'", "closed",
-                   headers={"X-Reason": args.reason} if args.reason else None)
+                   headers={"X-Reason": args.reason.encode()} if args.reason else None)
+
+
+def _publish(client: Client, args, vhost: str) -> str:
+    body = {"routing_key": args.routing_key, "properties": args.properties,
+            "payload": args.payload, "payload_encoding": args.payload_encoding}
+    if args.payload is None:  # stdin's bytes, whatever they are
+        try:
+            data = sys.stdin.buffer.read()
+        except (OSError, AttributeError) as error:
+            raise CtlError(f"cannot read the payload from stdin: {error}") from None
+        body.update(payload=base64.b64encode(data).decode(), payload_encoding="base64")
+    where = f"exchange '{args.exchange}' in vhost '{vhost}'"
+    answer = client.call("POST", f"exchanges/{segment(vhost)}/{segment(args.exchange)}/publish",
+                         body, what=f"publish to {where}")
+    routed = isinstance(answer, dict) and answer.get("routed")
+    # as rabbitmqadmin: not being routed is no error
+    return f"message published to {where}" + ("" if routed else " but NOT routed")
+
+
+def _get(client: Client, args, vhost: str) -> str | None:
+    if args.payload_file is not None and args.count != 1:
+        raise CtlError("--payload-file takes one message: --count must be 1")
+    what = f"queue '{args.queue}' in vhost '{vhost}'"
+    rows = client.call("POST", f"queues/{segment(vhost)}/{segment(args.queue)}/get",
+                       {"count": args.count, "ackmode": args.ackmode,
+                        "encoding": args.encoding}, what=f"get from {what}")
+    rows = rows if isinstance(rows, list) else []
+    columns = GOT
+    if args.payload_file is not None and rows:
+        _write_payload(args.payload_file, rows[0])
+        columns = [c for c in GOT if c not in ("payload", "payload_encoding", "properties")]
+    if not rows and args.format != "json":
+        return f"{what} has no messages ready"
+    print(render(rows, columns, args.format, whole_rows=True))
+    return None
+
+
+def _write_payload(path: str, message: dict) -> None:
+    payload = str(message.get("payload", ""))
+    try:
+        data = (base64.b64decode(payload) if message.get("payload_encoding") == "base64"
+                else payload.encode())
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as error:
+        raise CtlError(f"{path}: cannot write: {error.strerror}") from None
+    except ValueError:
+        raise CtlError(f"the message's payload is not base64: {payload[:40]!r}") from None
 
 
 def _add_user(client: Client, args, vhost: str) -> str:
@@ -421,6 +544,17 @@ def _change_password(client: Client, args, vhost: str) -> str:
     user = client.call("GET", path, what=what)  # to keep its tags
     return _change(client, "PUT", path, f"password of {what}", "changed",
                    {"password": args.new_password, "tags": user["tags"]})
+
+
+def _set_user_tags(client: Client, args, vhost: str) -> str:
+    path, what = f"users/{segment(args.name)}", f"user '{args.name}'"
+    user = client.call("GET", path, what=what)
+    # its password hash goes back with the tags: a PUT without one clears the password
+    # in RabbitMQ
+    tags = [tag for word in args.tags for tag in word.split(",") if tag]
+    return _change(client, "PUT", path, f"tags of {what}", "set to " + (
+        ",".join(tags) or "none"), {"password_hash": (user or {}).get("password_hash", ""),
+                                     "tags": tags})
 
 
 def _delete_user(client: Client, args, vhost: str) -> str:
@@ -541,19 +675,16 @@ def _export(client: Client, args, vhost: str) -> str | None:
 def _import(client: Client, args, vhost: str) -> str:
     try:
         if args.file == "-":
-            text = sys.stdin.read()
+            data = sys.stdin.buffer.read()
         else:
-            with open(args.file) as f:
-                text = f.read()
-    except OSError as error:
-        raise CtlError(f"{args.file}: cannot read: {error.strerror}") from None
-    try:
-        document = json.loads(text)
-    except ValueError:
-        raise CtlError(f"{args.file} is not JSON") from None
+            with open(args.file, "rb") as f:
+                data = f.read()
+    except (OSError, AttributeError) as error:
+        raise CtlError(f"{args.file}: cannot read: {getattr(error, 'strerror', error)}"
+                       ) from None
     params = {"skip-unsupported": "true"} if args.skip_unsupported else None
-    try:
-        answer = client.call("POST", "definitions", document, params=params,
+    try:  # the file as it is: the API judges it (Python's JSON would recurse on nesting)
+        answer = client.call("POST", "definitions", raw=data, params=params,
                              what=f"import of {args.file}")
     except CtlError as error:
         unsupported = error.answer.get("unsupported")
@@ -561,7 +692,7 @@ def _import(client: Client, args, vhost: str) -> str:
             raise CtlError(f"{error}\n--skip-unsupported imports the rest and lists what it "
                            "skips") from None
         raise
-    skipped = (answer or {}).get("skipped", [])
+    skipped = answer.get("skipped", []) if isinstance(answer, dict) else []
     message = f"definitions imported from {args.file}"
     if skipped:
         message += f"; skipped, as Warren does not support them ({len(skipped)}):"

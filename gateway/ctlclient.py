@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from urllib.parse import quote
 
 import requests
@@ -23,9 +24,10 @@ FORMATS = ("table", "tsv", "json")
 
 
 class CtlError(Exception):
-    def __init__(self, message: str, answer: dict | None = None):
+    def __init__(self, message: str, answer: dict | None = None, status: int = 0):
         super().__init__(message)
         self.answer = answer or {}  # the API's error body, when it gave one
+        self.status = status  # its HTTP status, when it answered
 
 
 def target(url: str | None, user: str | None, password: str | None,
@@ -54,13 +56,28 @@ def _from_config(path: str | None) -> dict:
         values = config.load_file(path)
     except config.ConfigError as error:
         raise CtlError(str(error)) from None
-    found = {"user": values.get("default_user"), "password": values.get("default_pass")}
-    port = values.get("management_port", config.Config.management_port)
+    except ValueError:  # tomllib reads the file as UTF-8 and lets the decoding error out
+        raise CtlError(f"{path}: not valid TOML: not UTF-8 text") from None
+    defaults = config.Config()
+
+    def value(key: str, kind: type):
+        got = values.get(key, getattr(defaults, key))
+        if type(got) is not kind:  # type(): a boolean is no port
+            raise CtlError(f"{path}: {key}: expected {kind.__name__}, got {got!r}")
+        return got
+
+    found = {"user": value("default_user", str), "password": value("default_pass", str)}
+    port = value("management_port", int)
+    if not 0 <= port <= 65535:
+        raise CtlError(f"{path}: management_port: must be a port number, 0-65535 "
+                       f"(got {port})")
     if port:  # 0: the broker has no management listener
-        host = values.get("management_bind", config.Config.management_bind)
+        host = value("management_bind", str)
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+        if not re.fullmatch(r"[\w.:%-]+", host, re.ASCII):
+            raise CtlError(f"{path}: management_bind: not an address or host name: {host!r}")
         found["url"] = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    return {k: str(v) for k, v in found.items() if v is not None}
+    return found
 
 
 def segment(name: str) -> str:
@@ -72,26 +89,32 @@ class Client:
     def __init__(self, url: str, user: str, password: str, timeout: float = 30.0):
         self.url = url.rstrip("/")
         self.session = requests.Session()
-        self.session.auth = (user, password)
+        # as UTF-8, as RabbitMQ reads them (requests would send Latin-1, or fail)
+        self.session.auth = (user.encode(), password.encode())
         self.timeout = timeout
 
     def call(self, method: str, path: str, body=None, what: str | None = None,
-             params: dict | None = None, headers: dict | None = None):
-        """The API's answer to one request (parsed JSON, or None when empty). An
+             params: dict | None = None, headers: dict | None = None,
+             raw: bytes | None = None):
+        """The API's answer to one request (parsed JSON, or None when empty). The
+        body is `body` as JSON, or `raw`, JSON as it is, for the API to judge. An
         error is a CtlError with the API's reason and `what` was asked for."""
+        if raw is not None:
+            headers = {**(headers or {}), "Content-Type": "application/json"}
         try:
             response = self.session.request(method, f"{self.url}/api/{path}", json=body,
-                                            params=params, headers=headers,
+                                            data=raw, params=params, headers=headers,
                                             timeout=self.timeout)
         except requests.RequestException as error:
             raise CtlError(f"cannot reach {self.url}: {_cause(error)}") from None
         if response.status_code >= 400:
-            raise CtlError(*_explain(response, what or f"{method} /api/{path}"))
+            raise CtlError(*_explain(response, what or f"{method} /api/{path}"),
+                           response.status_code)
         if not response.content:
             return None
         try:
             return response.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             raise CtlError(f"{self.url} answered {method} /api/{path} with something other "
                            f"than JSON: is it a management API?") from None
 
@@ -110,7 +133,7 @@ def _explain(response: requests.Response, what: str) -> tuple[str, dict]:
     """RabbitMQ's error body, {"error": ..., "reason": ...}, in a sentence; the body."""
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         body = {}
     if not isinstance(body, dict):
         body = {}

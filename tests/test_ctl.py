@@ -315,7 +315,8 @@ def test_vhost_filters_lists(managed):
                                "--columns", "user,vhost").stdout)
         assert perms == [{"user": "guest", "vhost": "ctl-only"}]
         missing = ctl(managed, "list", "queues", "-V", "nowhere", check=False)
-        assert missing.returncode == 1 and "Not Found [404" in missing.stderr
+        assert (missing.returncode, missing.stderr) == (
+            1, "warren ctl: list queues: no vhost 'nowhere' [404 Object Not Found]\n")
     finally:
         ctl(managed, "delete", "queue", "name=in-default")
         ctl(managed, "delete-vhost", "ctl-only")
@@ -467,3 +468,165 @@ def test_name_value_words_become_options_only_where_rabbitmqadmin_has_them():
     assert rewrite(["--vhost", "delete", "list", "queues"]) == [
         "--vhost", "delete", "list", "queues"]
     assert rewrite(["set-policy", "purge", "^a=", "{}"]) == ["set-policy", "purge", "^a=", "{}"]
+
+
+def test_publish_and_get_as_rabbitmqadmin_does(managed, tmp_path):
+    """rabbitmqadmin 3.10's `publish` and `get`, as RabbitMQ answers them: an
+    unrouted message is no error, the payload comes from stdin when not given,
+    `get` requeues unless told otherwise and writes one body to payload_file."""
+    ctl(managed, "declare", "queue", "name=pub-q", "durable=false")
+    try:
+        assert ctl(managed, "publish", "routing_key=pub-q", "payload=hello").stdout == (
+            "message published to exchange 'amq.default' in vhost '/'\n")
+        assert ctl(managed, "publish", "--routing-key", "nowhere", "--payload", "x").stdout == (
+            "message published to exchange 'amq.default' in vhost '/' but NOT routed\n")
+        piped = subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "--url",
+                                managed.http_url, "publish", "routing_key=pub-q",
+                                'properties={"headers": {"k": 1}}'],
+                               input=b"\xff\x00bytes", capture_output=True, timeout=30, cwd=ROOT)
+        assert piped.returncode == 0, piped.stderr
+        table = ctl(managed, "get", "queue=pub-q", "count=5").stdout.splitlines()
+        assert table[0].split() == ["routing_key", "exchange", "message_count", "payload",
+                                    "payload_bytes", "payload_encoding", "properties",
+                                    "redelivered"]
+        assert len(table) == 4  # header, rule, two messages: requeued, not removed
+        got = json.loads(ctl(managed, "get", "queue=pub-q", "count=5",
+                             "ackmode=ack_requeue_false", "encoding=auto", "--json").stdout)
+        assert [(m["payload"], m["payload_encoding"], m["payload_bytes"], m["redelivered"])
+                for m in got] == [("hello", "string", 5, True),
+                                  ("/wBieXRlcw==", "base64", 7, True)]
+        assert got[1]["properties"]["headers"] == {"k": 1}
+        assert ctl(managed, "get", "queue=pub-q").stdout == (
+            "queue 'pub-q' in vhost '/' has no messages ready\n")
+        ctl(managed, "publish", "routing_key=pub-q", "payload=AAE=", "payload_encoding=base64")
+        body = tmp_path / "body"
+        shown = ctl(managed, "get", "queue=pub-q", f"payload_file={body}", "-f", "tsv")
+        assert shown.stdout.splitlines()[0].split("\t") == [
+            "routing_key", "exchange", "message_count", "payload_bytes", "redelivered"]
+        assert body.read_bytes() == b"\x00\x01"
+        many = ctl(managed, "get", "queue=pub-q", "count=2", f"payload_file={body}",
+                   check=False)
+        assert (many.returncode, many.stderr) == (
+            1, "warren ctl: --payload-file takes one message: --count must be 1\n")
+        missing = ctl(managed, "publish", "exchange=pub-none", "routing_key=k", "payload=x",
+                      check=False)
+        assert missing.returncode == 1 and missing.stderr.startswith(
+            "warren ctl: publish to exchange 'pub-none' in vhost '/': ")
+        assert "no exchange 'pub-none' in vhost '/'" in missing.stderr
+        missing = ctl(managed, "get", "queue=pub-none", check=False)
+        assert missing.returncode == 1
+        assert "no queue 'pub-none' in vhost '/'" in missing.stderr
+        bad = ctl(managed, "get", "queue=pub-q", "count=abc", check=False)
+        assert bad.returncode == 2 and "argument --count: invalid int value: 'abc'" in bad.stderr
+    finally:
+        ctl(managed, "delete", "queue", "name=pub-q")
+
+
+def test_set_user_tags_keeps_the_password(managed):
+    """As rabbitmqctl set_user_tags: the tags are replaced, the password stays."""
+    ctl(managed, "add-user", "tagged", "pw", "--tags", "monitoring")
+    try:
+        assert ctl(managed, "set-user-tags", "tagged", "administrator", "management"
+                   ).stdout == "tags of user 'tagged' set to administrator,management\n"
+        [user] = [u for u in json.loads(ctl(managed, "list", "users", "--json").stdout)
+                  if u["name"] == "tagged"]
+        assert user["tags"] == ["administrator", "management"]
+        # an administrator now, and still signing in with its password
+        assert ctl(managed, "list", "users", "-u", "tagged", "-p", "pw").returncode == 0
+        assert ctl(managed, "set-user-tags", "tagged").stdout == (
+            "tags of user 'tagged' set to none\n")
+        missing = ctl(managed, "set-user-tags", "nobody", "administrator", check=False)
+        assert (missing.returncode, missing.stderr) == (
+            1, "warren ctl: user 'nobody': Not Found [404 Object Not Found]\n")
+    finally:
+        ctl(managed, "delete-user", "tagged")
+
+
+def test_columns_may_follow_options(managed):
+    """`list queues -V team name messages`, as rabbitmqadmin takes it; a word that
+    is no column or option is still refused elsewhere."""
+    ctl(managed, "declare", "queue", "name=col-q", "durable=false")
+    try:
+        listed = ctl(managed, "list", "queues", "-V", "/", "name", "-f", "tsv", "messages")
+        assert listed.stdout.splitlines()[0] == "name\tmessages"
+        assert "col-q\t0" in listed.stdout.splitlines()
+        shown = ctl(managed, "show", "overview", "-f", "tsv", "cluster_name")
+        assert shown.stdout.startswith("cluster_name\nwarren@")
+        stray = ctl(managed, "delete-user", "-q", "someone", "extra", check=False)
+        assert stray.returncode == 2 and "unrecognized arguments: extra" in stray.stderr
+        unknown = ctl(managed, "list", "queues", "--colour", check=False)
+        assert unknown.returncode == 2 and "unrecognized arguments: --colour" in unknown.stderr
+    finally:
+        ctl(managed, "delete", "queue", "name=col-q")
+
+
+def test_import_of_deeply_nested_arguments_is_refused_cleanly(managed, tmp_path):
+    """ctl sends the file as it is: the API refuses what Python's JSON would
+    recurse on, and ctl says so, with no traceback."""
+    depth = 5000
+    path = tmp_path / "deep.json"
+    path.write_text('{"queues": [{"name": "deep", "vhost": "/", "durable": true, '
+                    '"auto_delete": false, "arguments": {"x-a": ' + '{"a": ' * depth + "1"
+                    + "}" * depth + "}}]}")
+    result = ctl(managed, "import", str(path), check=False)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"warren ctl: import of {path}: ")
+    assert "Traceback" not in result.stderr
+    assert "deep" not in ctl(managed, "list", "queues", "name").stdout.split()
+    not_json = tmp_path / "not.json"
+    not_json.write_bytes(b"\xff{")
+    result = ctl(managed, "import", str(not_json), check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+
+
+def test_config_files_without_the_management_keys(managed, tmp_path):
+    """A warren.toml without management_bind (or empty) means the broker's
+    defaults, as the broker reads it; a wrong value is named, not a traceback."""
+    def run_with(text: str, **env) -> subprocess.CompletedProcess:
+        (tmp_path / "warren.toml").write_text(text)
+        return subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "list",
+                               "vhosts"], capture_output=True, text=True, timeout=30,
+                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+    found = run_with(f"management_port = {managed.management_port}\n")
+    assert found.returncode == 0, found.stderr
+    # the URL from the environment, the user and password from the file's defaults
+    found = run_with("", WARREN_MANAGEMENT_URL=managed.http_url)
+    assert found.returncode == 0, found.stderr
+    for text, said in [
+            ('management_port = "x"\n', "management_port: expected int, got 'x'"),
+            ("management_port = true\n", "management_port: expected int, got True"),
+            ("management_port = 70000\n", "management_port: must be a port number"),
+            ("management_bind = 1\n", "management_bind: expected str, got 1"),
+            ('management_bind = "a/b"\n', "management_bind: not an address or host name"),
+            ("default_user = []\n", "default_user: expected str, got []")]:
+        result = run_with(text)
+        assert result.returncode == 1, (text, result.stderr)
+        assert result.stderr.startswith(f"warren ctl: warren.toml: {said}"), (text, result.stderr)
+    (tmp_path / "warren.toml").write_bytes(b"port = \xff\n")
+    result = subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "list",
+                             "vhosts"], capture_output=True, text=True, timeout=30,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (result.returncode, result.stderr) == (
+        1, "warren ctl: warren.toml: not valid TOML: not UTF-8 text\n")
+
+
+def test_non_latin1_credentials_and_reasons(managed):
+    """RabbitMQ reads Basic credentials and X-Reason as UTF-8: so does ctl send them."""
+    ctl(managed, "add-user", "日本", "pässwörd", "--tags", "management")
+    try:
+        assert ctl(managed, "list", "vhosts", "-u", "日本", "-p", "pässwörd").returncode == 0
+        wrong = ctl(managed, "list", "vhosts", "-u", "日本", "-p", "x", check=False)
+        assert wrong.returncode == 1 and "Login failed" in wrong.stderr
+    finally:
+        ctl(managed, "delete-user", "日本")
+    conn = pika.BlockingConnection(pika.URLParameters(managed.url))
+    port = conn._impl._transport._sock.getsockname()[1]
+    [name] = [row["name"] for row in json.loads(ctl(managed, "list", "connections", "--json"
+                                                    ).stdout) if f":{port} ->" in row["name"]]
+    ctl(managed, "close", "connection", f"name={name}", "reason=maintenance — 日本")
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            conn.process_data_events(0.05)
+    assert "maintenance — 日本" in raised.value.reply_text
