@@ -35,12 +35,22 @@ from .amqp.frames import FrameError, FrameReader
 from .assembly import decode_method
 from .channel import Channel
 from .errors import AMQPError
+from .logthrottle import LOG, SUPPRESS_FIRST, LogThrottle
 from .snapshots import ConnectionInfo
 
 log = logging.getLogger("warren.connection")
 
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 3.0
+# An error before tune-ok closes the socket this long after, without a word to
+# the client, as RabbitMQ (its SILENT_CLOSE_DELAY): a client not yet trusted
+# learns nothing and cannot retry at once.
+HANDSHAKE_ERROR_DELAY = 3.0
+CHANNEL_MIN = 1  # the least channel_max a client may ask for (RabbitMQ's)
+# Each kind of client error is logged at most this often per gateway process
+# (logthrottle.py); the ones past it are counted in one line a second.
+CLIENT_ERRORS_PER_SECOND = 10
+_client_errors = LogThrottle(CLIENT_ERRORS_PER_SECOND, 1.0)
 # Frames one connection may handle per loop turn before yielding (a publish is
 # three): small enough that deliveries and credit are not kept waiting behind a
 # flood, large enough that a turn's work still goes out in big batches. A third
@@ -85,7 +95,9 @@ class Connection(asyncio.BufferedProtocol):
         self.frame_max = config.frame_max
         self.heartbeat = config.heartbeat
         self.state = AWAIT_HEADER
-        self.reader = FrameReader(self.frame_max)
+        # Until tune-ok, frames may be as large as the spec's minimum only, as on
+        # RabbitMQ: a client not logged in cannot send a 128 KiB start-ok.
+        self.reader = FrameReader(spec.FRAME_MIN_SIZE)
         # The transport asks the reader for room itself: one Python frame less a read.
         self.get_buffer = self.reader.get_buffer
         self.channels: dict[int, Channel] = {}
@@ -146,7 +158,8 @@ class Connection(asyncio.BufferedProtocol):
             log.debug("closing AMQP connection (%s): no data received", self.name,
                       extra=self._log_fields())
         elif self.state not in (CLOSING, CLOSED):
-            log.warning("closing AMQP connection (%s):\nclient unexpectedly closed TCP "
+            _log_client("unexpected close", logging.WARNING,
+                        "closing AMQP connection (%s):\nclient unexpectedly closed TCP "
                         "connection", self._describe(), extra=self._log_fields())
         elif not self._end_logged:
             log.info("closing AMQP connection (%s)", self._describe(), extra=self._log_fields())
@@ -431,8 +444,9 @@ class Connection(asyncio.BufferedProtocol):
             return False
         if header != frames.PROTOCOL_HEADER:
             # Tell the client which protocol we speak, then hang up (AMQP 0-9-1 §4.2.2).
-            log.error("closing AMQP connection (%s):\nclient did not start with AMQP protocol "
-                      "header: %r", self.name, header, extra=self._log_fields())
+            _log_client("protocol header", logging.ERROR,
+                        "closing AMQP connection (%s):\nclient did not start with AMQP "
+                        "protocol header: %r", self.name, header, extra=self._log_fields())
             self._end_logged = True
             self.transport.write(frames.PROTOCOL_HEADER)
             self.state = CLOSED
@@ -453,21 +467,26 @@ class Connection(asyncio.BufferedProtocol):
         return True
 
     def _handle_frame(self, frame_type: int, channel: int, payload: bytes) -> None:
-        if frame_type == frames.FRAME_HEARTBEAT:
-            if channel != 0:
-                raise AMQPError(spec.FRAME_ERROR, "heartbeat frame on a non-zero channel")
-            return
         if self.state == CLOSING:
             self._handle_while_closing(frame_type, channel, payload)
             return
-        if channel == 0:
-            if frame_type != frames.FRAME_METHOD:
-                raise AMQPError(spec.UNEXPECTED_FRAME,
-                                f"unexpected frame type {frame_type} on channel 0")
-            self._connection_method(decode_method(payload))
-            return
-        if self.state != OPEN:
-            raise AMQPError(spec.CHANNEL_ERROR, "channel frame before connection.open-ok")
+        if frame_type == frames.FRAME_HEARTBEAT:  # RabbitMQ's errors, in its order
+            if payload:
+                raise AMQPError(spec.FRAME_ERROR, f"type {frame_type}, "
+                                f"{frames.payload_snippet(payload)}: unknown_frame")
+            if channel == 0:
+                return
+            raise AMQPError(spec.UNEXPECTED_FRAME,
+                            f"type {frame_type}, {frames.payload_snippet(payload)}")
+        if channel == 0 or self.state != OPEN:
+            if frame_type == frames.FRAME_METHOD and channel == 0:
+                self._connection_method(decode_method(payload))
+                return
+            if frame_type not in (frames.FRAME_METHOD, frames.FRAME_HEADER, frames.FRAME_BODY):
+                raise AMQPError(spec.FRAME_ERROR, f"type {frame_type}, "
+                                f"{frames.payload_snippet(payload)}: unknown_frame")
+            raise AMQPError(spec.UNEXPECTED_FRAME,
+                            f"type {frame_type}, {frames.payload_snippet(payload)}")
         ch = self.channels.get(channel)
         if ch is None:
             self._channel_open(channel, frame_type, payload)
@@ -519,8 +538,9 @@ class Connection(asyncio.BufferedProtocol):
     def fail(self, error: BaseException) -> None:
         """A bug met while serving this connection: log it once and close this
         connection with 541, leaving every other client and the loop running."""
-        log.error("closing AMQP connection (%s) after an internal error", self._describe(),
-                  exc_info=error, extra=self._log_fields())
+        _log_client("internal error", logging.ERROR,
+                    "closing AMQP connection (%s) after an internal error", self._describe(),
+                    exc_info=error, extra=self._log_fields())
         try:
             self.close_with_error(AMQPError(spec.INTERNAL_ERROR, "internal error"))
         except Exception:
@@ -559,8 +579,9 @@ class Connection(asyncio.BufferedProtocol):
             self.gateway.leader.channels_changed(self)
 
     def close_channel_with_error(self, ch: Channel, error: AMQPError) -> None:
-        log.error("Channel error on connection (%s), channel %d:\noperation %s caused a "
-                  "channel exception %s: %s", self._describe(), ch.number, _operation(error),
+        _log_client(f"channel error {error.code}", logging.ERROR,
+                    "Channel error on connection (%s), channel %d:\noperation %s caused a "
+                    "channel exception %s: %s", self._describe(), ch.number, _operation(error),
                   spec.REPLY_NAMES[error.code].lower(), error.detail,
                   extra=self._log_fields(channel=ch.number, reply_code=error.code))
         ch.release()
@@ -610,15 +631,11 @@ class Connection(asyncio.BufferedProtocol):
     def _connection_method(self, method) -> None:
         kind = type(method)
         expected = {AWAIT_START_OK: m.ConnectionStartOk, AWAIT_TUNE_OK: m.ConnectionTuneOk,
-                    AWAIT_OPEN: m.ConnectionOpen}.get(self.state)
-        if expected is not None and kind is not expected and kind is not m.ConnectionClose:
-            raise AMQPError(spec.COMMAND_INVALID, f"expected '{expected.NAME}', got "
-                            f"'{method.NAME}'", method.CLASS_ID, method.METHOD_ID)
-        if self.state == OPEN and kind is not m.ConnectionClose \
-                and kind is not m.ConnectionUpdateSecret:
+                    AWAIT_OPEN: m.ConnectionOpen, OPEN: m.ConnectionUpdateSecret}.get(self.state)
+        if kind is not expected and kind is not m.ConnectionClose:
             # A second start-ok, an unasked close-ok, channel.open on channel 0...
-            raise AMQPError(spec.CHANNEL_ERROR, "unexpected method in connection state running",
-                            method.CLASS_ID, method.METHOD_ID)
+            raise AMQPError(spec.CHANNEL_ERROR, "unexpected method in connection state "
+                            f"{STATE_NAMES[self.state]}", method.CLASS_ID, method.METHOD_ID)
         if kind is m.ConnectionStartOk:
             self._start_ok(method)
         elif kind is m.ConnectionTuneOk:
@@ -723,17 +740,10 @@ class Connection(asyncio.BufferedProtocol):
             self._shutdown()
 
     def _tune_ok(self, method: m.ConnectionTuneOk) -> None:
-        if method.frame_max and method.frame_max < spec.FRAME_MIN_SIZE:
-            raise AMQPError(spec.NOT_ALLOWED, f"frame_max={method.frame_max} < "
-                            f"{spec.FRAME_MIN_SIZE} min size")
-        if method.frame_max > self.frame_max:
-            raise AMQPError(spec.NOT_ALLOWED, f"frame_max={method.frame_max} > "
-                            f"{self.frame_max} max size")
-        if method.channel_max > self.channel_max:
-            raise AMQPError(spec.NOT_ALLOWED, f"channel_max={method.channel_max} > "
-                            f"{self.channel_max} max channels")
-        self.frame_max = method.frame_max or self.frame_max
-        self.channel_max = method.channel_max or self.channel_max
+        _negotiated("frame_max", method.frame_max, spec.FRAME_MIN_SIZE, self.frame_max)
+        _negotiated("channel_max", method.channel_max, CHANNEL_MIN, self.channel_max)
+        self.frame_max = method.frame_max
+        self.channel_max = method.channel_max
         self.heartbeat = method.heartbeat
         self.reader.frame_max = self.frame_max
         self.state = AWAIT_OPEN
@@ -788,8 +798,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def _handshake_timeout(self) -> None:
         if self.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN):
-            log.error("closing AMQP connection (%s):\nhandshake timeout in state %s",
-                      self._describe(), STATE_NAMES[self.state], extra=self._log_fields())
+            _log_client("handshake timeout", logging.ERROR,
+                        "closing AMQP connection (%s):\nhandshake timeout in state %s",
+                        self._describe(), STATE_NAMES[self.state], extra=self._log_fields())
             self._end_logged = True
             self._shutdown()
 
@@ -806,8 +817,10 @@ class Connection(asyncio.BufferedProtocol):
         else:
             self._quiet_ticks += 1
         if self._quiet_ticks >= 4:
-            log.error("closing AMQP connection (%s):\nmissed heartbeats from client, "
-                      "timeout: %ss", self._describe(), self.heartbeat, extra=self._log_fields())
+            _log_client("missed heartbeats", logging.ERROR,
+                        "closing AMQP connection (%s):\nmissed heartbeats from client, "
+                        "timeout: %ss", self._describe(), self.heartbeat,
+                        extra=self._log_fields())
             self._end_logged = True
             self.state = CLOSED
             self.transport.abort()
@@ -826,6 +839,9 @@ class Connection(asyncio.BufferedProtocol):
         """A hard error: send connection.close and wait (briefly) for close-ok."""
         if self.state in (CLOSING, CLOSED):
             return
+        if self.state in (AWAIT_START_OK, AWAIT_TUNE_OK):
+            self._handshake_error(error)
+            return
         self._log_error(error)
         for channel in list(self.channels.values()):
             channel.release()
@@ -835,6 +851,26 @@ class Connection(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
+
+    def _handshake_error(self, error: AMQPError) -> None:
+        """An error before tune-ok, as RabbitMQ: logged, no connection.close, input
+        dropped, and the socket closed HANDSHAKE_ERROR_DELAY later."""
+        if self.state == AWAIT_TUNE_OK and error.code == spec.NOT_ALLOWED:
+            detail = f"failed to negotiate connection parameters: {error.detail}"
+        else:
+            operation = _operation(error)
+            detail = (f"{{handshake_error,{STATE_NAMES[self.state]},0,{{amqp_error,"
+                      f"{spec.REPLY_NAMES[error.code].lower()},{_erlang_string(error.detail)},"
+                      f"{operation if operation == 'none' else repr(operation.replace('-', '_'))}"
+                      "}}")
+        _log_client("handshake error", logging.ERROR, "closing AMQP connection (%s):\n%s",
+                    self._describe(), detail, extra=self._log_fields(reply_code=error.code))
+        self._end_logged = True
+        self.flush()  # what was sent before the error still goes out
+        self.state = CLOSED  # what it sends is dropped (buffer_updated)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(HANDSHAKE_ERROR_DELAY, self.transport.close)
 
     def close_forced(self, reason: str) -> None:
         self.close_with_error(AMQPError(
@@ -873,9 +909,10 @@ class Connection(asyncio.BufferedProtocol):
                       f"{spec.REPLY_NAMES[error.code].lower()}: \"{error.detail}\"")
         else:
             detail = error.detail
-        log.error("Error on AMQP connection (%s, state: %s):\n%s", self._describe(),
-                  STATE_NAMES[self.state], detail,
-                  extra=self._log_fields(reply_code=error.code))
+        _log_client(f"connection error {error.code}", logging.ERROR,
+                    "Error on AMQP connection (%s, state: %s):\n%s", self._describe(),
+                    STATE_NAMES[self.state], detail,
+                    extra=self._log_fields(reply_code=error.code))
 
     def _shutdown(self) -> None:
         if self.state == CLOSED:
@@ -896,6 +933,44 @@ class Connection(asyncio.BufferedProtocol):
         if self._paused_by:
             self._paused_by.clear()
             self.transport.resume_reading()
+
+
+def _negotiated(field: str, value: int, minimum: int, offered: int) -> None:
+    """tune-ok's value of `field` within RabbitMQ's bounds: 0 means no limit, which
+    is more than any limit offered."""
+    if value and value < minimum:
+        bound = f"is lower than the minimum allowed value ({minimum})"
+    elif offered and (not value or value > offered):
+        bound = f"is higher than the maximum allowed value ({offered})"
+    else:
+        return
+    no_limit = " (no limit)" if field == "channel_max" and not value else ""
+    raise AMQPError(spec.NOT_ALLOWED, f"negotiated {field} = {value}{no_limit} {bound}",
+                    m.ConnectionTuneOk.CLASS_ID, m.ConnectionTuneOk.METHOD_ID)
+
+
+def _erlang_string(text: str) -> str:
+    """`text` as Erlang's ~p writes a string."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _log_client(kind: str, level: int, message: str, *args, **kwargs) -> None:
+    """Log a client's error unless too many of its kind came this second; the first
+    one held back arms the line that counts them at the second's end."""
+    loop = asyncio.get_running_loop()
+    verdict = _client_errors.admit(kind, loop.time())
+    if verdict == LOG:
+        log.log(level, message, *args, **kwargs)
+    elif verdict == SUPPRESS_FIRST:
+        loop.call_later(_client_errors.period_left(kind, loop.time()), _log_suppressed,
+                        kind, level)
+
+
+def _log_suppressed(kind: str, level: int) -> None:
+    count = _client_errors.take_suppressed(kind)
+    if count:
+        log.log(level, "%d more client errors of this kind not logged in the last second "
+                "(%s): more than %d a second", count, kind, CLIENT_ERRORS_PER_SECOND)
 
 
 def _operation(error: AMQPError) -> str:

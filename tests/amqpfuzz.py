@@ -126,11 +126,11 @@ class _Conversation:
         self.method(0, m.ConnectionStartOk(
             client_properties={"product": "amqpfuzz", "capabilities": caps},
             mechanism=mechanism, response=response, locale="en_US"))
-        self.frame_max = rng.choice([0, 4096, 131072])
-        self.method(0, m.ConnectionTuneOk(channel_max=rng.choice([0, 16, 2047]),
+        # (0, "no limit", is more than the broker offers: RabbitMQ refuses it)
+        self.frame_max = rng.choice([4096, 131072])
+        self.method(0, m.ConnectionTuneOk(channel_max=rng.choice([16, 2047]),
                                           frame_max=self.frame_max,
                                           heartbeat=rng.choice([0, 0, 60])))
-        self.frame_max = self.frame_max or 131072
         self.method(0, m.ConnectionOpen(virtual_host=rng.choice(["/"] * 9 + ["nowhere"])))
 
     def open_channel(self) -> int:
@@ -442,10 +442,12 @@ class Verdict:
     def hang_up_explained(self) -> bool:
         """Whether a hang-up after this output is in order: the broker refused the
         protocol header, sent connection.close, answered the client's close, or
-        refused the login of a client without authentication_failure_close."""
-        refused_login = self.has(m.ConnectionStart) and not self.has(m.ConnectionTune)
+        hung up on a handshake error (before tune-ok, as RabbitMQ, without a word:
+        a refused login, a bad start-ok or tune-ok; the output cannot tell an error
+        after tune-ok, which gets connection.close, from one before it)."""
+        handshake_error = self.has(m.ConnectionStart) and not self.has(m.ConnectionOpenOk)
         return (self.rejected_header or self.connection_close is not None
-                or self.has(m.ConnectionCloseOk) or refused_login)
+                or self.has(m.ConnectionCloseOk) or handshake_error)
 
 
 def check_output(written: bytes) -> Verdict:

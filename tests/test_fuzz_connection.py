@@ -224,7 +224,7 @@ def _handshake() -> bytes:
             + frames.method_frame(0, m.ConnectionStartOk(
                 client_properties={"capabilities": {}}, mechanism="PLAIN",
                 response=b"\0guest\0guest", locale="en_US"))
-            + frames.method_frame(0, m.ConnectionTuneOk(channel_max=0, frame_max=131072,
+            + frames.method_frame(0, m.ConnectionTuneOk(channel_max=2047, frame_max=131072,
                                                         heartbeat=0))
             + frames.method_frame(0, m.ConnectionOpen(virtual_host="/"))
             + frames.method_frame(1, m.ChannelOpen()))

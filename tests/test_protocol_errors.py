@@ -4,12 +4,15 @@ client or a real socket shows."""
 
 from __future__ import annotations
 
+import logging
 import struct
 
 import pytest
 
-from warren.gateway.amqp import frames
+from warren.gateway.amqp import frames, spec
 from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.fieldtable import MAX_DEPTH
+from warren.gateway.connection import CLIENT_ERRORS_PER_SECOND, HANDSHAKE_ERROR_DELAY
 
 
 def test_wrong_protocol_header_gets_ours_back_and_close(inproc):
@@ -191,3 +194,244 @@ def test_malformed_frame_behind_a_waiting_declare_closes_only_its_sender(inproc,
         assert healthy.expect(1, m.BasicAck).delivery_tag == n + 1
         healthy.call(1, m.BasicGet(queue="wedge.q", no_ack=True), m.BasicGetOk)
         assert healthy.content()[1] == b"still here"
+
+
+# --- the handshake and frames, as RabbitMQ 3.10 answers them (issue 56.9) ---------------
+
+
+def silently_closed(inproc, client) -> bool:
+    """Whether the broker wrote nothing more and hung up HANDSHAKE_ERROR_DELAY later
+    (not before): RabbitMQ's answer to an error before tune-ok."""
+    written = len(client.transport.written)
+    inproc.settle()
+    if client.transport.closed:
+        return False
+    inproc.advance(HANDSHAKE_ERROR_DELAY - 0.5)
+    if client.transport.closed:
+        return False
+    inproc.advance(0.5)
+    return inproc.run(lambda: client.transport.closed) \
+        and len(client.transport.written) == written
+
+
+def started(client, client_properties: bytes | None = None) -> None:
+    """Protocol header and start-ok (its client properties raw when given)."""
+    client.send(frames.PROTOCOL_HEADER)
+    client.expect(0, m.ConnectionStart)
+    if client_properties is None:
+        client.send_method(0, m.ConnectionStartOk(client_properties={}, mechanism="PLAIN",
+                                                  response=b"\0guest\0guest", locale="en_US"))
+    else:
+        ids = m.encode_method(m.ConnectionStartOk(client_properties={}))[:4]
+        client.send_frame(frames.FRAME_METHOD, 0, ids + client_properties
+                          + b"\x05PLAIN" + struct.pack(">I", 12) + b"\0guest\0guest"
+                          + b"\x05en_US")
+
+
+@pytest.mark.parametrize("frame_max, channel_max, logged", [
+    (0, 2047, "negotiated frame_max = 0 is higher than the maximum allowed value (131072)"),
+    (4095, 2047, "negotiated frame_max = 4095 is lower than the minimum allowed value (4096)"),
+    (131073, 2047, "negotiated frame_max = 131073 is higher than the maximum allowed value "
+                   "(131072)"),
+    (131072, 0, "negotiated channel_max = 0 (no limit) is higher than the maximum allowed "
+                "value (2047)"),
+    (131072, 2048, "negotiated channel_max = 2048 is higher than the maximum allowed value "
+                   "(2047)"),
+])
+def test_tune_ok_past_the_offer_is_refused_without_a_word_as_on_rabbitmq(
+        inproc, caplog, frame_max, channel_max, logged):
+    """frame_max=0 ("no limit") was accepted (issue 56.9). RabbitMQ refuses it, and any
+    value past its offer, by hanging up 3 s later: no connection.close."""
+    client = inproc.client()
+    started(client)
+    client.expect(0, m.ConnectionTune)
+    inproc.advance(1.0)  # a second of its own for the log throttle
+    with caplog.at_level(logging.ERROR, logger="warren.connection"):
+        client.send_method(0, m.ConnectionTuneOk(channel_max=channel_max, frame_max=frame_max,
+                                                 heartbeat=0))
+        client.send_method(0, m.ConnectionOpen(virtual_host="/"))
+        assert silently_closed(inproc, client)
+    assert [r.getMessage().split("\n")[1] for r in caplog.records] == [
+        f"failed to negotiate connection parameters: {logged}"]
+
+
+@pytest.mark.parametrize("payload, text", [
+    (b"xyz", 'FRAME_ERROR - type 8, all octets = <<"xyz">>: unknown_frame'),
+    (b"a\nb\"c\\", 'FRAME_ERROR - type 8, all octets = <<"a\\nb\\"c\\\\">>: unknown_frame'),
+    (bytes(range(40)), "FRAME_ERROR - type 8, first 16 octets = "
+                       "<<0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15>>: unknown_frame"),
+])
+def test_a_heartbeat_with_a_payload_is_501_as_on_rabbitmq(inproc, payload, text):
+    """It was taken as a heartbeat (issue 56.9)."""
+    client = inproc.client()
+    client.handshake()
+    client.send_frame(frames.FRAME_HEARTBEAT, 0, payload)
+    close = client.expect_connection_close(501)
+    assert (close.reply_text, close.class_id, close.method_id) == (text, 0, 0)
+
+
+def test_a_heartbeat_on_a_channel_is_505_as_on_rabbitmq(inproc):
+    client = inproc.client()
+    client.handshake()
+    client.open_channel(1)
+    client.send_frame(frames.FRAME_HEARTBEAT, 1, b"")
+    close = client.expect_connection_close(505)
+    assert close.reply_text == "UNEXPECTED_FRAME - type 8, all octets = <<>>"
+
+
+def test_frames_before_open_ok_and_wrong_connection_methods_in_rabbitmqs_words(inproc):
+    client = inproc.client()
+    started(client)
+    tune = client.expect(0, m.ConnectionTune)
+    client.send_method(0, m.ConnectionTuneOk(channel_max=tune.channel_max,
+                                             frame_max=tune.frame_max, heartbeat=0))
+    client.send_method(1, m.ChannelOpen())
+    close = client.expect_connection_close(505)
+    assert close.reply_text == "UNEXPECTED_FRAME - type 1, all octets = <<0,20,0,10,0>>"
+    client = inproc.client()
+    started(client)
+    client.expect(0, m.ConnectionTune)
+    client.send_method(0, m.ConnectionTuneOk(channel_max=2047, frame_max=131072, heartbeat=0))
+    client.send_method(0, m.ConnectionStartOk(client_properties={}, mechanism="PLAIN",
+                                              response=b"\0guest\0guest", locale="en_US"))
+    close = client.expect_connection_close(504)
+    assert (close.reply_text, close.class_id, close.method_id) == (
+        "CHANNEL_ERROR - unexpected method in connection state opening", 10, 11)
+
+
+@pytest.mark.parametrize("sent", [
+    frames.method_frame(0, m.ConnectionOpen(virtual_host="/")),  # before start-ok
+    struct.pack(">BHI", frames.FRAME_HEARTBEAT, 0, 2) + b"ab\xce",
+    struct.pack(">BHI", frames.FRAME_METHOD, 0, 5000) + bytes(5000) + b"\xce",  # > 4096
+], ids=["open-before-start-ok", "heartbeat-payload", "frame-over-4096"])
+def test_errors_before_start_ok_close_without_a_word_as_on_rabbitmq(inproc, sent):
+    """Before tune-ok RabbitMQ trusts no client: it hangs up 3 s after an error and
+    says nothing, and frames are 4096 bytes at most (a 14 KB start-ok nested 2,000
+    deep was read whole, issue 56.6)."""
+    client = inproc.client()
+    client.send(frames.PROTOCOL_HEADER)
+    client.expect(0, m.ConnectionStart)
+    client.send(sent)
+    assert silently_closed(inproc, client)
+
+
+def nested_properties(depth: int) -> bytes:
+    """Client properties holding tables `depth` deep in all (themselves included),
+    with empty keys: 6 bytes a level, the most that fit a 4096-byte frame."""
+    table = b"\x00\x00\x00\x00"
+    for _ in range(depth - 1):
+        table = struct.pack(">I", len(table) + 2) + b"\x00F" + table
+    return table
+
+
+def test_client_properties_nested_past_the_bound_are_one_line_in_the_log(inproc, caplog):
+    """Issue 56.6: start-ok with client properties 2,000 deep was a 541 and a 3,000-line
+    traceback. Now as deep as fits a handshake frame is accepted up to the bound,
+    and past it the handshake ends as for any undecodable start-ok: one line."""
+    client = inproc.client()
+    started(client, nested_properties(MAX_DEPTH))
+    client.expect(0, m.ConnectionTune)
+    assert len(nested_properties(MAX_DEPTH + 1)) < spec.FRAME_MIN_SIZE - 100
+    client = inproc.client()
+    inproc.advance(1.0)  # a second of its own for the log throttle
+    with caplog.at_level(logging.ERROR, logger="warren.connection"):
+        started(client, nested_properties(MAX_DEPTH + 1))
+        assert silently_closed(inproc, client)
+    [record] = caplog.records
+    assert not record.exc_info
+    assert record.getMessage().split("\n")[1].startswith(
+        '{handshake_error,starting,0,{amqp_error,frame_error,"cannot decode <<')
+
+
+def declare_frame(queue: str, arguments: bytes) -> bytes:
+    """queue.declare with raw arguments (a field table with its length)."""
+    return (m.encode_method(m.QueueDeclare(queue=queue))[:-4] + arguments)
+
+
+def nested_table(depth: int, leaf: bytes = b"") -> bytes:
+    """A table `depth` deep in all, each level the one entry 'k' of the one above."""
+    table = struct.pack(">I", len(leaf)) + leaf
+    for _ in range(depth - 1):
+        table = struct.pack(">I", len(table) + 3) + b"\x01kF" + table
+    return table
+
+
+def test_arguments_and_headers_nest_to_the_bound_and_past_it_are_refused(inproc):
+    """Issue 56.6: declare arguments 300 deep and headers 450 deep were 541s with
+    tracebacks (RabbitMQ takes 500 and more). Up to MAX_DEPTH they are served; past it
+    they are what any undecodable table is: 501 for arguments, 502 for properties."""
+    client = inproc.client()
+    client.handshake()
+    client.open_channel(1)
+    client.send_frame(frames.FRAME_METHOD, 1, declare_frame("deep.q", nested_table(MAX_DEPTH)))
+    client.expect(1, m.QueueDeclareOk)
+    client.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
+    headers = nested_table(MAX_DEPTH)
+    properties = struct.pack(">H", 0x2000) + headers
+    client.publish(1, "deep.q", b"deep", properties=properties)
+    client.expect(1, m.BasicAck)
+    client.call(1, m.BasicGet(queue="deep.q", no_ack=True), m.BasicGetOk)
+    assert client.content() == (properties, b"deep")
+    client.publish(1, "deep.q", b"deeper", properties=struct.pack(">H", 0x2000)
+                   + nested_table(MAX_DEPTH + 1))
+    close = client.expect_connection_close(502)
+    assert close.reply_text == ("SYNTAX_ERROR - malformed content properties: bad table "
+                                f"property: field tables and arrays nested deeper than "
+                                f"{MAX_DEPTH} levels")
+    client = inproc.client()
+    client.handshake()
+    client.open_channel(1)
+    client.send_frame(frames.FRAME_METHOD, 1, declare_frame("deeper.q",
+                                                            nested_table(MAX_DEPTH + 1)))
+    close = client.expect_connection_close(501)
+    assert close.reply_text.startswith("FRAME_ERROR - cannot decode <<")
+    assert (close.class_id, close.method_id) == (50, 10)
+
+
+@pytest.mark.parametrize("value", [
+    b"L" + struct.pack(">q", -1),
+    b"T" + struct.pack(">Q", 1_764_355_200_000),  # milliseconds sent as seconds
+    b"T" + struct.pack(">Q", 2**64 - 1),
+], ids=["L", "T-milliseconds", "T-max"])
+def test_l_and_t_past_year_9999_are_taken_as_on_rabbitmq(inproc, value):
+    """Issue 56.9: 'L' was refused and a 'T' past year 9999 closed the connection
+    with 502; RabbitMQ takes both, in arguments and in headers, and the headers go
+    out as they came."""
+    client = inproc.client()
+    client.handshake()
+    client.open_channel(1)
+    entry = b"\x01v" + value
+    client.send_frame(frames.FRAME_METHOD, 1, declare_frame(
+        "typed.q", struct.pack(">I", len(entry)) + entry))
+    client.expect(1, m.QueueDeclareOk)
+    client.call(1, m.QueueBind(queue="typed.q", exchange="amq.headers",
+                               arguments={"x-match": "any", "v": 1}), m.QueueBindOk)
+    properties = struct.pack(">HI", 0x2000, len(entry)) + entry
+    client.publish(1, "", b"typed", exchange="amq.headers", properties=properties)
+    client.publish(1, "typed.q", b"typed", properties=properties)
+    client.call(1, m.BasicGet(queue="typed.q", no_ack=True), m.BasicGetOk)
+    assert client.content() == (properties, b"typed")
+    client.call(1, m.QueueDelete(queue="typed.q"), m.QueueDeleteOk)
+
+
+def test_a_flood_of_one_client_error_is_logged_ten_times_a_second_and_counted(inproc, caplog):
+    """Issue 56.6: 998 bad connections in 20 s wrote 336 MB of log. Each kind of
+    client error is logged CLIENT_ERRORS_PER_SECOND times a second; the rest are
+    counted in one line when the second ends."""
+    inproc.advance(1.0)  # a second of its own for the log throttle
+    with caplog.at_level(logging.ERROR, logger="warren.connection"):
+        clients = []
+        for _ in range(CLIENT_ERRORS_PER_SECOND + 25):
+            client = inproc.client()
+            client.send(frames.PROTOCOL_HEADER)
+            client.expect(0, m.ConnectionStart)
+            client.send(frames.method_frame(0, m.ConnectionOpen(virtual_host="/")))
+            clients.append(client)
+        inproc.settle()
+        errors = [r.getMessage() for r in caplog.records]
+        assert len(errors) == CLIENT_ERRORS_PER_SECOND
+        inproc.advance(1.0)
+        inproc.run(lambda: all(client.transport.closed for client in clients))
+        assert [r.getMessage() for r in caplog.records][CLIENT_ERRORS_PER_SECOND:] == [
+            "25 more client errors of this kind not logged in the last second (handshake "
+            f"error): more than {CLIENT_ERRORS_PER_SECOND} a second"]

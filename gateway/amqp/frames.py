@@ -153,11 +153,10 @@ class FrameReader:
             with memoryview(buf) as view:  # released at once: get_buffer may resize
                 payload = bytes(view[offset + 7:end])
         if buf[end] != FRAME_END:
-            raise FrameError(f"type {frame_type}, all octets = {erlang_binary(payload)}: "
+            raise FrameError(f"type {frame_type}, {payload_snippet(payload)}: "
                              f"{{invalid_frame_end_marker,{buf[end]}}}")
         if frame_type == FRAME_METHOD and size < 4:  # not even class-id and method-id
-            raise FrameError(f"type {frame_type}, all octets = {erlang_binary(payload)}: "
-                             "unknown_frame")
+            raise FrameError(f"type {frame_type}, {payload_snippet(payload)}: unknown_frame")
         self._offset = end + 1
         return frame_type, channel, payload
 
@@ -256,6 +255,25 @@ def erlang_binary(data: bytes, limit: int = 64) -> str:
     """Bytes as RabbitMQ prints them in error texts: <<0,50,...>>."""
     shown = ",".join(map(str, data[:limit]))
     return f"<<{shown},...>>" if len(data) > limit else f"<<{shown}>>"
+
+
+# How Erlang's ~p writes a byte of a binary it prints as text.
+_PRINTED = {**{byte: chr(byte) for byte in range(32, 127)}, ord('"'): '\\"',
+            ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
+            11: "\\v", 8: "\\b", 12: "\\f", 27: "\\e"}
+
+
+def payload_snippet(payload: bytes) -> str:
+    """A frame's payload as RabbitMQ's frame errors show it: 'all octets = <<...>>',
+    or 'first 16 octets = <<...>>' of a longer one; <<"text">> when every byte is
+    printable (Erlang also prints Latin-1 letters so: here those stay numbers, as
+    a reply text is UTF-8)."""
+    shown = payload[:16]
+    if shown and all(byte in _PRINTED for byte in shown):
+        octets = '<<"' + "".join(_PRINTED[byte] for byte in shown) + '">>'
+    else:
+        octets = erlang_binary(shown)
+    return f"{'all' if len(payload) <= 16 else 'first 16'} octets = {octets}"
 
 
 # The compiled twin (_hotpath.FrameReader, with its own scan_publish) serves where it
