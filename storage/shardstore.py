@@ -252,7 +252,9 @@ class ShardStore:
             try:
                 self.checkpoint()
             except StoreFull:
-                pass  # a full disk: the journal keeps them, and `unapplied` shows them
+                # A full disk: the journal keeps them (`unapplied` shows them), and
+                # the next commits go behind them until a checkpoint succeeds.
+                self._journal.append_after(records)
 
     @property
     def unapplied(self) -> "WriteBatch":

@@ -29,13 +29,12 @@ op = st.one_of(
 commits = st.lists(st.lists(op, min_size=1, max_size=8), min_size=1, max_size=8)
 
 
-def write(path: str, batches: list[list[tuple]], checkpointed: int) -> None:
-    """Commit the batches (the first `checkpointed` into LMDB, the others only to
-    the journal), then stop as a crash does: nothing applied at the end."""
-    store = ShardStore(path, 1 << 24)
+def build(batches: list[list[tuple]]) -> list[WriteBatch]:
+    """The write batches the ops make, as a shard would: each message put once."""
     seqs = itertools.count(1)
     live: dict[int, list[int]] = {}
-    for n, ops in enumerate(batches):
+    built = []
+    for ops in batches:
         batch = WriteBatch()
         for kind, qid, arg in ops:
             if qid not in live:
@@ -58,11 +57,25 @@ def write(path: str, batches: list[list[tuple]], checkpointed: int) -> None:
                     batch.mark_delivered(qid, seq)
                 else:
                     batch.delivered_upto(qid, seq)
+        built.append(batch)
+    return built
+
+
+def crash(store: ShardStore) -> None:
+    """Stop as a crash does: nothing applied at the end."""
+    store.env.close()
+    store._journal.close()
+
+
+def write(path: str, batches: list[WriteBatch], checkpointed: int) -> None:
+    """Commit the batches (the first `checkpointed` into LMDB, the others only to
+    the journal), then crash."""
+    store = ShardStore(path, 1 << 24)
+    for n, batch in enumerate(batches):
         store.append(batch)
         if n < checkpointed:
             store.checkpoint()
-    store.env.close()
-    store._journal.close()
+    crash(store)
 
 
 def content_of(store: ShardStore, qid: int, msg) -> tuple:
@@ -72,9 +85,9 @@ def content_of(store: ShardStore, qid: int, msg) -> tuple:
     return stored.exchange, stored.routing_key, stored.properties, stored.body
 
 
-def recovered(path: str) -> tuple[dict, int]:
+def recovered(path: str, more: list[WriteBatch] = ()) -> tuple[dict, int]:
     """(qid -> [(seq, redelivered, content)]), and the RAM the persister says the
-    journal's messages hold; the store closed as a crash leaves it."""
+    journal's messages hold; then `more` commits, and a crash."""
     store = ShardStore(path, 1 << 24)
     persister = Persister({0: store}, 0)
     queues = persister.recover(0.0)
@@ -86,24 +99,33 @@ def recovered(path: str) -> tuple[dict, int]:
     journaled = sum(ram_size(msg.content) for queue in queues for msg in queue.ready
                     if msg.content is not None)
     assert ram == journaled
-    store.env.close()
-    store._journal.close()
+    for batch in more:
+        store.append(batch)
+    crash(store)
     return found, ram
+
+
+def refuse(self, batch, applied):
+    raise StoreFull("mdb_txn_commit: No space left on device")
 
 
 @settings(max_examples=60, deadline=None)
 @given(batches=commits, data=st.data())
 def test_a_journal_a_full_disk_keeps_out_of_lmdb_recovers_as_if_applied(batches, data):
-    checkpointed = data.draw(st.integers(0, len(batches) - 1))
+    """Written, crashed, started on a full disk (recovered with the journal on top),
+    more commits appended behind the journal's, crashed again, started with room:
+    each start recovers what applying every commit so far gives."""
+    stopped = data.draw(st.integers(1, len(batches)))  # commits before the first crash
+    checkpointed = data.draw(st.integers(0, stopped - 1))
     with tempfile.TemporaryDirectory() as folder:
         path = f"{folder}/shard-0"
-        write(path, batches, checkpointed)
+        write(path, build(batches)[:stopped], checkpointed)
+        write(f"{folder}/before", build(batches)[:stopped], stopped)
+        write(f"{folder}/after", build(batches), len(batches))
         with pytest.MonkeyPatch.context() as patch:
-            def refuse(self, batch, applied):
-                raise StoreFull("mdb_txn_commit: No space left on device")
-
             patch.setattr(ShardStore, "_write", refuse)
-            full, ram = recovered(path)
-        applied, ram_after = recovered(path)  # now there is room: the journal applied
-        assert full == applied
+            found, ram = recovered(path, build(batches)[stopped:])
+        assert found == recovered(f"{folder}/before")[0]
+        again, ram_after = recovered(path)  # now there is room: the journal applied
+        assert again == recovered(f"{folder}/after")[0]
         assert ram_after == 0
