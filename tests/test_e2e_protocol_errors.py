@@ -157,3 +157,57 @@ def test_frames_after_the_clients_close_are_dropped_and_the_close_stays_clean(br
     client.sock.settimeout(10)
     assert client.sock.recv(100) == b""  # a clean end: no second close-ok, no reset
     client.close()
+
+
+def deep_start_ok(depth: int) -> bytes:
+    """connection.start-ok whose client properties nest tables `depth` deep: the
+    issue 56.6 attack (2,000 deep: 14 KB, past the 4096 bytes a handshake frame may
+    have), sent by a client that never logs in."""
+    table = b"\x00\x00\x00\x00"
+    for _ in range(depth - 1):
+        table = struct.pack(">I", len(table) + 3) + b"\x01aF" + table
+    payload = (m.encode_method(m.ConnectionStartOk(client_properties={}))[:4] + table
+               + b"\x05PLAIN" + struct.pack(">I", 12) + b"\0guest\0guest" + b"\x05en_US")
+    return (frames.PROTOCOL_HEADER + struct.pack(">BHI", frames.FRAME_METHOD, 0, len(payload))
+            + payload + b"\xce")
+
+
+def test_a_flood_of_deep_client_properties_leaves_the_log_small_and_the_canary_served(broker):
+    """Issue 56.6: 998 such connections in 20 s wrote 336 MB of tracebacks (541 each)
+    and halved the canary's rate. Now each is a handshake error (RabbitMQ's: hung up
+    3 s later without a word), logged ten times a second at most, and a confirming
+    canary beside them is served as before."""
+    canary = connect(broker)
+    ch = canary.channel()
+    ch.confirm_delivery()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    ch.basic_publish("", q, b"warm", mandatory=True)  # the first publish sets up its route
+    ch.queue_purge(q)
+    logged_before = broker.log_path.stat().st_size
+    attack = deep_start_ok(2_000)
+    slowest, sent, attackers = 0.0, 0, []
+    started = time.monotonic()
+    while time.monotonic() - started < 4.0:
+        while len(attackers) < (time.monotonic() - started) * 60:  # the issue's 50 a second
+            sock = socket.create_connection(("127.0.0.1", broker.port))
+            sock.sendall(attack)
+            attackers.append(sock)
+        began = time.monotonic()
+        ch.basic_publish("", q, b"canary %d" % sent, mandatory=True)  # confirmed
+        sent += 1
+        slowest = max(slowest, time.monotonic() - began)
+    assert ch.queue_declare(q, passive=True).method.message_count == sent
+    # each was hung up on without a word
+    for sock in attackers[:20]:
+        sock.settimeout(10)
+        assert sock.recv(65536).startswith(b"\x01\x00\x00")  # connection.start only
+        assert wait_until(lambda: not sock.recv(65536), 10)
+    for sock in attackers:
+        sock.close()
+    canary.close()
+    logged = broker.log_path.read_bytes()[logged_before:].decode(errors="replace")
+    assert len(attackers) >= 200 and slowest < 0.5, (len(attackers), slowest)
+    assert "Traceback" not in logged and "internal error" not in logged
+    # ten a second in each gateway process, over the attack's seconds
+    assert logged.count("frame_too_large") <= 10 * broker.gateways * 6
+    assert len(logged) < 400 * len(attackers), len(logged)  # was ~340 KB each
