@@ -180,6 +180,17 @@ class Journal:
                 os.pwrite(self._fd, bytes(HEADER_SIZE), 0)
         self.offset = 0
 
+    def append_after(self, records: list[tuple[int, bytes]]) -> None:
+        """Append behind `records` (this journal's first, as `records` read them),
+        not over them: the store could not apply them (a full disk), so they are
+        all that holds those commits. The direct buffer takes the tail block's
+        bytes, read past the page cache as the records were."""
+        self.offset = sum(HEADER_SIZE + len(payload) + TRAILER_SIZE for _, payload in records)
+        if self._direct is not None:
+            tail = self.offset - self.offset % BLOCK
+            self._buffer[:self.offset - tail] = \
+                _read_whole(self._fd, self._direct, self.offset)[tail:]
+
     def _grow(self, end: int) -> None:
         size = self._size
         target = _round_up(max(end, size + GROW_BY))
