@@ -195,9 +195,15 @@ class Journal:
         size = self._size
         target = _round_up(max(end, size + GROW_BY))
         zeros = bytes(min(target - size, GROW_BY))
-        while size < target:
-            size += os.pwrite(self._fd, zeros[:target - size], size)
-        os.fsync(self._fd)  # the new size, once, rather than with every record
+        try:
+            while size < target:
+                size += os.pwrite(self._fd, zeros[:target - size], size)
+            os.fsync(self._fd)  # the new size, once, rather than with every record
+        except OSError:
+            # A full disk: give back what it took, and leave whole blocks (a journal
+            # that is not would read as truncated after a crash).
+            os.ftruncate(self._fd, self._size)
+            raise
         self._size = size
 
     def close(self) -> None:
