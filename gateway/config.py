@@ -55,6 +55,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tls_verify_peer: bool = False
     management_bind: str = "127.0.0.1"
     management_port: int = 15672
+    management_request_timeout: float = 5.0
+    management_max_connections: int = 512
+    management_max_connections_per_address: int = 64
     default_user: str = "guest"
     default_pass: str = "guest"
     default_vhost: str = "/"
@@ -129,6 +132,13 @@ HELP = {
     "tls_verify_peer": "require a client certificate signed by tls_cafile",
     "management_bind": "address of the management HTTP API",
     "management_port": "management HTTP port (0: no management listener)",
+    "management_request_timeout": "seconds a management connection has to send a whole "
+                                  "request (head and body) before it is closed, as "
+                                  "RabbitMQ's 5 s",
+    "management_max_connections": "management HTTP connections open at once, at most "
+                                  "(and at most a quarter of the descriptor limit)",
+    "management_max_connections_per_address": "management HTTP connections open at once "
+                                              "from one address, at most",
     "default_user": "user created in a new data directory",
     "default_pass": "password of that user",
     "default_vhost": "vhost created in a new data directory",
@@ -207,6 +217,11 @@ def check(config: Config) -> None:
     for key in ("port", "tls_port", "management_port"):
         if not 0 <= getattr(config, key) <= 65535:
             fail(key, "must be a port number, 0-65535")
+    if config.management_request_timeout <= 0:
+        fail("management_request_timeout", "must be positive")
+    for key in ("management_max_connections", "management_max_connections_per_address"):
+        if getattr(config, key) < 1:
+            fail(key, "must be 1 or more")
     if config.shards < 0:
         fail("shards", "must be 0 (one per CPU) or more")
     if not 0 <= config.gateways < MAX_GATEWAYS:

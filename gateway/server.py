@@ -11,6 +11,7 @@ import errno
 import fcntl
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -46,6 +47,7 @@ class StartupError(Exception):
 
 async def serve(settings: Config) -> None:
     keep_freed_memory()
+    raise_descriptor_limit()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -139,6 +141,24 @@ async def serve(settings: Config) -> None:
     await gateway.stop()
     data.release()
     print("Warren stopped", flush=True)
+
+
+def raise_descriptor_limit() -> None:
+    """Lift the soft limit on open descriptors to the hard one, for this process and
+    the shards and gateways it starts, as RabbitMQ's packaging does (LimitNOFILE):
+    at the soft 1,024 of many shells, a thousand slow HTTP clients would leave the
+    AMQP listener none to accept with."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20  # Linux's nr_open
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as error:
+        log.warning("cannot raise the open descriptor limit from %d to %d (%s)", soft, target,
+                    _reason(error))
+        return
+    log.info("raised the open descriptor limit from %d to %d, its hard limit", soft, target)
 
 
 def _broker_pids(gateway: Gateway) -> list[int]:

@@ -53,8 +53,9 @@ def gateway_count(request) -> int:
 
 class RunningBroker:
     def __init__(self, data_dir: Path, shards: int = 2, extra_args: list[str] | None = None,
-                 management: bool = False, gateways: int | None = None):
+                 management: bool = False, gateways: int | None = None, preexec_fn=None):
         self.data_dir = data_dir
+        self.preexec_fn = preexec_fn  # run in the broker's process before it starts
         self.gateways = GATEWAYS if gateways is None else gateways
         # The management listener is off unless a test asks for it (on a free port),
         # so that brokers of parallel tests never compete for 15672.
@@ -71,7 +72,7 @@ class RunningBroker:
             [sys.executable, "-m", "warren.gateway.cli", "serve", "--port", "0", "--data",
              str(self.data_dir), "--shards", str(self.shards), "--management-port",
              str(self.management_port), "--gateways", str(self.gateways), *self.extra_args],
-            stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT, preexec_fn=self.preexec_fn,
             # each gateway announces a port of its own, to pin a client to it
             env={**os.environ, "WARREN_GATEWAY_PORTS": "1" if self.gateways > 1 else ""})
         self._lines = []

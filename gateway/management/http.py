@@ -2,7 +2,10 @@
 event loop, hands each request to the API's dispatcher as a Request (path split
 into percent-decoded segments, JSON body helpers) and sends back its Response.
 Malformed HTTP is answered as RabbitMQ's API answers bad input, 400 with
-{"error": "bad_request", "reason": ...}, and logged on one line."""
+{"error": "bad_request", "reason": ...}, and logged on one line. A request must
+arrive whole (head and body) within a deadline, and connections are capped in all
+and per address (admission.py), so that slow clients cannot hold the descriptors
+the AMQP listener needs."""
 
 from __future__ import annotations
 
@@ -18,9 +21,15 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from aiohttp import web
 from aiohttp.http_exceptions import InvalidURLError
 
+from .admission import Admission
+
 log = logging.getLogger("warren.management")
 
 MAX_BODY = 64 << 20
+# Seconds an idle connection is kept after its last answer: cowboy's idle_timeout,
+# RabbitMQ's HTTP server.
+KEEPALIVE = 60.0
+REFUSALS_LOGGED_EVERY = 10.0  # seconds: a flood of refused connections is one line
 MAX_NAME = 255  # bytes: names are AMQP short strings
 LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1  # what an AMQP field and the stores hold
 
@@ -165,10 +174,87 @@ def check_types(value: dict, types: dict, where: str = "") -> None:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+class Guard:
+    """What every connection of one listener shares: the admission counts, the
+    deadline for a request to arrive whole, when refusals were last logged."""
+
+    def __init__(self, admission: Admission, request_timeout: float):
+        self.admission = admission
+        self.request_timeout = request_timeout
+        self.logged_at = float("-inf")
+        self.slow = 0  # connections cut since the last line about them
+
+    def note(self, loop, what: str) -> None:
+        """Log refusals and cuts, at most one line every REFUSALS_LOGGED_EVERY s."""
+        now = loop.time()
+        if now - self.logged_at < REFUSALS_LOGGED_EVERY:
+            return
+        self.logged_at = now
+        log.warning("management listener: %s (since the last such line: %d connections "
+                    "refused, %d cut for not sending a whole request within %.0f s)",
+                    what, self.admission.refused, self.slow, self.request_timeout)
+        self.admission.refused = self.slow = 0
+
+
 class _Protocol(web.RequestHandler):
     """aiohttp's connection handler, answering what its parser refuses (a bad
     request line, header or Content-Length) with RabbitMQ's JSON 400 instead of
-    aiohttp's plain text and logged traceback."""
+    aiohttp's plain text and logged traceback; refusing connections over the caps
+    with a 503, and closing a connection whose request has not arrived whole
+    within the deadline (aiohttp has no such timeout)."""
+
+    def __init__(self, manager, guard: Guard, **kwargs):
+        super().__init__(manager, keepalive_timeout=KEEPALIVE, **kwargs)
+        self._guard = guard
+        self._address: str | None = None  # once admitted
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if peer else ""
+        refusal = self._guard.admission.admit(address)
+        if refusal is not None:  # closed at once: its descriptor is free again
+            body = json.dumps({"error": "service_unavailable", "reason": refusal}).encode()
+            transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
+                            b"application/json\r\nConnection: close\r\nContent-Length: "
+                            + str(len(body)).encode() + b"\r\n\r\n" + body)
+            transport.close()
+            self._guard.note(self._loop, f"refused a connection: {refusal}")
+            return
+        self._address = address
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc) -> None:
+        if self._address is None:
+            return  # refused
+        self._guard.admission.release(self._address)
+        self._address = None
+        self.request_read()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._address is None:
+            return
+        if self._deadline is None and data:  # the start of the next request
+            self._arm()
+        super().data_received(data)
+
+    def _arm(self) -> None:
+        self._deadline = self._loop.call_later(self._guard.request_timeout, self._too_slow)
+
+    def request_read(self) -> None:
+        """The request arrived whole: its handling and answer take what they take."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        self._guard.slow += 1
+        self._guard.note(self._loop, f"cut a connection from {self._address}: no whole "
+                                     f"request within {self._guard.request_timeout:.0f} s")
+        self.force_close()
 
     def handle_error(self, request, status=500, exc=None, message=None):
         if status >= 500 or request.writer.output_size > 0:
@@ -186,14 +272,16 @@ class _Protocol(web.RequestHandler):
         return response
 
 
-async def start_server(handler: Handler, host: str, port: int,
+async def start_server(handler: Handler, host: str, port: int, guard: Guard,
                        tls: ssl.SSLContext | None = None) -> asyncio.AbstractServer:
     """The listener, bound, not yet serving (start_serving(), as asyncio's)."""
 
     async def serve(incoming: web.BaseRequest) -> web.StreamResponse:
         try:
-            request = Request(incoming.method, incoming.raw_path, incoming.headers,
-                              await _body(incoming), incoming.remote or "")
+            body = await _body(incoming)
+            incoming.protocol.request_read()
+            request = Request(incoming.method, incoming.raw_path, incoming.headers, body,
+                              incoming.remote or "")
             response = await handler(request)
         except HTTPError as error:
             response = error.response()
@@ -207,7 +295,7 @@ async def start_server(handler: Handler, host: str, port: int,
     loop = asyncio.get_running_loop()
     server = web.Server(serve)
     return await loop.create_server(
-        lambda: _Protocol(server, loop=loop, access_log=None, max_field_size=65536),
+        lambda: _Protocol(server, guard, loop=loop, access_log=None, max_field_size=65536),
         host, port, ssl=tls, reuse_address=True, start_serving=False)
 
 
