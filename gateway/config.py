@@ -58,6 +58,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     management_request_timeout: float = 5.0
     management_max_connections: int = 512
     management_max_connections_per_address: int = 64
+    prometheus_authentication: bool = False
     default_user: str = "guest"
     default_pass: str = "guest"
     default_vhost: str = "/"
@@ -139,6 +140,9 @@ HELP = {
                                   "(and at most a quarter of the descriptor limit)",
     "management_max_connections_per_address": "management HTTP connections open at once "
                                               "from one address, at most",
+    "prometheus_authentication": "/metrics and /metrics/per-object need a user tagged "
+                                 "monitoring or administrator, as RabbitMQ's "
+                                 "prometheus.authentication.enabled",
     "default_user": "user created in a new data directory",
     "default_pass": "password of that user",
     "default_vhost": "vhost created in a new data directory",

@@ -4,6 +4,7 @@ dashboards query) with the values a client's traffic leaves."""
 
 from __future__ import annotations
 
+import base64
 import urllib.request
 
 import pika
@@ -11,8 +12,8 @@ import pika.exceptions
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import managed_broker, wait_until
-from .test_management_api import connect
+from .conftest import RunningBroker, managed_broker, wait_until
+from .test_management_api import call, connect
 
 # What RabbitMQ's "RabbitMQ-Overview" Grafana dashboard and the issue name.
 RABBITMQ_NAMES = [
@@ -137,3 +138,32 @@ def test_rabbitmq_names_and_values_after_traffic(managed):
     assert value(scrape(managed), "rabbitmq_queues") == 0
     conn.close()
     wait_until(lambda: value(scrape(managed), "rabbitmq_connections_closed_total") >= 1)
+
+
+def test_metrics_need_no_login_as_rabbitmqs_plugin_by_default(managed):
+    # every vhost's queues, to anyone who can reach the port (document it)
+    with urllib.request.urlopen(managed.http_url + "/metrics/per-object", timeout=10) as answer:
+        assert answer.status == 200
+
+
+def test_prometheus_authentication_asks_for_a_monitoring_user(tmp_path):
+    broker = RunningBroker(tmp_path / "data", shards=1, management=True,
+                           extra_args=["--prometheus-authentication"]).start()
+    try:
+        call(broker, "PUT", "/api/users/watcher", {"password": "pw", "tags": "monitoring"})
+        call(broker, "PUT", "/api/users/manager", {"password": "pw", "tags": "management"})
+        call(broker, "PUT", "/api/users/plain", {"password": "pw", "tags": ""})
+        for path in ("/metrics", "/metrics/per-object"):
+            assert call(broker, "GET", path, user=None)[0] == 401
+            assert call(broker, "GET", path, user="watcher", password="no")[0] == 401
+            for user in ("manager", "plain"):
+                assert call(broker, "GET", path, user=user, password="pw") == (
+                    401, {"error": "not_authorised", "reason": "Not monitor user"})
+            for user, password in (("watcher", "pw"), ("guest", "guest")):
+                request = urllib.request.Request(broker.http_url + path, headers={
+                    "Authorization": "Basic " + base64.b64encode(
+                        f"{user}:{password}".encode()).decode()})
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    assert b"rabbitmq_queues" in answer.read()
+    finally:
+        broker.stop()

@@ -147,6 +147,12 @@ class Management:
     # -- authentication ----------------------------------------------------------------
 
     async def authenticate(self, request: Request) -> None:
+        await self.log_in(request)
+        if MANAGEMENT_TAGS.isdisjoint(request.user.tags):
+            raise not_authorised("Not management user")
+
+    async def log_in(self, request: Request) -> None:
+        """Set request.user from the credentials, or 401."""
         credentials = request.credentials()
         # Browsers answer a challenge with a password dialog: the dashboard signs in
         # with its own form, so its requests (X-Requested-With) get none.
@@ -162,8 +168,6 @@ class Management:
                 loop.call_later(delay, lambda: answer.done() or answer.set_result(None))
                 await answer
             raise HTTPError(401, "not_authorised", "Login failed", challenge)
-        if MANAGEMENT_TAGS.isdisjoint(user.tags):
-            raise not_authorised("Not management user")
         request.user = user
 
     # What each tag may do, as RabbitMQ's management plugin decides it (its 401s).
@@ -233,6 +237,9 @@ class Management:
             await self.gateway.followers.list_connections()
         parts = request.parts
         if parts in (["metrics"], ["metrics", "per-object"]):  # as rabbitmq_prometheus
+            if self.gateway.config.prometheus_authentication:  # its authentication.enabled
+                await self.log_in(request)
+                self.require_monitor(request)
             return Response(200, await metrics.render(self, per_object=len(parts) == 2),
                             metrics.CONTENT_TYPE_LATEST)
         if parts[0] != "api":
