@@ -7,8 +7,8 @@ Type tags (as in rabbit_binary_parser / rabbit_binary_generator, not the
     I int32       i uint32    l int64     L int64 (as RabbitMQ reads it)
     f float32     d float64   D decimal (scale octet + int32)
     S longstr     x byte array (longstr)  A array     F nested table    V void
-    T timestamp (uint64 seconds): a datetime, or beyond datetime's year 9999 (a
-      client that sent milliseconds) a Timestamp, the int; both encode as 'T'
+    T timestamp (uint64 seconds): a datetime; past datetime's year 9999 (a client
+      that sent milliseconds) the int, as RabbitMQ keeps every timestamp
 
 Decoding works on bytes, bytearray or memoryview with explicit offsets (no
 slicing copies of the input except for the values themselves) and raises
@@ -30,7 +30,6 @@ from typing import Any, Callable
 __all__ = [
     "FieldTableError",
     "MAX_DEPTH",
-    "Timestamp",
     "encode_table",
     "encode_array",
     "encode_value",
@@ -49,13 +48,6 @@ MAX_DEPTH = 600
 
 class FieldTableError(ValueError):
     """A field table or value that cannot be encoded or decoded."""
-
-
-class Timestamp(int):
-    """A 'T' value past datetime's range: seconds since the epoch, as an int that
-    encodes back as 'T' (RabbitMQ keeps every timestamp as a plain integer)."""
-
-    __slots__ = ()
 
 
 UTC = datetime.timezone.utc
@@ -131,9 +123,9 @@ def _write_nested(out: bytearray, container: Any, is_table: bool) -> None:
     items = iter(container.items() if is_table else container)
     writers, nested = _WRITERS, _NESTED
     while True:
-        for item in items:
-            if is_table:
-                key, value = item
+        inner = None  # the table or array met inside, to write next
+        if is_table:
+            for key, value in items:
                 if not isinstance(key, str):
                     raise FieldTableError(f"field table key must be str, not {type(key).__name__}")
                 raw_key = _utf8(key)
@@ -141,26 +133,32 @@ def _write_nested(out: bytearray, container: Any, is_table: bool) -> None:
                     raise FieldTableError(f"field table key longer than 255 bytes: {key[:40]!r}...")
                 out.append(len(raw_key))
                 out += raw_key
-            else:
-                value = item
-            writer = writers.get(type(value)) or _writer(value)
-            if writer is not nested:
+                writer = writers.get(type(value)) or _writer(value)
+                if writer is nested:
+                    inner = value
+                    break
                 writer(out, value)
-                continue
-            if len(stack) + 2 > MAX_DEPTH:
-                raise _too_deep()
-            stack.append((items, start, is_table))
-            is_table = isinstance(value, dict)
-            out += b"F" if is_table else b"A"
-            start = len(out)
-            out += b"\0\0\0\0"
-            items = iter(value.items() if is_table else value)
-            break  # on with the nested container's items
-        else:  # this container is done: back to the one around it
+        else:
+            for value in items:
+                writer = writers.get(type(value)) or _writer(value)
+                if writer is nested:
+                    inner = value
+                    break
+                writer(out, value)
+        if inner is None:  # this container is done: back to the one around it
             _patch_length(out, start)
             if not stack:
                 return
             items, start, is_table = stack.pop()
+            continue
+        if len(stack) + 2 > MAX_DEPTH:
+            raise _too_deep()
+        stack.append((items, start, is_table))
+        is_table = isinstance(inner, dict)
+        out += b"F" if is_table else b"A"
+        start = len(out)
+        out += b"\0\0\0\0"
+        items = iter(inner.items() if is_table else inner)
 
 
 def _utf8(text: str) -> bytes:
@@ -181,8 +179,12 @@ def _write_int(out: bytearray, value: int) -> None:
     elif _INT64_MIN <= value <= _INT64_MAX:
         out += b"l"
         out += _I64.pack(value)
+    elif _INT64_MAX < value <= _U64_MAX:
+        # Only a timestamp holds these (one read past year 9999 comes back so).
+        out += b"T"
+        out += _U64.pack(value)
     else:
-        raise FieldTableError(f"integer out of the signed 64-bit range: {value}")
+        raise FieldTableError(f"integer out of the 64-bit range: {value}")
 
 
 def _write_float(out: bytearray, value: float) -> None:
@@ -232,13 +234,6 @@ def _write_datetime(out: bytearray, value: datetime.datetime) -> None:
     out += _U64.pack(seconds)
 
 
-def _write_timestamp(out: bytearray, value: Timestamp) -> None:
-    if not 0 <= value <= _U64_MAX:
-        raise FieldTableError(f"timestamp out of the unsigned 64-bit range: {int(value)}")
-    out += b"T"
-    out += _U64.pack(value)
-
-
 def _write_void(out: bytearray, value: None) -> None:
     out += b"V"
 
@@ -250,10 +245,9 @@ def _nested(out: bytearray, value: Any) -> None:
 _NESTED = _nested  # the writer that says: a table or an array, to descend into
 
 # Exact-type dispatch first (fast); subclasses fall back to the isinstance chain,
-# in this order (bool and Timestamp before int: both are int subclasses).
+# in this order (bool before int: bool is an int subclass).
 _WRITERS: dict[type, Callable[[bytearray, Any], None]] = {
     bool: _write_bool,
-    Timestamp: _write_timestamp,
     int: _write_int,
     float: _write_float,
     decimal.Decimal: _write_decimal,
@@ -450,7 +444,7 @@ def _read_leaf(buf: Any, tag: int, offset: int, end: int) -> tuple[Any, int]:
             raise _truncated("'T' value")
         seconds = _U64.unpack_from(buf, offset)[0]
         if seconds > _DATETIME_MAX_SECONDS:
-            return Timestamp(seconds), offset + 8
+            return seconds, offset + 8
         return EPOCH + datetime.timedelta(seconds=seconds), offset + 8
     if tag == _TAG_DECIMAL:
         if offset + 5 > end:
