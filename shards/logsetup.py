@@ -48,7 +48,11 @@ class LogSettings(msgspec.Struct, frozen=True):
 
 
 class SharedRotatingFileHandler(logging.handlers.RotatingFileHandler):
-    """A RotatingFileHandler for a file that several processes append to."""
+    """A RotatingFileHandler for a file that several processes append to. A line
+    the disk refuses (full) is dropped with one line on standard error, not a
+    traceback each; the first line written again is followed by how many were."""
+
+    dropped = 0  # lines refused since the last the file took
 
     def emit(self, record: logging.LogRecord) -> None:
         # The size check, the rotation and the write under one lock: another process
@@ -61,9 +65,33 @@ class SharedRotatingFileHandler(logging.handlers.RotatingFileHandler):
             return
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            super().emit(record)
+            dropped = self.dropped
+            super().emit(record)  # its errors go to handleError
+            if dropped and self.dropped == dropped:  # the file takes lines again
+                self.dropped = 0
+                super().emit(logging.LogRecord(
+                    record.name, logging.WARNING, __file__, 0,
+                    "the log file refused %d lines before this one (%s); they are lost",
+                    (dropped, self.baseFilename), None))
         finally:
             os.close(lock)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        if not self.dropped:
+            sys.stderr.write(f"warren: cannot write the log file {self.baseFilename} "
+                             f"({error.strerror or error}): dropping its lines until it can\n")
+        self.dropped += 1
+        # Opened again for the next line: what the stream still buffers is dropped too.
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
 
     def shouldRollover(self, record: logging.LogRecord) -> bool:
         if self.stream is None:
