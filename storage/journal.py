@@ -74,6 +74,8 @@ class Journal:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._size = os.fstat(self._fd).st_size
         self.offset = 0  # where the next record goes
+        if not self._size:  # never empty once created: an empty journal was truncated
+            self._grow(0, BLOCK)
         # The direct descriptor, and its buffer: the tail block's bytes up to offset.
         self._direct = _open_direct(path) if DIRECT else None
         self._buffer = mmap.mmap(-1, BLOCK) if self._direct is not None else None
@@ -191,9 +193,9 @@ class Journal:
             self._buffer[:self.offset - tail] = \
                 _read_whole(self._fd, self._direct, self.offset)[tail:]
 
-    def _grow(self, end: int) -> None:
+    def _grow(self, end: int, by: int = GROW_BY) -> None:
         size = self._size
-        target = _round_up(max(end, size + GROW_BY))
+        target = _round_up(max(end, size + by))
         zeros = bytes(min(target - size, GROW_BY))
         try:
             while size < target:
@@ -281,7 +283,7 @@ def scan(data: bytes, applied: int = 0) -> Scan:
         first = after[0][0]
         return Scan(found, f"its journal is damaged at record {floor + 1} (offset {at}); "
                     f"{len(after)} intact records follow, from record {first}", after)
-    if len(data) % BLOCK and (found and found[-1][0] > applied):
+    if not data or len(data) % BLOCK:  # it is created with a block, and grows by blocks
         return Scan(found, f"its journal is truncated ({len(data)} bytes, not whole blocks)")
     if at + HEADER_SIZE <= len(data) and data[at:at + 4] == MARK:
         _, length, number = _HEAD.unpack_from(data, at)
@@ -364,7 +366,8 @@ def _old_records(data: bytes) -> list[tuple[int, bytes]]:
         end = at + _OLD_HEADER_SIZE + length
         if number == 0 or end > len(data) or (found and number != found[-1][0] + 1):
             break
-        digest = xxhash.xxh3_64_digest(data[at:at + _OLD_HEAD.size] + data[at + _OLD_HEADER_SIZE:end])
+        digest = xxhash.xxh3_64_digest(data[at:at + _OLD_HEAD.size]
+                                       + data[at + _OLD_HEADER_SIZE:end])
         if digest != data[at + _OLD_HEAD.size:at + _OLD_HEADER_SIZE]:
             break
         found.append((number, data[at + _OLD_HEADER_SIZE:end]))

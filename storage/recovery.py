@@ -4,9 +4,11 @@ Every store is checked (storage.verify). On damage the broker refuses to start
 with one line (`Refused`) naming the store and the way out; started again with
 that way out, it takes it and reports what was lost:
 
-* quarantine (`--quarantine-damaged`): a damaged shard store, or one that meta/
-  lists but is gone, is moved to DATA/quarantine/ and replaced by an empty one;
-  its queues come back empty.
+* quarantine (`--quarantine-damaged`): a damaged shard store is moved to
+  DATA/quarantine/ and replaced by a new one holding every record of it that
+  still reads and passes its checksum, with the journal's intact records
+  applied on top (storage.salvage); the report says how many were kept and
+  lost. One that meta/ lists but is gone is replaced by an empty one.
 * rebuild (`--rebuild-definitions`): a missing or damaged meta/ (a damaged one
   is moved to DATA/quarantine/) is rebuilt from the queue records of the shard
   stores; what only meta/ held (users, permissions, exchanges, bindings,
@@ -19,12 +21,14 @@ meta/ lists the shard stores the directory has had, so a store that vanished
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 from .metastore import MetaStore, QueueDef, VHostDef
 from .shardstore import ShardStore
 from .upgrade import upgrade
-from .verify import StoreReport, check_stores
+from .salvage import salvage
+from .verify import StoreReport, check_store, check_stores
 
 
 def outdated(found: int) -> str:
@@ -162,8 +166,8 @@ def prepare(data_dir: str, shard_count: int, quarantine: bool = False,
         if not quarantine:
             raise Refused(f"the shard store {path} is damaged ({damaged[k]}){more}; "
                           f"{verify_hint}, then start with --quarantine-damaged to set it "
-                          f"aside and serve the rest (its queues come back empty), or restore "
-                          f"{data_dir} from a backup")
+                          f"aside and serve what of it still reads, or restore {data_dir} from "
+                          "a backup")
         report += _quarantine(survey, damaged)
     orphans = survey.orphans()
     rebuilt = survey.meta_lost() and bool(orphans)
@@ -200,17 +204,24 @@ def _quarantine(survey: Survey, damaged: dict[int, str]) -> list[str]:
     lines = []
     for k, why in sorted(damaged.items()):
         path = os.path.join(survey.data_dir, f"shard-{k}")
-        if os.path.exists(path):
-            lines.append(f"quarantined the damaged shard store {path} ({why}) in "
-                         f"{_set_aside(path)}")
-        else:
+        if not os.path.exists(path):
             lines.append(f"the shard store {path} is missing; an empty one replaces it")
-        report = survey.shards.get(k)
-        readable = report.messages if report else {}
-        lines += [f"queue '{d.spec.name}' in vhost '{d.spec.vhost}' comes back empty; its stored "
-                  f"messages stay in the quarantined store ({readable.get(d.qid, 0)} readable)"
+            lines += [f"queue '{d.spec.name}' in vhost '{d.spec.vhost}' comes back empty"
+                      for d in survey.queue_defs if d.shard == k]
+            survey.shards.pop(k, None)
+            continue
+        # Salvaged beside it first: a crash meanwhile leaves the damaged store in place.
+        target = path + ".salvage"
+        shutil.rmtree(target, ignore_errors=True)
+        done = salvage(path, target)
+        aside = _set_aside(path)
+        os.rename(target, path)
+        lines.append(f"quarantined the damaged shard store {path} ({why}) in {aside}; what "
+                     f"reads of it is served: {done.describe()}")
+        lines += [f"queue '{d.spec.name}' in vhost '{d.spec.vhost}': "
+                  f"{done.messages.get(d.qid, 0)} messages kept"
                   for d in survey.queue_defs if d.shard == k]
-    survey.shards = {k: r for k, r in survey.shards.items() if k not in damaged}
+        survey.shards[k] = check_store(path)
     return lines
 
 

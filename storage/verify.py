@@ -2,9 +2,12 @@
 
 LMDB checks the shape of the pages it reads, not the bytes of the values, and
 maps a file shorter than its tree without a word (reading past its end kills
-the reader with SIGBUS). So a store is checked here for: its file reaching its
-last page, every record readable and matching its checksum, as many records in
-each database as LMDB counts, and a shard store's manifest. Callers run this in
+the reader with SIGBUS). So a store is checked here for: every page its
+committed trees reach being in the file (walked with pread, storage.lmdbfile:
+LMDB leaves pages freed before they were ever written past the file's end, so
+the file may legitimately end before its last page number), every record
+readable and matching its checksum, as many records in each database as LMDB
+counts, and a shard store's manifest and journal. Callers run this in
 a child process per store (`check_stores`): all stores at once, and a page that
 crashes the reader is reported instead of crashing the caller.
 """
@@ -19,9 +22,12 @@ import sys
 import lmdb
 import msgspec
 
+from . import journal
+from .lmdbfile import LmdbFile, Unreadable
 from .metastore import _KINDS
+from .salvage import readable_messages
 from .sealed import Damaged, unseal
-from .shardstore import StoredMessage, StoredQueue, _Mark
+from .shardstore import StoredMessage, StoredQueue, _Mark, journal_path, manifest_of
 from .upgrade import FORMAT, Manifest, found_format
 
 SHARD_DBS = {b"manifest": Manifest, b"queues": StoredQueue, b"messages": StoredMessage,
@@ -37,6 +43,7 @@ class StoreReport(msgspec.Struct):
     queues: dict[int, StoredQueue] = {}  # qid -> its queue record (shard stores)
     messages: dict[int, int] = {}  # qid -> readable messages
     outdated: int = 0  # the format an earlier Warren wrote it in: upgraded at start
+    journal: int = 0  # intact journal records beyond the checkpoint (shard stores)
 
 
 def check_store(path: str) -> StoreReport:
@@ -45,16 +52,16 @@ def check_store(path: str) -> StoreReport:
     if not os.path.isfile(data):
         report.problems.append("data.mdb is missing")
         return report
-    size = os.path.getsize(data)
     try:
         env = lmdb.open(path, readonly=True, lock=True, subdir=True, max_dbs=16, create=False)
     except lmdb.Error as error:
         report.problems.append(f"not a readable LMDB environment: {error}")
         return report
     try:
-        end = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-        if size < end:
-            report.problems.append(f"data.mdb is truncated: {size} bytes, its pages reach {end}")
+        pages = _pages_problem(path)
+        if pages:
+            report.problems.append(pages)
+            report.messages = readable_messages(path)  # what a salvage would keep
             return report
         dbs = META_DBS if os.path.basename(path) == "meta" else SHARD_DBS
         with env.begin(buffers=True) as txn:
@@ -68,11 +75,36 @@ def check_store(path: str) -> StoreReport:
                 return report
             for name, struct in dbs.items():
                 _check_db(env, txn, name.decode(), struct, report)
+            homeless = set(report.messages) - set(report.queues)
+            if dbs is SHARD_DBS and homeless:  # a damaged key moved them, or their queue
+                report.problems.append(f"{sum(report.messages[q] for q in homeless)} messages "
+                                       "belong to no queue")
+            if dbs is SHARD_DBS and not report.problems:
+                _check_journal(path, manifest_of(txn, env.open_db(b"manifest", txn=txn)), report)
     except lmdb.Error as error:
         report.problems.append(f"unreadable: {error}")
     finally:
         env.close()
     return report
+
+
+def _pages_problem(path: str) -> str | None:
+    """Why the committed trees cannot all be read (a page they reach is past the
+    file's end, or is not the page they say), or None."""
+    try:
+        file = LmdbFile(path)
+    except (Unreadable, OSError) as error:
+        return f"not a readable LMDB file: {error}"
+    try:
+        file.reach_everything()
+        if file.missing:
+            return (f"data.mdb is truncated: {file.size} bytes, its trees reach "
+                    f"{file.reached * file.psize} (page {min(file.missing)} is missing)")
+        if file.broken:
+            return f"{len(file.broken)} of its pages are damaged (page {min(file.broken)} first)"
+        return None
+    finally:
+        file.close()
 
 
 def _check_db(env, txn, name: str, struct, report: StoreReport) -> None:
@@ -105,6 +137,22 @@ def _check_db(env, txn, name: str, struct, report: StoreReport) -> None:
         report.problems.append(f"{count} {name} records readable of the {expected} it counts")
     if name == "manifest" and count == 0:
         report.problems.append("it has no manifest")
+
+
+def _check_journal(path: str, manifest: Manifest, report: StoreReport) -> None:
+    """A store not closed since it was opened (a crash) needs what its journal
+    holds beyond the checkpoint: the journal must be there, and end where its
+    writes ended (storage.journal)."""
+    if not manifest.running:
+        return  # closed: LMDB holds everything
+    found = journal.read_scan(journal_path(path), manifest.journal)
+    if found is None:
+        report.problems.append("its journal is missing, though the store was not closed "
+                               f"(its checkpoint holds journal records up to {manifest.journal})")
+        return
+    report.journal = len(found.salvage(manifest.journal))
+    if found.damage:
+        report.problems.append(found.damage)
 
 
 def check_stores(paths: list[str]) -> list[StoreReport]:
