@@ -30,6 +30,9 @@ MAX_BODY = 64 << 20
 # RabbitMQ's HTTP server.
 KEEPALIVE = 60.0
 REFUSALS_LOGGED_EVERY = 10.0  # seconds: a flood of refused connections is one line
+# Bytes a second a body must arrive at, beyond the request timeout: a large
+# definitions file over a slow link is read, a trickle is not.
+MIN_BODY_RATE = 64 << 10
 MAX_NAME = 255  # bytes: names are AMQP short strings
 LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1  # what an AMQP field and the stores hold
 
@@ -240,8 +243,14 @@ class _Protocol(web.RequestHandler):
             self._arm()
         super().data_received(data)
 
-    def _arm(self) -> None:
-        self._deadline = self._loop.call_later(self._guard.request_timeout, self._too_slow)
+    def _arm(self, extra: float = 0.0) -> None:
+        self._deadline = self._loop.call_later(self._guard.request_timeout + extra,
+                                               self._too_slow)
+
+    def head_read(self, body_size: int) -> None:
+        """The head arrived: the body has the time its size takes at MIN_BODY_RATE."""
+        self.request_read()
+        self._arm(body_size / MIN_BODY_RATE)
 
     def request_read(self) -> None:
         """The request arrived whole: its handling and answer take what they take."""
@@ -278,7 +287,14 @@ async def start_server(handler: Handler, host: str, port: int, guard: Guard,
 
     async def serve(incoming: web.BaseRequest) -> web.StreamResponse:
         try:
-            body = await _body(incoming)
+            chunked = "chunked" in incoming.headers.get("Transfer-Encoding", "").lower()
+            incoming.protocol.head_read(incoming.content_length or (MAX_BODY if chunked else 0))
+            try:
+                body = await _body(incoming)
+            except (ConnectionError, RuntimeError):  # aiohttp's when the connection is gone
+                if incoming.transport is not None and not incoming.transport.is_closing():
+                    raise
+                return web.Response(status=408)  # cut for being slow: nobody to answer
             incoming.protocol.request_read()
             request = Request(incoming.method, incoming.raw_path, incoming.headers, body,
                               incoming.remote or "")
