@@ -82,6 +82,8 @@ def _from_config(path: str | None) -> dict:
 
 def segment(name: str) -> str:
     """A name as one path segment of the API ('/' as %2F)."""
+    if not name:  # the path would end at the collection: no object is named ""
+        raise CtlError("a name cannot be empty")
     return quote(name, safe="")
 
 
