@@ -168,10 +168,12 @@ def _parser() -> argparse.ArgumentParser:
         "name", help="queue name")
     command("delete-queue", "delete a queue").add_argument("name", help="queue name")
     command("export", "write the definitions (users, vhosts, permissions, policies, "
-                      "durable queues, exchanges, bindings) as JSON").add_argument(
+                      "durable queues, exchanges, bindings) as JSON; with --vhost, that "
+                      "vhost's alone, as RabbitMQ's per-vhost export").add_argument(
         "file", help="a path, or - for stdout")
-    importing = command("import", "load definitions, e.g. a RabbitMQ export; nothing changes "
-                                  "if the file has problems")
+    importing = command("import", "load definitions, e.g. a RabbitMQ export (with --vhost: "
+                                  "a per-vhost export, into that vhost); nothing changes if "
+                                  "the file has problems")
     importing.add_argument("file", help="a path, or - for stdin")
     importing.add_argument("--skip-unsupported", action="store_true",
                            help="import what Warren supports and list what it skipped "
@@ -659,8 +661,22 @@ _declare_policy = _set_policy
 _delete_policy = _clear_policy
 
 
+# what a per-vhost export holds, as RabbitMQ's GET /api/definitions/{vhost}: the
+# objects of one vhost, its queues, exchanges and bindings without their vhost field
+VHOST_SECTIONS = ("parameters", "policies", "queues", "exchanges", "bindings")
+UNPLACED = ("queues", "exchanges", "bindings")
+
+
 def _export(client: Client, args, vhost: str) -> str | None:
-    data = json.dumps(client.call("GET", "definitions", what="export"), indent=2)
+    document = client.call("GET", "definitions", what="export")
+    if args.vhost is not None:
+        if not any(v.get("name") == args.vhost for v in document.get("vhosts", [])):
+            raise CtlError(f"export: no vhost '{args.vhost}' [404 Object Not Found]")
+        document = {"rabbit_version": document.get("rabbit_version"), **{
+            section: [{k: v for k, v in item.items() if k != "vhost" or section not in UNPLACED}
+                      for item in document.get(section, []) if item.get("vhost") == args.vhost]
+            for section in VHOST_SECTIONS}}
+    data = json.dumps(document, indent=2)
     if args.file == "-":
         print(data)
         return None
@@ -683,6 +699,8 @@ def _import(client: Client, args, vhost: str) -> str:
         raise CtlError(f"{args.file}: cannot read: {getattr(error, 'strerror', error)}"
                        ) from None
     params = {"skip-unsupported": "true"} if args.skip_unsupported else None
+    if args.vhost is not None:
+        data = _into_vhost(data, args.vhost, args.file)
     try:  # the file as it is: the API judges it (Python's JSON would recurse on nesting)
         answer = client.call("POST", "definitions", raw=data, params=params,
                              what=f"import of {args.file}")
@@ -693,11 +711,32 @@ def _import(client: Client, args, vhost: str) -> str:
                            "skips") from None
         raise
     skipped = answer.get("skipped", []) if isinstance(answer, dict) else []
-    message = f"definitions imported from {args.file}"
+    if args.vhost is not None:
+        message = f"definitions imported from {args.file} into vhost '{args.vhost}'"
+    else:
+        message = f"definitions imported from {args.file}"
     if skipped:
         message += f"; skipped, as Warren does not support them ({len(skipped)}):"
         message += "".join(f"\n  {item}" for item in skipped)
     return message
+
+
+def _into_vhost(data: bytes, vhost: str, name: str) -> bytes:
+    """A per-vhost export (RabbitMQ's, of GET /api/definitions/{vhost}) as the whole
+    broker's: its objects, each in `vhost`, which must exist."""
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError):
+        raise CtlError(f"import of {name}: not JSON, or nested too deeply to read") from None
+    if not isinstance(document, dict):
+        raise CtlError(f"import of {name}: expected a JSON object of definitions")
+    placed = {section: [{**item, "vhost": vhost} if isinstance(item, dict) else item
+                        for item in document.get(section) or []]
+              for section in VHOST_SECTIONS}
+    try:
+        return json.dumps({**document, **placed}).encode()
+    except RecursionError:
+        raise CtlError(f"import of {name}: nested too deeply to read") from None
 
 
 if __name__ == "__main__":

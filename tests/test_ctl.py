@@ -630,3 +630,42 @@ def test_non_latin1_credentials_and_reasons(managed):
         while time.monotonic() < deadline:
             conn.process_data_events(0.05)
     assert "maintenance — 日本" in raised.value.reply_text
+
+
+RABBITMQ_VHOST_EXPORT = ROOT / "tests" / "data" / "rabbitmq-3.10.8-vhost-definitions.json"
+
+
+def test_export_and_import_of_one_vhost(managed, tmp_path):
+    """As rabbitmqadmin's `-V v export` and `-V v import`: RabbitMQ's per-vhost form
+    (no vhosts or users; queues, exchanges and bindings without their vhost), read
+    into whichever vhost is named."""
+    for name in ("ctl-from", "ctl-to"):
+        ctl(managed, "add-vhost", name)
+        ctl(managed, "-V", name, "set-permissions", "guest", ".*", ".*", ".*")
+    try:
+        imported = ctl(managed, "import", str(RABBITMQ_VHOST_EXPORT), "-V", "ctl-from")
+        assert imported.stdout == (f"definitions imported from {RABBITMQ_VHOST_EXPORT} into "
+                                   "vhost 'ctl-from'\n")
+        bindings = ctl(managed, "list", "bindings", "-V", "ctl-from", "source", "destination",
+                       "routing_key", "-f", "tsv").stdout.splitlines()
+        assert "events\torders\torder.*" in bindings
+        path = tmp_path / "one.json"
+        ctl(managed, "export", str(path), "-V", "ctl-from")
+        exported = json.loads(path.read_text())
+        assert sorted(exported) == ["bindings", "exchanges", "parameters", "policies",
+                                    "queues", "rabbit_version"]
+        assert [(q["name"], q["arguments"], "vhost" in q) for q in exported["queues"]] == [
+            ("orders", {"x-max-length": 100}, False)]
+        assert [(p["name"], p["vhost"]) for p in exported["policies"]] == [("cap", "ctl-from")]
+        ctl(managed, "import", str(path), "-V", "ctl-to")
+        [queue] = json.loads(ctl(managed, "list", "queues", "-V", "ctl-to", "--json").stdout)
+        assert (queue["name"], queue["arguments"]) == ("orders", {"x-max-length": 100})
+        assert "events\torders\torder.*" in ctl(
+            managed, "list", "bindings", "-V", "ctl-to", "source", "destination",
+            "routing_key", "-f", "tsv").stdout.splitlines()
+        missing = ctl(managed, "export", "-", "-V", "ctl-nowhere", check=False)
+        assert (missing.returncode, missing.stderr) == (
+            1, "warren ctl: export: no vhost 'ctl-nowhere' [404 Object Not Found]\n")
+    finally:
+        ctl(managed, "delete-vhost", "ctl-from")
+        ctl(managed, "delete-vhost", "ctl-to")
