@@ -185,6 +185,10 @@ def main() -> None:
     logsetup.configure(settings.log_settings(), f"gateway-{spec.index}")
     import uvloop
     uvloop.run(serve(spec))
+    # Stopped: its clients are closed and its log written. Tearing the interpreter
+    # down (freeing every object) would add a tenth of a second to the broker's stop.
+    logging.shutdown()
+    os._exit(0)
 
 
 if __name__ == "__main__":
