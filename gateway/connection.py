@@ -35,7 +35,7 @@ from .amqp.frames import FrameError, FrameReader
 from .assembly import decode_method
 from .channel import Channel
 from .errors import AMQPError
-from .logthrottle import LOG, SUPPRESS_FIRST, LogThrottle
+from .logthrottle import log_client_error
 from .snapshots import ConnectionInfo
 
 log = logging.getLogger("warren.connection")
@@ -47,10 +47,6 @@ CLOSE_OK_TIMEOUT = 3.0
 # learns nothing and cannot retry at once.
 HANDSHAKE_ERROR_DELAY = 3.0
 CHANNEL_MIN = 1  # the least channel_max a client may ask for (RabbitMQ's)
-# Each kind of client error is logged at most this often per gateway process
-# (logthrottle.py); the ones past it are counted in one line a second.
-CLIENT_ERRORS_PER_SECOND = 10
-_client_errors = LogThrottle(CLIENT_ERRORS_PER_SECOND, 1.0)
 # Frames one connection may handle per loop turn before yielding (a publish is
 # three): small enough that deliveries and credit are not kept waiting behind a
 # flood, large enough that a turn's work still goes out in big batches. A third
@@ -158,9 +154,9 @@ class Connection(asyncio.BufferedProtocol):
             log.debug("closing AMQP connection (%s): no data received", self.name,
                       extra=self._log_fields())
         elif self.state not in (CLOSING, CLOSED):
-            _log_client("unexpected close", logging.WARNING,
-                        "closing AMQP connection (%s):\nclient unexpectedly closed TCP "
-                        "connection", self._describe(), extra=self._log_fields())
+            log_client_error("unexpected close", logging.WARNING,
+                             "closing AMQP connection (%s):\nclient unexpectedly closed TCP "
+                             "connection", self._describe(), extra=self._log_fields())
         elif not self._end_logged:
             log.info("closing AMQP connection (%s)", self._describe(), extra=self._log_fields())
         self.state = CLOSED
@@ -444,9 +440,9 @@ class Connection(asyncio.BufferedProtocol):
             return False
         if header != frames.PROTOCOL_HEADER:
             # Tell the client which protocol we speak, then hang up (AMQP 0-9-1 §4.2.2).
-            _log_client("protocol header", logging.ERROR,
-                        "closing AMQP connection (%s):\nclient did not start with AMQP "
-                        "protocol header: %r", self.name, header, extra=self._log_fields())
+            log_client_error("protocol header", logging.ERROR,
+                             "closing AMQP connection (%s):\nclient did not start with AMQP "
+                             "protocol header: %r", self.name, header, extra=self._log_fields())
             self._end_logged = True
             self.transport.write(frames.PROTOCOL_HEADER)
             self.state = CLOSED
@@ -538,9 +534,9 @@ class Connection(asyncio.BufferedProtocol):
     def fail(self, error: BaseException) -> None:
         """A bug met while serving this connection: log it once and close this
         connection with 541, leaving every other client and the loop running."""
-        _log_client("internal error", logging.ERROR,
-                    "closing AMQP connection (%s) after an internal error", self._describe(),
-                    exc_info=error, extra=self._log_fields())
+        log_client_error("internal error", logging.ERROR,
+                         "closing AMQP connection (%s) after an internal error", self._describe(),
+                         exc_info=error, extra=self._log_fields())
         try:
             self.close_with_error(AMQPError(spec.INTERNAL_ERROR, "internal error"))
         except Exception:
@@ -579,11 +575,11 @@ class Connection(asyncio.BufferedProtocol):
             self.gateway.leader.channels_changed(self)
 
     def close_channel_with_error(self, ch: Channel, error: AMQPError) -> None:
-        _log_client(f"channel error {error.code}", logging.ERROR,
-                    "Channel error on connection (%s), channel %d:\noperation %s caused a "
-                    "channel exception %s: %s", self._describe(), ch.number, _operation(error),
-                  spec.REPLY_NAMES[error.code].lower(), error.detail,
-                  extra=self._log_fields(channel=ch.number, reply_code=error.code))
+        log_client_error(f"channel error {error.code}", logging.ERROR,
+                         "Channel error on connection (%s), channel %d:\noperation %s caused a "
+                         "channel exception %s: %s", self._describe(), ch.number,
+                         _operation(error), spec.REPLY_NAMES[error.code].lower(), error.detail,
+                         extra=self._log_fields(channel=ch.number, reply_code=error.code))
         ch.release()
         ch.closing = True
         ch.send(m.ChannelClose(reply_code=error.code, reply_text=error.text[:255],
@@ -798,9 +794,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def _handshake_timeout(self) -> None:
         if self.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN):
-            _log_client("handshake timeout", logging.ERROR,
-                        "closing AMQP connection (%s):\nhandshake timeout in state %s",
-                        self._describe(), STATE_NAMES[self.state], extra=self._log_fields())
+            log_client_error("handshake timeout", logging.ERROR,
+                             "closing AMQP connection (%s):\nhandshake timeout in state %s",
+                             self._describe(), STATE_NAMES[self.state], extra=self._log_fields())
             self._end_logged = True
             self._shutdown()
 
@@ -817,10 +813,10 @@ class Connection(asyncio.BufferedProtocol):
         else:
             self._quiet_ticks += 1
         if self._quiet_ticks >= 4:
-            _log_client("missed heartbeats", logging.ERROR,
-                        "closing AMQP connection (%s):\nmissed heartbeats from client, "
-                        "timeout: %ss", self._describe(), self.heartbeat,
-                        extra=self._log_fields())
+            log_client_error("missed heartbeats", logging.ERROR,
+                             "closing AMQP connection (%s):\nmissed heartbeats from client, "
+                             "timeout: %ss", self._describe(), self.heartbeat,
+                             extra=self._log_fields())
             self._end_logged = True
             self.state = CLOSED
             self.transport.abort()
@@ -863,8 +859,8 @@ class Connection(asyncio.BufferedProtocol):
                       f"{spec.REPLY_NAMES[error.code].lower()},{_erlang_string(error.detail)},"
                       f"{operation if operation == 'none' else repr(operation.replace('-', '_'))}"
                       "}}")
-        _log_client("handshake error", logging.ERROR, "closing AMQP connection (%s):\n%s",
-                    self._describe(), detail, extra=self._log_fields(reply_code=error.code))
+        log_client_error("handshake error", logging.ERROR, "closing AMQP connection (%s):\n%s",
+                         self._describe(), detail, extra=self._log_fields(reply_code=error.code))
         self._end_logged = True
         self.flush()  # what was sent before the error still goes out
         self.state = CLOSED  # what it sends is dropped (buffer_updated)
@@ -909,10 +905,10 @@ class Connection(asyncio.BufferedProtocol):
                       f"{spec.REPLY_NAMES[error.code].lower()}: \"{error.detail}\"")
         else:
             detail = error.detail
-        _log_client(f"connection error {error.code}", logging.ERROR,
-                    "Error on AMQP connection (%s, state: %s):\n%s", self._describe(),
-                    STATE_NAMES[self.state], detail,
-                    extra=self._log_fields(reply_code=error.code))
+        log_client_error(f"connection error {error.code}", logging.ERROR,
+                         "Error on AMQP connection (%s, state: %s):\n%s", self._describe(),
+                         STATE_NAMES[self.state], detail,
+                         extra=self._log_fields(reply_code=error.code))
 
     def _shutdown(self) -> None:
         if self.state == CLOSED:
@@ -952,25 +948,6 @@ def _negotiated(field: str, value: int, minimum: int, offered: int) -> None:
 def _erlang_string(text: str) -> str:
     """`text` as Erlang's ~p writes a string."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _log_client(kind: str, level: int, message: str, *args, **kwargs) -> None:
-    """Log a client's error unless too many of its kind came this second; the first
-    one held back arms the line that counts them at the second's end."""
-    loop = asyncio.get_running_loop()
-    verdict = _client_errors.admit(kind, loop.time())
-    if verdict == LOG:
-        log.log(level, message, *args, **kwargs)
-    elif verdict == SUPPRESS_FIRST:
-        loop.call_later(_client_errors.period_left(kind, loop.time()), _log_suppressed,
-                        kind, level)
-
-
-def _log_suppressed(kind: str, level: int) -> None:
-    count = _client_errors.take_suppressed(kind)
-    if count:
-        log.log(level, "%d more client errors of this kind not logged in the last second "
-                "(%s): more than %d a second", count, kind, CLIENT_ERRORS_PER_SECOND)
 
 
 def _operation(error: AMQPError) -> str:

@@ -1,13 +1,18 @@
-"""How often a kind of client error is logged, sans-IO.
+"""How often a kind of client error is logged.
 
 A client decides how often the broker logs its errors: one per connection it
 opens, or per channel it breaks (issue 56.6: 998 connections in 20 s wrote
 336 MB of log). Each kind is logged at most `burst` times a `period`; the rest
-are counted, and the caller logs the count when the period ends (admit says
-when to arm that timer; take_suppressed hands the count over).
+are counted, and their count is logged when the period ends. LogThrottle keeps
+the counts (sans-IO: admit says when to arm the timer that logs the count,
+take_suppressed hands it over); log_client_error logs through the process's
+one throttle on the running loop.
 """
 
 from __future__ import annotations
+
+import asyncio
+import logging
 
 LOG = "log"  # log this record
 SUPPRESS_FIRST = "suppress first"  # drop it, and arm the timer that reports the count
@@ -46,3 +51,27 @@ class LogThrottle:
             return 0
         count, state[2] = state[2], 0
         return count
+
+
+CLIENT_ERRORS_PER_SECOND = 10  # of each kind, in a gateway process
+_client_errors = LogThrottle(CLIENT_ERRORS_PER_SECOND, 1.0)
+log = logging.getLogger("warren.connection")
+
+
+def log_client_error(kind: str, level: int, message: str, *args, **kwargs) -> None:
+    """Log a client's error (log.log's arguments) unless too many of its `kind`
+    came this second; the first one held back arms the line that counts them."""
+    loop = asyncio.get_running_loop()
+    verdict = _client_errors.admit(kind, loop.time())
+    if verdict == LOG:
+        log.log(level, message, *args, **kwargs)
+    elif verdict == SUPPRESS_FIRST:
+        loop.call_later(_client_errors.period_left(kind, loop.time()), _log_suppressed,
+                        kind, level)
+
+
+def _log_suppressed(kind: str, level: int) -> None:
+    count = _client_errors.take_suppressed(kind)
+    if count:
+        log.log(level, "%d more client errors of this kind not logged in the last second "
+                "(%s): more than %d a second", count, kind, CLIENT_ERRORS_PER_SECOND)

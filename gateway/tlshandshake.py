@@ -12,6 +12,8 @@ import asyncio
 import logging
 import ssl
 
+from .logthrottle import log_client_error
+
 log = logging.getLogger("warren.connection")
 
 HANDSHAKE_TIMEOUT = 5.0  # seconds, RabbitMQ's ssl_handshake_timeout
@@ -81,9 +83,13 @@ class TLSHandshake(asyncio.Protocol):
         # A client gone without a word is a health check to RabbitMQ: logged at debug.
         quiet = isinstance(error, (ConnectionResetError, BrokenPipeError)) or (
             isinstance(error, ssl.SSLError) and "EOF" in str(error))
-        log.log(logging.DEBUG if quiet else logging.ERROR,
-                "Error on AMQP connection (%s):\nTLS handshake failed: %s", self.name, reason,
-                extra={"connection": self.name})
+        if quiet:
+            log.debug("Error on AMQP connection (%s):\nTLS handshake failed: %s", self.name,
+                      reason, extra={"connection": self.name})
+        else:
+            log_client_error("TLS handshake", logging.ERROR, "Error on AMQP connection (%s):\n"
+                             "TLS handshake failed: %s", self.name, reason,
+                             extra={"connection": self.name})
 
 
 def feed(protocol: asyncio.BaseProtocol, data) -> None:
