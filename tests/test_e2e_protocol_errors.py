@@ -4,19 +4,23 @@ protocol errors themselves are checked in-process (test_protocol_errors.py)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import random
 import re
 import socket
 import struct
 import time
+import urllib.request
 
 import pika
 import pytest
 
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.fieldtable import MAX_DEPTH
 
-from .conftest import wait_until
+from .conftest import RunningBroker, wait_until
 from .rawclient import RawClient
 
 
@@ -211,3 +215,34 @@ def test_a_flood_of_deep_client_properties_leaves_the_log_small_and_the_canary_s
     # ten a second in each gateway process, over the attack's seconds
     assert logged.count("frame_too_large") <= 10 * broker.gateways * 6
     assert len(logged) < 400 * len(attackers), len(logged)  # was ~340 KB each
+
+
+def test_arguments_nested_to_the_bound_survive_every_gateway_the_api_and_a_restart(
+        tmp_path):
+    """Arguments MAX_DEPTH deep pass every step that walks them (the catalogue's
+    store and its changes to the other gateways, the management API's JSON, the
+    recovery): the bound leaves each its margin (issue 56.6: 300 deep failed)."""
+    running = RunningBroker(tmp_path / "data", management=True).start()
+    try:
+        table = b"\x00\x00\x00\x00"
+        for _ in range(MAX_DEPTH - 1):
+            table = struct.pack(">I", len(table) + 3) + b"\x01kF" + table
+        declare = m.encode_method(m.QueueDeclare(queue="deep.q", durable=True))[:-4] + table
+        for gateway in (1, 0, 1):  # the last after a restart
+            port = running.gateway_port(1) if gateway and running.gateways > 1 else running.port
+            client = RawClient(port)
+            client.handshake()
+            client.open_channel(1)
+            client.send_frame(frames.FRAME_METHOD, 1, declare)  # the second time: equivalent
+            client.expect(1, m.QueueDeclareOk)
+            client.close()
+            with urllib.request.urlopen(urllib.request.Request(
+                    running.http_url + "/api/queues", headers={"Authorization": "Basic "
+                    + base64.b64encode(b"guest:guest").decode()})) as answer:
+                assert [q["name"] for q in json.load(answer)] == ["deep.q"]
+            if gateway == 0:
+                running.stop()
+                running.start()
+        assert "Traceback" not in running.log_text()
+    finally:
+        running.stop()
