@@ -320,7 +320,7 @@ def _unresolved(gateway, data: dict, loaded: dict[str, list]) -> list[str]:
     for section in ("users", "vhosts", "policies", "exchanges", "queues"):
         for i, item in loaded[section]:
             size = len(item.name.encode())
-            if size == 0 and section in ("users", "vhosts"):  # AMQP cannot log in as, or open, ""
+            if size == 0 and section in ("users", "vhosts"):  # the stores cannot key ""
                 problems.append(f"{section}[{i}].name: should not be empty")
             elif size > MAX_NAME:
                 problems.append(f"{section}[{i}].name: should be less than {MAX_NAME} bytes, "
