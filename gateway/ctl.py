@@ -222,8 +222,9 @@ DECLARE = {
         _ARGUMENTS]),
     "vhost": ("create a vhost", [_NAME]),
     "user": ("create a user (or set an existing one's password and tags)", [
-        _NAME, ("new_password", "password (password=... in rabbitmqadmin's form)",
-                {"required": True}),
+        _NAME, ("new_password", "password (password=... in rabbitmqadmin's form)", {}),
+        ("password_hash", "instead of a password, its hash as an export holds it "
+                          "(rabbit_password_hashing_sha256)", {}),
         ("tags", "comma-separated tags, e.g. administrator", {"default": ""})]),
     "permission": ("set a user's permissions in --vhost", [
         _PERM_USER, *[(access, f"regular expression of the resources it may {access}",
@@ -536,9 +537,13 @@ def _write_payload(path: str, message: dict) -> None:
 
 def _add_user(client: Client, args, vhost: str) -> str:
     tags = [t for t in args.tags.split(",") if t]
+    secret = getattr(args, "password_hash", None)
+    if (args.new_password is None) == (secret is None):
+        raise CtlError("declare user: give a password or a password_hash (one of them)")
     return _change(client, "PUT", f"users/{segment(args.name)}", f"user '{args.name}'",
                    "added" + (f" with tags {','.join(tags)}" if tags else ""),
-                   {"password": args.new_password, "tags": tags})
+                   {"tags": tags, **({"password": args.new_password} if secret is None
+                                     else {"password_hash": secret})})
 
 
 def _change_password(client: Client, args, vhost: str) -> str:

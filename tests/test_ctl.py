@@ -538,8 +538,16 @@ def test_set_user_tags_keeps_the_password(managed):
         missing = ctl(managed, "set-user-tags", "nobody", "administrator", check=False)
         assert (missing.returncode, missing.stderr) == (
             1, "warren ctl: user 'nobody': Not Found [404 Object Not Found]\n")
+        # rabbitmqadmin's `declare user ... password_hash=`: the twin signs in with pw
+        ctl(managed, "declare", "user", "name=twin", f"password_hash={user['password_hash']}",
+            "tags=management")
+        assert ctl(managed, "list", "vhosts", "-u", "twin", "-p", "pw").returncode == 0
+        neither = ctl(managed, "declare", "user", "name=none", check=False)
+        assert (neither.returncode, neither.stderr) == (
+            1, "warren ctl: declare user: give a password or a password_hash (one of them)\n")
     finally:
         ctl(managed, "delete-user", "tagged")
+        ctl(managed, "delete-user", "twin", check=False)
 
 
 def test_columns_may_follow_options(managed):
