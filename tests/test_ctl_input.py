@@ -13,7 +13,8 @@ from unittest import mock
 
 import pytest
 import requests
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from warren.gateway import ctl, ctlclient
 
