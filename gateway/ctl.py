@@ -2,8 +2,8 @@
 rabbitmqctl are used with RabbitMQ: rabbitmqadmin's verbs (list, show, declare,
 delete, close, purge, publish, get, export, import; `name=value` arguments work
 too) and rabbitmqctl's (add-user, set-user-tags, set-permissions,
-set-vhost-limits...). A change prints
-what it did; an error prints the API's reason and exits 1."""
+set-vhost-limits...). A change prints what it did; an error prints the API's
+reason and exits 1; a command it cannot read, its usage, exiting 2."""
 
 from __future__ import annotations
 
@@ -491,11 +491,7 @@ def _publish(client: Client, args, vhost: str) -> str:
     body = {"routing_key": args.routing_key, "properties": args.properties,
             "payload": args.payload, "payload_encoding": args.payload_encoding}
     if args.payload is None:  # stdin's bytes, whatever they are
-        try:
-            data = sys.stdin.buffer.read()
-        except (OSError, AttributeError) as error:
-            raise CtlError(f"cannot read the payload from stdin: {error}") from None
-        body.update(payload=base64.b64encode(data).decode(), payload_encoding="base64")
+        body.update(payload=base64.b64encode(_stdin()).decode(), payload_encoding="base64")
     where = f"exchange '{args.exchange}' in vhost '{vhost}'"
     answer = client.call("POST", f"exchanges/{segment(vhost)}/{segment(args.exchange)}/publish",
                          body, what=f"publish to {where}")
@@ -520,6 +516,15 @@ def _get(client: Client, args, vhost: str) -> str | None:
         return f"{what} has no messages ready"
     print(render(rows, columns, args.format, whole_rows=True))
     return None
+
+
+def _stdin() -> bytes:
+    if sys.stdin is None:  # started with it closed (`<&-`)
+        raise CtlError("cannot read stdin: it is closed")
+    try:
+        return sys.stdin.buffer.read()
+    except OSError as error:
+        raise CtlError(f"cannot read stdin: {error.strerror}") from None
 
 
 def _write_payload(path: str, message: dict) -> None:
@@ -694,15 +699,14 @@ def _export(client: Client, args, vhost: str) -> str | None:
 
 
 def _import(client: Client, args, vhost: str) -> str:
-    try:
-        if args.file == "-":
-            data = sys.stdin.buffer.read()
-        else:
+    if args.file == "-":
+        data = _stdin()
+    else:
+        try:
             with open(args.file, "rb") as f:
                 data = f.read()
-    except (OSError, AttributeError) as error:
-        raise CtlError(f"{args.file}: cannot read: {getattr(error, 'strerror', error)}"
-                       ) from None
+        except OSError as error:
+            raise CtlError(f"{args.file}: cannot read: {error.strerror}") from None
     params = {"skip-unsupported": "true"} if args.skip_unsupported else None
     if args.vhost is not None:
         data = _into_vhost(data, args.vhost, args.file)
