@@ -148,7 +148,7 @@ HELP = {
     "default_vhost": "vhost created in a new data directory",
     "loopback_users": "users that may only connect from loopback (comma-separated)",
     "quarantine_damaged": "start although shard stores are damaged: move them to "
-                          "DATA/quarantine/ and serve their queues empty",
+                          "DATA/quarantine/ and serve what of them still reads",
     "rebuild_definitions": "start although meta/ is missing or damaged: rebuild the queue "
                            "definitions from the shard stores",
     "load_compaction": "while the broker uses under half a core, run all its processes "

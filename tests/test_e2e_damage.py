@@ -22,6 +22,7 @@ import pytest
 from .conftest import ROOT, RunningBroker, mounted_tmpfs, wait_until
 from .oldformats import as_format_1, as_format_2
 from .test_e2e_basic import names_on_every_shard, shard_pids
+from .test_e2e_durability import wait_until_gone
 
 MESSAGES = 60
 Q0, Q1 = names_on_every_shard(2, 1, "dmg")  # on shard 0 and on shard 1
@@ -310,3 +311,61 @@ def test_a_data_directory_of_format_2_keeps_its_queues_and_messages(tmp_path):
     finally:
         broker.stop()
     assert verify(data).stdout.count(": ok") == 3
+
+
+def churn(port: int) -> None:
+    """Issue 56's workload: a backlog left in one queue, then other queues filled,
+    consumed and drained, which frees LMDB pages (some never written: the file
+    may end before its last page number, and that is not truncation)."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("backlog", durable=True)
+    persistent = pika.BasicProperties(delivery_mode=2)
+    for i in range(200):
+        ch.basic_publish("", "backlog", b"%06d" % i * 50, persistent)
+    for q in range(3):
+        ch.queue_declare(f"churn-{q}", durable=True)
+        for i in range(400):
+            ch.basic_publish("", f"churn-{q}", b"c" * (100 + 700 * (i % 3)), persistent)
+    ch.basic_qos(prefetch_count=200)
+    for q in range(3):
+        count = ch.queue_declare(f"churn-{q}", passive=True).method.message_count
+        for got, (method, _, _) in enumerate(ch.consume(f"churn-{q}", inactivity_timeout=10), 1):
+            assert method is not None, "the drain stalled"
+            if got % 50 == 0 or got == count:
+                ch.basic_ack(method.delivery_tag, multiple=True)
+            if got == count:
+                break
+        ch.cancel()
+    conn.close()
+
+
+def test_a_store_after_backlog_and_churn_starts_again_without_flags(tmp_path):
+    """Before issue 56 a clean stop after this load left a store the start called
+    truncated in 7 of 8 runs (3 of 8 after kill -9 of the root)."""
+    data = tmp_path / "data"
+    for round, stop in enumerate(["clean", "kill", "clean"]):
+        broker = RunningBroker(data, shards=2).start()  # never a flag
+        try:
+            conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+            ch = conn.channel()
+            assert ch.queue_declare("backlog", durable=True).method.message_count == 200 * round
+            conn.close()
+            churn(broker.port)
+            if stop == "kill":
+                broker.process.kill()
+                broker.process.wait(10)
+        finally:
+            broker.stop()
+        wait_until_gone(data)
+        assert verify(data).returncode == 0
+    broker = RunningBroker(data, shards=2).start()
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        ch = conn.channel()
+        got = [ch.basic_get("backlog", auto_ack=True)[2] for _ in range(600)]
+        conn.close()
+        assert got == [b"%06d" % i * 50 for i in range(200)] * 3
+    finally:
+        broker.stop()
