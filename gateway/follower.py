@@ -1,21 +1,21 @@
-"""A gateway process: `python -m warren.gateway.follower SPEC`, started (and
-restarted) by the root when there are several gateways (followers.py).
+"""A gateway process: `python -m warren.gateway.follower`, its FollowerSpec on
+stdin, started (and restarted) by the root when there are several gateways
+(followers.py).
 
 It serves the clients the root accepts and hands it (controllink.Handover) and
 talks to every shard over rings of its own, so publishing, consuming and acks
 never pass through another process. The catalogue it routes with is the root's,
 replayed from the control link (replication.py); declarations are forwarded
 there (Declarations._forward). It is handed clients only once it holds the
-whole catalogue, and exits when the root is gone.
+whole catalogue, and stops when the root closes the control link (or is gone):
+the stop signals of the broker's process group are the root's (children.py).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import signal
 import socket
-import sys
 
 import msgspec
 
@@ -23,6 +23,7 @@ from warren.shards import logsetup
 from warren.shards.malloc import keep_freed_memory
 
 from . import replication
+from .children import read_spec
 from .config import Config
 from .connection import Connection
 from .controllink import (
@@ -156,9 +157,7 @@ def take_handed(gateway: Gateway, handover: Handover, tls) -> None:
 async def serve(spec: FollowerSpec) -> None:
     keep_freed_memory()
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    stop = asyncio.Event()  # the control link closed
     settings = msgspec.convert(spec.config, Config)
     gateway = Gateway(settings, spec.index)
     leader = gateway.leader = gateway.access.root = Leader(gateway, stop)
@@ -168,7 +167,10 @@ async def serve(spec: FollowerSpec) -> None:
     tls = tls_context(settings) if settings.tls_enabled else None
     handover = Handover(socket.socket(fileno=spec.handover_fd))
     loop.add_reader(spec.handover_fd, take_handed, gateway, handover, tls)
-    await leader.ready.wait()
+    await _either(leader.ready, stop)
+    if stop.is_set():  # the root stops before this one got going
+        await gateway.stop()
+        return
     servers = await own_listener(gateway, settings)
     for server in servers:
         await server.start_serving()
@@ -179,8 +181,15 @@ async def serve(spec: FollowerSpec) -> None:
     await gateway.stop()
 
 
+async def _either(*events: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
+
+
 def main() -> None:
-    spec = msgspec.json.decode(sys.argv[1], type=FollowerSpec)
+    spec = msgspec.json.decode(read_spec(), type=FollowerSpec)
     settings = msgspec.convert(spec.config, Config)
     logsetup.configure(settings.log_settings(), f"gateway-{spec.index}")
     import uvloop

@@ -17,13 +17,13 @@ import asyncio
 import logging
 import socket
 import subprocess
-import sys
 
 import msgspec
 
 from warren.shards import records as r
 
 from . import replication
+from .children import spawn
 from .controllink import (
     Admit,
     Admitted,
@@ -66,7 +66,7 @@ START_TIMEOUT = 30.0
 
 
 class FollowerSpec(msgspec.Struct, array_like=True):
-    """What `python -m warren.gateway.follower` is started with."""
+    """What `python -m warren.gateway.follower` is started with (on its stdin)."""
 
     index: int
     config: dict
@@ -372,9 +372,7 @@ class Followers:
             for pair in rings:
                 if pair is not None:
                     fds |= set(ring_fds(pair))
-            process = subprocess.Popen(
-                [sys.executable, "-m", "warren.gateway.follower",
-                 msgspec.json.encode(spec).decode()], pass_fds=sorted(fds))
+            process = spawn("warren.gateway.follower", msgspec.json.encode(spec), sorted(fds))
         except OSError:
             for sock in opened:
                 sock.close()
@@ -390,6 +388,8 @@ class Followers:
             lambda: ControlLink(lambda message: self._message(index, message),
                                 lambda: self._lost(index, link)), sock=ours)
         self.links[index] = link
+        if self.stopping:  # stop() closed the links before this one was made
+            link.close()
         self.flush()  # what is pending belongs to the snapshot
         link.send(Changes(self.seq, replication.snapshot(self.gateway)))
         ExitWatch(loop, process, lambda: self._exited(index, process))
@@ -501,7 +501,7 @@ class Followers:
         # It cannot take it (stuck): restarted, it starts afresh.
         log.warning("restarting gateway %d: it takes nothing handed to it", index)
         self._replacing.add(index)
-        process.terminate()
+        process.kill()
         return False
 
     # -- clients -----------------------------------------------------------------
@@ -567,9 +567,8 @@ class Followers:
         self._update_accepting()
         for sock, _ in self._listeners:
             sock.close()
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
+        for link in list(self.links.values()):  # a gateway stops when its link closes
+            link.close()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while any(p.poll() is None for p in self.processes.values()) \

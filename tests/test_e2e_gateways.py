@@ -647,3 +647,80 @@ def test_clients_are_spread_evenly_over_the_gateways(two):
     finally:
         for conn in conns:
             conn.close()
+
+
+def processes_where(field: int, value: int) -> list[int]:
+    """The processes whose /proc/PID/stat `field` (after the name: 1 parent,
+    2 process group) is `value`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:  # gone meanwhile
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[field]) == value:
+                found.append(int(entry))
+    return found
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes `pid` started that still run (its shards and gateways)."""
+    return processes_where(1, pid)
+
+
+def test_no_child_process_shows_the_configuration(tmp_path):
+    """Any local user reads a process's command line (ps); the gateways and shards
+    get their configuration, the default user's password included, another way."""
+    secret = "h-secret-" + os.urandom(6).hex()
+    config = tmp_path / "warren.toml"
+    config.write_text(f'default_pass = "{secret}"\n')
+    broker = RunningBroker(tmp_path / "data", shards=2, gateways=2,
+                           extra_args=["--config", str(config)]).start()
+    try:
+        for index in (1, 2):  # the password is the broker's, on every gateway
+            pika.BlockingConnection(pika.URLParameters(
+                f"amqp://guest:{secret}@127.0.0.1:{broker.gateway_port(index)}/%2F")).close()
+        children = wait_until(lambda: (lambda found: found if len(found) == 4 else None)(
+            children_of(broker.process.pid)), 10, message="2 shards and 2 gateways")
+        for pid in children:
+            for shown in ("cmdline", "environ"):
+                with open(f"/proc/{pid}/{shown}", "rb") as f:
+                    text = f.read()
+                assert secret.encode() not in text and b"default_pass" not in text, (pid, shown)
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("when", ["starting", "serving"])
+def test_a_signal_to_the_process_group_stops_the_broker_and_restarts_nothing(tmp_path, when):
+    """Ctrl-C and systemd signal every process of the broker at once: the root
+    stops its gateways and shards itself, none is taken for failed and restarted
+    (whichever of them the signal reaches first, also while they start)."""
+    broker = RunningBroker(tmp_path / "data", shards=1, gateways=2, preexec_fn=os.setsid)
+    if when == "starting":
+        starting = threading.Thread(target=broker.start)
+        starting.start()
+        # The shard and both gateways exist: the last is still starting up.
+        wait_until(lambda: broker.process is not None and
+                   len(children_of(broker.process.pid)) == 3, 30, interval=0.002,
+                   message="3 child processes")
+    else:
+        broker.start()
+        conns = [connect(broker, 1), connect(broker, 2)]
+    try:
+        os.killpg(broker.process.pid, signal.SIGTERM)
+        assert broker.wait(30) == 0
+        if when == "starting":
+            starting.join(30)
+        else:
+            for conn in conns:  # told 320 CONNECTION_FORCED by their gateway
+                wait_until(lambda: closed_with_320(conn), 10, message="320")
+        log = broker.log_text()
+        assert "restarting" not in log and "exited with code" not in log, log
+        assert log.count("gateway 2 started") <= 1
+        wait_until(lambda: not processes_where(2, broker.process.pid), 10,
+                   message="every process of the broker gone")
+    finally:
+        broker.stop()
