@@ -115,6 +115,7 @@ class Followers:
         self.links: dict[int, ControlLink] = {}  # gateway index -> its live link
         self.handovers: dict[int, Handover] = {}  # gateway index -> its sockets and rings
         self._listeners: list[tuple[socket.socket, bool]] = []  # (AMQP listener, tls)
+        self._open = False  # the broker has started: every gateway served once
         self._accepting = False
         self._starting: set[asyncio.Task] = set()  # gateways being started again
         self._next_gateway = 0  # the last one a client was handed to (round robin)
@@ -507,16 +508,23 @@ class Followers:
     # -- clients -----------------------------------------------------------------
 
     def listen(self, sock: socket.socket, tls: bool) -> None:
-        """Accept the clients of this listening socket and hand each to a gateway,
-        in turn: long-lived AMQP connections spread evenly, where SO_REUSEPORT's
-        hash of their addresses would leave one gateway with most of them."""
+        """Accept the clients of this listening socket (once open) and hand each to
+        a gateway, in turn: long-lived AMQP connections spread evenly, where
+        SO_REUSEPORT's hash of their addresses would leave one gateway with most
+        of them."""
         sock.setblocking(False)
         self._listeners.append((sock, tls))
+
+    def open(self) -> None:
+        """Start accepting, every gateway serving (start): clients that came while
+        the broker started wait in the listen backlog, as a single gateway's do,
+        rather than all go to the first gateway up and stay there."""
+        self._open = True
         self._update_accepting()
 
     def _update_accepting(self) -> None:
         """Accept while a gateway serves; else clients wait in the listen backlog."""
-        accepting = bool(self.serving) and not self.stopping
+        accepting = self._open and bool(self.serving) and not self.stopping
         if accepting == self._accepting:
             return
         self._accepting = accepting

@@ -122,6 +122,8 @@ async def serve(settings: Config) -> None:
         compactor.start()
     for server in servers:
         await server.start_serving()
+    if gateway.followers is not None:
+        gateway.followers.open()
     # RabbitMQ's lines in the log; the printed ones are for whoever started it.
     log.info("started TCP listener on %s:%d", host, port)
     print(f"Warren listening on amqp://{host}:{port} (data {gateway.data_dir}, "

@@ -20,6 +20,7 @@ from warren.gateway import followers
 from warren.gateway.access import AccessControl
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
+from warren.loadtest.procs import free_port
 from warren.storage.metastore import MetaStore, VHostDef
 
 from .conftest import RunningBroker, wait_until
@@ -690,6 +691,43 @@ def test_no_child_process_shows_the_configuration(tmp_path):
                     text = f.read()
                 assert secret.encode() not in text and b"default_pass" not in text, (pid, shown)
     finally:
+        broker.stop()
+
+
+def test_clients_that_connect_while_the_broker_starts_are_spread_over_every_gateway(tmp_path):
+    """The port takes connections (into its backlog) as soon as it is bound; they
+    are served once every gateway is, not all by the first one up."""
+    port = free_port()
+    broker = RunningBroker(tmp_path / "data", shards=1, gateways=2,
+                           extra_args=["--port", str(port)])
+    starting = threading.Thread(target=broker.start)
+    starting.start()
+    clients = []
+    try:
+        def connected():
+            try:
+                return socket.create_connection(("127.0.0.1", port), timeout=30)
+            except OSError:
+                return None
+
+        clients.append(wait_until(connected, 30, message="the port open"))
+        clients += [socket.create_connection(("127.0.0.1", port), timeout=30)
+                    for _ in range(15)]
+        for client in clients:
+            client.sendall(b"AMQP\x00\x00\x09\x01")
+        for client in clients:
+            assert client.recv(1) == b"\x01"  # a method frame: connection.start
+        starting.join(30)
+        log = broker.log_text()
+        lines = [line for line in log.splitlines() if "accepting AMQP connection" in line]
+        assert sorted(line.split("> ")[0].rsplit("<", 1)[1] for line in lines) == \
+            ["gateway-1"] * 8 + ["gateway-2"] * 8
+        # As a single gateway: the broker says it listens before it serves anyone.
+        assert log.index("started TCP listener") < log.index("accepting AMQP connection")
+    finally:
+        for client in clients:
+            client.close()
+        starting.join(30)
         broker.stop()
 
 
