@@ -229,7 +229,14 @@ class Persister:
             pending.sizes.append(len(batch))
         try:
             for store in pending.checkpoint:
-                store.checkpoint()
+                # With what its journal refused: on a full disk the journal cannot
+                # take the acks and purges that would make the checkpoint fit.
+                refused = pending.refused.get(store)
+                if refused is None:
+                    store.checkpoint()
+                else:
+                    store.checkpoint(refused)
+                    del pending.refused[store]
         except StoreFull as error:
             # What the journals hold is durable, but LMDB cannot take it: nack until a
             # checkpoint succeeds, so the journals cannot run far ahead of LMDB.
@@ -243,6 +250,8 @@ class Persister:
             pending.error = error
             return
         pending.checkpointed = bool(pending.checkpoint)
+        if pending.checkpointed and not pending.ok:  # LMDB took what the journals refused
+            pending.ok, pending.full = True, None
 
     def finish_commit(self, pending: "PendingCommit", evict) -> bool:
         """After run_commit, in the shard's thread: once checkpointed, evict each

@@ -280,12 +280,19 @@ class ShardStore:
         self._unapplied.merge(batch)
         return written
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, refused: WriteBatch | None = None) -> None:
         """Write what the journal holds to LMDB, durably, in one transaction; then
-        start the journal over. StoreFull keeps both as they were."""
-        if self._logged == self._applied:
+        start the journal over. StoreFull keeps both as they were. `refused`: a
+        commit the journal had no room for (a full disk), written on top of them:
+        else the acks that would let a checkpoint free space could not reach it."""
+        batch = self._unapplied
+        if refused is not None and not refused.is_empty():
+            batch = WriteBatch()
+            batch.merge(self._unapplied)
+            batch.merge(refused)
+        elif self._logged == self._applied:
             return
-        self._write(self._unapplied, self._logged)
+        self._write(batch, self._logged)
         self._applied = self._logged
         self._unapplied = WriteBatch()
         self._journal.start_over()

@@ -30,32 +30,36 @@ commits = st.lists(st.lists(op, min_size=1, max_size=8), min_size=1, max_size=8)
 
 
 def build(batches: list[list[tuple]]) -> list[WriteBatch]:
-    """The write batches the ops make, as a shard would: each message put once."""
-    seqs = itertools.count(1)
-    live: dict[int, list[int]] = {}
+    """The write batches the ops make, as a shard would: each message put once, and
+    a queue dropped and declared again under a new id (ids are never reused)."""
+    seqs, qids = itertools.count(1), itertools.count(1)
+    live: dict[int, tuple[int, list[int]]] = {}  # queue -> (its id, its messages)
+    upto: dict[int, int] = {}  # qid -> the highest seq delivered in order
     built = []
     for ops in batches:
         batch = WriteBatch()
-        for kind, qid, arg in ops:
-            if qid not in live:
-                live[qid] = []
-                batch.put_queue(qid, StoredQueue(QueueSpec("/", f"q{qid}", True, False, False,
-                                                           {}), {}))
+        for kind, name, arg in ops:
+            if name not in live:
+                live[name] = (next(qids), [])
+                batch.put_queue(live[name][0], StoredQueue(
+                    QueueSpec("/", f"q{name}", True, False, False, {}), {}))
+            qid, messages = live[name]
             if kind == "put":
                 seq = next(seqs)
-                live[qid].append(seq)
-                batch.put_message(qid, seq, ("", f"q{qid}", b"", arg))
+                messages.append(seq)
+                batch.put_message(qid, seq, ("", f"q{name}", b"", arg))
             elif kind == "drop_queue":
                 batch.delete_queue(qid)
-                del live[qid]
-            elif live[qid]:
-                seq = live[qid][arg % len(live[qid])]
+                del live[name]
+            elif messages:
+                seq = messages[arg % len(messages)]
                 if kind == "delete":
-                    live[qid].remove(seq)
+                    messages.remove(seq)
                     batch.delete_message(qid, seq)
                 elif kind == "mark":
                     batch.mark_delivered(qid, seq)
-                else:
+                elif seq > upto.get(qid, 0):  # a queue hands its messages out in order
+                    upto[qid] = seq
                     batch.delivered_upto(qid, seq)
         built.append(batch)
     return built
@@ -129,3 +133,25 @@ def test_a_journal_a_full_disk_keeps_out_of_lmdb_recovers_as_if_applied(batches,
         again, ram_after = recovered(path)  # now there is room: the journal applied
         assert again == recovered(f"{folder}/after")[0]
         assert ram_after == 0
+
+
+def test_what_a_full_journal_refuses_reaches_lmdb_with_the_next_checkpoint(tmp_path):
+    """The journal cannot grow (a full disk) but LMDB has room, or gets it from
+    this very commit: the acks the journal refused are written by the retry's
+    checkpoint, not kept out of it forever."""
+    path = str(tmp_path / "shard-0")
+    write(path, build([[("put", 1, b"a"), ("put", 1, b"b")]]), 1)
+    store = ShardStore(path, 1 << 24)
+    persister = Persister({0: store}, 0)
+    (queue,) = persister.recover(0.0)
+    with pytest.MonkeyPatch.context() as patch:
+        def full(number, payload):
+            raise OSError(28, "No space left on device")
+
+        patch.setattr(store._journal, "append", full)
+        persister.remove(queue.qid, [1, 2])
+        assert not persister.commit(lambda qid, msg: None).ok  # refused, kept to retry
+        persister.retry_at = 0.0  # the retry is due
+        assert persister.commit(lambda qid, msg: None).ok
+    store.close()
+    assert recovered(path)[0] == {queue.qid: []}
