@@ -259,10 +259,11 @@ class Scan:
     beyond the break numbered above `applied` (what a salvage keeps)."""
 
     def __init__(self, records: list[tuple[int, bytes]], damage: str | None = None,
-                 after: list[tuple[int, bytes]] | None = None):
+                 after: list[tuple[int, bytes]] | None = None, cut: bool = False):
         self.records = records
         self.damage = damage
         self.after = after or []
+        self.cut = cut  # the damage is the journal cut short: what it lost is unknown
 
     def salvage(self, applied: int) -> list[tuple[int, bytes]]:
         """Every intact record beyond `applied`, in order."""
@@ -284,13 +285,14 @@ def scan(data: bytes, applied: int = 0) -> Scan:
         return Scan(found, f"its journal is damaged at record {floor + 1} (offset {at}); "
                     f"{len(after)} intact records follow, from record {first}", after)
     if not data or len(data) % BLOCK:  # it is created with a block, and grows by blocks
-        return Scan(found, f"its journal is truncated ({len(data)} bytes, not whole blocks)")
+        return Scan(found, f"its journal is truncated ({len(data)} bytes, not whole blocks)",
+                    cut=True)
     if at + HEADER_SIZE <= len(data) and data[at:at + 4] == MARK:
         _, length, number = _HEAD.unpack_from(data, at)
         end = at + HEADER_SIZE + length + TRAILER_SIZE
         if number > floor and end > len(data):
             return Scan(found, f"its journal is truncated: record {number} runs past its "
-                        f"end ({len(data)} bytes)")
+                        f"end ({len(data)} bytes)", cut=True)
         if number > floor and _whole(data, at, length):
             return Scan(found, f"its journal is damaged: record {number} (offset {at}) fails "
                         "its checksum")

@@ -30,7 +30,7 @@ class Salvaged(msgspec.Struct):
     lost: dict[str, int] = {}  # database -> records it counted that could not be read
     messages: dict[int, int] = {}  # qid -> messages the new store holds
     replayed: int = 0  # journal records applied
-    journal_lost: int = 0  # journal records beyond the checkpoint that were damaged or gone
+    journal_lost: int = 0  # journal records beyond the checkpoint damaged or gone (-1: unknown)
     applied: int = 0  # the last journal record the old store's manifest says it holds
     uncounted: bool = False  # pages that counted the records are gone: the loss is unknown
 
@@ -41,7 +41,9 @@ class Salvaged(msgspec.Struct):
                 + ("an unknown number of records (the pages that counted them are gone)"
                    if self.uncounted else f"{lost} unreadable records"
                    + (f" ({self.lost.get('messages', 0)} of them messages)" if lost else ""))
-                + f"; replayed {self.replayed} journal records, lost {self.journal_lost}")
+                + f"; replayed {self.replayed} journal records, lost "
+                + ("those past where the journal was cut short or gone (how many is unknown)"
+                   if self.journal_lost < 0 else str(self.journal_lost)))
 
 
 def salvage(source: str, target: str) -> Salvaged:
@@ -67,8 +69,10 @@ def salvage(source: str, target: str) -> Salvaged:
         env.close()
     found = journal.read_scan(journal_path(source), applied)
     records = found.salvage(applied) if found is not None else []
-    if found is not None and found.damage:  # the gaps, and a damaged last record
-        done.journal_lost = ((records[-1][0] - records[0][0] + 1 - len(records)) if records
+    if found is None or (found.damage and found.cut):
+        done.journal_lost = -1  # cut short or gone: what it held past that is unknown
+    elif found.damage:  # the numbers missing among those kept, and a damaged last one
+        done.journal_lost = ((records[-1][0] - applied - len(records)) if records
                              else 0) + (not found.after)
     store = ShardStore(target, 2 * _size(os.path.join(source, "data.mdb")) + (64 << 20))
     try:

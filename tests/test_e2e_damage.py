@@ -16,9 +16,14 @@ import sys
 import urllib.error
 import urllib.request
 
+import msgspec
 import pika
 import pytest
 
+from warren.storage import journal
+from warren.storage.shardstore import _Logged
+
+from .confirmpublisher import ConfirmPublisher
 from .conftest import ROOT, RunningBroker, mounted_tmpfs, wait_until
 from .oldformats import as_format_1, as_format_2
 from .test_e2e_basic import names_on_every_shard, shard_pids
@@ -341,6 +346,7 @@ def churn(port: int) -> None:
     conn.close()
 
 
+@pytest.mark.shard_side  # the stores are the shards'
 def test_a_store_after_backlog_and_churn_starts_again_without_flags(tmp_path):
     """Before issue 56 a clean stop after this load left a store the start called
     truncated in 7 of 8 runs (3 of 8 after kill -9 of the root)."""
@@ -369,3 +375,90 @@ def test_a_store_after_backlog_and_churn_starts_again_without_flags(tmp_path):
         assert got == [b"%06d" % i * 50 for i in range(200)] * 3
     finally:
         broker.stop()
+
+
+def _kill_after_confirmed(data, count: int) -> None:
+    """A broker killed (every process, kill -9) right after `count` confirmed
+    publishes to Q0: most of them only in shard 0's journal."""
+    broker = RunningBroker(data, shards=2).start()
+    publisher = ConfirmPublisher(broker.port, Q0)
+    try:
+        publisher.publish(count, body=b"x" * 100)
+        wait_until(lambda: len(publisher.acked) == count, timeout=30)
+        for pid in [broker.process.pid, *shard_pids(broker)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        broker.process.wait(10)
+    finally:
+        publisher.close()
+        broker.stop()
+    wait_until_gone(data)
+
+
+def _journal_records(path) -> list[tuple[int, int, int]]:
+    """(offset, end, messages put) of the journal's records from its start."""
+    raw = path.read_bytes()
+    out, at = [], 0
+    for _, payload in journal.scan(raw).records:
+        end = at + journal.HEADER_SIZE + len(payload) + journal.TRAILER_SIZE
+        out.append((at, end, len(msgspec.msgpack.decode(payload, type=_Logged).puts)))
+        at = end
+    return out
+
+
+def _flip(path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 1]))
+
+
+@pytest.mark.shard_side
+def test_a_damaged_journal_refuses_start_and_quarantine_salvages_what_follows(tmp_path):
+    """Before issue 56 each of these started, `inspect --verify` said ok, and the
+    queue served 0, 0, half and all but the last record's of 3,000 confirmed."""
+    data = tmp_path / "data"
+    _kill_after_confirmed(data, 3000)
+    records = _journal_records(data / "shard-0" / "journal")
+    assert len(records) > 4 and sum(n for *_, n in records) > 2000  # mostly in the journal
+    in_lmdb = 3000 - sum(n for *_, n in records)
+    middle = records[len(records) // 2]
+
+    def first(path):
+        _flip(path, (records[0][0] + records[0][1]) // 2)
+
+    def last(path):
+        _flip(path, (records[-1][0] + records[-1][1]) // 2)
+
+    def garbage(path):
+        with open(path, "r+b") as f:
+            f.seek(middle[0] + 30)
+            f.write(os.urandom(64))
+
+    damages = {"first": (first, "its journal is damaged at record", 3000 - records[0][2]),
+               "missing": (os.unlink, "its journal is missing", in_lmdb),
+               "middle": (garbage, "its journal is damaged at record", 3000 - middle[2]),
+               "half": (lambda path: os.truncate(path, records[-1][1] // 2),
+                        "its journal is truncated", None),
+               "last": (last, "its journal is damaged: record", 3000 - records[-1][2])}
+    for name, (damage, why, salvaged) in damages.items():
+        copy = tmp_path / name
+        shutil.copytree(data, copy)
+        damage(copy / "shard-0" / "journal")
+        line = refusal(copy)
+        assert line.startswith(f"warren: the shard store {copy}/shard-0 is damaged ({why}"), line
+        checked = verify(copy)
+        assert checked.returncode == 1 and why in checked.stdout, (name, checked.stdout)
+        if name not in ("first", "middle"):
+            continue
+        broker = RunningBroker(copy, shards=2, extra_args=["--quarantine-damaged"]).start()
+        try:  # every intact record after the damaged one is applied
+            conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+            assert conn.channel().queue_declare(Q0, passive=True).method.message_count == salvaged
+            conn.close()
+            assert "replayed %d journal records, lost 1" % (len(records) - 1) in broker.log_text()
+        finally:
+            broker.stop()
