@@ -434,19 +434,19 @@ def journal_path(path: str) -> str:
 
 def reusable_bytes(path: str) -> int:
     """Bytes of a store's file that LMDB will fill again before it grows it: its
-    free pages. LMDB files never shrink, so after a purge this is the disk space
-    that was freed. Read from a read-only environment (any process may ask); 0 if
-    it cannot be read, or if its file is shorter than its pages (reading those
-    would kill the reader with SIGBUS)."""
+    free pages within the file (LMDB may leave pages it freed before ever writing
+    them past the file's end: those take no disk). LMDB files never shrink, so
+    after a purge this is the disk space that was freed. Read from a read-only
+    environment (any process may ask; the store was checked at start, so the
+    pages read here are in the file); 0 if it cannot be read."""
     try:
         env = lmdb.open(path, readonly=True, lock=True, subdir=True, max_dbs=8, create=False)
     except lmdb.Error:
         return 0
     try:
         stat = env.stat()
-        pages = env.info()["last_pgno"] + 1
-        if os.path.getsize(os.path.join(path, "data.mdb")) < pages * stat["psize"]:
-            return 0
+        pages = min(env.info()["last_pgno"] + 1,
+                    os.path.getsize(os.path.join(path, "data.mdb")) // stat["psize"])
         used = 2 + stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]  # 2 metas
         with env.begin() as txn:
             for name in _DB_NAMES:

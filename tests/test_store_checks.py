@@ -4,7 +4,10 @@ the per-store check, and the persister keeping the writes a store refused."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
+
+import lmdb
 
 import pytest
 from hypothesis import given, settings
@@ -17,7 +20,8 @@ from warren.storage import recovery
 from warren.storage.metastore import MetaStore, QueueDef
 from warren.storage.queuespec import QueueSpec
 from warren.storage.sealed import Damaged, seal, unseal
-from warren.storage.shardstore import ShardStore, StoredQueue, StoreFull, WriteBatch
+from warren.storage.shardstore import (ShardStore, StoredQueue, StoreFull, WriteBatch,
+                                      reusable_bytes)
 from warren.storage.verify import check_store
 
 
@@ -309,3 +313,50 @@ def test_damage_anywhere_is_served_whole_or_refused_with_one_line(
         assert all(body == confirmed[seq] for seq, body in served.items() if seq in confirmed)
         return
     assert _served(os.path.join(root, "shard-0")) == confirmed
+
+
+def test_a_file_that_ends_before_its_last_page_number_is_sound(tmp_path):
+    """LMDB leaves pages it freed before ever writing them past the file's end:
+    a healthy store (after fills and large drains) that the start once called
+    truncated. It checks sound, serves every message, and counts its free pages."""
+    path = str(tmp_path / "shard-0")
+    store = ShardStore(path, 1 << 28)
+    batch = WriteBatch()
+    for qid in range(4):
+        batch.put_queue(qid, StoredQueue(QueueSpec("/", f"q{qid}", True, False, False, {}), {}))
+    store.commit(batch)
+    rng = random.Random(0)
+    live: dict[int, list[int]] = {qid: [] for qid in range(4)}
+    seq = 0
+    for _ in range(6):
+        for _ in range(rng.randrange(5, 40)):
+            batch = WriteBatch()
+            for _ in range(rng.randrange(1, 200)):
+                seq += 1
+                qid = rng.randrange(4)
+                batch.put_message(qid, seq, ("", "k", b"", b"%08d" % seq * rng.choice([6, 60])))
+                live[qid].append(seq)
+            store.append(batch)
+            if rng.random() < 0.3:
+                store.checkpoint()
+        batch = WriteBatch()
+        for qid in (1, 2, 3):  # drained, in part or whole, in one checkpoint
+            if rng.random() < 0.6:
+                for _ in range(rng.randrange(len(live[qid]) + 1)):
+                    batch.delete_message(qid, live[qid].pop(0))
+        store.commit(batch)
+    store.close()
+    env = lmdb.open(path, readonly=True, subdir=True, max_dbs=8)
+    pages_end = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    env.close()
+    assert os.path.getsize(os.path.join(path, "data.mdb")) < pages_end  # the case at hand
+    report = check_store(path)
+    assert report.problems == []
+    assert report.messages == {qid: len(seqs) for qid, seqs in live.items() if seqs}
+    assert reusable_bytes(path) > 0
+    store = ShardStore(path, 1 << 28)
+    try:
+        for qid, seqs in live.items():
+            assert [s for s, *_ in store.recover(qid)] == seqs
+    finally:
+        store.close()
