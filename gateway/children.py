@@ -39,8 +39,8 @@ def spawn(module: str, spec: bytes, pass_fds: list[int]) -> subprocess.Popen:
         process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
                                    pass_fds=pass_fds)
     try:
-        # A spec is a few KiB, well within a pipe's buffer: this does not wait for
-        # the child.
+        # A spec is a few KiB, within a pipe's buffer: this does not wait for the
+        # child (a larger one would, until the child reads it as it starts).
         process.stdin.write(spec)
         process.stdin.close()
     except OSError:  # it died at once: it is not left running without its spec
