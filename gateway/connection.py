@@ -11,7 +11,9 @@ frames per loop turn (FRAMES_PER_SHARED_TURN while input of the other kind,
 publishes or acks, comes in too) and then yields to everyone else. Reading
 stops while the connection is held: out of credit towards a shard or a shard's
 ring full (state `flow`), or a resource alarm (state `blocked`, with
-connection.blocked).
+connection.blocked): as RabbitMQ's reader, a connection is blocked when a
+publish's content header is next while an alarm is on, and reads nothing more
+(that header, nor what follows it) until every alarm clears.
 
 Input: the transport reads the socket straight into the frame reader's buffer
 (get_buffer, buffer_updated); bytes handed to data_received are copied in.
@@ -115,7 +117,6 @@ class Connection(asyncio.BufferedProtocol):
         # the other kind the gateway had had by then (its budget: FRAMES_PER_TURN).
         self._commands = False
         self._other_kind_seen = 0
-        self.has_published = False
         # method payload -> publishing.Route: where its channels' publishes went (one
         # user, one vhost: a route holds for every channel of the connection)
         self.routes: dict = {}
@@ -240,17 +241,23 @@ class Connection(asyncio.BufferedProtocol):
         budget = (FRAMES_PER_TURN if turns[not self._commands] == self._other_kind_seen
                   else FRAMES_PER_SHARED_TURN)
         commands = published = False
+        alarms = gateway.alarms
         try:
             if self.state == AWAIT_HEADER and not self._read_protocol_header():
                 return
             reader = self.reader
             while self.state != CLOSED and not self._paused_by:
-                publish = reader.next_publish()
+                # Under an alarm frame by frame, to stop before a content header.
+                publish = None if alarms.active else reader.next_publish()
                 if publish is not None:  # three frames (or two) in one pass
                     self._handle_publish(*publish)
                     budget -= 3
                     published = True
                 else:
+                    if (alarms.active and self.state == OPEN
+                            and frames.next_frame_type(reader) == frames.FRAME_HEADER):
+                        self._block(alarms.reason())
+                        break
                     frame = reader.next_frame()
                     if frame is None:
                         break
@@ -372,6 +379,8 @@ class Connection(asyncio.BufferedProtocol):
             return "closing"
         if ALARM in self._paused_by:
             return "blocked"
+        if self.gateway.alarms.active:  # RabbitMQ's name for "blocked at its next publish"
+            return "blocking"
         if any(cause is not YIELD for cause in self._paused_by):
             return "flow"
         return "running"
@@ -384,23 +393,21 @@ class Connection(asyncio.BufferedProtocol):
     def release(self, cause) -> None:
         self._resume(cause)
 
-    def block_publishing(self, reason: str) -> None:
-        """A resource alarm is on: stop reading from this connection if it publishes."""
-        if self.has_published and ALARM not in self._paused_by:
-            self._pause(ALARM)
-            if self.capabilities.get("connection.blocked") and self.state != CLOSED:
-                self.method(0, m.ConnectionBlocked(reason=reason))
+    def _block(self, reason: str) -> None:
+        """A resource alarm is on and a publish's content header is next: read no
+        further until it clears. RabbitMQ's reader blocks there too (publish_received),
+        not when the alarm goes up: a connection that does not publish meanwhile is
+        never blocked, and one that does sends no publish, first or not, to a queue."""
+        self._pause(ALARM)
+        if self.capabilities.get("connection.blocked"):
+            self.method(0, m.ConnectionBlocked(reason=reason))
 
-    def unblock_publishing(self) -> None:
+    def unblock(self) -> None:
+        """Every resource alarm cleared: read on from the held content header."""
         if ALARM in self._paused_by:
             self._resume(ALARM)
             if self.capabilities.get("connection.blocked") and self.state != CLOSED:
                 self.method(0, m.ConnectionUnblocked())
-
-    def note_publish(self) -> None:
-        self.has_published = True
-        if self.gateway.alarms.active:
-            self.block_publishing(self.gateway.alarms.reason())
 
     def _pause(self, cause) -> None:
         if not self._paused_by and self.state != CLOSED:

@@ -176,11 +176,11 @@ class Gateway:
         self.alarms.watch_disk(self.data_dir, self.config.disk_free_limit)
 
     def _alarm_changed(self, reason: str) -> None:
-        for conn in self.connections:
-            if reason:
-                conn.block_publishing(reason)
-            else:
-                conn.unblock_publishing()
+        """Connections block at their next publish while an alarm is on
+        (Connection._block); once none is, the blocked ones read on."""
+        if not reason:
+            for conn in self.connections:
+                conn.unblock()
 
     def _load_definitions(self, rebuilt: bool = False) -> None:
         """Durable vhosts, exchanges, queues (with their placement) and bindings."""

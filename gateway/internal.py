@@ -26,7 +26,6 @@ class InternalConnection:
         self.name = f"internal ({user})"
         self.capabilities = {"publisher_confirms": True, "basic.nack": True}
         self.frame_max = gateway.config.frame_max
-        self.has_published = False
         self.routes: dict = {}  # a channel's publishing.Route memory (Connection.routes)
         self.owed_confirms: set = set()
         self.owed_grants: set = set()
@@ -135,9 +134,6 @@ class InternalConnection:
 
     def forget_channel(self, ch: Channel) -> None:
         ch.release()
-
-    def note_publish(self) -> None:
-        self.has_published = True
 
     def hold(self, cause) -> None:
         pass  # nothing to stop reading: the API publishes one message at a time

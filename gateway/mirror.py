@@ -33,7 +33,6 @@ class Mirror:
         self.name = f"gateway {r.gateway_of(self.id)} connection {self.id}"
         self.capabilities: dict = {}
         self.frame_max = gateway.config.frame_max
-        self.has_published = False
         self.routes: dict = {}  # a channel's publishing.Route memory (Connection.routes)
         self.owed_confirms: set = set()
         self.owed_grants: set = set()
@@ -111,9 +110,6 @@ class Mirror:
 
     def schedule_flush(self) -> None:
         pass  # no confirms: a stand-in never publishes
-
-    def note_publish(self) -> None:
-        pass
 
     def hold(self, cause) -> None:
         pass

@@ -82,8 +82,8 @@ class Publishing:
         """A whole publish (method payload, properties, body) arrived at once. One
         whose route its connection knows goes straight to its shards: what _publish
         and _route would do for it outside a transaction, with no expiration,
-        priority, reply-to or headers. (Its connection has published, so a resource
-        alarm holds it before it reads: block_publishing.)"""
+        priority, reply-to or headers. (Under a resource alarm its connection stops
+        before a publish's content header: Connection._block.)"""
         route = self._routes.get(payload)
         gateway = self.gateway
         if (route is not None and route.epoch == gateway.epoch and self.tx is None
@@ -149,8 +149,6 @@ class Publishing:
                 error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
                 raise
             payload = None  # a route for these properties alone
-        if not self.conn.has_published or self.gateway.alarms.active:
-            self.conn.note_publish()
         if self.tx is not None:
             self.tx.publish(TxPublish(method, properties, body, expiration, priority, also))
         else:

@@ -1,8 +1,8 @@
 """The disk alarm and a full disk, end to end against `warren serve` with its data
 on a small tmpfs (skipped where mounting is not allowed): publishers are held
-back from their first publish, the alarm clears once consumed data is gone, a
-shard whose disk is full nacks, raises the alarm and keeps running, and a broker
-stopped on a full disk starts on it and serves what it had."""
+back before their first publish reaches a queue, the alarm clears once consumed
+data is gone, a shard whose disk is full nacks, raises the alarm and keeps
+running, and a broker stopped on a full disk starts on it and serves what it had."""
 
 from __future__ import annotations
 
@@ -17,10 +17,13 @@ import pika
 import pytest
 
 from warren.gateway import alarms
+from warren.gateway.amqp import frames
+from warren.gateway.amqp import methods as m
 from warren.storage import journal
 
 from .confirmpublisher import ConfirmPublisher
 from .conftest import RunningBroker, mounted_tmpfs, wait_until
+from .rawclient import RawClient
 from .test_e2e_basic import shard_pids, shard_processes
 
 MB = 1 << 20
@@ -47,21 +50,50 @@ def message_count(broker, queue: str) -> int:
     return count
 
 
-def test_first_publish_under_the_disk_alarm_blocks_the_connection(tmp_path):
+def test_first_publish_under_the_disk_alarm_is_not_confirmed(tmp_path):
+    """Issue 51's finding, as found: a fresh connection's first publish with
+    confirms under the disk alarm was confirmed at once. RabbitMQ 3.10 confirmed
+    nothing within 8 s: it blocks the connection at the publish's content header."""
     # A free-disk limit larger than any disk: the alarm is on from the start.
     broker = RunningBroker(tmp_path / "data", shards=1,
                            extra_args=["--disk-free-limit", str(10**18)]).start()
     try:
-        events = []
-        pub = connect(broker, events)
+        pub = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", broker.port, blocked_connection_timeout=2))
         ch = pub.channel()
         ch.queue_declare("held")
-        for _ in range(100):  # in one burst: the broker receives them together
-            ch.basic_publish("", "held", b"x" * 100)
-        wait_until(lambda: (pub.process_data_events(time_limit=0.05), events)[1], timeout=10)
-        assert events == ["low on disk"]
-        assert message_count(broker, "held") == 1  # its first publish, and no other
+        ch.confirm_delivery()
+        # pika waits for the confirm, and gives up 2 s after connection.blocked came
+        with pytest.raises(pika.exceptions.ConnectionBlockedTimeout):
+            ch.basic_publish("", "held", b"x")
+        assert message_count(broker, "held") == 0
     finally:
+        broker.stop()
+
+
+def test_publishes_and_what_follows_them_in_one_write_wait_under_the_disk_alarm(tmp_path):
+    """Raw frames in one TCP write: two publishes, a declare and a heartbeat. As
+    RabbitMQ, the broker answers connection.blocked and reads nothing after the
+    first publish's method, while other connections are served."""
+    broker = RunningBroker(tmp_path / "data", shards=1,
+                           extra_args=["--disk-free-limit", str(10**18)]).start()
+    client = RawClient(broker.port)
+    try:
+        client.handshake(capabilities={"connection.blocked": True})
+        client.open_channel(1)
+        client.call(1, m.QueueDeclare(queue="held"), m.QueueDeclareOk)
+        publish = frames.content_frames(1, m.encode_method(m.BasicPublish(routing_key="held")),
+                                        60, b"\x00\x00", b"x", 131072)
+        client.send(publish * 2 + frames.method_frame(1, m.QueueDeclare(queue="held",
+                                                                         passive=True))
+                    + frames.HEARTBEAT_FRAME)
+        assert client.expect(0, m.ConnectionBlocked).reason == "low on disk"
+        assert message_count(broker, "held") == 0
+        with pytest.raises(TimeoutError):  # no declare-ok: held behind the publish
+            client.next_frame(timeout=1.0)
+        assert message_count(broker, "held") == 0
+    finally:
+        client.close()
         broker.stop()
 
 

@@ -225,6 +225,8 @@ def test_memory_watermark_blocks_publishers_and_drops_nothing(tmp_path):
         body = b"m" * 100_000
         for _ in range(40):  # 4 MB of transient bodies, twice the limit
             ch.basic_publish("", "watermark", body)
+        wait_until(lambda: "resource alarm memory on" in broker.log_text(), timeout=10)
+        ch.basic_publish("", "watermark", body)  # as RabbitMQ, blocked at its next publish
         wait_until(lambda: (pub.process_data_events(time_limit=0.05), blocked)[1], timeout=10)
         assert blocked == ["low on memory"]
         # A consumer on its own connection drains the queue: the alarm clears.
@@ -234,9 +236,9 @@ def test_memory_watermark_blocks_publishers_and_drops_nothing(tmp_path):
                                     auto_ack=True)
         wait_until(lambda: (con.process_data_events(time_limit=0.05),
                             pub.process_data_events(time_limit=0.01), unblocked)[2], timeout=20)
-        wait_until(lambda: (con.process_data_events(time_limit=0.05), len(got) == 40)[1],
+        wait_until(lambda: (con.process_data_events(time_limit=0.05), len(got) == 41)[1],
                    timeout=20)
-        assert got == [100_000] * 40  # nothing was dropped
+        assert got == [100_000] * 41  # nothing was dropped
         pub.close()
         con.close()
     finally:
@@ -286,12 +288,13 @@ def test_disk_alarm_blocks_publishers_but_not_consumers(tmp_path):
         pub.add_on_connection_blocked_callback(lambda c, f: blocked.append(f.method.reason))
         ch = pub.channel()
         ch.queue_declare("disk-q")
-        ch.basic_publish("", "disk-q", b"first")  # taken; then the connection is blocked
+        ch.basic_publish("", "disk-q", b"first")  # the connection is blocked at it
         wait_until(lambda: (pub.process_data_events(time_limit=0.05), blocked)[1], timeout=10)
         assert blocked == ["low on disk"]
-        con = connect(broker)  # a consumer still gets what was published
-        method, _, body = con.channel().basic_get("disk-q", auto_ack=True)
-        assert body == b"first"
+        con = connect(broker)  # a consumer is still served (and nothing came)
+        consumer = con.channel()
+        assert consumer.basic_get("disk-q", auto_ack=True) == (None, None, None)
+        assert consumer.basic_consume("disk-q", lambda *args: None)
         con.close()
     finally:
         broker.stop()

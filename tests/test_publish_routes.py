@@ -221,10 +221,12 @@ def test_an_alarm_blocks_a_publisher_whose_route_is_remembered(inproc):
     client, queue = _remembering(inproc, capabilities={"connection.blocked": True})
     alarms = inproc.gateway.alarms
     alarms.set(("gateway", "memory"), True)
-    try:
-        assert client.expect(0, m.ConnectionBlocked).reason == "low on memory"
+    try:  # blocked at its next publish, which the remembered route does not let through
+        received = inproc.gateway.totals.received
         client.publish(1, queue, b"held")
+        assert client.expect(0, m.ConnectionBlocked).reason == "low on memory"
         assert client.conn._paused_by, "the connection still reads while blocked"
+        assert inproc.gateway.totals.received == received
     finally:
         alarms.set(("gateway", "memory"), False)
     assert client.expect(0, m.ConnectionUnblocked) == m.ConnectionUnblocked()

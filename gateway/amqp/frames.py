@@ -161,6 +161,13 @@ class FrameReader:
         return frame_type, channel, payload
 
 
+def next_frame_type(reader) -> int | None:
+    """The type of the frame at the front of a reader's data (either twin), None
+    while none of it has arrived; the frame stays where it is."""
+    offset = reader._offset
+    return reader._buffer[offset] if reader._end > offset else None
+
+
 def scan_publish(buf: bytearray, offset: int, limit: int, frame_max: int
                  ) -> tuple[int, bytes, bytes, bytes, int] | None:
     """A whole basic.publish in buf[offset:limit]: (channel, method payload, raw
