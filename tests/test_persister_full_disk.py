@@ -1,8 +1,9 @@
-"""A shard that starts on a disk too full to apply its journal to LMDB recovers
-its queues from LMDB with the journal's commits on top: the same queues, the same
-messages in the same order with the same delivered marks and content as a start
-that applied it. Hypothesis writes the stores: some commits checkpointed, the
-rest left in the journal by a crash."""
+"""A shard on a full disk. Started with commits its journal holds that LMDB had
+no room for, it recovers its queues from LMDB with the journal's commits on top:
+the same queues, messages, order, delivered marks and content as a start that
+applied them (hypothesis writes the stores: some commits checkpointed, the rest
+left in the journal by a crash), and what it appends goes behind them. And the
+commits its journal cannot take reach LMDB with the next checkpoint."""
 
 from __future__ import annotations
 
