@@ -116,19 +116,6 @@ class AccessControl:
             return f"user '{name}' can only connect via localhost"
         return None
 
-    def login(self, name, password, peer_host: str,
-              mechanism: str = "PLAIN") -> tuple[UserDef | None, float]:
-        """The user, or None when refused (logged in RabbitMQ's words, with the
-        address), with how many seconds to wait before answering a refusal: the
-        throttle's delay for its address. `mechanism`: the AMQP one, or "HTTP".
-        In the root, which holds the throttle."""
-        reason = self.refusal(name, password, peer_host)
-        if reason is None:
-            return self.users[name], 0.0
-        delay = self.throttle.failed(peer_host)
-        self._log_refusal(name, reason, peer_host, mechanism, delay)
-        return None, delay
-
     def must_wait(self, peer_host: str) -> bool:
         """Is `peer_host` throttled: must a login from there wait its turn
         (`login_turn`) before its password is checked? Any other is checked at once."""

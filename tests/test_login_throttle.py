@@ -1,6 +1,6 @@
 """Failed logins slow down: after a few failures from one address, broker-wide,
 its further refusals are answered after a growing delay, one after another
-(AMQP and the management API alike), its further AMQP logins are checked only
+(AMQP and the management API alike), its further logins are checked only
 at their turn, and refusals broker-wide are bounded per second, while logins
 from elsewhere are answered at once. The tracker is a pure class, driven here
 by an explicit clock; the broker tests connect from other loopback addresses
@@ -133,11 +133,18 @@ def test_refusals_are_logged_and_counted_per_address(caplog):
     access = AccessControl(None)
     access.put_user("alice", "pw", [])
     access.throttle = LoginThrottle(free=2, first=1.0, clock=Clock())
+
+    def refuse(name: str, password: str, address: str) -> float:
+        delays = []
+        access.login_failed(name, access.refusal(name, password, address), address, "PLAIN",
+                            False, 0.0, delays.append)
+        return delays[0]
+
     with caplog.at_level(logging.WARNING, logger="warren.access"):
-        answers = [access.login("alice", "nope", "192.0.2.7") for _ in range(4)]
-        assert access.login("mallory", "x", "192.0.2.8") == (None, 0)
-    assert answers == [(None, 0), (None, 0), (None, 1), (None, 3)]  # one after another
-    assert access.login("alice", "pw", "192.0.2.7") == (access.users["alice"], 0)
+        answers = [refuse("alice", "nope", "192.0.2.7") for _ in range(4)]
+        assert refuse("mallory", "x", "192.0.2.8") == 0
+    assert answers == [0, 0, 1, 3]  # one after another
+    assert access.refusal("alice", "pw", "192.0.2.7") is None
     assert caplog.messages[0] == \
         "PLAIN login refused: user 'alice' - invalid credentials (from 192.0.2.7)"
     assert caplog.messages[3] == \
@@ -235,14 +242,20 @@ def test_management_guesses_wait_while_others_log_in(broker):
     guesser = "127.0.0.3"
     for _ in range(5):
         assert status(http_login(broker, guesser, "wrong")) == 401
+    began = time.monotonic()
     pending = [http_login(broker, guesser, "wrong") for _ in range(3)]
     elsewhere = http.client.HTTPConnection("127.0.0.1", broker.listener_port("http"), timeout=20)
     elsewhere.request("GET", "/api/whoami", headers={
         "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
     assert elsewhere.getresponse().status == 200
-    assert status(http_login(broker, guesser, "guest")) == 200
+    assert time.monotonic() - began < 0.25
     assert not all(answered(sock) for sock in pending)
+    # the right password from the guesser's address too, but at its turn, as AMQP's:
+    # 2 s after the last refusal (the old code let it in at once)
+    right = http_login(broker, guesser, "guest")
     assert [status(sock) for sock in pending] == [401] * 3
+    assert status(right) == 200
+    assert time.monotonic() - began > 3.5
     # one after another: 0.25, 0.25 + 0.5, 0.75 + 1 s
     assert ("HTTP access denied: user 'guest' - invalid credentials "
             "(from 127.0.0.3, answered in 1.75s)") in broker.log_text()

@@ -152,7 +152,10 @@ class Management:
             raise not_authorised("Not management user")
 
     async def log_in(self, request: Request) -> None:
-        """Set request.user from the credentials, or 401."""
+        """Set request.user from the credentials, or 401. A login from an address
+        the broker throttles waits its turn before its password is checked, as an
+        AMQP one does; a refusal is answered after the throttle's delay. The loop
+        serves everyone else meanwhile."""
         credentials = request.credentials()
         # Browsers answer a challenge with a password dialog: the dashboard signs in
         # with its own form, so its requests (X-Requested-With) get none.
@@ -160,15 +163,27 @@ class Management:
                      else {"WWW-Authenticate": 'Basic realm="Warren management"'})
         if credentials is None:
             raise HTTPError(401, "not_authorised", "Not_Authorized", challenge)
-        user, delay = self.gateway.access.login(*credentials, request.peer, "HTTP")
-        if user is None:
-            if delay:  # throttled: answer later; the loop serves everyone else meanwhile
-                loop = asyncio.get_running_loop()
-                answer = loop.create_future()
-                loop.call_later(delay, lambda: answer.done() or answer.set_result(None))
-                await answer
-            raise HTTPError(401, "not_authorised", "Login failed", challenge)
-        request.user = user
+        name, password = credentials
+        access, peer = self.gateway.access, request.peer
+        at_turn, waited = False, 0.0
+        if access.must_wait(peer):
+            wait = await _answer(lambda answered: access.login_turn(peer, answered))
+            if wait is None:  # its turn is too far off: refused unchecked, as slowly
+                delay = access.throttle.cap
+                log.warning("HTTP access denied: user '%s' - too many failed logins (from "
+                            "%s, answered in %gs)", name, peer, delay)
+                await asyncio.sleep(delay)
+                raise HTTPError(401, "not_authorised", "Login failed", challenge)
+            await asyncio.sleep(wait)
+            at_turn, waited = True, wait
+        reason = access.refusal(name, password, peer)
+        if reason is None:
+            request.user = access.users[name]
+            return
+        delay = await _answer(lambda answered: access.login_failed(
+            name, reason, peer, "HTTP", at_turn, waited, answered))
+        await asyncio.sleep(delay or 0.0)
+        raise HTTPError(401, "not_authorised", "Login failed", challenge)
 
     # What each tag may do, as RabbitMQ's management plugin decides it (its 401s).
 
@@ -788,6 +803,13 @@ GLOBAL_STATS = (("publish", "received"), ("confirm", "confirmed"), ("deliver_get
                 ("get_empty", "get_empty"), ("redeliver", "redelivered"),
                 ("ack", "acknowledged"), ("drop_unroutable", "unroutable_dropped"),
                 ("return_unroutable", "unroutable_returned"))
+
+
+async def _answer(ask):
+    """What `ask(answered)` passes to `answered`, now or later (from the root)."""
+    answer = asyncio.get_running_loop().create_future()
+    ask(lambda value: answer.done() or answer.set_result(value))
+    return await answer
 
 
 def _traffic(info) -> dict[str, int]:
