@@ -87,6 +87,12 @@ class AccessControl:
             self.meta.put_permission(permission)
         self._changed(replication.PermissionPut(permission))
 
+    def grant_creator(self, user: str, vhost: str) -> None:
+        """Full permissions on a new vhost for the user who created it, as RabbitMQ
+        gives them, so that it may use the vhost at once."""
+        if user in self.users:
+            self.set_permissions(user, vhost, FULL_ACCESS, FULL_ACCESS, FULL_ACCESS)
+
     def clear_permissions(self, user: str, vhost: str) -> bool:
         if self.permissions.pop((user, vhost), None) is None:
             return False

@@ -138,7 +138,7 @@ BAD_BODIES = [
     ("PUT", "/api/permissions/%2F/guest", b'{"configure": 5}', "configure must be a string"),
     ("PUT", "/api/queues/%2F/q", b'{"durable": "yes"}', "durable must be a boolean"),
     ("PUT", "/api/queues/%2F/q", b'{"auto_delete": null}', "auto_delete must be a boolean"),
-    ("PUT", "/api/queues/%2F/q", b'{"arguments": []}', "arguments must be an object"),
+    ("PUT", "/api/queues/%2F/q", b'{"arguments": [1]}', "arguments must be an object"),
     ("PUT", "/api/queues/%2F/q", b'{"arguments": {"x-max-length": "a"}}', "x-max-length"),
     ("PUT", "/api/exchanges/%2F/x", b'{"type": ["direct"]}', "type must be a string"),
     ("PUT", "/api/exchanges/%2F/x", b'{"internal": 1}', "internal must be a boolean"),

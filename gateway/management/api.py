@@ -18,7 +18,7 @@ from .. import __version__, declare, patterns, policies
 from ..amqp import spec
 from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
-from . import definitions, limits, messages, metrics, shapes, static
+from . import definitions, health, limits, messages, metrics, routes, shapes, static
 from .http import HTTPError, Request, Response, bad_request, check_name
 from .listing import listing
 from .rates import SAMPLE_INTERVAL, Rates
@@ -71,6 +71,17 @@ def flag(body: dict, name: str, default: bool) -> bool:
     if value is False or value == "false":
         return False
     raise bad_request(f"{name} must be a boolean")
+
+
+def arguments(body: dict) -> dict:
+    """The arguments field: an object, or an empty array for none, as pyrabbit2
+    sends and RabbitMQ takes."""
+    value = body.get("arguments", {})
+    if value == []:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request("arguments must be an object")
+    return value
 
 
 class Management:
@@ -259,12 +270,14 @@ class Management:
                             metrics.CONTENT_TYPE_LATEST)
         if parts[0] != "api":
             raise not_found()
+        try:
+            name = routes.match(parts[1:], request.method)
+        except routes.NotServed as unserved:
+            if unserved.allowed:  # as RabbitMQ's: no body, the methods it takes
+                raise HTTPError(405, "", "", {"Allow": ", ".join(unserved.allowed)}) from None
+            raise not_found() from None
         await self.authenticate(request)
-        name = parts[1] if len(parts) > 1 else ""
-        handler = getattr(self, f"api_{name.replace('-', '_')}", None)
-        if handler is None:
-            raise not_found()
-        response = await handler(request, parts[2:])
+        response = await getattr(self, f"api_{name}")(request, parts[2:])
         if self.gateway.followers is not None:  # what it changed is on every gateway first
             await self.gateway.followers.applied_everywhere()
         return response
@@ -328,18 +341,14 @@ class Management:
         return self.gateway.meta.cluster_name() or NODE
 
     async def api_cluster_name(self, request: Request, rest: list[str]) -> Response:
-        if rest:
-            raise not_found()
         if request.method == "GET":
             return Response.json({"name": self.cluster_name()})
-        if request.method == "PUT":
-            self.require_admin(request)
-            name = request.json({"name": str}).get("name")
-            if not name:
-                raise bad_request("name is required")
-            self.gateway.meta.set_cluster_name(name)
-            return Response(204)
-        raise HTTPError(405, "method_not_allowed", request.method)
+        self.require_admin(request)  # PUT
+        name = request.json({"name": str}).get("name")
+        if not name:
+            raise bad_request("name is required")
+        self.gateway.meta.set_cluster_name(name)
+        return Response(204)
 
     async def api_extensions(self, request: Request, rest: list[str]) -> Response:
         """The management UI's plugins: none; the dashboard is one page."""
@@ -407,12 +416,37 @@ class Management:
             created = name not in gateway.vhosts
             gateway.add_vhost(name, body.get("description", ""),
                              (gateway.vhost_defs.get(name).limits if not created else {}))
+            if created:  # as RabbitMQ's: its creator may use it at once
+                gateway.access.grant_creator(request.user.name, name)
             return Response(201 if created else 204)
-        if request.method == "DELETE":
-            if not gateway.delete_vhost(name):
-                raise not_found()
-            return Response(204)
-        raise HTTPError(405, "method_not_allowed", request.method)
+        if not gateway.delete_vhost(name):  # DELETE
+            raise not_found()
+        return Response(204)
+
+    async def api_vhost_permissions(self, request: Request, rest: list[str]) -> Response:
+        self.require_admin(request)
+        if rest[0] not in self.gateway.vhosts:
+            raise not_found()
+        return self.listed(request, [shapes.permission(p) for (_, vhost), p in
+                                     sorted(self.gateway.access.permissions.items())
+                                     if vhost == rest[0]])
+
+    async def api_vhost_topic_permissions(self, request: Request, rest: list[str]) -> Response:
+        """None: Warren has no topic permissions (an import refuses them)."""
+        self.require_admin(request)
+        if rest[0] not in self.gateway.vhosts:
+            raise not_found()
+        return self.listed(request, [])
+
+    async def api_vhost_connections(self, request: Request, rest: list[str]) -> Response:
+        vhost = self._vhost_named(request, rest[0]).name
+        return self.listed(request, [shapes.connection(info, self.connection_rates(info))
+                                     for info in self.snapshots(request) if info.vhost == vhost])
+
+    async def api_vhost_channels(self, request: Request, rest: list[str]) -> Response:
+        vhost = self._vhost_named(request, rest[0]).name
+        return self.listed(request, [shapes.channel(c, ch) for c in self.snapshots(request)
+                                     if c.vhost == vhost for ch in c.channels])
 
     def _vhost(self, name: str) -> dict:
         definition = self.gateway.vhost_defs.get(name)
@@ -449,13 +483,25 @@ class Management:
             created = name not in access.users
             access.put_user(name, password, tags, password_hash)
             return Response(201 if created else 204)
-        if request.method == "DELETE":
-            if not access.delete_user(name):
-                raise not_found()
-            for conn in [c for c in self.connections() if c.user == name]:
-                conn.close_forced(f"user '{name}' is deleted")
-            return Response(204)
-        raise HTTPError(405, "method_not_allowed", request.method)
+        if not access.delete_user(name):  # DELETE
+            raise not_found()
+        for conn in [c for c in self.connections() if c.user == name]:
+            conn.close_forced(f"user '{name}' is deleted")
+        return Response(204)
+
+    async def api_user_permissions(self, request: Request, rest: list[str]) -> Response:
+        self.require_admin(request)
+        access = self.gateway.access
+        if rest[0] not in access.users:
+            raise not_found()
+        return self.listed(request, [shapes.permission(p) for (user, _), p in
+                                     sorted(access.permissions.items()) if user == rest[0]])
+
+    async def api_user_topic_permissions(self, request: Request, rest: list[str]) -> Response:
+        self.require_admin(request)
+        if rest[0] not in self.gateway.access.users:
+            raise not_found()
+        return self.listed(request, [])
 
     async def api_whoami(self, request: Request, rest: list[str]) -> Response:
         return Response.json({"name": request.user.name, "tags": request.user.tags})
@@ -466,8 +512,6 @@ class Management:
         if not rest:
             return self.listed(request, [shapes.permission(p)
                                          for _, p in sorted(access.permissions.items())])
-        if len(rest) != 2:
-            raise not_found()
         vhost, user = rest
         if request.method == "GET":
             permission = access.permissions.get((user, vhost))
@@ -485,11 +529,9 @@ class Management:
                     raise bad_request(f"invalid regular expression '{value}': {problem}")
             access.set_permissions(user, vhost, *values)
             return Response(201)
-        if request.method == "DELETE":
-            if not access.clear_permissions(user, vhost):
-                raise not_found()
-            return Response(204)
-        raise HTTPError(405, "method_not_allowed", request.method)
+        if not access.clear_permissions(user, vhost):  # DELETE
+            raise not_found()
+        return Response(204)
 
     # -- queues -----------------------------------------------------------------------------
 
@@ -502,17 +544,15 @@ class Management:
                 for vhost in vhosts for _, meta in sorted(vhost.queues.items())])
         vhost = vhosts[0]
         name = rest[1]
-        if rest[2:] == ["get"] and request.method == "POST":
+        if rest[2:] == ["get"]:
             return await messages.get(self.gateway, request, vhost, name)
         meta = vhost.queues.get(name)
-        if len(rest) == 3 and rest[2] == "contents" and request.method == "DELETE":
+        if rest[2:] == ["contents"]:
             if meta is None:
                 raise not_found()
             self.check_permission(request, vhost, "read", QUEUE, name)
             await self._shard_request(meta, lambda req: r.PurgeQueue(req, meta.qid))
             return Response(204)
-        if len(rest) != 2:
-            raise not_found()
         if request.method == "GET":
             if meta is None:
                 raise not_found()
@@ -521,25 +561,33 @@ class Management:
         if request.method == "PUT":
             check_name("queue", name)
             self.check_permission(request, vhost, "configure", QUEUE, name)
-            body = request.json({"arguments": dict})
+            body = request.json()
             queue = QueueSpec(vhost.name, name, flag(body, "durable", True), False,
-                              flag(body, "auto_delete", False), body.get("arguments", {}))
+                              flag(body, "auto_delete", False), arguments(body))
             try:
                 _, created = declare.declare_queue(self.gateway, queue,
                                                    allow=self.allow_for(request, vhost))
             except AMQPError as error:
                 raise refused(error) from None
             return Response(201 if created else 204)
-        if request.method == "DELETE":
-            if meta is None:
-                raise not_found()
-            self.check_permission(request, vhost, "configure", QUEUE, name)
-            await self._shard_request(meta, lambda req: r.DeleteQueue(
-                req, meta.qid, request.query.get("if-unused") == "true",
-                request.query.get("if-empty") == "true"))
-            self.gateway.forget_queue(meta)
-            return Response(204)
-        raise HTTPError(405, "method_not_allowed", request.method)
+        if meta is None:  # DELETE
+            raise not_found()
+        self.check_permission(request, vhost, "configure", QUEUE, name)
+        await self._shard_request(meta, lambda req: r.DeleteQueue(
+            req, meta.qid, request.query.get("if-unused") == "true",
+            request.query.get("if-empty") == "true"))
+        self.gateway.forget_queue(meta)
+        return Response(204)
+
+    async def api_queue_bindings(self, request: Request, rest: list[str]) -> Response:
+        """GET /api/queues/{vhost}/{queue}/bindings: those to the queue, the default
+        exchange's first."""
+        vhost = self._vhost_named(request, rest[0])
+        if rest[1] not in vhost.queues:
+            raise not_found()
+        return self.listed(request, [b for b in shapes.bindings_of(vhost)
+                                     if b["destination_type"] == "queue"
+                                     and b["destination"] == rest[1]])
 
     async def _shard_request(self, meta, make) -> r.Reply:
         future = asyncio.get_running_loop().create_future()
@@ -587,7 +635,7 @@ class Management:
                                          for _, x in sorted(vhost.exchanges.items())])
         vhost = vhosts[0]
         name = rest[1]
-        if rest[2:] == ["publish"] and request.method == "POST":
+        if rest[2:] == ["publish"]:
             return await messages.publish(gateway, request, vhost, name)
         exchange = vhost.exchanges.get(name)
         if request.method == "GET":
@@ -597,60 +645,77 @@ class Management:
         if request.method == "PUT":
             check_name("exchange", name)
             self.check_permission(request, vhost, "configure", EXCHANGE, name)
-            body = request.json({"type": str, "arguments": dict})
+            body = request.json({"type": str})
             try:
                 _, created = declare.declare_exchange(gateway, Exchange(
                     vhost.name, name, body.get("type", "direct"), flag(body, "durable", True),
                     flag(body, "auto_delete", False), flag(body, "internal", False),
-                    body.get("arguments", {})), self.allow_for(request, vhost))
+                    arguments(body)), self.allow_for(request, vhost))
             except AMQPError as error:
                 raise refused(error) from None
             return Response(201 if created else 204)
-        if request.method == "DELETE":
-            if exchange is None:
-                raise not_found()
-            if name == "" or name.startswith("amq."):
-                raise HTTPError(403, "access_refused", f"cannot delete exchange '{name}'")
-            self.check_permission(request, vhost, "configure", EXCHANGE, name)
-            gateway.delete_exchange(exchange)
-            return Response(204)
-        raise HTTPError(405, "method_not_allowed", request.method)
+        if exchange is None:  # DELETE
+            raise not_found()
+        if name == "" or name.startswith("amq."):
+            raise HTTPError(403, "access_refused", f"cannot delete exchange '{name}'")
+        self.check_permission(request, vhost, "configure", EXCHANGE, name)
+        gateway.delete_exchange(exchange)
+        return Response(204)
+
+    async def api_exchange_bindings(self, request: Request, rest: list[str]) -> Response:
+        """GET /api/exchanges/{vhost}/{exchange}/bindings/source|destination: those
+        from the exchange, or to it."""
+        vhost = self._vhost_named(request, rest[0])
+        if rest[1] not in vhost.exchanges:
+            raise not_found()
+        if rest[3] == "source":
+            found = [b for b in shapes.bindings_of(vhost) if b["source"] == rest[1]]
+        else:
+            found = [b for b in shapes.bindings_of(vhost) if b["destination_type"] == EXCHANGE
+                     and b["destination"] == rest[1]]
+        return self.listed(request, found)
 
     async def api_bindings(self, request: Request, rest: list[str]) -> Response:
         vhosts = self._vhosts_in(request, rest)
         if len(rest) <= 1:
             return self.listed(request, [b for vhost in vhosts
                                          for b in shapes.bindings_of(vhost)])
-        # POST /api/bindings/{vhost}/e/{source}/q|e/{destination}
-        if len(rest) == 5 and request.method == "POST" and rest[1] == "e" and rest[3] in "qe":
-            vhost = vhosts[0]
-            destination = (QUEUE if rest[3] == "q" else EXCHANGE, rest[4])
-            body = request.json({"routing_key": str, "arguments": dict})
+        # /api/bindings/{vhost}/e/{source}/q|e/{destination}[/{properties_key}]
+        vhost = vhosts[0]
+        source_name, destination = rest[2], (QUEUE if rest[3] == "q" else EXCHANGE, rest[4])
+        if request.method == "GET":  # the bindings between the two, or the one
+            if source_name not in vhost.exchanges or destination[1] not in (
+                    vhost.queues if destination[0] == QUEUE else vhost.exchanges):
+                raise not_found()
+            found = [b for b in shapes.bindings_of(vhost) if b["source"] == source_name
+                     and (b["destination_type"], b["destination"]) == destination
+                     and rest[5:] in ([], [b["properties_key"]])]
+            if len(rest) == 5:
+                return self.listed(request, found)
+            if not found:
+                raise not_found()
+            return Response.json(found[0])
+        if request.method == "POST":
+            body = request.json({"routing_key": str})
             try:
-                declare.binding_ends(self.gateway, vhost.name, rest[2], destination)
+                declare.binding_ends(self.gateway, vhost.name, source_name, destination)
                 self.check_permission(request, vhost, "write", *destination)
-                self.check_permission(request, vhost, "read", EXCHANGE, rest[2])
-                declare.bind(self.gateway, vhost.name, rest[2], destination,
-                             body.get("routing_key", ""), body.get("arguments", {}))
+                self.check_permission(request, vhost, "read", EXCHANGE, source_name)
+                declare.bind(self.gateway, vhost.name, source_name, destination,
+                             body.get("routing_key", ""), arguments(body))
             except AMQPError as error:
                 raise refused(error) from None
             return Response(201)
-        # DELETE /api/bindings/{vhost}/e/{source}/q|e/{destination}/{properties_key}
-        if len(rest) == 6 and request.method == "DELETE" and rest[1] == "e" and rest[3] in "qe":
-            vhost = vhosts[0]
-            source = vhost.exchanges.get(rest[2])
-            kind = QUEUE if rest[3] == "q" else EXCHANGE
-            found = [(key, args) for (destination, key, _), args in
-                     (source.bindings.items() if source is not None else ())
-                     if destination == (kind, rest[4])
-                     and shapes.properties_key(key, args) == rest[5]]
-            if not found:
-                raise not_found()
-            self.check_permission(request, vhost, "write", kind, rest[4])
-            self.check_permission(request, vhost, "read", EXCHANGE, rest[2])
-            self.gateway.unbind(source, (kind, rest[4]), *found[0])
-            return Response(204)
-        raise not_found()
+        source = vhost.exchanges.get(source_name)  # DELETE
+        found = [(key, args) for (to, key, _), args in
+                 (source.bindings.items() if source is not None else ())
+                 if to == destination and shapes.properties_key(key, args) == rest[5]]
+        if not found:
+            raise not_found()
+        self.check_permission(request, vhost, "write", *destination)
+        self.check_permission(request, vhost, "read", EXCHANGE, source_name)
+        self.gateway.unbind(source, destination, *found[0])
+        return Response(204)
 
     # -- connections, channels, consumers -------------------------------------------------------
 
@@ -664,28 +729,39 @@ class Management:
         if not rest:
             return self.listed(request, [shapes.connection(info, self.connection_rates(info))
                                          for info in self.snapshots(request)])
-        conn = next((c for c in self.connections() if c.name == rest[0]), None)
+        conn = self._connection_named(request, rest[0])
+        if request.method == "GET":
+            info = conn.snapshot()
+            return Response.json(shapes.connection(info, self.connection_rates(info)))
+        conn.close_forced(request.headers.get("x-reason", "Closed via management plugin"))
+        return Response(204)  # DELETE
+
+    def _connection_named(self, request: Request, name: str):
+        conn = next((c for c in self.connections() if c.name == name), None)
         if conn is None:
             raise not_found()
         # one's own connection, or any to read for monitors and to close for administrators
         if conn.user != request.user.name and not (
                 is_admin(request.user) if request.method == "DELETE" else is_monitor(request.user)):
             raise not_authorised("User not authorised to access object")
-        if request.method == "GET":
-            info = conn.snapshot()
-            return Response.json(shapes.connection(info, self.connection_rates(info)))
-        if request.method == "DELETE":
-            conn.close_forced(request.headers.get("x-reason", "Closed via management plugin"))
-            return Response(204)
-        raise HTTPError(405, "method_not_allowed", request.method)
+        return conn
+
+    async def api_connection_channels(self, request: Request, rest: list[str]) -> Response:
+        info = self._connection_named(request, rest[0]).snapshot()
+        return self.listed(request, [shapes.channel(info, ch) for ch in info.channels])
 
     def snapshots(self, request: Request) -> list:
         """Typed snapshots of the connections the user may see."""
         return [c.snapshot() for c in self.visible_connections(request)]
 
     async def api_channels(self, request: Request, rest: list[str]) -> Response:
-        return self.listed(request, [shapes.channel(c, ch) for c in self.snapshots(request)
-                                     for ch in c.channels])
+        channels = [shapes.channel(c, ch) for c in self.snapshots(request) for ch in c.channels]
+        if not rest:
+            return self.listed(request, channels)
+        found = [ch for ch in channels if ch["name"] == rest[0]]
+        if not found:
+            raise not_found()
+        return Response.json(found[0])
 
     async def api_consumers(self, request: Request, rest: list[str]) -> Response:
         vhost = rest[0] if rest else None
@@ -738,7 +814,6 @@ class Management:
             if not gateway.delete_policy(vhost, name):
                 raise not_found()
             return Response(204)
-        raise HTTPError(405, "method_not_allowed", request.method)
 
     async def api_definitions(self, request: Request, rest: list[str]) -> Response:
         self.require_admin(request)
@@ -757,7 +832,6 @@ class Management:
                                       "problems": error.problems + error.unsupported,
                                       "unsupported": error.unsupported}, 400)
             return Response.json({"skipped": skipped}) if skipped else Response(204)
-        raise HTTPError(405, "method_not_allowed", request.method)
 
     async def api_vhost_limits(self, request: Request, rest: list[str]) -> Response:
         return await limits.vhost_limits(self, request, rest)
@@ -769,11 +843,21 @@ class Management:
         return self._health()
 
     async def api_health(self, request: Request, rest: list[str]) -> Response:
-        """RabbitMQ's /api/health/checks/alarms and local-alarms (one node: the same),
-        which here also fail while a shard keeps dying."""
-        if len(rest) != 2 or rest[0] != "checks" or rest[1] not in ("alarms", "local-alarms"):
-            raise not_found()
-        return self._health()
+        """RabbitMQ's /api/health/checks/..., its bodies, 200 or 503. alarms and
+        local-alarms (one node: the same) here also fail while a shard keeps dying."""
+        check, args = rest[1], rest[2:]
+        if check in ("alarms", "local-alarms"):
+            return self._health()
+        if check == "virtual-hosts":  # a vhost is never down on its own here
+            return Response.json({"status": "ok"})
+        if check in ("node-is-quorum-critical", "node-is-mirror-sync-critical"):
+            return Response.json({"status": "ok", "reason": "single node cluster"})
+        if check == "port-listener":
+            return health.port_listener(self.listeners, args[0])
+        if check == "protocol-listener":
+            return health.protocol_listener(self.listeners, args[0])
+        return health.certificate_expiration(self.listeners, self.gateway.config.tls_certfile,
+                                             *args, time.time())
 
     def _health(self) -> Response:
         gateway = self.gateway

@@ -104,9 +104,9 @@ class HTTPError(Exception):
         self.headers = headers or {}
 
     def response(self) -> Response:
-        return Response(self.status, json.dumps({"error": self.error,
-                                                 "reason": self.reason}).encode(),
-                        headers=self.headers)
+        body = json.dumps({"error": self.error, "reason": self.reason}).encode() \
+            if self.error else b""  # RabbitMQ's 405 has no body
+        return Response(self.status, body, headers=self.headers)
 
 
 def bad_request(reason: str) -> HTTPError:

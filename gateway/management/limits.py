@@ -32,10 +32,8 @@ def _changed(request: Request, limits: dict, name: str, known: tuple[str, ...]) 
         if reason:
             raise bad_request(reason)
         limits[name] = value
-    elif request.method == "DELETE":
+    else:  # DELETE
         limits.pop(name, None)
-    else:
-        raise HTTPError(405, "method_not_allowed", request.method)
     return limits
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 
 from ..amqp import methods as m
 from ..amqp import spec
@@ -39,6 +40,17 @@ def _required(body: dict, *names: str) -> None:
     missing = [name for name in names if name not in body]
     if missing:  # RabbitMQ's wording
         raise bad_request("[" + ",".join(f"{{key_missing,{name}}}" for name in missing) + "]")
+
+
+def _integer(body: dict, name: str) -> int | None:
+    """An integer field, or its decimal string as rabbitmqadmin sends it (RabbitMQ
+    takes both, and answers anything else as below)."""
+    value = body.get(name)
+    if isinstance(value, str):
+        if not re.fullmatch(r"-?[0-9]{1,19}", value):
+            raise HTTPError(400, "bad_request", ["not_integer", value[:255]])
+        return int(value)
+    return value
 
 
 def _http_error(error: AMQPError) -> HTTPError:
@@ -92,8 +104,10 @@ async def publish(gateway, request: Request, vhost, exchange: str) -> Response:
 
 
 async def get(gateway, request: Request, vhost, queue: str) -> Response:
-    body = request.json({"count": int, "ackmode": str, "encoding": str, "truncate": int})
+    body = request.json({"count": (int, str), "ackmode": str, "encoding": str,
+                         "truncate": (int, str)})
     _required(body, "count", "ackmode", "encoding")
+    count, truncate = _integer(body, "count"), _integer(body, "truncate")
     check_name("queue", queue)
     if body["ackmode"] not in ACKMODES:
         raise bad_request(f"ackmode must be one of {', '.join(ACKMODES)}")
@@ -101,12 +115,11 @@ async def get(gateway, request: Request, vhost, queue: str) -> Response:
         raise bad_request("encoding must be auto or base64")
     no_ack, settle = ACKMODES[body["ackmode"]]
     requeue = body["ackmode"] != "reject_requeue_false"
-    truncate = body.get("truncate")
     conn = InternalConnection(gateway, request.user.name, vhost)
     messages = []
     try:
         # every message is got before any is settled, so a requeued one is not got again
-        for _ in range(max(body["count"], 0)):
+        for _ in range(max(count, 0)):
             conn.run(m.BasicGet(queue=queue, no_ack=no_ack))
             method, properties, payload = await conn.wait_for(
                 lambda method: type(method) in (m.BasicGetOk, m.BasicGetEmpty))

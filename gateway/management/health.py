@@ -1,0 +1,65 @@
+"""RabbitMQ's health checks of listeners and certificates, with its 200, 400 and
+503 bodies, for Kubernetes probes and load balancers."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+
+from .http import Response, bad_request
+
+log = logging.getLogger("warren.management")
+
+# RabbitMQ's names for a protocol, to the one its listeners carry
+PROTOCOL_ALIASES = {"amqp091": "amqp", "amqp0.9.1": "amqp", "amqp0-9-1": "amqp",
+                    "amqp0_9_1": "amqp", "amqps": "amqp/ssl", "amqp091/ssl": "amqp/ssl"}
+UNIT_SECONDS = {"days": 86400, "weeks": 7 * 86400, "months": 30 * 86400,
+                "years": 365 * 86400}
+
+
+def _failed(reason: str, **fields) -> Response:
+    return Response.json({"status": "failed", "reason": reason, **fields}, status=503)
+
+
+def port_listener(listeners: list[dict], port: str) -> Response:
+    if not port.isdigit():
+        raise bad_request("Invalid port")
+    if int(port) in {listener["port"] for listener in listeners}:
+        return Response.json({"status": "ok", "port": int(port)})
+    return _failed("No active listener", missing=int(port),
+                   ports=sorted({listener["port"] for listener in listeners}))
+
+
+def protocol_listener(listeners: list[dict], protocol: str) -> Response:
+    wanted = PROTOCOL_ALIASES.get(protocol.lower(), protocol.lower())
+    protocols = sorted({listener["protocol"] for listener in listeners})
+    if wanted in protocols:
+        return Response.json({"status": "ok", "protocol": wanted})
+    return _failed("No active listener", missing=wanted, protocols=protocols)
+
+
+def certificate_expiration(listeners: list[dict], certfile: str, within: str, unit: str,
+                           now: float) -> Response:
+    """503 when the AMQPS listener's certificate expires within `within` `unit`s."""
+    if unit not in UNIT_SECONDS:
+        raise bad_request("Time unit not recognised. Supported units: days, weeks, "
+                          "months, years.")
+    if not within.isdigit():
+        raise bad_request("Invalid expiration value.")
+    expires = _expiry(certfile) if certfile else None
+    if expires is None or expires > now + int(within) * UNIT_SECONDS[unit]:
+        return Response.json({"status": "ok"})
+    return _failed("Certificates expiring",
+                   expired=[dict(listener, certfile=certfile) for listener in listeners
+                            if listener["protocol"] == "amqp/ssl"])
+
+
+def _expiry(certfile: str) -> float | None:
+    """When the first certificate in `certfile` expires (seconds since the epoch)."""
+    try:
+        # the ssl module's own decoder (the one its tests use): no extra dependency
+        decoded = ssl._ssl._test_decode_cert(certfile)  # noqa: SLF001
+        return ssl.cert_time_to_seconds(decoded["notAfter"])
+    except (OSError, ssl.SSLError, KeyError, ValueError, AttributeError):
+        log.warning("cannot read the expiry of the certificate %s", certfile)
+        return None
