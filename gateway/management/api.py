@@ -20,6 +20,7 @@ from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 from . import definitions, health, limits, messages, metrics, routes, shapes, static
 from .http import HTTPError, Request, Response, bad_request, check_name
+from .history import History, add_samples
 from .listing import listing
 from .rates import SAMPLE_INTERVAL, Rates
 from .shapes import NODE
@@ -90,6 +91,7 @@ class Management:
         self.started = time.time()
         self.listeners = listeners or []
         self.rates = Rates(time.monotonic())
+        self.history = History()  # what the charts show at once
         self.compatible_version = COMPATIBLE_RABBITMQ
         self.shard_fsyncs: dict[int, tuple[int, int]] = {}  # shard -> (fsyncs, messages)
 
@@ -137,6 +139,12 @@ class Management:
         for info in (c.snapshot() for c in self.connections()):
             counters[("connection", info.name)] = _traffic(info)
         self.rates.sample(time.monotonic(), counters)
+        lengths = {("queue", qid): {"ready": values["ready"], "unacked": values["unacked"]}
+                   for qid, values in figures.items()}
+        lengths["totals"] = {name: sum(q[name] for q in lengths.values())
+                             for name in ("ready", "unacked")}
+        self.history.record(time.time(), {key: {**counters[key], **values}
+                                          for key, values in lengths.items()})
 
     async def keep_sampling(self) -> None:
         # Until cancelled (at exit), even when Python 3.11's wait_for swallows the
@@ -327,6 +335,9 @@ class Management:
                                     if listener["protocol"] in ("http", "https")]
             overview["object_totals"]["consumers"] = sum(
                 len(ch.consumers) for c in connections for ch in c.channels)
+        self.add_samples(request, ["totals"] if monitor else [("queue", q) for q in queues],
+                         overview["queue_totals"], overview["message_stats"],
+                         GLOBAL_STATS if monitor else shapes.QUEUE_STATS)
         return Response.json(overview)
 
     def _global_stats(self) -> dict:
@@ -336,6 +347,15 @@ class Management:
             stats[name] = totals[key]
             stats[f"{name}_details"] = {"rate": round(rates[key], 1)}
         return stats
+
+    def add_samples(self, request: Request, keys, lengths: dict, stats: dict,
+                    stat_fields) -> None:
+        """The history ?lengths_age=&lengths_incr=&msg_rates_age=&msg_rates_incr= ask for."""
+        try:
+            add_samples(request.query, self.history, keys, time.time(), lengths, stats,
+                        stat_fields)
+        except ValueError as error:
+            raise bad_request(str(error)) from None
 
     def cluster_name(self) -> str:
         return self.gateway.meta.cluster_name() or NODE
@@ -557,7 +577,10 @@ class Management:
             if meta is None:
                 raise not_found()
             figures = await self.queue_figures()
-            return Response.json(self._queue(meta, figures.get(meta.qid)))
+            queue = self._queue(meta, figures.get(meta.qid))
+            self.add_samples(request, [("queue", meta.qid)], queue, queue["message_stats"],
+                             shapes.QUEUE_STATS)
+            return Response.json(queue)
         if request.method == "PUT":
             check_name("queue", name)
             self.check_permission(request, vhost, "configure", QUEUE, name)
