@@ -448,3 +448,158 @@ def test_overview_shows_a_disk_alarm_and_the_node_details(browser, tmp_path):
     finally:
         context.close()
         alarmed.stop()
+
+
+# -- the admin tab's users, vhosts, permissions, policies and limits (issue 51, point 6) -------
+
+def fill_form(page, form_id: str, **fields: str) -> None:
+    """Fills the form's inputs and selects (a select once it offers the value), then
+    submits it."""
+    form = page.locator(f"#{form_id}")
+    for name, value in fields.items():
+        field = form.locator(f"[name={name}]")
+        if field.evaluate("e => e.tagName") == "SELECT":
+            field.select_option(value)  # waits for the option, which a refresh may add
+        else:
+            field.fill(value)
+    form.locator("button").click()
+
+
+def delete_row(page, label: str) -> None:
+    page.click(f"button[aria-label='Delete {label}']")
+    expect(page.locator("#flash")).to_have_text(f"Deleted {label}.")
+
+
+def test_admin_adds_and_deletes_a_user_vhost_permission_policy_and_limits(page, warren):
+    sign_in(page, warren, where="#/admin")
+    fill_form(page, "add-user", name="dash-k-user", password="pw", tags="monitoring")
+    expect(page.locator("#flash")).to_have_text("User dash-k-user added.")
+    expect(page.locator("#admin-users tbody tr", has_text="dash-k-user")).to_contain_text(
+        "monitoring")
+    # updated without a password: its tags change and its password stays
+    fill_form(page, "add-user", name="dash-k-user", tags="management")
+    expect(page.locator("#flash")).to_have_text("User dash-k-user updated.")
+    assert http(warren, "GET", "/api/users/dash-k-user")[1]["tags"] == ["management"]
+    whoami = urllib.request.Request(warren.http_url + "/api/whoami", headers={
+        "Authorization": "Basic " + base64.b64encode(b"dash-k-user:pw").decode()})
+    with urllib.request.urlopen(whoami, timeout=10) as response:
+        assert json.loads(response.read())["name"] == "dash-k-user"
+
+    fill_form(page, "add-vhost", name="dash-k-vhost", description="for the admin test")
+    expect(page.locator("#flash")).to_have_text("Virtual host dash-k-vhost added.")
+    assert http(warren, "GET", "/api/vhosts/dash-k-vhost")[1]["description"] == \
+        "for the admin test"
+    expect(page.locator("#vhost-filter option[value=dash-k-vhost]")).to_have_count(1)
+
+    fill_form(page, "set-permission", user="dash-k-user", vhost="dash-k-vhost",
+              configure="^dash-", write=".*", read="")
+    expect(page.locator("#flash")).to_have_text(
+        "Permissions of dash-k-user in dash-k-vhost set.")
+    assert http(warren, "GET", "/api/permissions/dash-k-vhost/dash-k-user")[1] == {
+        "user": "dash-k-user", "vhost": "dash-k-vhost", "configure": "^dash-", "write": ".*",
+        "read": ""}
+
+    fill_form(page, "add-policy", vhost="dash-k-vhost", name="dash-k-policy",
+              pattern="^dash-", apply_to="queues", priority="3", definition="not json")
+    expect(page.locator("#flash")).to_contain_text(
+        "Add or update policy failed: Definition must be a JSON object")
+    fill_form(page, "add-policy", vhost="dash-k-vhost", name="dash-k-policy",
+              pattern="^dash-", apply_to="queues", priority="3",
+              definition='{"max-length": 10}')
+    expect(page.locator("#flash")).to_have_text("Policy dash-k-policy set in dash-k-vhost.")
+    policy = http(warren, "GET", "/api/policies/dash-k-vhost/dash-k-policy")[1]
+    assert {k: policy[k] for k in ("pattern", "apply-to", "priority", "definition")} == {
+        "pattern": "^dash-", "apply-to": "queues", "priority": 3,
+        "definition": {"max-length": 10}}
+
+    fill_form(page, "set-vhost-limit", vhost="dash-k-vhost", limit="max-queues", value="7")
+    expect(page.locator("#flash")).to_have_text("Limit max-queues of dash-k-vhost set.")
+    assert http(warren, "GET", "/api/vhost-limits/dash-k-vhost")[1] == [
+        {"vhost": "dash-k-vhost", "value": {"max-queues": 7}}]
+    fill_form(page, "set-user-limit", user="dash-k-user", limit="max-connections", value="3")
+    expect(page.locator("#flash")).to_have_text("Limit max-connections of dash-k-user set.")
+    assert http(warren, "GET", "/api/user-limits/dash-k-user")[1] == [
+        {"user": "dash-k-user", "value": {"max-connections": 3}}]
+
+    # each deleted from its row, in the table and in the API
+    delete_row(page, "limit max-connections of dash-k-user")
+    assert http(warren, "GET", "/api/user-limits/dash-k-user")[1] == []
+    delete_row(page, "limit max-queues of dash-k-vhost")
+    assert http(warren, "GET", "/api/vhost-limits/dash-k-vhost")[1] == []
+    delete_row(page, "policy dash-k-policy in dash-k-vhost")
+    assert http(warren, "GET", "/api/policies/dash-k-vhost/dash-k-policy")[0] == 404
+    delete_row(page, "permissions of dash-k-user in dash-k-vhost")
+    assert http(warren, "GET", "/api/permissions/dash-k-vhost/dash-k-user")[0] == 404
+    delete_row(page, "virtual host dash-k-vhost")
+    assert http(warren, "GET", "/api/vhosts/dash-k-vhost")[0] == 404
+    expect(page.locator("#vhost-filter option[value=dash-k-vhost]")).to_have_count(0)
+    delete_row(page, "user dash-k-user")
+    assert http(warren, "GET", "/api/users/dash-k-user")[0] == 404
+    expect(page.locator("#admin-users tbody tr", has_text="dash-k-user")).to_have_count(0)
+
+
+def test_a_non_administrator_is_told_who_manages_users(page, warren):
+    assert http(warren, "PUT", "/api/users/dash-k-monitor",
+                {"password": "pw", "tags": "monitoring"})[0] == 201
+    page.goto(warren.http_url + "/#/admin")
+    page.fill("#user", "dash-k-monitor")
+    page.fill("#password", "pw")
+    page.click("#login button[type=submit]")
+    expect(page.locator("#managed")).to_contain_text("are managed by administrators")
+    expect(page.locator("#add-user")).to_have_count(0)
+
+
+# -- the charts' history, kept by the broker (issue 51, point 6) -------------------------------
+
+HISTORY_QUERY = "lengths_age=60&lengths_incr=5&msg_rates_age=60&msg_rates_incr=5"
+
+
+def test_the_api_answers_rabbitmqs_history_query_with_samples(warren):
+    declare(warren, "dash-samples", messages=4)
+    status, queue = http(warren, "GET", "/api/queues/%2F/dash-samples?" + HISTORY_QUERY)
+    assert status == 200
+    for details in (queue["messages_ready_details"], queue["messages_details"],
+                    queue["message_stats"]["publish_details"]):
+        assert set(details) == {"rate", "samples", "avg_rate", "avg"}
+        assert len(details["samples"]) == 13  # 60 s by 5 s, both ends, as RabbitMQ's
+        times = [s["timestamp"] for s in details["samples"]]
+        assert times == sorted(times, reverse=True) and times[0] - times[1] == 5000
+        assert details["samples"][0]["sample"] == 4
+    overview = http(warren, "GET", "/api/overview?" + HISTORY_QUERY)[1]
+    assert len(overview["queue_totals"]["messages_ready_details"]["samples"]) == 13
+    assert len(overview["message_stats"]["confirm_details"]["samples"]) == 13
+    assert "samples" not in http(warren, "GET", "/api/overview")[1]["message_stats"].get(
+        "publish_details", {})
+    # a range RabbitMQ refuses, refused in its words
+    request = urllib.request.Request(
+        warren.http_url + "/api/overview?lengths_age=2505&lengths_incr=5",
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400
+    assert json.loads(refused.value.read()) == {
+        "error": "bad_request", "reason": "Invalid range parameters: age 2505, incr 5"}
+
+
+def test_a_page_loaded_after_traffic_charts_the_minutes_before_at_once(page, warren):
+    declare(warren, "dash-history", messages=30)
+
+    def kept():  # a past sample, not only the present, holds the 30 messages
+        queue = http(warren, "GET", "/api/queues/%2F/dash-history?" + HISTORY_QUERY)[1]
+        return queue["messages_ready_details"]["samples"][1]["sample"] == 30
+    wait_until(kept, timeout=15, interval=0.2, message="the broker's history of the queue")
+    # one refresh a minute: every point but the last must come from the broker's history
+    page.context.add_init_script("localStorage.setItem('warren-refresh', '60000')")
+    sign_in(page, warren, where="#/queues/%2F/dash-history")
+    expect(page.locator("#queue-depth polyline[data-series=ready]")).not_to_have_attribute(
+        "data-values", "")
+    ready = series(page, "queue-depth", "ready")
+    assert len(ready) > 10 and ready[-1] == 30 and 30 in ready[:-1], ready
+    assert max(series(page, "queue-rates", "publish")[:-1]) > 0
+    expect(page.locator("#queue-depth")).not_to_contain_text("collecting samples")
+
+    page.click("#tabs a[data-tab=overview]")
+    expect(page.locator("#overview-depth polyline[data-series=ready]")).not_to_have_attribute(
+        "data-values", "")
+    assert len(series(page, "overview-depth", "ready")) > 10
+    assert max(series(page, "overview-rates", "publish")) > 0

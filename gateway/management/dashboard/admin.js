@@ -1,6 +1,9 @@
-// The admin tab: who is signed in; exporting and importing definitions.
+// The admin tab: who is signed in; users, virtual hosts, permissions, policies and
+// limits (administrators only, as in RabbitMQ); exporting and importing definitions.
 import {act, flash} from "./actions.js";
-import {api, state} from "./api.js";
+import {usersAdmin} from "./admin-users.js";
+import {vhostsAdmin} from "./admin-vhosts.js";
+import {api, isAdmin, showVhosts, state} from "./api.js";
 import {details, field, h, section} from "./dom.js";
 
 export function adminView() {
@@ -32,12 +35,29 @@ export function adminView() {
     flash(`Definitions exported: ${n("queues")} queues, ${n("exchanges")} exchanges, ` +
           `${n("bindings")} bindings, ${n("users")} users, ${n("vhosts")} vhosts.`);
   }}, "Download broker definitions");
-  const el = h("div", {}, section("Signed in", who), section("Export definitions",
+  const users = usersAdmin(), vhosts = vhostsAdmin();
+  const managed = h("div", {id: "managed"});
+  const el = h("div", {}, section("Signed in", who), managed, section("Export definitions",
     h("p", {class: "muted"}, "Users, vhosts, permissions, policies, queues, exchanges and " +
       "bindings, in RabbitMQ's definitions format (administrators only)."), download),
     section("Import definitions", upload));
-  return {el, refresh() {
+  return {el, async refresh() {
     who.replaceChildren(details([["User", state.user.name],
       ["Tags", state.user.tags.join(", ") || "none"]]));
+    if (!isAdmin()) {
+      managed.replaceChildren(section("Users and virtual hosts", h("p", {class: "muted"},
+        "Users, virtual hosts, permissions, policies and limits are managed by " +
+        "administrators.")));
+      return;
+    }
+    const [userList, vhostList, permissions, policies, vhostLimits, userLimits] =
+      await Promise.all(["users", "vhosts", "permissions", "policies", "vhost-limits",
+                         "user-limits"].map(path => api(path)));
+    const lists = {users: userList, vhosts: vhostList, permissions, policies, vhostLimits,
+                   userLimits};
+    users.update(lists);
+    vhosts.update(lists);
+    showVhosts(vhostList);
+    if (!managed.children.length) managed.replaceChildren(...users.el, ...vhosts.el);
   }};
 }

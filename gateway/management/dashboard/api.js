@@ -7,7 +7,7 @@ export const state = {
   auth: sessionStorage.getItem("warren-auth") || "", user: null, vhosts: [], vhost: "",
   refreshMs: Number(localStorage.getItem("warren-refresh")) || 5000,
   chartMs: Number(localStorage.getItem("warren-chart-window")) || 60000,
-  history: new Map(), view: null, timer: 0, tickId: 0, pending: null,
+  history: new Map(), seeded: new Set(), view: null, timer: 0, tickId: 0, pending: null,
 };
 
 export class ApiError extends Error {
@@ -37,6 +37,10 @@ export async function api(path, {method = "GET", body, headers = {}, auth = stat
 
 export const basic = (user, password) =>
   btoa(String.fromCharCode(...new TextEncoder().encode(user + ":" + password)));
+// RabbitMQ before 3.9 sends tags as one comma-separated string
+export const parseTags = tags => (Array.isArray(tags) ? tags : String(tags || "").split(","))
+  .map(t => t.trim()).filter(Boolean);
+export const isAdmin = () => state.user.tags.includes("administrator");
 export const isMonitor = () =>
   state.user.tags.some(t => t === "monitoring" || t === "administrator");
 export const queueKey = (vhost, name) => vhost + "\n" + name;
@@ -49,16 +53,21 @@ export async function start(auth) {
   const me = await api("whoami", {auth});
   state.auth = auth;
   sessionStorage.setItem("warren-auth", auth);
-  // RabbitMQ before 3.9 sends tags as one comma-separated string
-  const tags = Array.isArray(me.tags) ? me.tags : String(me.tags || "").split(",");
-  state.user = {name: me.name, tags: tags.map(t => t.trim()).filter(Boolean)};
+  state.user = {name: me.name, tags: parseTags(me.tags)};
   $("#user-name").textContent = me.name +
     (state.user.tags.length ? ` (${state.user.tags.join(", ")})` : "");
   $("#login").hidden = true;
   for (const id of ["#app", "#session", "#tabs"]) $(id).hidden = false;
-  const vhosts = await api("vhosts").catch(() => [{name: "/"}]);
-  state.vhosts = vhosts.map(v => v.name);
-  $("#vhost-filter").replaceChildren(...options([["", "All"], ...state.vhosts.map(v => [v])],
+  showVhosts(await api("vhosts").catch(() => [{name: "/"}]));
+}
+
+// The vhosts the forms and the header's filter offer (the admin tab adds and deletes some).
+export function showVhosts(vhosts) {
+  const names = vhosts.map(v => v.name);
+  if (names.join("\n") === state.vhosts.join("\n") && $("#vhost-filter").options.length) return;
+  state.vhosts = names;
+  if (!names.includes(state.vhost)) state.vhost = "";
+  $("#vhost-filter").replaceChildren(...options([["", "All"], ...names.map(v => [v])],
                                                 state.vhost));
 }
 
@@ -67,6 +76,7 @@ export function signOut(message) {
   state.tickId++;
   Object.assign(state, {auth: "", user: null, view: null});
   state.history.clear();
+  state.seeded.clear();
   sessionStorage.removeItem("warren-auth");
   $("#view").replaceChildren();
   for (const id of ["#app", "#session", "#tabs", "#alarms"]) $(id).hidden = true;

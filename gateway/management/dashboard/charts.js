@@ -1,7 +1,8 @@
 // The charts: sampled here, at each refresh, and kept as long as the page lives
-// (the API's own rates are over its last few seconds only), drawn in SVG.
+// (the API's own rates are over its last few seconds only), drawn in SVG. What
+// came before the page loaded, the broker's history gives (as RabbitMQ's does).
 import {api, isMonitor, queueKey, state} from "./api.js";
-import {fmtNum, fmtRate, h, rate, svg} from "./dom.js";
+import {enc, fmtNum, fmtRate, h, rate, svg} from "./dom.js";
 
 const HISTORY_MS = 10 * 60 * 1000;
 const MAX_SAMPLED_QUEUES = 1000;  // beyond, only the queue on screen keeps a history
@@ -14,9 +15,62 @@ function record(key, t, values) {
   state.history.set(key, samples);
 }
 
+// RabbitMQ's query for the history of lengths and message counters, 5 s apart.
+const INCR = 5, HISTORY = `lengths_age=${HISTORY_MS / 1000}&lengths_incr=${INCR}` +
+  `&msg_rates_age=${HISTORY_MS / 1000}&msg_rates_incr=${INCR}`;
+
+// Chart points from an object's samples, oldest first: lengths as they were, rates
+// as each counter's change since the sample before. The newest sample is the
+// present, which the refresh records itself.
+function pointsFrom(lengths, stats, names) {
+  const samples = name => lengths?.[name + "_details"]?.samples ||
+    stats?.[name + "_details"]?.samples;
+  const ready = samples("messages_ready");
+  if (!ready) return [];  // a broker that keeps no history
+  const points = [];
+  for (let i = ready.length - 2; i >= 1; i--) {
+    const v = {};
+    for (const [key, name] of names) {
+      const s = samples(name);
+      if (!s || !s[i] || !s[i + 1]) continue;
+      v[key] = key === "ready" || key === "unacked" ? s[i].sample
+        : Math.max(0, s[i].sample - s[i + 1].sample) / INCR;
+    }
+    points.push({t: ready[i].timestamp, v});
+  }
+  return points;
+}
+const SAMPLED = [["ready", "messages_ready"], ["unacked", "messages_unacknowledged"],
+  ["publish", "publish"], ["deliver", "deliver_get"], ["ack", "ack"],
+  ["redeliver", "redeliver"]];
+
+// Points before the page's first for the overview and the queue on screen, once each.
+async function history(overview) {
+  const seeds = [];
+  if (!state.seeded.has("overview")) {
+    state.seeded.add("overview");
+    seeds.push(["overview", pointsFrom(overview.queue_totals, overview.message_stats,
+                                       SAMPLED)]);
+  }
+  const watch = state.view?.watch;
+  if (watch && !state.seeded.has(watch.key)) {
+    state.seeded.add(watch.key);
+    const q = await api(`queues/${enc(watch.vhost)}/${enc(watch.name)}?${HISTORY}`)
+      .catch(() => null);
+    if (q) seeds.push([watch.key, pointsFrom(q, q.message_stats, SAMPLED)]);
+  }
+  for (const [key, points] of seeds) {
+    const kept = state.history.get(key) || [];
+    const first = kept[0]?.t ?? Date.now();
+    state.history.set(key, [...points.filter(p => p.t < first && p.t > first - HISTORY_MS),
+                            ...kept]);
+  }
+}
+
 // One refresh's figures, which every page shares: {overview, queues, nodes}.
 export async function sample() {
-  const [overview, queues, nodes] = await Promise.all([api("overview"), api("queues"),
+  const [overview, queues, nodes] = await Promise.all([
+    api("overview" + (state.seeded.has("overview") ? "" : "?" + HISTORY)), api("queues"),
     isMonitor() ? api("nodes").catch(() => []) : []]);
   const t = Date.now(), totals = overview.queue_totals || {}, stats = overview.message_stats;
   record("overview", t, {ready: totals.messages_ready ?? 0,
@@ -26,13 +80,14 @@ export async function sample() {
   const seen = new Set(["overview"]);
   for (const q of queues) {
     const key = queueKey(q.vhost, q.name);
-    if (queues.length > MAX_SAMPLED_QUEUES && key !== state.view?.watch) continue;
+    if (queues.length > MAX_SAMPLED_QUEUES && key !== state.view?.watch?.key) continue;
     seen.add(key);
     record(key, t, {ready: q.messages_ready ?? 0, unacked: q.messages_unacknowledged ?? 0,
       publish: rate(q.message_stats, "publish"), deliver: rate(q.message_stats, "deliver_get"),
       ack: rate(q.message_stats, "ack")});
   }
   for (const key of state.history.keys()) if (!seen.has(key)) state.history.delete(key);
+  await history(overview);
   return {overview, queues, nodes};
 }
 

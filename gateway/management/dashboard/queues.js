@@ -118,7 +118,7 @@ export function queueView(vhost, name) {
     consumers.update(found.filter(c => c.queue.name === name));
     bindings.update(all.filter(b => b.destination_type === "queue" && b.destination === name));
   }
-  return {el, refresh, watch: queueKey(vhost, name)};
+  return {el, refresh, watch: {key: queueKey(vhost, name), vhost, name}};
 }
 
 function showMessages(box, got) {

@@ -1,0 +1,49 @@
+// What the admin tab's lists share: a table whose rows each have a delete button,
+// a form that adds or updates an item with a PUT, and selects of users or vhosts
+// that keep their choice as the lists change.
+import {act, confirmed, flash} from "./actions.js";
+import {api} from "./api.js";
+import {field, h, options} from "./dom.js";
+import {tick} from "./refresh.js";
+import {dataTable} from "./tables.js";
+
+// columns as dataTable's; remove(row) -> [API path, what the row is]
+export function adminTable(id, columns, remove, empty) {
+  return dataTable(id, [...columns, {label: "", value: () => "", render(row) {
+    const [path, what] = remove(row);
+    return h("button", {type: "button", class: "danger", "aria-label": `Delete ${what}`,
+      async onclick() {
+        if (confirmed(`Delete ${what}?`) &&
+            await act(`Deleting ${what}`, () => api(path, {method: "DELETE"}))) {
+          flash(`Deleted ${what}.`);
+          tick();
+        }
+      }}, "Delete");
+  }}], {empty});
+}
+
+// A form of [label, input] pairs; put(its elements) -> [API path, body, what to say after].
+export function putForm(id, fields, button, put) {
+  const form = h("form", {class: "box", id, async onsubmit(event) {
+    event.preventDefault();
+    let said;
+    if (await act(button, async () => {
+      const [path, body, message] = put(form.elements);
+      said = message;
+      await api(path, {method: "PUT", body});
+    })) { flash(said); form.reset(); tick(); }
+  }}, fields.map(([label, input]) => field(label, input)), h("button", {}, button));
+  return form;
+}
+
+export function choices(name, fixed = []) {
+  const el = h("select", {name, required: true});
+  return {el, update(values) {
+    const chosen = el.value;
+    el.replaceChildren(...options([...fixed, ...values].map(v => [v]), chosen));
+  }};
+}
+
+// Rows of [{<owner>: name, value: {limit: n}}], one per limit.
+export const limitRows = (list, owner) => list.flatMap(l =>
+  Object.entries(l.value || {}).map(([name, value]) => ({owner: l[owner], name, value})));
