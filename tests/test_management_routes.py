@@ -158,6 +158,8 @@ def sample_paths(broker, world) -> dict[tuple[str, ...], str]:
         "vhost-limits/*/*": "vhost-limits/r-v/max-queues",
         "user-limits": "user-limits", "user-limits/*": "user-limits/r-u",
         "user-limits/*/*": "user-limits/r-u/max-channels",
+        "parameters": "parameters", "operator-policies": "operator-policies",
+        "topic-permissions": "topic-permissions",
         "aliveness-test/*": "aliveness-test/r-v", "healthchecks/node": "healthchecks/node",
         "health/checks/port-listener/*": f"health/checks/port-listener/{broker.port}",
         "health/checks/protocol-listener/*": "health/checks/protocol-listener/amqp",
@@ -219,6 +221,11 @@ def test_permissions_of_a_user_and_of_a_vhost(managed, world):
     assert get(managed, "/api/users/r-u/permissions") == [{"user": "r-u", "vhost": "r-v", **full}]
     assert {"user": "r-u", "vhost": "r-v", **full} in get(managed, "/api/vhosts/r-v/permissions")
     assert get(managed, "/api/users/r-u/topic-permissions") == []
+    assert get(managed, "/api/topic-permissions") == []
+    assert get(managed, "/api/operator-policies") == []
+    # RabbitMQ lists a vhost's limits among its runtime parameters
+    assert {"value": {"max-queues": 100}, "vhost": "r-v", "component": "vhost-limits",
+            "name": "limits"} in get(managed, "/api/parameters")
     assert get(managed, "/api/vhosts/r-v/topic-permissions") == []
     for path in ("users/nobody/permissions", "users/nobody/topic-permissions",
                  "vhosts/nowhere/permissions", "vhosts/nowhere/topic-permissions",

@@ -862,6 +862,20 @@ class Management:
     async def api_user_limits(self, request: Request, rest: list[str]) -> Response:
         return await limits.user_limits(self, request, rest)
 
+    async def api_parameters(self, request: Request, rest: list[str]) -> Response:
+        """RabbitMQ's runtime parameters: here only vhost limits are, as there."""
+        return self.listed(request, limits.as_parameters(self, request))
+
+    async def api_operator_policies(self, request: Request, rest: list[str]) -> Response:
+        """None: Warren has no operator policies (an import refuses them)."""
+        self.require_admin(request)
+        return self.listed(request, [])
+
+    async def api_topic_permissions(self, request: Request, rest: list[str]) -> Response:
+        """None: Warren has no topic permissions (an import refuses them)."""
+        self.require_admin(request)
+        return self.listed(request, [])
+
     async def api_healthchecks(self, request: Request, rest: list[str]) -> Response:
         return self._health()
 

@@ -60,6 +60,15 @@ async def vhost_limits(management, request: Request, rest: list[str]) -> Respons
     return Response(204)
 
 
+def as_parameters(management, request: Request) -> list[dict]:
+    """The vhosts' limits as RabbitMQ lists them among its runtime parameters
+    (GET /api/parameters), for the vhosts the user sees."""
+    defs = management.gateway.vhost_defs
+    return [{"value": defs[name].limits, "vhost": name, "component": "vhost-limits",
+             "name": "limits"} for name in management.permitted_vhosts(request)
+            if defs[name].limits]
+
+
 async def user_limits(management, request: Request, rest: list[str]) -> Response:
     """GET /api/user-limits[/{user}], PUT and DELETE /api/user-limits/{user}/{name}."""
     management.require_admin(request)

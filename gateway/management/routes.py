@@ -78,6 +78,9 @@ vhost-limits/*/*                        PUT,DELETE      vhost_limits
 user-limits                             GET             user_limits
 user-limits/*                           GET             user_limits
 user-limits/*/*                         PUT,DELETE      user_limits
+parameters                              GET             parameters
+operator-policies                       GET             operator_policies
+topic-permissions                       GET             topic_permissions
 aliveness-test/*                        GET             aliveness_test
 healthchecks/node                       GET             healthchecks
 health/checks/alarms                    GET             health
@@ -107,8 +110,7 @@ def _fits(pattern: tuple[str, ...], parts: list[str]) -> bool:
 
 def match(parts: list[str], method: str) -> str:
     """The handler of the route `parts` (the path's segments after "api") names
-    and `method`; NotServed otherwise. A literal segment wins over a name, as
-    RabbitMQ's dispatcher has /api/vhosts/V/permissions before any vhost."""
+    whole, with `method`; NotServed otherwise."""
     allowed: list[str] = []
     for route in ROUTES:
         if _fits(route.pattern, parts):
