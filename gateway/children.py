@@ -8,8 +8,8 @@ where a handler does not) and ignore them from their first line: the root alone
 decides when, and in which order, they stop.
 
 What a child is started with goes through its stdin, a pipe: a command line is
-readable by every local user (`ps`), and it holds the configuration, passwords
-included.
+readable by every local user (`ps`), and a gateway's holds the configuration,
+passwords included.
 """
 
 from __future__ import annotations
@@ -33,11 +33,13 @@ def stop_signals_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def spawn(module: str, spec: bytes, pass_fds: list[int]) -> subprocess.Popen:
-    """Start `python -m module`, handing it `spec` on its stdin (see read_spec)."""
+def spawn(module: str, spec: bytes, pass_fds: list[int], *label: str) -> subprocess.Popen:
+    """Start `python -m module *label`, handing it `spec` on its stdin (see
+    read_spec). The label is all the command line shows: a shard's index, which
+    tells shards apart in ps."""
     with stop_signals_held():
-        process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
-                                   pass_fds=pass_fds)
+        process = subprocess.Popen([sys.executable, "-m", module, *label],
+                                   stdin=subprocess.PIPE, pass_fds=pass_fds)
     try:
         # A spec is a few KiB, within a pipe's buffer: this does not wait for the
         # child (a larger one would, until the child reads it as it starts).

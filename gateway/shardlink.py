@@ -28,7 +28,6 @@ import asyncio
 import logging
 import os
 import subprocess
-import sys
 from collections import deque
 from typing import Callable
 
@@ -54,6 +53,7 @@ from warren.shards.records import (
 )
 from warren.shards.ring import Ring
 
+from .children import spawn
 from .exitwatch import ExitWatch
 
 log = logging.getLogger("warren.shard")
@@ -119,9 +119,8 @@ class ShardLink:
         fds = [self._doorbell, lifeline_read]
         for commands, events in self._pairs:
             fds += [commands.spec().space_fd, events.spec().data_fd, events.spec().space_fd]
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "warren.shards.main", msgspec.json.encode(spec).decode()],
-            pass_fds=fds)
+        self.process = spawn("warren.shards.main", msgspec.json.encode(spec), fds,
+                             str(self.index))
         os.close(lifeline_read)
         self._exit_watch = ExitWatch(self._loop, self.process, self._process_exited)
         self._loop.add_reader(self.events.spec().data_fd, self._read_events)

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 from warren.shards.compiled import built, chosen
 
-from .children import stop_signals_held
 from .config import Config
 from .shardlink import ShardLink as PureShardLink
 
@@ -106,8 +105,7 @@ class ShardPool:
                          config.store_map_size, self._on_events, self._exited,
                          os.path.abspath(config.logs_dir()), config.log_settings(),
                          self.gateways)
-        with stop_signals_held():  # the shard ignores them once it runs (children.py)
-            link.start()
+        link.start()
         asyncio.get_running_loop().call_later(SHARD_STABLE, self._stable, index, link)
         self._on_started(link)
         return link

@@ -25,7 +25,6 @@ Needs valgrind (Debian: apt-get install valgrind).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -57,11 +56,10 @@ def dumped_instructions(path: Path) -> int | None:
 
 
 def role_of(cmdline: list[str]) -> str | None:
-    """'shard N' for a shard process (its spec's index), 'gateway' for a gateway,
-    None for anything else in the tree."""
+    """'shard N' for a shard process (its index follows the module), 'gateway'
+    for a gateway, None for anything else in the tree."""
     if "warren.shards.main" in cmdline:
-        spec = json.loads(cmdline[cmdline.index("warren.shards.main") + 1])
-        return f"shard {spec['index']}"
+        return f"shard {cmdline[cmdline.index('warren.shards.main') + 1]}"
     if "warren.gateway.cli" in cmdline or "warren.gateway.follower" in cmdline:
         return "gateway"
     return None

@@ -12,7 +12,7 @@ work (timers.py).
 When the command rings are empty the shard sleeps on their shared doorbell;
 when a gateway's event ring is full it stops reading that gateway's commands,
 which is the backpressure the gateway feels. Started by the gateway as
-`python -m warren.shards.main SPEC_JSON`. pip install compiles this module as it
+`python -m warren.shards.main INDEX`, its ShardSpec on stdin. pip install compiles this module as it
 is (warren.shards._main, its loop typed by _main.pxd), and main() runs that
 build's loop where there is one (shards/compiled.py).
 """
@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 import os
 import select
-import signal
 import sys
 from time import monotonic  # a name of its own: a compiled turn calls it bare
 
 import msgspec
 
+from warren.gateway.children import read_spec
 from warren.storage.shardstore import ShardStore
 
 from . import logsetup
@@ -232,13 +232,11 @@ def _wait(poller: select.poll, extra_fds, lifeline_fd: int,
 
 
 def main() -> None:
-    # Ctrl-C, systemd and `timeout` signal the whole process group; the gateway
-    # decides when shards stop (after draining), and a dead gateway is seen on
-    # the lifeline pipe.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ctrl-C, systemd and `timeout` signal the whole process group: read_spec
+    # ignores them, the gateway decides when shards stop (after draining), and a
+    # dead gateway is seen on the lifeline pipe.
+    spec = msgspec.json.decode(read_spec(), type=ShardSpec)
     keep_freed_memory()
-    spec = msgspec.json.decode(sys.argv[1], type=ShardSpec)
     logsetup.configure(spec.log, f"shard-{spec.index}")
     log.info("shard %d starting on stores %s", spec.index,
              ", ".join(f"shard-{k}" for k in spec.stores))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import decimal
-import json
 import os
 import signal
 import subprocess
@@ -324,8 +323,7 @@ def shard_processes(broker) -> dict[int, int]:
         except OSError:
             continue
         if ppid == broker.process.pid and b"warren.shards.main" in args:
-            spec = json.loads(args[args.index(b"warren.shards.main") + 1])
-            found[spec["index"]] = int(entry)
+            found[int(args[args.index(b"warren.shards.main") + 1])] = int(entry)
     return found
 
 

@@ -3,8 +3,6 @@ callgrind dump, telling the broker's processes apart, the report."""
 
 from __future__ import annotations
 
-import json
-
 from warren.loadtest.instructions import Count, dumped_instructions, report, role_of
 
 DUMP = """# callgrind format
@@ -34,10 +32,9 @@ def test_the_dump_s_summary_is_its_count(tmp_path):
 
 def test_processes_are_told_apart_by_their_command_lines():
     valgrind = ["valgrind", "--tool=callgrind", "--trace-children=yes", "/usr/bin/python3"]
-    spec = json.dumps({"index": 1, "data_dir": "/tmp/x"})
-    assert role_of([*valgrind, "-m", "warren.shards.main", spec]) == "shard 1"
+    assert role_of([*valgrind, "-m", "warren.shards.main", "1"]) == "shard 1"
     assert role_of([*valgrind, "-m", "warren.gateway.cli", "serve", "--port", "1"]) == "gateway"
-    assert role_of([*valgrind, "-m", "warren.gateway.follower", "{}"]) == "gateway"
+    assert role_of([*valgrind, "-m", "warren.gateway.follower"]) == "gateway"
     assert role_of([*valgrind, "-c", "from multiprocessing.resource_tracker import main;main(6)"]) \
         is None
 
