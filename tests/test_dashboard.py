@@ -570,6 +570,19 @@ def test_the_api_answers_rabbitmqs_history_query_with_samples(warren):
     assert len(overview["message_stats"]["confirm_details"]["samples"]) == 13
     assert "samples" not in http(warren, "GET", "/api/overview")[1]["message_stats"].get(
         "publish_details", {})
+    # a user who sees only its vhosts gets their sums
+    assert http(warren, "PUT", "/api/users/dash-k-sampler",
+                {"password": "pw", "tags": "management"})[0] == 201
+    assert http(warren, "PUT", "/api/permissions/%2F/dash-k-sampler",
+                {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    request = urllib.request.Request(
+        warren.http_url + "/api/overview?" + HISTORY_QUERY,
+        headers={"Authorization": "Basic " + base64.b64encode(b"dash-k-sampler:pw").decode()})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        theirs = json.loads(response.read())
+    assert theirs["queue_totals"]["messages_ready_details"]["samples"][0]["sample"] == \
+        theirs["queue_totals"]["messages_ready"] >= 4
+    assert len(theirs["message_stats"]["publish_details"]["samples"]) == 13
     # a range RabbitMQ refuses, refused in its words
     request = urllib.request.Request(
         warren.http_url + "/api/overview?lengths_age=2505&lengths_incr=5",

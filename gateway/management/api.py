@@ -19,8 +19,8 @@ from ..amqp import spec
 from ..errors import AMQPError, refusal_error
 from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 from . import definitions, health, limits, messages, metrics, routes, shapes, static
+from .history import History, add_samples, kept_values
 from .http import HTTPError, Request, Response, bad_request, check_name
-from .history import History, add_samples
 from .listing import listing
 from .rates import SAMPLE_INTERVAL, Rates
 from .shapes import NODE
@@ -139,12 +139,11 @@ class Management:
         for info in (c.snapshot() for c in self.connections()):
             counters[("connection", info.name)] = _traffic(info)
         self.rates.sample(time.monotonic(), counters)
-        lengths = {("queue", qid): {"ready": values["ready"], "unacked": values["unacked"]}
-                   for qid, values in figures.items()}
-        lengths["totals"] = {name: sum(q[name] for q in lengths.values())
-                             for name in ("ready", "unacked")}
-        self.history.record(time.time(), {key: {**counters[key], **values}
-                                          for key, values in lengths.items()})
+        now = time.time()
+        if self.history.due(now, SAMPLE_INTERVAL):
+            vhost_of = {meta.qid: name for name, vhost in self.gateway.vhosts.items()
+                        for meta in vhost.queues.values()}
+            self.history.record(now, kept_values(figures, counters["totals"], vhost_of))
 
     async def keep_sampling(self) -> None:
         # Until cancelled (at exit), even when Python 3.11's wait_for swallows the
@@ -335,7 +334,7 @@ class Management:
                                     if listener["protocol"] in ("http", "https")]
             overview["object_totals"]["consumers"] = sum(
                 len(ch.consumers) for c in connections for ch in c.channels)
-        self.add_samples(request, ["totals"] if monitor else [("queue", q) for q in queues],
+        self.add_samples(request, ["totals"] if monitor else [("vhost", v.name) for v in vhosts],
                          overview["queue_totals"], overview["message_stats"],
                          GLOBAL_STATS if monitor else shapes.QUEUE_STATS)
         return Response.json(overview)

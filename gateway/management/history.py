@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from bisect import bisect_right
 
 KEPT_INCR = 5.0  # seconds between kept values, as RabbitMQ's basic retention
 KEPT_AGE = 600.0  # seconds of history kept; older samples repeat the oldest value
 MAX_SAMPLES = 500  # RabbitMQ refuses an age of more than 500 increments
+QUEUE_FIELDS = ("published", "delivered", "redelivered", "acked", "ready", "unacked")
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
@@ -28,6 +30,20 @@ def sample_range(query: dict[str, str], prefix: str) -> tuple[int, int] | None:
     return age, incr
 
 
+class _Kept:
+    """One key's entries, flat in arrays (a busy queue keeps 121 of them)."""
+    __slots__ = ("fields", "times", "values")
+
+    def __init__(self, fields: tuple[str, ...]) -> None:
+        self.fields = fields
+        self.times = array("d")  # each entry's boundary, oldest first
+        self.values = array("q")  # each entry's values in the order of `fields`, end to end
+
+    def row(self, index: int) -> array:
+        n = len(self.fields)
+        return self.values[index * n:(index + 1) * n]
+
+
 class History:
     """Values by key (a queue, the broker's totals), one entry per KEPT_INCR
     seconds of wall-clock time: the entry at a boundary holds the last values
@@ -37,8 +53,16 @@ class History:
     changed, so an idle queue keeps one."""
 
     def __init__(self) -> None:
-        self._kept: dict[object, list] = {}  # key -> [(boundary, values)], oldest first
+        self._kept: dict[object, _Kept] = {}
         self._recorded = False
+
+    def due(self, now: float, interval: float) -> bool:
+        """Whether a sampler running every `interval` seconds records at `now`: the
+        first time, and when its next sample, even half an interval late, would be
+        past a boundary. Each entry then holds the values at its boundary to an
+        interval and a half, for a fifth of the work of recording every sample."""
+        return not self._recorded or \
+            math.ceil((now + 1.5 * interval) / KEPT_INCR) != math.ceil(now / KEPT_INCR)
 
     def record(self, now: float, values_by_key: dict[object, dict[str, int]]) -> None:
         """Record every key's values at `now`; keys no longer given are forgotten."""
@@ -47,18 +71,23 @@ class History:
         boundary = math.ceil(now / KEPT_INCR) * KEPT_INCR
         horizon = now - KEPT_AGE
         for key, values in values_by_key.items():
-            kept = self._kept.setdefault(key, [])
-            if not kept:  # what it was before: zero for a key new since the first record
-                before = dict.fromkeys(values, 0) if self._recorded else dict(values)
-                kept.append((boundary - KEPT_INCR, before))
-            if kept[-1][0] == boundary:
-                kept[-1] = (boundary, dict(values))
-            elif kept[-1][1] != values:
-                kept.append((boundary, dict(values)))
+            row = array("q", values.values())
+            kept = self._kept.get(key)
+            if kept is None or kept.fields != tuple(values):
+                kept = self._kept[key] = _Kept(tuple(values))
+                kept.times.append(boundary - KEPT_INCR)
+                kept.values.extend(array("q", [0]) * len(row) if self._recorded else row)
+            n = len(row)
+            if kept.times[-1] == boundary:
+                kept.values[-n:] = row
+            elif kept.values[-n:] != row:
+                kept.times.append(boundary)
+                kept.values.extend(row)
             # one entry at or before the horizon stands for the time before it
-            drop = bisect_right(kept, horizon, key=lambda entry: entry[0]) - 1
+            drop = bisect_right(kept.times, horizon) - 1
             if drop > 0:
-                del kept[:drop]
+                del kept.times[:drop]
+                del kept.values[:drop * n]
         self._recorded = True
 
     def samples(self, keys, now: float, age: int, incr: int,
@@ -72,15 +101,42 @@ class History:
         sums = [dict(current)] + [dict.fromkeys(current, 0) for _ in times[1:]]
         for key in keys:
             kept = self._kept.get(key)
-            if not kept:
+            if kept is None:
                 continue
-            bounds = [boundary for boundary, _ in kept]
+            fields = [(field, kept.fields.index(field)) for field in current
+                      if field in kept.fields]
             for total, t in zip(sums[1:], times[1:]):
-                values = kept[max(0, bisect_right(bounds, t) - 1)][1]
-                for field in current:
-                    total[field] += values.get(field, 0)
+                row = kept.row(max(0, bisect_right(kept.times, t) - 1))
+                for field, index in fields:
+                    total[field] += row[index]
         return {field: [{"sample": total[field], "timestamp": int(t * 1000)}
                         for total, t in zip(sums, times)] for field in current}
+
+    def entries(self, key) -> int:
+        """How many entries `key` keeps (0 for a key not kept)."""
+        kept = self._kept.get(key)
+        return len(kept.times) if kept else 0
+
+
+def kept_values(figures: dict[int, dict], totals: dict[str, int],
+                vhost_of: dict[int, str]) -> dict[object, dict[str, int]]:
+    """What History.record takes: each queue's counters and lengths by
+    ("queue", qid), their sums by ("vhost", name) (what a user who sees only some
+    vhosts is shown), and the broker's `totals` with all queues' lengths."""
+    by_key: dict[object, dict[str, int]] = {}
+    vhosts: dict[object, dict[str, int]] = {}
+    lengths = {"ready": 0, "unacked": 0}
+    for qid, figure in figures.items():
+        values = by_key[("queue", qid)] = {name: figure[name] for name in QUEUE_FIELDS}
+        for name in lengths:
+            lengths[name] += values[name]
+        if qid in vhost_of:
+            summed = vhosts.setdefault(("vhost", vhost_of[qid]), dict.fromkeys(QUEUE_FIELDS, 0))
+            for name, value in values.items():
+                summed[name] += value
+    by_key.update(vhosts)
+    by_key["totals"] = {**totals, **lengths}
+    return by_key
 
 
 def details(rate: float, samples: list[dict], incr: int) -> dict:

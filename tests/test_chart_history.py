@@ -8,8 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warren.gateway.management.history import (KEPT_AGE, KEPT_INCR, MAX_SAMPLES, History,
-                                               add_samples, details, sample_range)
+from warren.gateway.management.history import (
+    KEPT_AGE,
+    KEPT_INCR,
+    MAX_SAMPLES,
+    History,
+    add_samples,
+    details,
+    kept_values,
+    sample_range,
+)
 
 T0 = 1_795_000_000.0  # a wall-clock time on a KEPT_INCR boundary
 
@@ -71,8 +79,8 @@ def test_an_idle_key_keeps_one_entry_and_a_busy_one_no_more_than_its_age():
     history = History()
     for second in range(3 * int(KEPT_AGE)):
         history.record(T0 + second, {"idle": {"n": 0}, "busy": {"n": second}})
-    assert len(history._kept["idle"]) == 1
-    assert len(history._kept["busy"]) <= KEPT_AGE / KEPT_INCR + 2
+    assert history.entries("idle") == 1
+    assert history.entries("busy") <= KEPT_AGE / KEPT_INCR + 2
 
 
 def test_samples_sum_over_keys_and_lengths_and_stats_get_their_details():
@@ -117,3 +125,28 @@ def test_each_sample_is_the_value_last_recorded_by_a_kept_boundary_at_or_before_
 def test_at_most_max_samples_plus_one():
     history = History()
     assert len(history.samples([], T0, MAX_SAMPLES * 5, 5, {"n": 0})["n"]) == MAX_SAMPLES + 1
+
+
+def test_a_sampler_each_second_records_near_each_boundary_only():
+    history = History()
+    recorded = []
+    for tenth in range(0, 300, 10):  # a sample a second for 30 s
+        now = T0 + 0.3 + tenth / 10
+        if history.due(now, 1.0):
+            history.record(now, {"k": {"n": tenth}})
+            recorded.append(round(now - T0, 1))
+    # the first sample, then the last before each boundary
+    assert recorded == [0.3, 4.3, 9.3, 14.3, 19.3, 24.3, 29.3]
+
+
+def test_kept_values_are_each_queues_their_sums_per_vhost_and_the_totals():
+    figure = dict(published=5, delivered=4, redelivered=1, acked=3, ready=2, unacked=1,
+                  consumers=9)
+    kept = kept_values({1: figure, 2: {**figure, "ready": 10}, 3: figure},
+                       {"received": 20}, {1: "/", 2: "/", 3: "team"})
+    assert kept[("queue", 2)] == dict(published=5, delivered=4, redelivered=1, acked=3,
+                                      ready=10, unacked=1)
+    assert kept[("vhost", "/")] == dict(published=10, delivered=8, redelivered=2, acked=6,
+                                        ready=12, unacked=2)
+    assert kept[("vhost", "team")]["ready"] == 2
+    assert kept["totals"] == {"received": 20, "ready": 14, "unacked": 3}
