@@ -481,6 +481,22 @@ def test_definitions_import_reports_every_problem_and_changes_nothing(managed):
         call(managed, "DELETE", "/api/users/defs-user")
 
 
+def test_an_export_leaves_out_the_bindings_of_transient_queues_so_it_imports(managed):
+    conn = connect(managed)
+    ch = conn.channel()
+    ch.queue_declare("transient-q", durable=False)
+    ch.exchange_declare("export-x", "direct", durable=True)
+    ch.queue_bind("transient-q", "export-x", "k")
+    ch.queue_bind("transient-q", "amq.direct", "k")
+    try:
+        exported = get(managed, "/api/definitions")
+        assert "transient-q" not in json.dumps(exported)
+        assert call(managed, "POST", "/api/definitions", exported) == (204, None)
+    finally:
+        conn.close()
+        call(managed, "DELETE", "/api/exchanges/%2F/export-x")
+
+
 def test_definitions_import_takes_rabbitmqs_exports(managed):
     """Exports as RabbitMQ 3.10 (management plugin) and 4.x (rabbit_definitions)
     write them: their informative keys and the sections Warren has no use for."""

@@ -153,7 +153,7 @@ def sample_paths(broker, world) -> dict[tuple[str, ...], str]:
         "channels": "channels", "channels/*": f"channels/{chan}",
         "consumers": "consumers", "consumers/*": "consumers/r-v",
         "policies": "policies", "policies/*": "policies/r-v", "policies/*/*": "policies/r-v/r-p",
-        "definitions": "definitions",
+        "definitions": "definitions", "definitions/*": "definitions/r-v",
         "vhost-limits": "vhost-limits", "vhost-limits/*": "vhost-limits/r-v",
         "vhost-limits/*/*": "vhost-limits/r-v/max-queues",
         "user-limits": "user-limits", "user-limits/*": "user-limits/r-u",
@@ -269,6 +269,23 @@ def test_bindings_of_a_queue_and_of_an_exchange(managed, world):
     for path in ("queues/r-v/nope/bindings", "exchanges/r-v/nope/bindings/source",
                  "bindings/r-v/e/r-x/q/r-q/other"):
         assert call(managed, "GET", f"/api/{path}")[:2] == (404, NOT_FOUND), path
+
+
+def test_a_vhost_s_definitions_as_rabbitmq_s(managed, world):
+    exported = get(managed, "/api/definitions/r-v")
+    assert set(exported) == {"rabbit_version", "parameters", "policies", "queues",
+                             "exchanges", "bindings"}
+    assert {"name": "r-q", "durable": True, "auto_delete": False, "arguments": {}} in \
+        exported["queues"]
+    assert exported["policies"][0]["vhost"] == "r-v"  # policies keep theirs, as there
+    exported["queues"] = [{**q, "name": "r-imported"} for q in exported["queues"]]
+    assert call(managed, "POST", "/api/definitions/r-v", exported)[:2] == (204, None)
+    assert get(managed, "/api/queues/r-v/r-imported")["vhost"] == "r-v"
+    call(managed, "DELETE", "/api/queues/r-v/r-imported")
+    assert call(managed, "GET", "/api/definitions/nowhere")[:2] == (
+        400, {"error": "bad_request", "reason": "vhost_not_found"})
+    assert call(managed, "POST", "/api/definitions/nowhere", {})[:2] == (
+        404, {"error": "not_found", "reason": "vhost_not_found"})
 
 
 # -- clients' bodies ---------------------------------------------------------------------

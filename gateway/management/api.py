@@ -838,14 +838,22 @@ class Management:
             return Response(204)
 
     async def api_definitions(self, request: Request, rest: list[str]) -> Response:
+        """The whole broker's, or one vhost's (/api/definitions/{vhost})."""
         self.require_admin(request)
+        vhost = rest[0] if rest else None
+        if vhost is not None and vhost not in self.gateway.vhosts:  # RabbitMQ's answers
+            raise (HTTPError(400, "bad_request", "vhost_not_found") if request.method == "GET"
+                   else HTTPError(404, "not_found", "vhost_not_found"))
         if request.method == "GET":
-            return Response.json(definitions.export(self.gateway))
+            return Response.json(definitions.export(self.gateway) if vhost is None else
+                                 definitions.export_vhost(self.gateway, vhost))
         if request.method == "POST":
             # skip-unsupported=true: import what Warren supports, list what it skipped
             skip = request.query.get("skip-unsupported") == "true"
+            data = request.json() if vhost is None else definitions.into_vhost(request.json(),
+                                                                                vhost)
             try:
-                skipped = await definitions.import_(self.gateway, request.json(), skip)
+                skipped = await definitions.import_(self.gateway, data, skip)
             except definitions.Invalid as error:
                 reason = ("invalid definitions, nothing imported" if error.problems else
                           "the definitions hold what Warren does not support, nothing "

@@ -43,6 +43,8 @@ def export(gateway) -> dict:
             if not name:
                 continue
             for (destination, routing_key, _), args in exchange.bindings.items():
+                if not (_exported(vhost, EXCHANGE, name) and _exported(vhost, *destination)):
+                    continue  # an import would refuse a binding whose end it lacks
                 bindings.append({"source": name, "vhost": vhost_name,
                                  "destination": destination[1],
                                  "destination_type": destination[0],
@@ -187,6 +189,40 @@ class Invalid(Exception):
         super().__init__(f"{len(problems)} problem(s), {len(unsupported)} unsupported")
         self.problems = problems
         self.unsupported = list(unsupported)
+
+
+def _exported(vhost, kind: str, name: str) -> bool:
+    """Is the queue or exchange in an export (or in every vhost, as amq.* are)?
+    Transient ones are not: they would not outlive a restart either."""
+    if kind == QUEUE:
+        meta = vhost.queues.get(name)
+        return meta is not None and meta.spec.stored
+    exchange = vhost.exchanges.get(name)
+    return exchange is not None and (exchange.durable or name.startswith("amq."))
+
+
+# What a vhost's export holds, as RabbitMQ's GET /api/definitions/{vhost}: its
+# objects, the queues, exchanges and bindings without their vhost field (an
+# import into a vhost places them there).
+VHOST_SECTIONS = ("parameters", "policies", "queues", "exchanges", "bindings")
+UNPLACED = ("queues", "exchanges", "bindings")
+
+
+def export_vhost(gateway, vhost: str) -> dict:
+    document = export(gateway)
+    return {"rabbit_version": document["rabbit_version"], **{
+        section: [{k: v for k, v in item.items() if k != "vhost" or section not in UNPLACED}
+                  for item in document.get(section, []) if item.get("vhost") == vhost]
+        for section in VHOST_SECTIONS}}
+
+
+def into_vhost(data, vhost: str):
+    """A vhost's export as the whole broker's: its objects, each in `vhost`."""
+    if not isinstance(data, dict):
+        return data  # import_ says what is wrong with it
+    return {**data, **{section: [{**item, "vhost": vhost} if isinstance(item, dict) else item
+                                 for item in data[section]]
+                       for section in VHOST_SECTIONS if isinstance(data.get(section), list)}}
 
 
 async def import_(gateway, data, skip_unsupported: bool = False) -> list[str]:

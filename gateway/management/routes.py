@@ -72,6 +72,7 @@ policies                                GET             policies
 policies/*                              GET             policies
 policies/*/*                            GET,PUT,DELETE  policies
 definitions                             GET,POST        definitions
+definitions/*                           GET,POST        definitions
 vhost-limits                            GET             vhost_limits
 vhost-limits/*                          GET             vhost_limits
 vhost-limits/*/*                        PUT,DELETE      vhost_limits
