@@ -193,7 +193,7 @@ def test_every_route_takes_its_methods_only_and_nothing_under_it(managed, world)
             if method not in taken:
                 status, body, headers = call(managed, method, path, {})
                 assert (status, body) == (405, None), (method, path, status, body)
-                assert set(headers["Allow"].split(", ")) == taken
+                assert headers["Allow"] == routes.allow_header(tuple(taken))
             for suffix in ("zz", "zz/zz", "deletion/protection", "permissions/x", "%2F"):
                 under = f"{path}/{suffix}"
                 if any(fits(r.pattern, [unquote(p) for p in under.split("/")[2:]])
@@ -201,6 +201,20 @@ def test_every_route_takes_its_methods_only_and_nothing_under_it(managed, world)
                     continue  # another route's path (nodes/zz), not one under this one
                 status, body, _ = call(managed, method, under, {})
                 assert (status, body) == (404, NOT_FOUND), (method, path, suffix, status)
+    assert state(managed) == before
+
+
+def test_head_and_options_as_rabbitmq_s(managed, world):
+    status, body, headers = call(managed, "HEAD", "/api/vhosts/r-v")
+    assert (status, body) == (200, None) and int(headers["Content-Length"]) > 0
+    assert call(managed, "HEAD", "/api/vhosts/nowhere")[0] == 404
+    assert call(managed, "HEAD", "/api/queues/r-v/r-q/get")[0] == 405
+    before = state(managed)
+    # OPTIONS needs no credentials (browsers' CORS preflights send none)
+    status, body, headers = call(managed, "OPTIONS", "/api/vhosts/r-v", user="", password="")
+    assert (status, body, headers["Allow"]) == (200, None, "HEAD, GET, PUT, DELETE, OPTIONS")
+    assert call(managed, "OPTIONS", "/api/queues/r-v/r-q/get")[2]["Allow"] == "POST, OPTIONS"
+    assert call(managed, "OPTIONS", "/api/vhosts/r-v/zz")[:2] == (404, NOT_FOUND)
     assert state(managed) == before
 
 

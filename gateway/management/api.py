@@ -277,12 +277,18 @@ class Management:
                             metrics.CONTENT_TYPE_LATEST)
         if parts[0] != "api":
             raise not_found()
+        asked = request.method
+        if asked == "HEAD":  # a GET whose answer aiohttp sends without its body
+            request.method = "GET"
         try:
             name = routes.match(parts[1:], request.method)
         except routes.NotServed as unserved:
-            if unserved.allowed:  # as RabbitMQ's: no body, the methods it takes
-                raise HTTPError(405, "", "", {"Allow": ", ".join(unserved.allowed)}) from None
-            raise not_found() from None
+            if not unserved.allowed:
+                raise not_found() from None
+            allow = {"Allow": routes.allow_header(unserved.allowed)}
+            if asked == "OPTIONS":  # as RabbitMQ's, without credentials (CORS preflights)
+                return Response(200, headers=allow)
+            raise HTTPError(405, "", "", allow) from None  # as RabbitMQ's: no body
         await self.authenticate(request)
         response = await getattr(self, f"api_{name}")(request, parts[2:])
         if self.gateway.followers is not None:  # what it changed is on every gateway first

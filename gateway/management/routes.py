@@ -104,6 +104,13 @@ class NotServed(Exception):
         self.allowed = allowed
 
 
+def allow_header(methods: tuple[str, ...]) -> str:
+    """RabbitMQ's Allow header for a route taking `methods`: HEAD with GET, and
+    OPTIONS, which every route answers."""
+    offered = set(methods) | {"OPTIONS"} | ({"HEAD"} if GET in methods else set())
+    return ", ".join(m for m in ("HEAD", GET, PUT, POST, DELETE, "OPTIONS") if m in offered)
+
+
 def _fits(pattern: tuple[str, ...], parts: list[str]) -> bool:
     return len(pattern) == len(parts) and all(
         p == "*" or p == part for p, part in zip(pattern, parts))
