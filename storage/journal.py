@@ -18,7 +18,8 @@ another; where they stop, it tells the journal's end from damage:
 * the end: zeros, a record left from an earlier cycle (its number is one the
   store has applied), or a torn record: the append a crash cut short, which was
   never confirmed. A torn record lacks its trailing checksum (its last bytes
-  were never written), so neither copy of the checksum matches its bytes.
+  were never written), so neither copy of the checksum matches its bytes. (One
+  whose header and payload match their checksum is read, trailer or not.)
 * damage: an intact record numbered beyond the break (the broken one was
   written whole before it, so it was confirmed); a record that is whole (its
   two checksums agree, or the trailing one matches its bytes) but fails its
@@ -287,13 +288,14 @@ def scan(data: bytes, applied: int = 0) -> Scan:
     if not data or len(data) % BLOCK:  # it is created with a block, and grows by blocks
         return Scan(found, f"its journal is truncated ({len(data)} bytes, not whole blocks)",
                     cut=True)
-    if at + HEADER_SIZE <= len(data) and data[at:at + 4] == MARK:
-        _, length, number = _HEAD.unpack_from(data, at)
+    if at + HEADER_SIZE <= len(data):
+        mark, length, number = _HEAD.unpack_from(data, at)
         end = at + HEADER_SIZE + length + TRAILER_SIZE
-        if number > floor and end > len(data):
+        if number > floor and mark == MARK and end > len(data):
             return Scan(found, f"its journal is truncated: record {number} runs past its "
                         f"end ({len(data)} bytes)", cut=True)
-        if number > floor and _whole(data, at, length):
+        # (A record whose mark is damaged still has its two checksums agreeing.)
+        if number > floor and end <= len(data) and _whole(data, at, length, mark == MARK):
             return Scan(found, f"its journal is damaged: record {number} (offset {at}) fails "
                         "its checksum")
     return Scan(found)
@@ -321,8 +323,8 @@ def _record_at(data: bytes, at: int) -> tuple[int, bytes] | None:
     end = start + length
     if number == 0 or end + TRAILER_SIZE > len(data):
         return None
-    digest = data[at + _HEAD.size:start]
-    if data[end:end + TRAILER_SIZE] != digest or _digest_of(data, at, length) != digest:
+    # (Its trailer is not needed: it tells a torn record from a damaged one.)
+    if _digest_of(data, at, length) != data[at + _HEAD.size:start]:
         return None
     return number, data[start:end]
 
@@ -334,13 +336,15 @@ def _digest_of(data: bytes, at: int, length: int) -> bytes:
     return hasher.digest()
 
 
-def _whole(data: bytes, at: int, length: int) -> bool:
+def _whole(data: bytes, at: int, length: int, marked: bool) -> bool:
     """Was the (broken) record at `at` written to its end? Its two checksums
-    agree, or the trailing one matches its bytes: a torn write leaves neither."""
+    agree, or (`marked`) the trailing one matches its bytes: a torn write leaves
+    neither."""
     head = data[at + _HEAD.size:at + HEADER_SIZE]
     end = at + HEADER_SIZE + length
     trailer = data[end:end + TRAILER_SIZE]
-    return trailer == head or trailer == _digest_of(data, at, length)
+    # (Zeros agree with zeros: a tear can leave both unwritten.)
+    return (trailer == head and any(head)) or (marked and trailer == _digest_of(data, at, length))
 
 
 def _intact_from(data: bytes, at: int) -> list[tuple[int, bytes]]:
