@@ -38,9 +38,12 @@ export function putForm(id, fields, button, put) {
 
 export function choices(name, fixed = []) {
   const el = h("select", {name, required: true});
+  let shown = null;
   return {el, update(values) {
-    const chosen = el.value;
-    el.replaceChildren(...options([...fixed, ...values].map(v => [v]), chosen));
+    const next = [...fixed, ...values];
+    if (shown && next.join("\n") === shown.join("\n")) return;  // an open list stays open
+    shown = next;
+    el.replaceChildren(...options(next.map(v => [v]), el.value));
   }};
 }
 
