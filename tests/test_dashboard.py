@@ -476,8 +476,11 @@ def test_admin_adds_and_deletes_a_user_vhost_permission_policy_and_limits(page, 
     expect(page.locator("#flash")).to_have_text("User dash-k-user added.")
     expect(page.locator("#admin-users tbody tr", has_text="dash-k-user")).to_contain_text(
         "monitoring")
-    # updated without a password: its tags change and its password stays
-    fill_form(page, "add-user", name="dash-k-user", tags="management")
+    # edited from its row, without a password: its tags change and its password stays
+    page.click("button[aria-label='Edit user dash-k-user']")
+    expect(page.locator("#add-user [name=name]")).to_have_value("dash-k-user")
+    expect(page.locator("#add-user [name=tags]")).to_have_value("monitoring")
+    fill_form(page, "add-user", tags="management")
     expect(page.locator("#flash")).to_have_text("User dash-k-user updated.")
     assert http(warren, "GET", "/api/users/dash-k-user")[1]["tags"] == ["management"]
     whoami = urllib.request.Request(warren.http_url + "/api/whoami", headers={
@@ -511,6 +514,12 @@ def test_admin_adds_and_deletes_a_user_vhost_permission_policy_and_limits(page, 
     assert {k: policy[k] for k in ("pattern", "apply-to", "priority", "definition")} == {
         "pattern": "^dash-", "apply-to": "queues", "priority": 3,
         "definition": {"max-length": 10}}
+    page.click("button[aria-label='Edit policy dash-k-policy in dash-k-vhost']")
+    expect(page.locator("#add-policy [name=definition]")).to_have_value('{"max-length":10}')
+    fill_form(page, "add-policy", priority="5")
+    expect(page.locator("#flash")).to_have_text("Policy dash-k-policy set in dash-k-vhost.")
+    policy = http(warren, "GET", "/api/policies/dash-k-vhost/dash-k-policy")[1]
+    assert (policy["priority"], policy["pattern"], policy["apply-to"]) == (5, "^dash-", "queues")
 
     fill_form(page, "set-vhost-limit", vhost="dash-k-vhost", limit="max-queues", value="7")
     expect(page.locator("#flash")).to_have_text("Limit max-queues of dash-k-vhost set.")

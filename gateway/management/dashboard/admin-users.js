@@ -11,7 +11,8 @@ export function usersAdmin() {
   const users = adminTable("admin-users", [{label: "Name", value: u => u.name},
     {label: "Tags", value: u => parseTags(u.tags).join(", ")},
     {label: "Password", value: u => (u.password_hash ? "yes" : "no")}],
-    u => [`users/${enc(u.name)}`, `user ${u.name}`], "No users.");
+    {remove: u => [`users/${enc(u.name)}`, `user ${u.name}`], empty: "No users.",
+     edit: u => [addUser, {name: u.name, password: "", tags: parseTags(u.tags).join(", ")}]});
   const addUser = putForm("add-user", [["Name", h("input", {name: "name", required: true})],
     ["Password", h("input", {name: "password", type: "password", autocomplete: "new-password",
                              placeholder: "unchanged when updating a user"})],
@@ -30,8 +31,10 @@ export function usersAdmin() {
   const permissions = adminTable("admin-permissions", [{label: "User", value: p => p.user},
     {label: "Virtual host", value: p => p.vhost}, {label: "Configure", value: p => p.configure},
     {label: "Write", value: p => p.write}, {label: "Read", value: p => p.read}],
-    p => [`permissions/${enc(p.vhost)}/${enc(p.user)}`, `permissions of ${p.user} in ${p.vhost}`],
-    "No permissions.");
+    {remove: p => [`permissions/${enc(p.vhost)}/${enc(p.user)}`,
+                   `permissions of ${p.user} in ${p.vhost}`], empty: "No permissions.",
+     edit: p => [setPermission, {user: p.user, vhost: p.vhost, configure: p.configure,
+                                 write: p.write, read: p.read}]});
   const permUser = choices("user"), permVhost = choices("vhost");
   const regexp = name => h("input", {name, value: ".*"});
   const setPermission = putForm("set-permission", [["User", permUser.el],
@@ -43,8 +46,9 @@ export function usersAdmin() {
 
   const limits = adminTable("admin-user-limits", [{label: "User", value: l => l.owner},
     {label: "Limit", value: l => l.name}, {label: "Value", value: l => l.value, numeric: true}],
-    l => [`user-limits/${enc(l.owner)}/${enc(l.name)}`, `limit ${l.name} of ${l.owner}`],
-    "No user limits.");
+    {remove: l => [`user-limits/${enc(l.owner)}/${enc(l.name)}`, `limit ${l.name} of ${l.owner}`],
+     empty: "No user limits.",
+     edit: l => [setLimit, {user: l.owner, limit: l.name, value: l.value}]});
   const limitUser = choices("user"), limitName = choices("limit", USER_LIMITS);
   limitName.update([]);
   const setLimit = putForm("set-user-limit", [["User", limitUser.el], ["Limit", limitName.el],

@@ -10,18 +10,22 @@ const APPLY_TO = [["all", "Exchanges and queues"], ["queues", "Queues"],
   ["quorum_queues", "Quorum queues"], ["streams", "Streams"]];
 
 export function vhostsAdmin() {
+  let known = new Set();
   const vhosts = adminTable("admin-vhosts", [{label: "Name", value: v => v.name},
     {label: "Description", value: v => v.description ?? ""}],
-    v => [`vhosts/${enc(v.name)}`, `virtual host ${v.name}`], "No virtual hosts.");
+    {remove: v => [`vhosts/${enc(v.name)}`, `virtual host ${v.name}`],
+     empty: "No virtual hosts.",
+     edit: v => [addVhost, {name: v.name, description: v.description}]});
   const addVhost = putForm("add-vhost", [["Name", h("input", {name: "name", required: true})],
-    ["Description", h("input", {name: "description"})]], "Add virtual host",
+    ["Description", h("input", {name: "description"})]], "Add or update virtual host",
     f => [`vhosts/${enc(f.name.value)}`, {description: f.description.value},
-      `Virtual host ${f.name.value} added.`]);
+      `Virtual host ${f.name.value} ${known.has(f.name.value) ? "updated" : "added"}.`]);
 
   const limits = adminTable("admin-vhost-limits", [{label: "Virtual host", value: l => l.owner},
     {label: "Limit", value: l => l.name}, {label: "Value", value: l => l.value, numeric: true}],
-    l => [`vhost-limits/${enc(l.owner)}/${enc(l.name)}`, `limit ${l.name} of ${l.owner}`],
-    "No virtual host limits.");
+    {remove: l => [`vhost-limits/${enc(l.owner)}/${enc(l.name)}`,
+                   `limit ${l.name} of ${l.owner}`], empty: "No virtual host limits.",
+     edit: l => [setLimit, {vhost: l.owner, limit: l.name, value: l.value}]});
   const limitVhost = choices("vhost"), limitName = choices("limit", VHOST_LIMITS);
   limitName.update([]);
   const setLimit = putForm("set-vhost-limit", [["Virtual host", limitVhost.el],
@@ -35,8 +39,11 @@ export function vhostsAdmin() {
     {label: "Apply to", value: p => p["apply-to"]},
     {label: "Definition", value: p => JSON.stringify(p.definition || {})},
     {label: "Priority", value: p => p.priority, numeric: true}],
-    p => [`policies/${enc(p.vhost)}/${enc(p.name)}`, `policy ${p.name} in ${p.vhost}`],
-    "No policies.");
+    {remove: p => [`policies/${enc(p.vhost)}/${enc(p.name)}`, `policy ${p.name} in ${p.vhost}`],
+     empty: "No policies.",
+     edit: p => [addPolicy, {vhost: p.vhost, name: p.name, pattern: p.pattern,
+                             apply_to: p["apply-to"], priority: p.priority,
+                             definition: JSON.stringify(p.definition || {})}]});
   const policyVhost = choices("vhost");
   const addPolicy = putForm("add-policy", [["Virtual host", policyVhost.el],
     ["Name", h("input", {name: "name", required: true})],
@@ -55,6 +62,7 @@ export function vhostsAdmin() {
     section("Virtual host limits", limits.el, h("h3", {}, "Set a virtual host limit"), setLimit),
     section("Policies", policies.el, h("h3", {}, "Add or update a policy"), addPolicy)];
   return {el, update({vhosts: list, policies: set, vhostLimits}) {
+    known = new Set(list.map(v => v.name));
     vhosts.update(list);
     limits.update(limitRows(vhostLimits, "vhost"));
     policies.update(set);

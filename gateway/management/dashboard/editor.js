@@ -1,24 +1,32 @@
-// What the admin tab's lists share: a table whose rows each have a delete button,
-// a form that adds or updates an item with a PUT, and selects of users or vhosts
-// that keep their choice as the lists change.
+// What the admin tab's lists share: a table whose rows each have an edit and a
+// delete button, a form that adds or updates an item with a PUT, and selects of
+// users or vhosts that keep their choice as the lists change.
 import {act, confirmed, flash} from "./actions.js";
 import {api} from "./api.js";
 import {field, h, options} from "./dom.js";
 import {tick} from "./refresh.js";
 import {dataTable} from "./tables.js";
 
-// columns as dataTable's; remove(row) -> [API path, what the row is]
-export function adminTable(id, columns, remove, empty) {
+// columns as dataTable's; remove(row) -> [API path, what the row is]; edit(row) ->
+// [the form that updates it, {field: value}], which its Edit button fills in.
+export function adminTable(id, columns, {remove, edit, empty}) {
   return dataTable(id, [...columns, {label: "", value: () => "", render(row) {
     const [path, what] = remove(row);
-    return h("button", {type: "button", class: "danger", "aria-label": `Delete ${what}`,
-      async onclick() {
+    return h("span", {class: "row-actions"}, h("button", {type: "button",
+      "aria-label": `Edit ${what}`, onclick() {
+        const [form, values] = edit(row);
+        for (const [name, value] of Object.entries(values))
+          form.elements[name].value = String(value ?? "");
+        form.scrollIntoView({block: "center"});
+        form.elements[0].focus();
+      }}, "Edit"), " ", h("button", {type: "button", class: "danger",
+      "aria-label": `Delete ${what}`, async onclick() {
         if (confirmed(`Delete ${what}?`) &&
             await act(`Deleting ${what}`, () => api(path, {method: "DELETE"}))) {
           flash(`Deleted ${what}.`);
           tick();
         }
-      }}, "Delete");
+      }}, "Delete"));
   }}], {empty});
 }
 
