@@ -556,6 +556,27 @@ def test_a_non_administrator_is_told_who_manages_users(page, warren):
     page.click("#login button[type=submit]")
     expect(page.locator("#managed")).to_contain_text("are managed by administrators")
     expect(page.locator("#add-user")).to_have_count(0)
+    expect(page.locator("#add-policy")).to_have_count(0)
+
+
+def test_a_policymaker_manages_policies_of_its_vhosts_only(page, warren):
+    assert http(warren, "PUT", "/api/users/dash-k-policymaker",
+                {"password": "pw", "tags": "policymaker"})[0] == 201
+    assert http(warren, "PUT", "/api/permissions/%2F/dash-k-policymaker",
+                {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    page.goto(warren.http_url + "/#/admin")
+    page.fill("#user", "dash-k-policymaker")
+    page.fill("#password", "pw")
+    page.click("#login button[type=submit]")
+    fill_form(page, "add-policy", vhost="/", name="dash-k-pm-policy", pattern="^pm-",
+              definition='{"max-length": 2}')
+    expect(page.locator("#flash")).to_have_text("Policy dash-k-pm-policy set in /.")
+    assert http(warren, "GET", "/api/policies/%2F/dash-k-pm-policy")[1]["definition"] == {
+        "max-length": 2}
+    expect(page.locator("#add-user")).to_have_count(0)
+    expect(page.locator("#managed")).to_contain_text("are managed by administrators")
+    delete_row(page, "policy dash-k-pm-policy in /")
+    assert http(warren, "GET", "/api/policies/%2F/dash-k-pm-policy")[0] == 404
 
 
 # -- the charts' history, kept by the broker (issue 51, point 6) -------------------------------

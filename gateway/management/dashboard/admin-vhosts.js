@@ -1,5 +1,5 @@
-// The admin tab's virtual hosts, their limits and their policies, with the calls
-// RabbitMQ's management UI makes.
+// The admin tab's virtual hosts and their limits (administrators), and policies
+// (administrators and policymakers), with the calls RabbitMQ's management UI makes.
 import {parseObject} from "./actions.js";
 import {enc, h, options, section} from "./dom.js";
 import {adminTable, choices, limitRows, putForm} from "./editor.js";
@@ -34,6 +34,17 @@ export function vhostsAdmin() {
     f => [`vhost-limits/${enc(f.vhost.value)}/${enc(f.limit.value)}`,
       {value: Number(f.value.value)}, `Limit ${f.limit.value} of ${f.vhost.value} set.`]);
 
+  const el = [section("Virtual hosts", vhosts.el, h("h3", {}, "Add a virtual host"), addVhost),
+    section("Virtual host limits", limits.el, h("h3", {}, "Set a virtual host limit"), setLimit)];
+  return {el, update({vhosts: list, vhostLimits}) {
+    known = new Set(list.map(v => v.name));
+    vhosts.update(list);
+    limits.update(limitRows(vhostLimits, "vhost"));
+    limitVhost.update(list.map(v => v.name));
+  }};
+}
+
+export function policiesAdmin() {
   const policies = adminTable("admin-policies", [{label: "Virtual host", value: p => p.vhost},
     {label: "Name", value: p => p.name}, {label: "Pattern", value: p => p.pattern},
     {label: "Apply to", value: p => p["apply-to"]},
@@ -58,14 +69,10 @@ export function vhostsAdmin() {
        definition: parseObject(f.definition.value, "Definition")},
       `Policy ${f.name.value} set in ${f.vhost.value}.`]);
 
-  const el = [section("Virtual hosts", vhosts.el, h("h3", {}, "Add a virtual host"), addVhost),
-    section("Virtual host limits", limits.el, h("h3", {}, "Set a virtual host limit"), setLimit),
-    section("Policies", policies.el, h("h3", {}, "Add or update a policy"), addPolicy)];
-  return {el, update({vhosts: list, policies: set, vhostLimits}) {
-    known = new Set(list.map(v => v.name));
-    vhosts.update(list);
-    limits.update(limitRows(vhostLimits, "vhost"));
+  const el = [section("Policies", policies.el, h("h3", {}, "Add or update a policy"),
+                      addPolicy)];
+  return {el, update({vhosts: list, policies: set}) {
     policies.update(set);
-    for (const select of [limitVhost, policyVhost]) select.update(list.map(v => v.name));
+    policyVhost.update(list.map(v => v.name));
   }};
 }

@@ -1,9 +1,10 @@
 // The admin tab: who is signed in; users, virtual hosts, permissions, policies and
-// limits (administrators only, as in RabbitMQ); exporting and importing definitions.
+// limits (policies for policymakers too, the rest for administrators, as in
+// RabbitMQ); exporting and importing definitions.
 import {act, flash} from "./actions.js";
 import {usersAdmin} from "./admin-users.js";
-import {vhostsAdmin} from "./admin-vhosts.js";
-import {api, isAdmin, showVhosts, state} from "./api.js";
+import {policiesAdmin, vhostsAdmin} from "./admin-vhosts.js";
+import {api, isAdmin, isPolicymaker, showVhosts, state} from "./api.js";
 import {details, field, h, section} from "./dom.js";
 
 export function adminView() {
@@ -35,7 +36,7 @@ export function adminView() {
     flash(`Definitions exported: ${n("queues")} queues, ${n("exchanges")} exchanges, ` +
           `${n("bindings")} bindings, ${n("users")} users, ${n("vhosts")} vhosts.`);
   }}, "Download broker definitions");
-  const users = usersAdmin(), vhosts = vhostsAdmin();
+  const users = usersAdmin(), vhosts = vhostsAdmin(), policies = policiesAdmin();
   const managed = h("div", {id: "managed"});
   const el = h("div", {}, section("Signed in", who), managed, section("Export definitions",
     h("p", {class: "muted"}, "Users, vhosts, permissions, policies, queues, exchanges and " +
@@ -44,20 +45,26 @@ export function adminView() {
   return {el, async refresh() {
     who.replaceChildren(details([["User", state.user.name],
       ["Tags", state.user.tags.join(", ") || "none"]]));
-    if (!isAdmin()) {
-      managed.replaceChildren(section("Users and virtual hosts", h("p", {class: "muted"},
-        "Users, virtual hosts, permissions, policies and limits are managed by " +
-        "administrators.")));
+    const notice = section("Users and virtual hosts", h("p", {class: "muted"},
+      "Users, virtual hosts, permissions and limits are managed by administrators."));
+    if (!isAdmin() && !isPolicymaker()) {
+      managed.replaceChildren(notice);
       return;
     }
-    const [userList, vhostList, permissions, policies, vhostLimits, userLimits] =
-      await Promise.all(["users", "vhosts", "permissions", "policies", "vhost-limits",
-                         "user-limits"].map(path => api(path)));
-    const lists = {users: userList, vhosts: vhostList, permissions, policies, vhostLimits,
-                   userLimits};
-    users.update(lists);
-    vhosts.update(lists);
-    showVhosts(vhostList);
-    if (!managed.children.length) managed.replaceChildren(...users.el, ...vhosts.el);
+    const wanted = isAdmin() ? ["vhosts", "policies", "users", "permissions", "vhost-limits",
+                                "user-limits"] : ["vhosts", "policies"];
+    const [vhostList, policyList, userList, permissions, vhostLimits, userLimits] =
+      await Promise.all(wanted.map(path => api(path)));
+    const lists = {vhosts: vhostList, policies: policyList, users: userList, permissions,
+                   vhostLimits, userLimits};
+    policies.update(lists);
+    if (isAdmin()) {
+      users.update(lists);
+      vhosts.update(lists);
+      showVhosts(vhostList);
+    }
+    if (!managed.children.length)
+      managed.replaceChildren(...(isAdmin() ? [...users.el, ...vhosts.el] : [notice]),
+                              ...policies.el);
   }};
 }

@@ -41,6 +41,8 @@ export const basic = (user, password) =>
 export const parseTags = tags => (Array.isArray(tags) ? tags : String(tags || "").split(","))
   .map(t => t.trim()).filter(Boolean);
 export const isAdmin = () => state.user.tags.includes("administrator");
+export const isPolicymaker = () =>
+  state.user.tags.some(t => t === "policymaker" || t === "administrator");
 export const isMonitor = () =>
   state.user.tags.some(t => t === "monitoring" || t === "administrator");
 export const queueKey = (vhost, name) => vhost + "\n" + name;
