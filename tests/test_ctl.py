@@ -274,9 +274,12 @@ def test_rabbitmqadmin_declare_and_delete_for_vhosts_users_permissions_policies(
     for args, said in steps:
         assert ctl(managed, *args).stdout == said + "\n"
     try:
+        # (guest has full permissions on the vhost it created, as on RabbitMQ)
         assert json.loads(ctl(managed, "list", "permissions", "-V", "adm-v", "--json").stdout
                           ) == [{"user": "adm-u", "vhost": "adm-v", "configure": ".*",
-                                 "write": ".*", "read": "^r"}]
+                                 "write": ".*", "read": "^r"},
+                                {"user": "guest", "vhost": "adm-v", "configure": ".*",
+                                 "write": ".*", "read": ".*"}]
         assert json.loads(ctl(managed, "list", "policies", "-V", "adm-v", "--json").stdout
                           ) == [{"vhost": "adm-v", "name": "cap", "pattern": "^c",
                                  "apply-to": "queues", "definition": {"max-length": 3},
