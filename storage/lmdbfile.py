@@ -148,6 +148,9 @@ class LmdbFile:
                                       nodes[i + 1][3] if i + 1 < len(nodes) else high, ordered)
                 continue
             size = lo | hi << 16
+            if node_flags & BIGDATA and data_at + 8 > self.psize:
+                self.broken.add(pgno)
+                return
             if node_flags & BIGDATA:
                 (first,) = struct.unpack_from("<Q", page, data_at)
                 yield key, self._overflow(first, size), node_flags

@@ -42,13 +42,13 @@ import lmdb
 import msgspec
 
 from .journal import Journal
+from .lmdbfile import LmdbFile, Unreadable
 from .queuespec import QueueSpec
 from .sealed import seal, unseal
 from .upgrade import MANIFEST_KEY, Manifest, manifest_value
 
 _key = struct.Struct(">QQ")
 _qid = struct.Struct(">Q")
-_DB_NAMES = (b"queues", b"messages", b"marks", b"delivered", b"manifest")
 
 
 class StoredQueue(msgspec.Struct, array_like=True):
@@ -436,30 +436,22 @@ def reusable_bytes(path: str) -> int:
     """Bytes of a store's file that LMDB will fill again before it grows it: its
     free pages within the file (LMDB may leave pages it freed before ever writing
     them past the file's end: those take no disk). LMDB files never shrink, so
-    after a purge this is the disk space that was freed. Read from a read-only
-    environment (any process may ask; the store was checked at start, so the
-    pages read here are in the file); 0 if it cannot be read."""
+    after a purge this is the disk space that was freed. Read with pread
+    (storage.lmdbfile), not mapped: a store damaged while the broker runs cannot
+    kill the reader with SIGBUS; 0 if it cannot be read."""
     try:
-        env = lmdb.open(path, readonly=True, lock=True, subdir=True, max_dbs=8, create=False)
-    except lmdb.Error:
+        file = LmdbFile(path)
+    except (Unreadable, OSError):
         return 0
     try:
-        stat = env.stat()
-        pages = min(env.info()["last_pgno"] + 1,
-                    os.path.getsize(os.path.join(path, "data.mdb")) // stat["psize"])
-        used = 2 + stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]  # 2 metas
-        with env.begin() as txn:
-            for name in _DB_NAMES:
-                try:
-                    sub = txn.stat(env.open_db(name, txn=txn, create=False))
-                except lmdb.NotFoundError:  # `delivered`, in a store not yet opened since
-                    continue
-                used += sub["branch_pages"] + sub["leaf_pages"] + sub["overflow_pages"]
-        return max(0, pages - used) * stat["psize"]
-    except (lmdb.Error, OSError):
+        used = 2 + sum(tree.branch + tree.leaf + tree.overflow  # 2 metas
+                       for tree in [file.main, *file.databases().values()])
+        pages = min(file.last_pgno + 1, file.size // file.psize)
+        return max(0, pages - used) * file.psize
+    except OSError:
         return 0
     finally:
-        env.close()
+        file.close()
 
 
 _MADV_DONTNEED = 4
