@@ -31,7 +31,8 @@ from .amqpfuzz import env_int
 from .confirmpublisher import ConfirmPublisher
 from .conftest import RunningBroker, wait_until
 from .test_e2e_basic import names_on_every_shard, shard_pids
-from .test_e2e_durability import connect, drain, wait_until_gone
+from .test_e2e_damage import broker_pids, wait_gone
+from .test_e2e_durability import connect, drain
 
 SHARDS = 2
 QUEUES = names_on_every_shard(SHARDS, per_shard=2, prefix="chaos")  # a publisher each
@@ -97,19 +98,24 @@ def _kill_a_shard(broker: RunningBroker, rng: random.Random, wait: bool = True) 
                    message="(the killed shard was not restarted)")
 
 
-def _kill_the_root(broker: RunningBroker) -> None:
-    """kill -9 of the root alone: its gateways and shards notice and exit."""
+def _kill_the_root(broker: RunningBroker) -> set[int]:
+    """kill -9 of the root alone: its gateways and shards notice and exit. The
+    broker's processes, to wait for."""
+    pids = broker_pids(broker)
     broker.process.kill()
     broker.process.wait(10)
+    return pids
 
 
-def _kill_everything(broker: RunningBroker) -> None:
+def _kill_everything(broker: RunningBroker) -> set[int]:
+    pids = broker_pids(broker)
     for pid in [broker.process.pid, *shard_pids(broker)]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:  # gone with the gateway (reaped, or saw it die)
             pass
     broker.process.wait(10)
+    return pids
 
 
 def chaos_round(tmp_path, seed: int) -> dict:
@@ -118,6 +124,7 @@ def chaos_round(tmp_path, seed: int) -> dict:
     data = tmp_path / f"chaos-{seed}"
     broker = RunningBroker(data, shards=SHARDS).start()
     kills = 0
+    pids: set[int] = set()  # the broker's processes at the last kill
     try:
         load = Load(broker.port, rng)
         try:
@@ -132,11 +139,11 @@ def chaos_round(tmp_path, seed: int) -> dict:
             if "everything" in plan:
                 if not at_once:
                     load.wait_for(rng.randint(20, 1500))
-                _kill_everything(broker)
+                pids = _kill_everything(broker)
                 kills += 1
             else:
                 load.wait_for(rng.randint(20, 300))  # it carries on after the shard kills
-                _kill_the_root(broker)
+                pids = _kill_the_root(broker)
                 kills += 1
         finally:
             load.finish(answered=False)
@@ -149,7 +156,7 @@ def chaos_round(tmp_path, seed: int) -> dict:
 
     # Recover (a restarted broker, without flags: the shards recover from their
     # stores) and consume everything.
-    wait_until_gone(data)
+    wait_gone(pids)
     broker = RunningBroker(data, shards=SHARDS).start()
     try:
         conn = connect(broker)

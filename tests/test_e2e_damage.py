@@ -26,8 +26,7 @@ from warren.storage.shardstore import _Logged
 from .confirmpublisher import ConfirmPublisher
 from .conftest import ROOT, RunningBroker, mounted_tmpfs, wait_until
 from .oldformats import as_format_1, as_format_2
-from .test_e2e_basic import names_on_every_shard, shard_pids
-from .test_e2e_durability import wait_until_gone
+from .test_e2e_basic import names_on_every_shard, shard_pids, shard_processes
 
 MESSAGES = 60
 Q0, Q1 = names_on_every_shard(2, 1, "dmg")  # on shard 0 and on shard 1
@@ -262,12 +261,31 @@ def test_a_shard_that_keeps_dying_backs_off_and_is_reported(tmp_path):
 
 
 def shard1_pid(broker) -> int:
-    """The pid of shard 1: its command line carries its spec, with "index":1."""
-    for pid in shard_pids(broker):
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b'"index":1,' in f.read():
-                return pid
-    raise AssertionError("no shard 1 process")
+    pid = shard_processes(broker).get(1)
+    assert pid is not None, "no shard 1 process"
+    return pid
+
+
+def broker_pids(broker) -> set[int]:
+    """The broker's processes: the root and its descendants (gateways, shards)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+    found = {broker.process.pid}
+    while more := {pid for pid, parent in parents.items() if parent in found} - found:
+        found |= more
+    return found
+
+
+def wait_gone(pids: set[int]) -> None:
+    """Wait until none of these processes is left (a killed root's children exit
+    when they notice)."""
+    wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids), timeout=20,
+               message="(the broker's processes are still running)")
 
 
 def test_a_data_directory_of_an_earlier_warren_is_upgraded_not_called_damaged(tmp_path):
@@ -359,12 +377,13 @@ def test_a_store_after_backlog_and_churn_starts_again_without_flags(tmp_path):
             assert ch.queue_declare("backlog", durable=True).method.message_count == 200 * round
             conn.close()
             churn(broker.port)
+            pids = broker_pids(broker)
             if stop == "kill":
                 broker.process.kill()
                 broker.process.wait(10)
         finally:
             broker.stop()
-        wait_until_gone(data)
+        wait_gone(pids)
         assert verify(data).returncode == 0
     broker = RunningBroker(data, shards=2).start()
     try:
@@ -385,7 +404,8 @@ def _kill_after_confirmed(data, count: int) -> None:
     try:
         publisher.publish(count, body=b"x" * 100)
         wait_until(lambda: len(publisher.acked) == count, timeout=30)
-        for pid in [broker.process.pid, *shard_pids(broker)]:
+        pids = broker_pids(broker)
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -394,7 +414,7 @@ def _kill_after_confirmed(data, count: int) -> None:
     finally:
         publisher.close()
         broker.stop()
-    wait_until_gone(data)
+    wait_gone(pids)
 
 
 def _journal_records(path) -> list[tuple[int, int, int]]:
