@@ -43,7 +43,6 @@ class StoreReport(msgspec.Struct):
     queues: dict[int, StoredQueue] = {}  # qid -> its queue record (shard stores)
     messages: dict[int, int] = {}  # qid -> readable messages
     outdated: int = 0  # the format an earlier Warren wrote it in: upgraded at start
-    journal: int = 0  # intact journal records beyond the checkpoint (shard stores)
 
 
 def check_store(path: str) -> StoreReport:
@@ -150,7 +149,6 @@ def _check_journal(path: str, manifest: Manifest, report: StoreReport) -> None:
         report.problems.append("its journal is missing, though the store was not closed "
                                f"(its checkpoint holds journal records up to {manifest.journal})")
         return
-    report.journal = len(found.salvage(manifest.journal))
     if found.damage:
         report.problems.append(found.damage)
 
