@@ -31,7 +31,7 @@ _META = struct.Struct("<IIQQ")  # magic, version, address, map size (then two db
 _META_TAIL = struct.Struct("<QQ")  # last page, transaction id
 _MAGIC = 0xBEEFC0DE
 _BRANCH, _LEAF, _OVERFLOW, _META_FLAG, _LEAF2 = 0x01, 0x02, 0x04, 0x08, 0x20
-BIGDATA, _SUBDATA, _DUPDATA = 0x01, 0x02, 0x04
+BIGDATA, _SUBDATA = 0x01, 0x02  # node flags: a value in overflow pages, a named database
 _NO_ROOT = (1 << 64) - 1
 _MAX_DEPTH = 64  # far deeper than any real tree: a cycle of damaged pages stops here
 

@@ -48,7 +48,7 @@ class Salvaged(msgspec.Struct):
 
 def salvage(source: str, target: str) -> Salvaged:
     """Copy what reads of the shard store at `source` into a new store at `target`."""
-    done = Salvaged({}, {}, {})
+    done = Salvaged()
     applied = 0
     os.makedirs(target)
     env = lmdb.open(target, subdir=True, max_dbs=5,
@@ -106,9 +106,6 @@ def _copy_all(file: LmdbFile, env, txn, done: Salvaged) -> int:
     for name, key, value in readable(file, done):
         if txn.put(key, value, db=dbs[name], overwrite=False):
             done.kept[name.decode()] = done.kept.get(name.decode(), 0) + 1
-            if name == b"messages":
-                qid = int.from_bytes(key[:8], "big")
-                done.messages[qid] = done.messages.get(qid, 0) + 1
     for name, tree in file.databases().items():
         if name in _RECORDS:
             done.lost[name.decode()] = max(0, tree.entries - done.kept.get(name.decode(), 0))
@@ -150,7 +147,7 @@ def readable(file: LmdbFile, done: Salvaged) -> Iterator[tuple[bytes, bytes, byt
 def readable_messages(path: str) -> dict[int, int]:
     """qid -> the messages of the (damaged) store at `path` that a salvage keeps
     from LMDB."""
-    done = Salvaged({}, {}, {})
+    done = Salvaged()
     try:
         file = LmdbFile(path)
     except (Unreadable, OSError):
