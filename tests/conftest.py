@@ -51,6 +51,10 @@ def gateway_count(request) -> int:
     GATEWAYS = 1
 
 
+class PortTaken(RuntimeError):
+    """The broker could not bind the management port a test picked for it."""
+
+
 class RunningBroker:
     def __init__(self, data_dir: Path, shards: int = 2, extra_args: list[str] | None = None,
                  management: bool = False, gateways: int | None = None, preexec_fn=None):
@@ -67,6 +71,16 @@ class RunningBroker:
         self.port = 0
 
     def start(self, timeout: float = 30.0) -> "RunningBroker":
+        for _ in range(3):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                # the free port picked for the management listener was taken by
+                # another process before the broker bound it
+                self.management_port = free_port()
+        return self._start(timeout)
+
+    def _start(self, timeout: float) -> "RunningBroker":
         self.log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "warren.gateway.cli", "serve", "--port", "0", "--data",
@@ -79,7 +93,12 @@ class RunningBroker:
         while "listening on amqp://" not in (line := read_line(self.process.stdout, timeout)):
             if not line.startswith("Warren gateway "):
                 self.stop()
-                raise RuntimeError(f"broker did not start: {line!r}; log:\n{self.log_text()}")
+                log = self.log_text()
+                last = log.splitlines()[-1:]
+                if self.management_port and last and \
+                        f":{self.management_port} (address already in use)" in last[0]:
+                    raise PortTaken(log)
+                raise RuntimeError(f"broker did not start: {line!r}; log:\n{log}")
             self._lines.append(line)
         self.port = int(line.split("amqp://", 1)[1].split()[0].rsplit(":", 1)[1])
         self._lines.append(line)
