@@ -276,7 +276,7 @@ def _served(path: str) -> dict[int, bytes]:
         store.close()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(st.sampled_from(["data.mdb", "journal"]), st.sampled_from(["truncate", "flip", "delete"]),
        st.floats(0, 1, exclude_max=True), st.integers(0, 7))
 def test_damage_anywhere_is_served_whole_or_refused_with_one_line(
