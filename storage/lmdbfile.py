@@ -185,10 +185,9 @@ class LmdbFile:
         for key, value, _ in self.walk(self.free):
             if value is None:
                 continue
-            count = struct.unpack_from("<Q", value)[0] if len(value) >= 8 else -1
-            pages = struct.unpack_from(f"<{count}Q", value, 8) if count == len(value) // 8 - 1 \
-                else ()
-            if (len(pages) != count or len(key) != 8 or any(a <= b for a, b in zip(pages, pages[1:]))
+            whole = len(value) >= 8 and struct.unpack_from("<Q", value)[0] == len(value) // 8 - 1
+            pages = struct.unpack_from(f"<{len(value) // 8 - 1}Q", value, 8) if whole else ()
+            if (not whole or len(key) != 8 or any(a <= b for a, b in zip(pages, pages[1:]))
                     or (pages and (pages[-1] < 2 or pages[0] > self.last_pgno))
                     or free.intersection(pages)):
                 self.broken.add(self.free.root)

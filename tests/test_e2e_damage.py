@@ -26,7 +26,7 @@ from warren.storage.shardstore import _Logged
 from .confirmpublisher import ConfirmPublisher
 from .conftest import ROOT, RunningBroker, mounted_tmpfs, wait_until
 from .oldformats import as_format_1, as_format_2
-from .test_e2e_basic import names_on_every_shard, shard_pids, shard_processes
+from .test_e2e_basic import names_on_every_shard, shard_processes
 
 MESSAGES = 60
 Q0, Q1 = names_on_every_shard(2, 1, "dmg")  # on shard 0 and on shard 1
