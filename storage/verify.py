@@ -79,7 +79,7 @@ def check_store(path: str) -> StoreReport:
                 report.problems.append(f"{sum(report.messages[q] for q in homeless)} messages "
                                        "belong to no queue")
             if dbs is SHARD_DBS and not report.problems:
-                _check_journal(path, manifest_of(txn, env.open_db(b"manifest", txn=txn)), report)
+                _check_journal(env, path, report)
     except lmdb.Error as error:
         report.problems.append(f"unreadable: {error}")
     finally:
@@ -138,19 +138,29 @@ def _check_db(env, txn, name: str, struct, report: StoreReport) -> None:
         report.problems.append("it has no manifest")
 
 
-def _check_journal(path: str, manifest: Manifest, report: StoreReport) -> None:
+def _check_journal(env, path: str, report: StoreReport) -> None:
     """A store not closed since it was opened (a crash) needs what its journal
     holds beyond the checkpoint: the journal must be there, and end where its
-    writes ended (storage.journal)."""
-    if not manifest.running:
-        return  # closed: LMDB holds everything
-    found = journal.read_scan(journal_path(path), manifest.journal)
+    writes ended (storage.journal). Beside a running shard a checkpoint may come
+    between reading the manifest and the journal: then it is read again."""
+    for _ in range(10):
+        manifest = _manifest(env)
+        if not manifest.running:
+            return  # closed: LMDB holds everything
+        found = journal.read_scan(journal_path(path), manifest.journal)
+        if _manifest(env).journal == manifest.journal:
+            break
     if found is None:
         report.problems.append("its journal is missing, though the store was not closed "
                                f"(its checkpoint holds journal records up to {manifest.journal})")
         return
     if found.damage:
         report.problems.append(found.damage)
+
+
+def _manifest(env) -> Manifest:
+    with env.begin() as txn:
+        return manifest_of(txn, env.open_db(b"manifest", txn=txn, create=False))
 
 
 def check_stores(paths: list[str]) -> list[StoreReport]:
