@@ -89,21 +89,35 @@ def check_store(path: str) -> StoreReport:
 
 def _pages_problem(path: str) -> str | None:
     """Why the committed trees cannot all be read (a page they reach is past the
-    file's end, or is not the page they say), or None."""
+    file's end, or is not the page they say), or None. The walk holds no LMDB
+    reader: beside a running shard, a walk during which two transactions were
+    committed (the second may reuse the pages the first freed) is done again."""
+    for _ in range(10):
+        try:
+            file = LmdbFile(path)
+        except (Unreadable, OSError) as error:
+            return f"not a readable LMDB file: {error}"
+        try:
+            file.reach_everything()
+            if _txnid(path) <= file.txnid + 1:
+                break
+        finally:
+            file.close()
+    if file.missing:
+        return (f"data.mdb is truncated: {file.size} bytes, its trees reach "
+                f"{file.reached * file.psize} (page {min(file.missing)} is missing)")
+    if file.broken:
+        return f"{len(file.broken)} of its pages are damaged (page {min(file.broken)} first)"
+    return None
+
+
+def _txnid(path: str) -> int:
     try:
         file = LmdbFile(path)
-    except (Unreadable, OSError) as error:
-        return f"not a readable LMDB file: {error}"
-    try:
-        file.reach_everything()
-        if file.missing:
-            return (f"data.mdb is truncated: {file.size} bytes, its trees reach "
-                    f"{file.reached * file.psize} (page {min(file.missing)} is missing)")
-        if file.broken:
-            return f"{len(file.broken)} of its pages are damaged (page {min(file.broken)} first)"
-        return None
-    finally:
-        file.close()
+    except (Unreadable, OSError):
+        return 0
+    file.close()
+    return file.txnid
 
 
 def _check_db(env, txn, name: str, struct, report: StoreReport) -> None:
