@@ -20,6 +20,7 @@ import logging
 import struct
 import time
 
+from warren.storage.journal import SHRINK_BELOW
 from warren.storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
 
 from . import records as r
@@ -277,8 +278,11 @@ class Persister:
         if not pending.refused:
             self._journaled += pending.written
         if pending.checkpointed:
+            # A cycle that may have grown a journal is followed by one more checkpoint,
+            # empty once a flood has passed: that one shrinks the journal back.
+            grown = self._journal_bytes >= SHRINK_BELOW
             self._journal_bytes = 0
-            self.checkpoint_at = None
+            self.checkpoint_at = time.monotonic() + CHECKPOINT_AFTER if grown else None
             for qid, msg in self._journaled:
                 if msg.content is not None:  # else settled since: already out of RAM
                     evict(qid, msg)

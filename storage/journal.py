@@ -8,7 +8,8 @@ the store applies the journal to LMDB now and then, many commits in one
 transaction (a checkpoint), and then writes the journal over from its start.
 
 The file is zero-filled ahead of the writes, so a sync writes data blocks only,
-not the file's size or extents. It never shrinks.
+not the file's size or extents. A flood grows it (a checkpoint's worth, 20 MiB);
+a start-over after a small cycle cuts it back to its first stretch.
 
 A record: a mark (4 bytes), payload length (4), number (8), xxh3-64 of those and
 the payload (8), the payload, and the checksum again (8). Reading (`scan`) takes
@@ -65,6 +66,7 @@ _OLD_HEADER_SIZE = _OLD_HEAD.size + _DIGEST
 GROW_BY = 4 << 20  # bytes zero-filled ahead at a time (a multiple of BLOCK)
 BLOCK = 4096  # direct writes cover whole blocks of this size, from an aligned buffer
 KEEP_BUFFER = 1 << 20  # a direct-write buffer grown past this shrinks after small writes
+SHRINK_BELOW = 1 << 20  # a start-over after fewer bytes than this shrinks a grown journal
 _ZEROS = bytes(BLOCK)
 DIRECT = True  # write through O_DIRECT where the filesystem allows it (tests switch it)
 
@@ -181,6 +183,12 @@ class Journal:
                     os.pwritev(self._direct, [view[:BLOCK]], 0)
             else:
                 os.pwrite(self._fd, bytes(HEADER_SIZE), 0)
+        if self.offset < SHRINK_BELOW and self._size > GROW_BY:
+            # A flood grew it and has passed (a purge, the drain after it, a start):
+            # give the disk back (a disk alarm waits for it), keeping the first
+            # stretch. Not synced: a crash that undoes it leaves applied records.
+            os.ftruncate(self._fd, GROW_BY)
+            self._size = GROW_BY
         self.offset = 0
 
     def append_after(self, records: list[tuple[int, bytes]]) -> None:

@@ -255,6 +255,8 @@ class ShardStore:
                 # A full disk: the journal keeps them (`unapplied` shows them), and
                 # the next commits go behind them until a checkpoint succeeds.
                 self._journal.append_after(records)
+        else:
+            self._journal.start_over()  # all applied: a journal a flood grew shrinks
 
     @property
     def unapplied(self) -> "WriteBatch":
@@ -291,6 +293,7 @@ class ShardStore:
             batch.merge(self._unapplied)
             batch.merge(refused)
         elif self._logged == self._applied:
+            self._journal.start_over()  # nothing to apply: only shrinks a grown journal
             return
         self._write(batch, self._logged)
         self._applied = self._logged

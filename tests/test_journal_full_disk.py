@@ -40,3 +40,23 @@ def test_a_grow_the_disk_refuses_gives_its_space_back(tmp_path, monkeypatch, dir
     finally:
         journal.close()
     assert journal_module.read(path) == [(1, b"kept"), (2, b"after")]
+
+
+def test_a_journal_a_flood_grew_shrinks_once_the_flood_has_passed(tmp_path):
+    """A start-over after a big cycle keeps the size (a steady flood would only
+    zero-fill it again); one after a small or empty cycle gives the disk back."""
+    path = str(tmp_path / "journal")
+    journal = Journal(path)
+    try:
+        journal.append(1, b"x" * (3 * journal_module.GROW_BY))  # a flood's cycle
+        grown = os.path.getsize(path)
+        assert grown > journal_module.GROW_BY
+        journal.start_over()
+        assert os.path.getsize(path) == grown
+        journal.append(2, b"small")
+        journal.start_over()
+        assert os.path.getsize(path) == journal_module.GROW_BY
+        journal.append(3, b"after")
+        assert journal.records() == [(3, b"after")]
+    finally:
+        journal.close()
