@@ -159,8 +159,9 @@ def _kill_round(tmp_path, seed: int, victim: str) -> None:
 
 
 def wait_until_gone(data, timeout: float = 10.0) -> None:
-    """Wait until no process (gateway or shard) of the broker on `data` is left."""
-    wait_until(lambda: not any(f"{data}" in _cmdline(p) for p in _all_pids()),
+    """Wait until no process of the broker on `data` is left: the root names it on
+    its command line, a shard (given its spec on stdin) maps its store."""
+    wait_until(lambda: not any(_of_broker(pid, f"{data}") for pid in _all_pids()),
                timeout=timeout, message=f"(processes of {data} still running)")
 
 
@@ -168,12 +169,15 @@ def _all_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
+def _of_broker(pid: int, data: str) -> bool:
+    for name in ("cmdline", "maps"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                if data in f.read().decode(errors="replace"):
+                    return True
+        except OSError:
+            pass
+    return False
 
 
 @pytest.mark.parametrize("seed", [1, 2])

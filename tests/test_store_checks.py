@@ -319,13 +319,37 @@ def test_a_file_that_ends_before_its_last_page_number_is_sound(tmp_path):
     """LMDB leaves pages it freed before ever writing them past the file's end:
     a healthy store (after fills and large drains) that the start once called
     truncated. It checks sound, serves every message, and counts its free pages."""
-    path = str(tmp_path / "shard-0")
+    # Whether a workload leaves the case depends on when the store checkpoints:
+    # the first of a few seeded workloads that does is the one checked.
+    for seed in range(20):
+        path = str(tmp_path / f"shard-{seed}")
+        live = _fill_and_drain(path, random.Random(seed))
+        env = lmdb.open(path, readonly=True, subdir=True, max_dbs=8)
+        pages_end = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        env.close()
+        if os.path.getsize(os.path.join(path, "data.mdb")) < pages_end:
+            break
+    else:
+        pytest.fail("no workload left the file shorter than its last page number")
+    report = check_store(path)
+    assert report.problems == []
+    assert report.messages == {qid: len(seqs) for qid, seqs in live.items() if seqs}
+    assert reusable_bytes(path) > 0
+    store = ShardStore(path, 1 << 28)
+    try:
+        for qid, seqs in live.items():
+            assert [s for s, *_ in store.recover(qid)] == seqs
+    finally:
+        store.close()
+
+def _fill_and_drain(path: str, rng: random.Random) -> dict[int, list[int]]:
+    """Appends, checkpoints and large drains into a new store at `path`, closed
+    after: the messages left in each queue."""
     store = ShardStore(path, 1 << 28)
     batch = WriteBatch()
     for qid in range(4):
         batch.put_queue(qid, StoredQueue(QueueSpec("/", f"q{qid}", True, False, False, {}), {}))
     store.commit(batch)
-    rng = random.Random(0)
     live: dict[int, list[int]] = {qid: [] for qid in range(4)}
     seq = 0
     for _ in range(6):
@@ -346,17 +370,5 @@ def test_a_file_that_ends_before_its_last_page_number_is_sound(tmp_path):
                     batch.delete_message(qid, live[qid].pop(0))
         store.commit(batch)
     store.close()
-    env = lmdb.open(path, readonly=True, subdir=True, max_dbs=8)
-    pages_end = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    env.close()
-    assert os.path.getsize(os.path.join(path, "data.mdb")) < pages_end  # the case at hand
-    report = check_store(path)
-    assert report.problems == []
-    assert report.messages == {qid: len(seqs) for qid, seqs in live.items() if seqs}
-    assert reusable_bytes(path) > 0
-    store = ShardStore(path, 1 << 28)
-    try:
-        for qid, seqs in live.items():
-            assert [s for s, *_ in store.recover(qid)] == seqs
-    finally:
-        store.close()
+    return live
+
