@@ -114,7 +114,7 @@ COMMANDS = [(path, parser) for path, parser in _leaves(ctl._parser())]
 TYPED = st.sampled_from(COMMANDS).flatmap(lambda leaf: _typed(*leaf))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(command=st.one_of(TYPED, st.lists(VALUE, max_size=4)), stdin=st.binary(max_size=20))
 def test_anything_typed_is_answered_without_a_traceback(place, command, stdin):
     broker, workdir = place
@@ -150,7 +150,7 @@ def config_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("ctl-config")
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(content=CONFIG, via=st.sampled_from(["option", "environment", "working directory"]))
 def test_any_configuration_file_is_answered_without_a_traceback(config_dir, content, via):
     """Whatever the file holds, ctl uses it or names what is wrong; the request is
