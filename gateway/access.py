@@ -11,8 +11,8 @@ from collections import OrderedDict
 from warren.storage.metastore import MetaStore, PermissionDef, UserDef
 
 from . import auth, replication
-from .controllink import LoginFailed, LoginTurn
 from .amqp import spec
+from .controllink import LoginFailed, LoginTurn
 from .errors import AMQPError
 
 log = logging.getLogger("warren.access")

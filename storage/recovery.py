@@ -25,9 +25,9 @@ import shutil
 import time
 
 from .metastore import MetaStore, QueueDef, VHostDef
+from .salvage import salvage
 from .shardstore import ShardStore
 from .upgrade import upgrade
-from .salvage import salvage
 from .verify import StoreReport, check_store, check_stores
 
 

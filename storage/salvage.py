@@ -18,8 +18,15 @@ import msgspec
 from . import journal
 from .lmdbfile import BIGDATA, LmdbFile, Unreadable
 from .sealed import Damaged, unseal
-from .shardstore import (ShardStore, StoredMessage, StoredQueue, WriteBatch, _Logged, _Mark,
-                         journal_path)
+from .shardstore import (
+    ShardStore,
+    StoredMessage,
+    StoredQueue,
+    WriteBatch,
+    _Logged,
+    _Mark,
+    journal_path,
+)
 from .upgrade import MANIFEST_KEY, Manifest, manifest_value
 
 _RECORDS = {b"queues": StoredQueue, b"messages": StoredMessage, b"marks": _Mark, b"delivered": int}

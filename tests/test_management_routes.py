@@ -351,8 +351,8 @@ def test_health_checks_answer_as_rabbitmq_s(managed, world):
                                     "missing": 1, "ports": sorted([port, http_port])})
     status, body, _ = call(managed, "GET", f"{checks}/port-listener/abc")
     assert (status, body) == (400, {"error": "bad_request", "reason": "Invalid port"})
-    for given, protocol in (("amqp", "amqp"), ("amqp091", "amqp"), ("http", "http")):
-        assert get(managed, f"{checks}/protocol-listener/{given}") == {"status": "ok",
+    for asked, protocol in (("amqp", "amqp"), ("amqp091", "amqp"), ("http", "http")):
+        assert get(managed, f"{checks}/protocol-listener/{asked}") == {"status": "ok",
                                                                        "protocol": protocol}
     status, body, _ = call(managed, "GET", f"{checks}/protocol-listener/mqtt")
     assert (status, body) == (503, {"status": "failed", "reason": "No active listener",

@@ -11,7 +11,8 @@ import itertools
 import tempfile
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from warren.shards.persister import Persister
 from warren.shards.queue import ram_size

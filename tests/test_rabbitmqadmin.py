@@ -18,7 +18,6 @@ import pytest
 from .conftest import managed_broker, wait_until
 from .debian import unpacked
 
-
 VHOST = "j-av"
 LISTED = ("connections", "channels", "consumers", "exchanges", "queues", "bindings", "users",
           "vhosts", "permissions", "nodes", "parameters", "policies", "operator_policies",

@@ -8,7 +8,6 @@ import random
 import shutil
 
 import lmdb
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,8 +19,7 @@ from warren.storage import recovery
 from warren.storage.metastore import MetaStore, QueueDef
 from warren.storage.queuespec import QueueSpec
 from warren.storage.sealed import Damaged, seal, unseal
-from warren.storage.shardstore import (ShardStore, StoredQueue, StoreFull, WriteBatch,
-                                      reusable_bytes)
+from warren.storage.shardstore import ShardStore, StoredQueue, StoreFull, WriteBatch, reusable_bytes
 from warren.storage.verify import check_store
 
 
