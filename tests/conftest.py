@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pika.exceptions
 import pytest
 
 from warren.loadtest import procs
@@ -203,6 +204,19 @@ def wait_until(condition, timeout: float = 10.0, interval: float = 0.01, message
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s {message}")
         time.sleep(interval)
+
+
+def wait_closed(connection, timeout: float = 15.0) -> None:
+    """Wait until the broker has closed a pika BlockingConnection."""
+
+    def closed() -> bool:
+        try:
+            connection.process_data_events(0.05)
+        except pika.exceptions.AMQPConnectionError:
+            return True
+        return not connection.is_open
+
+    wait_until(closed, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

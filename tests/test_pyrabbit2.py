@@ -11,7 +11,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from .conftest import managed_broker, wait_until
+from .conftest import managed_broker, wait_closed, wait_until
 
 pyrabbit2 = pytest.importorskip("pyrabbit2")
 
@@ -107,14 +107,7 @@ def scenario(client, amqp_port: int) -> list[str]:
         assert call("get_channel", channels[0])["vhost"] == VHOST
         call("delete_connection", names[0])
 
-        def closed() -> bool:
-            try:
-                conn.process_data_events(0.05)
-            except pika.exceptions.AMQPConnectionError:
-                return True
-            return not conn.is_open
-
-        wait_until(closed, timeout=15)
+        wait_closed(conn)
     finally:
         if conn.is_open:
             conn.close()

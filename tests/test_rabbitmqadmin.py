@@ -15,7 +15,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from .conftest import managed_broker, wait_until
+from .conftest import managed_broker, wait_closed, wait_until
 from .debian import unpacked
 
 VHOST = "j-av"
@@ -113,14 +113,7 @@ def scenario(run, amqp_port: int, tmp_path) -> None:
         name = listed["connections"][0]["name"]
         run("close", "connection", f"name={name}")
 
-        def closed() -> bool:
-            try:
-                conn.process_data_events(0.05)
-            except pika.exceptions.AMQPConnectionError:
-                return True
-            return not conn.is_open
-
-        wait_until(closed, timeout=15)
+        wait_closed(conn)
     finally:
         if conn.is_open:
             conn.close()
