@@ -381,21 +381,7 @@ def test_definitions_export_and_import(page, warren, tmp_path):
     assert http(warren, "GET", "/api/queues/%2F/dash-imported")[0] == 200
 
 
-# -- actions on endpoints another change adds (issue 20, point 7) -------------------------------
-
-def require_endpoint(warren, method: str, path: str, body: dict) -> None:
-    """Skip, naming the endpoint, while the broker answers it 404 or 405."""
-    status, _ = http(warren, method, path, body)
-    if status in (404, 405):
-        pytest.skip(f"the broker does not serve {method} {path} yet (HTTP {status}); "
-                    "the dashboard's form for it is written to RabbitMQ's API")
-
-
-def require_publish(warren, exchange: str) -> None:
-    require_endpoint(warren, "POST", f"/api/exchanges/%2F/{exchange}/publish",
-                     {"routing_key": "dash-nowhere", "payload": "", "payload_encoding": "string",
-                      "properties": {}})
-
+# -- publishing and getting from the pages ------------------------------------------------------
 
 def publish_with_form(page, **fields: str) -> None:
     form = page.locator("#publish")
@@ -406,9 +392,6 @@ def publish_with_form(page, **fields: str) -> None:
 
 def test_publish_and_get_a_message_from_the_queue_page(page, warren):
     declare(warren, "dash-inbox")
-    require_publish(warren, "amq.default")
-    require_endpoint(warren, "POST", "/api/queues/%2F/dash-inbox/get",
-                     {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
     sign_in(page, warren, where="#/queues/%2F/dash-inbox")
     publish_with_form(page, payload="hello from the dashboard", headers='{"origin": "test"}')
     expect(page.locator("#flash")).to_have_text("Message published.")
@@ -425,7 +408,6 @@ def test_publish_and_get_a_message_from_the_queue_page(page, warren):
 
 
 def test_publish_from_an_exchange_page_says_when_nothing_was_routed(page, warren):
-    require_publish(warren, "amq.direct")
     sign_in(page, warren, where="#/exchanges/%2F/amq.direct")
     publish_with_form(page, routing_key="dash-nowhere", payload="lost")
     expect(page.locator("#flash")).to_have_text("Message published, but not routed.")
