@@ -17,7 +17,6 @@ durable queue is found again and stays in the store it was written to.
 from __future__ import annotations
 
 import logging
-import struct
 import time
 
 from warren.storage.journal import SHRINK_BELOW
@@ -28,7 +27,6 @@ from .model import Message, Queue
 from .queue import ram_size
 
 log = logging.getLogger("warren.shard")
-_QID = struct.Struct(">Q")  # a store key's halves: queue id, sequence number
 
 RETRY_AFTER = 1.0  # seconds before writes a full disk (or map) refused are tried again
 # A checkpoint is due this long after the first commit it would apply, or once the
@@ -100,8 +98,8 @@ class Persister:
             for qid, stored in stored_queues.items():
                 queue = Queue(r.CreateQueue(0, qid, stored.spec, stored.arguments))
                 self._store_of[qid] = store
-                found = store.recover(qid) if pending is None else _with_journal(
-                    store, qid, pending)
+                found = store.recover(qid) if pending is None else store.recover_over(
+                    qid, pending)
                 for seq, delivered, delivery_count, acquired, rich, *journaled in found:
                     if journaled:  # (content,): in the journal only
                         content = journaled[0]
@@ -342,32 +340,3 @@ class Persister:
         for store in self.stores.values():
             store.close()
 
-
-def _with_journal(store: ShardStore, qid: int, pending: WriteBatch) -> list[tuple]:
-    """store.recover(qid) with the journal's unapplied commits (`pending`) on top,
-    in sequence order; a message only the journal holds comes with its content."""
-    prefix = _QID.pack(qid)
-    upto = pending.delivered.get(qid, 0)
-    found = []
-    if qid not in pending.queue_deletes:  # else what LMDB holds of it is gone
-        for seq, delivered, delivery_count, acquired, rich in store.recover(qid):
-            key = prefix + _QID.pack(seq)
-            if key not in pending.deletes:
-                found.append(_marked(pending.marks.get(key), seq, delivered or seq <= upto,
-                                     delivery_count, acquired, rich))
-    for key, content in pending.puts.items():
-        if key[:8] == prefix:
-            seq = _QID.unpack(key[8:])[0]
-            found.append(_marked(pending.marks.get(key), seq, seq <= upto, 0, 0, False)
-                         + (tuple(content),))
-    found.sort(key=lambda entry: entry[0])
-    return found
-
-
-def _marked(mark, seq: int, delivered: bool, delivery_count: int, acquired: int,
-            rich: bool) -> tuple:
-    """A recovered message's state with the journal's mark for it, if any, on top."""
-    if mark is None:
-        return seq, delivered, delivery_count, acquired, rich
-    return (seq, delivered or mark.delivered, mark.delivery_count, mark.acquired_count,
-            mark.rich)

@@ -375,6 +375,26 @@ class ShardStore:
                     yield (seq, mark.delivered or seq <= upto, mark.delivery_count,
                            mark.acquired_count, mark.rich)
 
+    def recover_over(self, qid: int, pending: WriteBatch) -> list[tuple]:
+        """recover(qid) with the journal's unapplied commits (`pending`) on top, in
+        sequence order; a message only the journal holds comes with its content."""
+        prefix = _qid.pack(qid)
+        upto = pending.delivered.get(qid, 0)
+        found = []
+        if qid not in pending.queue_deletes:  # else what LMDB holds of it is gone
+            for seq, delivered, delivery_count, acquired, rich in self.recover(qid):
+                key = _key.pack(qid, seq)
+                if key not in pending.deletes:
+                    found.append(_marked(pending.marks.get(key), seq, delivered or seq <= upto,
+                                         delivery_count, acquired, rich))
+        for key, content in pending.puts.items():
+            if key[:8] == prefix:
+                seq = _key.unpack(key)[1]
+                found.append(_marked(pending.marks.get(key), seq, seq <= upto, 0, 0, False)
+                             + (tuple(content),))
+        found.sort(key=lambda entry: entry[0])
+        return found
+
     def read(self, qid: int, seq: int) -> StoredMessage | None:
         return self.read_many([(qid, seq)])[0]
 
@@ -476,3 +496,12 @@ def _mapping_of(path: str) -> tuple[int, int] | tuple[()]:
                 low, high = (int(part, 16) for part in fields[0].split("-"))
                 return low, high - low
     return ()
+
+
+def _marked(mark, seq: int, delivered: bool, delivery_count: int, acquired: int,
+            rich: bool) -> tuple:
+    """A recovered message's state with the journal's mark for it, if any, on top."""
+    if mark is None:
+        return seq, delivered, delivery_count, acquired, rich
+    return (seq, delivered or mark.delivered, mark.delivery_count, mark.acquired_count,
+            mark.rich)
