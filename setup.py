@@ -15,7 +15,7 @@ from setuptools import Extension, setup
 JOBS = os.cpu_count() or 1  # translate and compile the extensions side by side
 
 # The steady path, compiled from its pure modules (see below).
-TYPED = [("gateway", "shardlink"), ("shards", "gatewayrings"), ("shards", "outbox"),
+TYPED = [("gateway/io", "shardlink"), ("shards", "gatewayrings"), ("shards", "outbox"),
          ("shards", "queue"), ("shards", "shard"), ("shards", "main"),
          ("shards", "batches")]
 
@@ -37,7 +37,7 @@ else:
             compiler_directives={"language_level": 3}, include_path=[include],
             nthreads=JOBS)
         # Pure modules compiled as they are, typed by the .pxd of their extension's
-        # name where there is one (gateway/_shardlink.pxd for gateway/shardlink.py):
+        # name where there is one (gateway/io/_shardlink.pxd for gateway/io/shardlink.py):
         # the .py stays the pure twin (its annotations are for readers). Cython looks
         # for that .pxd by the module's name within the source tree, where the
         # packages are `gateway` and `shards`: named so for Cython, renamed for the
@@ -45,13 +45,13 @@ else:
         # cythonize does not see that a module's .pxd, named apart, or one it
         # cimports by its installed name changed: a changed .pxd translates them all
         # again (types that disagree between modules would refuse to import).
-        typing = max(os.path.getmtime(pxd) for pxd in glob.glob("*/_*.pxd"))
+        typing = max(os.path.getmtime(pxd) for pxd in glob.glob("**/_*.pxd", recursive=True))
         for package, module in TYPED:
             generated = f"{package}/{module}.c"
             if os.path.exists(generated) and os.path.getmtime(generated) < typing:
                 os.remove(generated)
         typed = cythonize(
-            [Extension(f"{package}._{module}", [f"{package}/{module}.py"])
+            [Extension(f"{package.replace('/', '.')}._{module}", [f"{package}/{module}.py"])
              for package, module in TYPED],
             compiler_directives={"language_level": 3, "annotation_typing": False},
             include_path=[include], nthreads=JOBS)

@@ -28,9 +28,9 @@ import time
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.gateway.config import Config
-from warren.gateway.connection import Connection
-from warren.gateway.gateway import Gateway
-from warren.gateway.tlshandshake import feed
+from warren.gateway.io.process import Gateway
+from warren.gateway.io.tlshandshake import feed
+from warren.gateway.session.connection import Connection
 from warren.shards.malloc import keep_freed_memory
 
 from .memtransport import MemoryTransport

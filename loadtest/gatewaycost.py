@@ -34,9 +34,9 @@ from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.properties import BasicProperties, encode_properties
 from warren.gateway.config import Config
-from warren.gateway.connection import OPEN, Connection
-from warren.gateway.gateway import Gateway
-from warren.gateway.tlshandshake import feed
+from warren.gateway.io.process import Gateway
+from warren.gateway.io.tlshandshake import feed
+from warren.gateway.session.connection import OPEN, Connection
 
 QUEUE = "gatewaycost"
 BODY = b"x" * 100

@@ -60,7 +60,7 @@ def role_of(cmdline: list[str]) -> str | None:
     for a gateway, None for anything else in the tree."""
     if "warren.shards.main" in cmdline:
         return f"shard {cmdline[cmdline.index('warren.shards.main') + 1]}"
-    if "warren.gateway.cli" in cmdline or "warren.gateway.follower" in cmdline:
+    if "warren.gateway.cli.main" in cmdline or "warren.gateway.node.worker" in cmdline:
         return "gateway"
     return None
 
@@ -105,7 +105,7 @@ def measure(client: str, scenario: str, rate: float, warmup: float, seconds: flo
         server = subprocess.Popen(
             ["valgrind", "--tool=callgrind", "--trace-children=yes",
              f"--callgrind-out-file={folder}/cg.%p",
-             sys.executable, "-m", "warren.gateway.cli", "serve", "--port", str(port),
+             sys.executable, "-m", "warren.gateway.cli.main", "serve", "--port", str(port),
              "--data", str(folder / "data"), "--shards", str(shards),
              "--management-port", "0"],
             stdout=subprocess.DEVNULL, stderr=open(folder / "serve.log", "wb"))

@@ -51,7 +51,7 @@ class WarrenTarget(Target):
         self.log_path = Path(self.tmp) / "broker.log"
         self.log_file = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "warren.gateway.cli", "serve", "--port", "0", "--data",
+            [sys.executable, "-m", "warren.gateway.cli.main", "serve", "--port", "0", "--data",
              str(Path(self.tmp) / "data"), "--shards", str(self.shards),
              # No management listener: 15672 may be taken (a RabbitMQ on this machine).
              "--management-port", "0", *(extra_args or [])],

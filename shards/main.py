@@ -27,7 +27,7 @@ from time import monotonic  # a name of its own: a compiled turn calls it bare
 
 import msgspec
 
-from warren.gateway.children import read_spec
+from warren.gateway.io.children import read_spec
 from warren.storage.shardstore import ShardStore
 
 from . import logsetup

@@ -84,7 +84,7 @@ class RunningBroker:
     def _start(self, timeout: float) -> "RunningBroker":
         self.log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "warren.gateway.cli", "serve", "--port", "0", "--data",
+            [sys.executable, "-m", "warren.gateway.cli.main", "serve", "--port", "0", "--data",
              str(self.data_dir), "--shards", str(self.shards), "--management-port",
              str(self.management_port), "--gateways", str(self.gateways), *self.extra_args],
             stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT, preexec_fn=self.preexec_fn,

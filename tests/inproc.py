@@ -22,9 +22,9 @@ from warren.gateway.amqp import methods as m
 from warren.gateway.amqp import spec
 from warren.gateway.amqp.frames import FrameReader
 from warren.gateway.config import Config
-from warren.gateway.connection import CLOSE_OK_TIMEOUT, OPEN, Connection
-from warren.gateway.gateway import Gateway
-from warren.gateway.tlshandshake import feed
+from warren.gateway.io.process import Gateway
+from warren.gateway.io.tlshandshake import feed
+from warren.gateway.session.connection import CLOSE_OK_TIMEOUT, OPEN, Connection
 from warren.loadtest.memtransport import MemoryTransport
 
 from .rawclient import Conversation

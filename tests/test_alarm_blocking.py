@@ -15,8 +15,8 @@ import pytest
 
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
-from warren.gateway.connection import FRAMES_PER_TURN
-from warren.gateway.tlshandshake import feed
+from warren.gateway.io.tlshandshake import feed
+from warren.gateway.session.connection import FRAMES_PER_TURN
 
 MEMORY = (0, "memory")  # shard 0 low on memory
 HEARTBEAT = struct.pack(">BHI", frames.FRAME_HEARTBEAT, 0, 0) + b"\xce"

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from warren.gateway.amqp import frames, hotpath, spec
 from warren.gateway.amqp import methods as m
-from warren.gateway.assembly import Assembler
 from warren.gateway.errors import AMQPError
+from warren.gateway.session.assembly import Assembler
 
 PUBLISH = m.encode_method(m.BasicPublish(exchange="x", routing_key="k"))
 

@@ -235,7 +235,7 @@ def test_cli_both_clients_on_a_fresh_warren(fake):
     [call] = fake.calls()
     # The external client got the private Warren's URL and its root pid.
     assert call["argv"][1].startswith("amqp://guest:guest@127.0.0.1:"), call
-    assert "warren.gateway.cli serve" in call["pid_cmdline"], call
+    assert "warren.gateway.cli.main serve" in call["pid_cmdline"], call
     table = result.stdout[result.stdout.index("\nscenario"):]
     assert "warren-bench" in table and "amqp-perf" in table and "cons/pub" in table
 

@@ -14,9 +14,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warren.gateway import compaction
-from warren.gateway.compaction import CALM_SAMPLES, PACK_BELOW, SPREAD_ABOVE, Compaction, Compactor
 from warren.gateway.config import build
+from warren.gateway.node import compaction
+from warren.gateway.node.compaction import (
+    CALM_SAMPLES,
+    PACK_BELOW,
+    SPREAD_ABOVE,
+    Compaction,
+    Compactor,
+)
 
 from .conftest import RunningBroker, wait_until
 from .test_e2e_basic import shard_pids

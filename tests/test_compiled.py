@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from warren.gateway import shardlink, shardpool
 from warren.gateway.amqp import frames, hotpath
+from warren.gateway.io import shardlink, shardpool
 from warren.shards import batches, codec, gatewayrings, main, model, outbox, queue, ring, shard
 from warren.shards.compiled import built, built_module
 
@@ -28,7 +28,7 @@ def test_the_compiled_twins_are_built_and_used_where_there_is_a_compiler():
     assert hot is not None, "pip install built no warren.gateway.amqp._hotpath"
     assert ring.CompiledRing is not None, "pip install built no warren.shards._ring"
     builds = {name: built(f"warren.{package}._{name}", cls) for package, name, cls in (
-        ("gateway", "shardlink", "ShardLink"), ("shards", "gatewayrings", "GatewayRings"),
+        ("gateway.io", "shardlink", "ShardLink"), ("shards", "gatewayrings", "GatewayRings"),
         ("shards", "outbox", "Outbox"), ("shards", "shard", "Shard"),
         ("shards", "queue", "Queue"), ("shards", "main", "serve"),
         ("shards", "batches", "encode_batch"))}

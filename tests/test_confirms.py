@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warren.gateway.confirms import ACK, NACK, ConfirmTracker
+from warren.gateway.session.confirms import ACK, NACK, ConfirmTracker
 
 
 def test_unroutable_is_confirmed_at_once_and_runs_coalesce():

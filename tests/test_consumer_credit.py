@@ -6,7 +6,7 @@ consumers are behind costs more, until they catch up."""
 from __future__ import annotations
 
 from warren.gateway.amqp import methods as m
-from warren.gateway.consuming import FLOW_WINDOW, GRANT_BELOW
+from warren.gateway.session.consuming import FLOW_WINDOW, GRANT_BELOW
 from warren.shards import records as r
 from warren.shards.shard import BACKLOG_STEP
 

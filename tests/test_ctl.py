@@ -23,7 +23,7 @@ def managed(tmp_path_factory, gateway_count):
 
 
 def ctl(broker, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "--url",
+    result = subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "ctl", "--url",
                              broker.http_url, *args], capture_output=True, text=True,
                             timeout=30, cwd=ROOT)
     if check:
@@ -83,7 +83,7 @@ def test_users_vhosts_permissions_policies(managed):
 
 
 def run_ctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", *args],
+    return subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "ctl", *args],
                           capture_output=True, text=True, timeout=30, cwd=ROOT)
 
 
@@ -148,7 +148,7 @@ def test_import_lists_every_problem_and_changes_nothing(managed, tmp_path):
 
 
 def test_unreachable_broker_is_a_clear_error():
-    result = subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "--url",
+    result = subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "ctl", "--url",
                              "http://127.0.0.1:9", "list", "queues"], capture_output=True,
                             text=True, timeout=30, cwd=ROOT)
     assert result.returncode == 1
@@ -156,7 +156,7 @@ def test_unreachable_broker_is_a_clear_error():
 
 
 def test_every_command_and_option_has_help():
-    from warren.gateway import ctl as ctl_module
+    from warren.gateway.cli import ctl as ctl_module
 
     def walk(parser, where):
         for action in parser._actions:
@@ -178,7 +178,7 @@ def test_target_from_option_environment_or_config_file(managed, tmp_path):
     """As rabbitmqadmin: --url, else $WARREN_MANAGEMENT_URL (and user/password
     variables), else the broker's warren.toml in the working directory."""
     def run_in(cwd, *args, **env):
-        return subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", *args],
+        return subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "ctl", *args],
                               capture_output=True, text=True, timeout=30, cwd=cwd,
                               env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
@@ -459,7 +459,7 @@ def test_import_of_a_rabbitmq_export_refuses_what_warren_lacks(managed):
 
 
 def test_name_value_words_become_options_only_where_rabbitmqadmin_has_them():
-    from warren.gateway.ctl import _rabbitmqadmin_style as rewrite
+    from warren.gateway.cli.ctl import _rabbitmqadmin_style as rewrite
 
     assert rewrite(["-V", "v", "declare", "binding", "source=x", "--routing-key", "a=b",
                     "routing_key=k=1"]) == [
@@ -483,7 +483,7 @@ def test_publish_and_get_as_rabbitmqadmin_does(managed, tmp_path):
             "message published to exchange 'amq.default' in vhost '/'\n")
         assert ctl(managed, "publish", "--routing-key", "nowhere", "--payload", "x").stdout == (
             "message published to exchange 'amq.default' in vhost '/' but NOT routed\n")
-        piped = subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "--url",
+        piped = subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "ctl", "--url",
                                 managed.http_url, "publish", "routing_key=pub-q",
                                 'properties={"headers": {"k": 1}}'],
                                input=b"\xff\x00bytes", capture_output=True, timeout=30, cwd=ROOT)
@@ -595,7 +595,7 @@ def test_config_files_without_the_management_keys(managed, tmp_path):
     defaults, as the broker reads it; a wrong value is named, not a traceback."""
     def run_with(text: str, **env) -> subprocess.CompletedProcess:
         (tmp_path / "warren.toml").write_text(text)
-        return subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "list",
+        return subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "ctl", "list",
                                "vhosts"], capture_output=True, text=True, timeout=30,
                               cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
@@ -615,7 +615,7 @@ def test_config_files_without_the_management_keys(managed, tmp_path):
         assert result.returncode == 1, (text, result.stderr)
         assert result.stderr.startswith(f"warren ctl: warren.toml: {said}"), (text, result.stderr)
     (tmp_path / "warren.toml").write_bytes(b"port = \xff\n")
-    result = subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "list",
+    result = subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "ctl", "list",
                              "vhosts"], capture_output=True, text=True, timeout=30,
                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert (result.returncode, result.stderr) == (

@@ -16,7 +16,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from warren.gateway import ctl, ctlclient
+from warren.gateway.cli import ctl, ctlclient
 
 from .conftest import RunningBroker
 

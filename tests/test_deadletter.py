@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 
 from warren.gateway.amqp.properties import BasicProperties
-from warren.gateway.deadletter import is_cycle, record_death
+from warren.gateway.broker.deadletter import is_cycle, record_death
 
 NOW = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.timezone.utc)
 

@@ -15,8 +15,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from warren.gateway import auth
-from warren.gateway.access import AccessControl
+from warren.gateway.broker import auth
+from warren.gateway.broker.access import AccessControl
 from warren.gateway.config import ConfigError, build
 from warren.storage.metastore import MetaStore, VHostDef
 
@@ -25,7 +25,7 @@ from .test_management_api import call
 
 
 def serve(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "warren.gateway.cli", "serve", *args],
+    return subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "serve", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 

@@ -16,7 +16,7 @@ import amqp
 import pika
 import pytest
 
-from warren.gateway.gateway import placement
+from warren.gateway.values import placement
 
 from .conftest import ROOT, wait_until
 

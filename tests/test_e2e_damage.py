@@ -55,13 +55,13 @@ def fill(data) -> None:
 
 def serve(data, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "warren.gateway.cli", "serve", "--port", "0", "--data", str(data),
+        [sys.executable, "-m", "warren.gateway.cli.main", "serve", "--port", "0", "--data", str(data),
          "--shards", "2", "--management-port", "0", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 def verify(data) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "warren.gateway.cli", "inspect", "--verify", str(data)],
+    return subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "inspect", "--verify", str(data)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 

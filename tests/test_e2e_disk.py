@@ -16,9 +16,9 @@ import struct
 import pika
 import pytest
 
-from warren.gateway import alarms
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
+from warren.gateway.io import alarms
 from warren.storage import journal
 
 from .confirmpublisher import ConfirmPublisher

@@ -11,7 +11,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from warren.gateway.access import AccessControl
+from warren.gateway.broker.access import AccessControl
 from warren.storage.metastore import MetaStore, PolicyDef, VHostDef
 
 from .conftest import RunningBroker, wait_until

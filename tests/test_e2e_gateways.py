@@ -16,10 +16,10 @@ import pika
 import pika.exceptions
 import pytest
 
-from warren.gateway import followers
-from warren.gateway.access import AccessControl
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
+from warren.gateway.broker.access import AccessControl
+from warren.gateway.node import gateways
 from warren.loadtest.procs import free_port
 from warren.storage.metastore import MetaStore, VHostDef
 
@@ -606,8 +606,8 @@ def test_a_gateway_killed_under_a_declaration_storm_serves_again_within_seconds(
             thread.start()
         # Every moment of the last APPLY_TIMEOUT armed a check when the kill comes.
         began = time.monotonic()
-        wait_until(lambda: time.monotonic() - began > followers.APPLY_TIMEOUT + 0.5,
-                   followers.APPLY_TIMEOUT + 5, interval=0.1)
+        wait_until(lambda: time.monotonic() - began > gateways.APPLY_TIMEOUT + 0.5,
+                   gateways.APPLY_TIMEOUT + 5, interval=0.1)
         assert min(declared) > 0
         broker.forget_gateway_port(1)
         killed = time.monotonic()

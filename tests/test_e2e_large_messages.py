@@ -14,7 +14,7 @@ import pytest
 
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
-from warren.gateway.gateway import placement
+from warren.gateway.values import placement
 
 from .rawclient import RawClient
 

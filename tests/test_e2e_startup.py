@@ -25,7 +25,7 @@ needs_file_modes = pytest.mark.skipif(os.geteuid() == 0 and not AS_UNPRIVILEGED,
 def serve(*args: str, prefix: list[str] = ()) -> tuple[int, int, str]:
     """Run `warren serve` to its end: (pid, exit code, stderr)."""
     process = subprocess.Popen(
-        [*prefix, sys.executable, "-m", "warren.gateway.cli", "serve", "--shards", "2",
+        [*prefix, sys.executable, "-m", "warren.gateway.cli.main", "serve", "--shards", "2",
          "--management-port", "0", *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:

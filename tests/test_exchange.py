@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from warren.gateway.broker.exchange import EXCHANGE, QUEUE, Exchange, headers_match
 from warren.gateway.config import Config
-from warren.gateway.exchange import EXCHANGE, QUEUE, Exchange, headers_match
-from warren.gateway.gateway import Gateway, QueueMeta, VHost
+from warren.gateway.io.process import Gateway, VHost
+from warren.gateway.values import QueueMeta
 from warren.shards import records as r
 from warren.storage.queuespec import QueueSpec
 

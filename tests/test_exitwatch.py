@@ -14,7 +14,7 @@ import threading
 import pika
 import pytest
 
-from warren.gateway.exitwatch import ExitWatch
+from warren.gateway.io.exitwatch import ExitWatch
 
 from .conftest import RunningBroker, wait_until
 from .test_e2e_basic import shard_pids

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from warren.gateway.controllink import Applied, Reply, ReplyOutcome, Serving
-from warren.gateway.followers import Followers
+from warren.gateway.broker.peermessages import Applied, Reply, ReplyOutcome, Serving
+from warren.gateway.node.gateways import Followers
 from warren.shards import records as r
 
 ADDRESS = "amq.rabbitmq.reply-to.2.key"

@@ -33,7 +33,7 @@ import pytest
 
 from warren.gateway.amqp import frames, spec
 from warren.gateway.amqp import methods as m
-from warren.gateway.connection import AWAIT_HEADER, CLOSED, Connection
+from warren.gateway.session.connection import AWAIT_HEADER, CLOSED, Connection
 
 from .amqpfuzz import Case, case_seeds, check_output, make_case
 from .inproc import TIMEOUT as SETTLE_TIMEOUT

@@ -12,7 +12,7 @@ from .conftest import ROOT, RunningBroker
 
 
 def inspect(data, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "warren.gateway.cli", "inspect", str(data), *args],
+    return subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "inspect", str(data), *args],
                           capture_output=True, text=True, timeout=30, cwd=ROOT)
 
 

@@ -33,8 +33,8 @@ def test_the_dump_s_summary_is_its_count(tmp_path):
 def test_processes_are_told_apart_by_their_command_lines():
     valgrind = ["valgrind", "--tool=callgrind", "--trace-children=yes", "/usr/bin/python3"]
     assert role_of([*valgrind, "-m", "warren.shards.main", "1"]) == "shard 1"
-    assert role_of([*valgrind, "-m", "warren.gateway.cli", "serve", "--port", "1"]) == "gateway"
-    assert role_of([*valgrind, "-m", "warren.gateway.follower"]) == "gateway"
+    assert role_of([*valgrind, "-m", "warren.gateway.cli.main", "serve", "--port", "1"]) == "gateway"
+    assert role_of([*valgrind, "-m", "warren.gateway.node.worker"]) == "gateway"
     assert role_of([*valgrind, "-c", "from multiprocessing.resource_tracker import main;main(6)"]) \
         is None
 

@@ -19,10 +19,10 @@ import time
 import pika
 import pytest
 
-from warren.gateway.access import AccessControl
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
-from warren.gateway.auth import LoginThrottle
+from warren.gateway.broker.access import AccessControl
+from warren.gateway.broker.auth import LoginThrottle
 
 from .conftest import RunningBroker
 from .rawclient import RawClient

@@ -597,7 +597,7 @@ def test_consumer_timeout_status_and_effective_timeout(managed):
     # quick-worker may hold the redelivered copy now; slow-worker is listed as timed out
     slow = listed()["slow-worker"]
     assert (slow["activity_status"], slow["active"]) == ("timed_out", False)
-    listing = subprocess.run([sys.executable, "-m", "warren.gateway.cli", "ctl", "--url",
+    listing = subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "ctl", "--url",
                               managed.http_url, "list", "consumers"], capture_output=True,
                              text=True, timeout=30, cwd=ROOT).stdout
     ctl_rows = [line for line in listing.splitlines() if "slow-worker" in line]

@@ -9,7 +9,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warren.gateway import auth, patterns, policies
+from warren.gateway.broker import auth, patterns, policies
 from warren.gateway.management.listing import listing
 from warren.storage.metastore import PolicyDef
 

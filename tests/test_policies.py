@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from warren.gateway import policies
+from warren.gateway.broker import policies
 from warren.storage.metastore import PolicyDef
 
 

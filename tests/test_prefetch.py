@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warren.gateway.prefetch import deal, room
+from warren.gateway.session.prefetch import deal, room
 
 
 def test_room_under_a_consumers_own_limit():

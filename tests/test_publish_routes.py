@@ -17,7 +17,7 @@ from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.hotpath import ACK_IDS
 from warren.gateway.amqp.properties import BasicProperties, encode_properties
-from warren.gateway.publishing import ROUTES_KEPT
+from warren.gateway.session.publishing import ROUTES_KEPT
 from warren.shards import records as r
 
 QUEUES = 3

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warren.gateway.shardlink import SETTLE_DELAY
+from warren.gateway.io.shardlink import SETTLE_DELAY
 from warren.shards import records as r
 from warren.shards.codec import decode_commands, encode_batch
 from warren.shards.ring import Ring

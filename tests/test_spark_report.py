@@ -79,7 +79,7 @@ def last_queue_stats(logs: Path) -> dict:
 
 
 def placement(vhost: str, name: str, shards: int) -> int:
-    from warren.gateway.gateway import placement as broker_placement
+    from warren.gateway.values import placement as broker_placement
 
     return broker_placement(vhost, name, shards)
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warren.gateway.topic import TopicTrie
+from warren.gateway.broker.topic import TopicTrie
 
 
 def reference_match(binding: list[str], words: list[str]) -> bool:

@@ -1,6 +1,6 @@
 """A channel's transaction state, in-process."""
 
-from warren.gateway.transaction import Transaction, TxPublish, TxSettle
+from warren.gateway.session.transaction import Transaction, TxPublish, TxSettle
 
 
 def publish(name: str) -> TxPublish:

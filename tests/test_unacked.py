@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from warren.gateway.amqp import spec
 from warren.gateway.errors import AMQPError
-from warren.gateway.unacked import Delivery, Unacked
+from warren.gateway.session.unacked import Delivery, Unacked
 
 
 def delivery(tag: int, holder: int = 1) -> Delivery:

@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from warren.gateway import shardlink
 from warren.gateway.amqp import frames, hotpath
+from warren.gateway.io import shardlink
 from warren.shards import batches, gatewayrings, outbox, queue, ring, shard
 from warren.shards import compiled as choice
 
@@ -59,7 +59,7 @@ def builds(pure, module: str) -> list:
         [pytest.param(compiled, id="compiled")] if compiled is not None else [])
 
 
-LINKS = builds(shardlink.ShardLink, "warren.gateway._shardlink")
+LINKS = builds(shardlink.ShardLink, "warren.gateway.io._shardlink")
 GATEWAY_RINGS = builds(gatewayrings.GatewayRings, "warren.shards._gatewayrings")
 OUTBOXES = builds(outbox.Outbox, "warren.shards._outbox")
 SHARDS = builds(shard.Shard, "warren.shards._shard")

@@ -10,14 +10,15 @@ import logging
 import os
 import time
 
+from warren.gateway import __version__
+from warren.gateway.amqp import spec
+from warren.gateway.broker import patterns, policies, rules
+from warren.gateway.broker.exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from warren.gateway.errors import AMQPError, refusal_error
 from warren.shards import records as r
 from warren.storage.metastore import PolicyDef
 from warren.storage.queuespec import QueueSpec
 
-from .. import __version__, declare, patterns, policies
-from ..amqp import spec
-from ..errors import AMQPError, refusal_error
-from ..exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 from . import definitions, health, limits, messages, metrics, routes, shapes, static
 from .history import History, add_samples, kept_values
 from .http import HTTPError, Request, Response, bad_request, check_name
@@ -593,7 +594,7 @@ class Management:
             queue = QueueSpec(vhost.name, name, flag(body, "durable", True), False,
                               flag(body, "auto_delete", False), arguments(body))
             try:
-                _, created = declare.declare_queue(self.gateway, queue,
+                _, created = rules.declare_queue(self.gateway, queue,
                                                    allow=self.allow_for(request, vhost))
             except AMQPError as error:
                 raise refused(error) from None
@@ -675,7 +676,7 @@ class Management:
             self.check_permission(request, vhost, "configure", EXCHANGE, name)
             body = request.json({"type": str})
             try:
-                _, created = declare.declare_exchange(gateway, Exchange(
+                _, created = rules.declare_exchange(gateway, Exchange(
                     vhost.name, name, body.get("type", "direct"), flag(body, "durable", True),
                     flag(body, "auto_delete", False), flag(body, "internal", False),
                     arguments(body)), self.allow_for(request, vhost))
@@ -726,10 +727,10 @@ class Management:
         if request.method == "POST":
             body = request.json({"routing_key": str})
             try:
-                declare.binding_ends(self.gateway, vhost.name, source_name, destination)
+                rules.binding_ends(self.gateway, vhost.name, source_name, destination)
                 self.check_permission(request, vhost, "write", *destination)
                 self.check_permission(request, vhost, "read", EXCHANGE, source_name)
-                declare.bind(self.gateway, vhost.name, source_name, destination,
+                rules.bind(self.gateway, vhost.name, source_name, destination,
                              body.get("routing_key", ""), arguments(body))
             except AMQPError as error:
                 raise refused(error) from None

@@ -10,12 +10,13 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from warren.gateway import __version__
+from warren.gateway.broker import patterns, policies, rules
+from warren.gateway.broker.exchange import EXCHANGE, QUEUE, Exchange
+from warren.gateway.errors import AMQPError
 from warren.storage.metastore import PolicyDef
 from warren.storage.queuespec import QueueSpec
 
-from .. import __version__, declare, patterns, policies
-from ..errors import AMQPError
-from ..exchange import EXCHANGE, QUEUE, Exchange
 from . import limits, supported
 from .http import MAX_NAME
 
@@ -268,14 +269,14 @@ async def _apply(gateway, loaded: dict[str, list]) -> None:
     for _, x in loaded["exchanges"]:
         await turn()
         if x.name not in _vhost(gateway, x.vhost).exchanges:
-            declare.declare_exchange(gateway, _exchange(x))
+            rules.declare_exchange(gateway, _exchange(x))
     for _, q in loaded["queues"]:
         await turn()
         if q.name not in _vhost(gateway, q.vhost).queues:
-            declare.declare_queue(gateway, _queue_spec(q))
+            rules.declare_queue(gateway, _queue_spec(q))
     for _, b in loaded["bindings"]:
         await turn()
-        declare.bind(gateway, b.vhost, b.source, (_KINDS[b.destination_type], b.destination),
+        rules.bind(gateway, b.vhost, b.source, (_KINDS[b.destination_type], b.destination),
                      b.routing_key, b.arguments)
 
 
@@ -391,11 +392,11 @@ def _unresolved(gateway, data: dict, loaded: dict[str, list]) -> list[str]:
         if problem:
             problems.append(f"policies[{i}]: {problem}")
     for i, x in loaded["exchanges"]:
-        problem = _refusal(declare.check_exchange, _exchange(x))
+        problem = _refusal(rules.check_exchange, _exchange(x))
         if problem:
             problems.append(f"exchanges[{i}]: {problem}")
     for i, q in loaded["queues"]:
-        problem = _refusal(declare.check_queue, gateway, _queue_spec(q))
+        problem = _refusal(rules.check_queue, gateway, _queue_spec(q))
         if problem:
             problems.append(f"queues[{i}]: {problem}")
     for i, b in loaded["bindings"]:

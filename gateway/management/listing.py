@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .. import patterns
+from warren.gateway.broker import patterns
+
 from .http import bad_request
 
 PAGE_SIZE = 100  # RabbitMQ's default and largest page sizes

@@ -16,7 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from .. import __version__
+from warren.gateway import __version__
+
 from .shapes import NODE
 
 __all__ = ["CONTENT_TYPE_LATEST", "render", "rss"]

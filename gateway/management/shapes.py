@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import socket
 
-from ..snapshots import ChannelInfo, ConnectionInfo, ConsumerInfo
+from warren.gateway.snapshots import ChannelInfo, ConnectionInfo, ConsumerInfo
 
 NODE = f"warren@{socket.gethostname()}"
 

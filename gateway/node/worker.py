@@ -1,11 +1,11 @@
-"""A gateway process: `python -m warren.gateway.follower`, its FollowerSpec on
+"""A gateway process: `python -m warren.gateway.node.worker`, its FollowerSpec on
 stdin, started (and restarted) by the root when there are several gateways
 (followers.py).
 
 It serves the clients the root accepts and hands it (controllink.Handover) and
 talks to every shard over rings of its own, so publishing, consuming and acks
 never pass through another process. The catalogue it routes with is the root's,
-replayed from the control link (replication.py); declarations are forwarded
+replayed from the control link (changes.py); declarations are forwarded
 there (Declarations._forward). It is handed clients only once it holds the
 whole catalogue, and stops when the root closes the control link (or is gone):
 the stop signals of the broker's process group are the root's (children.py).
@@ -19,14 +19,8 @@ import socket
 
 import msgspec
 
-from warren.shards import logsetup
-from warren.shards.malloc import keep_freed_memory
-
-from . import replication
-from .children import read_spec
-from .config import Config
-from .connection import Connection
-from .controllink import (
+from warren.gateway.broker import changes
+from warren.gateway.broker.peermessages import (
     Admit,
     Admitted,
     Answer,
@@ -38,8 +32,6 @@ from .controllink import (
     CloseConnection,
     ConnectionClosed,
     Connections,
-    ControlLink,
-    Handover,
     ListConnections,
     LoginWait,
     Reply,
@@ -48,10 +40,17 @@ from .controllink import (
     Serving,
     ShardDown,
 )
-from .followers import FollowerSpec
-from .gateway import Gateway
-from .server import close_connections, own_listener, tls_context
-from .tlshandshake import TLSHandshake
+from warren.gateway.config import Config
+from warren.gateway.io.children import read_spec
+from warren.gateway.io.process import Gateway
+from warren.gateway.io.tlshandshake import TLSHandshake
+from warren.gateway.node.controllink import ControlLink, Handover
+from warren.gateway.session.connection import Connection
+from warren.shards import logsetup
+from warren.shards.malloc import keep_freed_memory
+
+from .gateways import FollowerSpec
+from .root import close_connections, own_listener, tls_context
 
 log = logging.getLogger("warren")
 
@@ -98,7 +97,7 @@ class Leader:
         if kind is Changes:
             for change in message.changes:
                 try:
-                    replication.apply(self.gateway, change)
+                    changes.apply(self.gateway, change)
                 except Exception:  # a bug: log it, keep the rest of the catalogue right
                     log.exception("gateway %d: applying %s failed", self.gateway.index, change)
             self.link.send(Applied(message.seq))

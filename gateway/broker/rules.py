@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+from warren.gateway.amqp import spec
+from warren.gateway.errors import AMQPError, exchange_name, queue_name
+from warren.gateway.io.process import Gateway
+from warren.gateway.values import QueueMeta
 from warren.storage.queuespec import QueueSpec
 
 from . import arguments
-from .amqp import spec
-from .errors import AMQPError, exchange_name, queue_name
 from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
-from .gateway import Gateway, QueueMeta
 
 # A door's permission check: allow(access, kind, name) raises its refusal.
 Allow = Callable[[str, str, str], None]

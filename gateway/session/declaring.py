@@ -4,16 +4,17 @@ lookups (_queue_named, _allow, _check_exclusive) and its shard requests."""
 
 from __future__ import annotations
 
+from warren.gateway.amqp import methods as m
+from warren.gateway.amqp import spec
+from warren.gateway.broker import rules
+from warren.gateway.broker.exchange import EXCHANGE, QUEUE, Exchange
+from warren.gateway.broker.peermessages import AskReplyConsumer, Forward
+from warren.gateway.errors import AMQPError, exchange_name, refusal_error
+from warren.gateway.values import QueueMeta, server_generated_name
 from warren.shards import records as r
 from warren.storage.queuespec import QueueSpec
 
-from . import declare, replyto
-from .amqp import methods as m
-from .amqp import spec
-from .controllink import AskReplyConsumer, Forward
-from .errors import AMQPError, exchange_name, refusal_error
-from .exchange import EXCHANGE, QUEUE, Exchange
-from .gateway import QueueMeta, server_generated_name
+from . import replyto
 
 
 class Declarations:
@@ -60,21 +61,21 @@ class Declarations:
         vhost = self.vhost
         name = method.exchange
         if not method.passive:
-            declare.check_exchange_type(method.type)
-        declare.not_default(name)
+            rules.check_exchange_type(method.type)
+        rules.not_default(name)
         if method.passive:
             if name not in vhost.exchanges:
                 raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, name)}")
             return self._reply(m.ExchangeDeclareOk(), method.nowait)
         self._allow("configure", "exchange", name)
-        declare.declare_exchange(self.gateway, Exchange(
+        rules.declare_exchange(self.gateway, Exchange(
             vhost.name, name, method.type, method.durable, method.auto_delete, method.internal,
             method.arguments), self._allow)
         self._reply_seen(m.ExchangeDeclareOk(), method.nowait)
 
     def _exchange_delete(self, method: m.ExchangeDelete) -> None:
         name = method.exchange
-        declare.not_default(name)
+        rules.not_default(name)
         if name.startswith("amq."):  # refused even when no such exchange exists
             raise AMQPError(spec.ACCESS_REFUSED, f"deletion of system "
                             f"{exchange_name(self.vhost.name, name)} not allowed")
@@ -104,16 +105,16 @@ class Declarations:
         the default exchange."""
         kind, name = destination
         self._allow("write", kind, name)
-        declare.not_default(source)
+        rules.not_default(source)
         if kind == EXCHANGE:
-            declare.not_default(name)
+            rules.not_default(name)
         self._allow("read", "exchange", source)
 
     def _bind(self, source_name: str, destination: tuple, routing_key: str,
               arguments: dict) -> None:
         """Both ends must exist (404), before an exclusive queue's 405."""
         self._binding_checks(source_name, destination)
-        source, target = declare.binding_ends(self.gateway, self.vhost.name, source_name,
+        source, target = rules.binding_ends(self.gateway, self.vhost.name, source_name,
                                               destination)
         if destination[0] == QUEUE:
             self._check_exclusive(target)
@@ -149,7 +150,7 @@ class Declarations:
         if server_named:
             name = server_generated_name("amq.gen-")
         else:
-            declare.check_queue_name(name)
+            rules.check_queue_name(name)
         # An exclusive queue dies with its connection: RabbitMQ ignores durable for it.
         queue = QueueSpec(vhost.name, name, method.durable and not method.exclusive,
                           method.exclusive, method.auto_delete, method.arguments)
@@ -157,7 +158,7 @@ class Declarations:
         meta = vhost.queues.get(name)
         if meta is not None:
             self._check_exclusive(meta, redeclared_exclusive=method.exclusive)
-        meta, created = declare.declare_queue(self.gateway, queue,
+        meta, created = rules.declare_queue(self.gateway, queue,
                                               self.conn if method.exclusive else None,
                                               server_named, self._allow)
         if not created:

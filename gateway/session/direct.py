@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .amqp import frames, spec
-from .amqp import methods as m
+from warren.gateway.amqp import frames, spec
+from warren.gateway.amqp import methods as m
+from warren.gateway.errors import AMQPError
+
 from .assembly import BASIC_CLASS, decode_method
 from .channel import Channel
-from .errors import AMQPError
 
 log = logging.getLogger("warren.connection")
 

@@ -8,8 +8,8 @@ from collections import OrderedDict
 
 import msgspec
 
-from .amqp import spec
-from .errors import AMQPError
+from warren.gateway.amqp import spec
+from warren.gateway.errors import AMQPError
 
 
 class Delivery(msgspec.Struct):

@@ -8,12 +8,12 @@ import logging
 import time
 from collections import OrderedDict
 
+from warren.gateway.amqp import spec
+from warren.gateway.broker.peermessages import LoginFailed, LoginTurn
+from warren.gateway.errors import AMQPError
 from warren.storage.metastore import MetaStore, PermissionDef, UserDef
 
-from . import auth, replication
-from .amqp import spec
-from .controllink import LoginFailed, LoginTurn
-from .errors import AMQPError
+from . import auth, changes
 
 log = logging.getLogger("warren.access")
 
@@ -65,7 +65,7 @@ class AccessControl:
         self.users[name] = user
         if self.meta is not None:
             self.meta.put_user(user)
-        self._changed(replication.UserPut(user))
+        self._changed(changes.UserPut(user))
         return user
 
     def delete_user(self, name: str) -> bool:
@@ -75,7 +75,7 @@ class AccessControl:
             self.clear_permissions(*key)
         if self.meta is not None:
             self.meta.delete_user(name)
-        self._changed(replication.UserDeleted(name))
+        self._changed(changes.UserDeleted(name))
         return True
 
     def set_permissions(self, user: str, vhost: str, configure: str, write: str,
@@ -85,7 +85,7 @@ class AccessControl:
         self._decisions.clear()
         if self.meta is not None:
             self.meta.put_permission(permission)
-        self._changed(replication.PermissionPut(permission))
+        self._changed(changes.PermissionPut(permission))
 
     def grant_creator(self, user: str, vhost: str) -> None:
         """Full permissions on a new vhost for the user who created it, as RabbitMQ
@@ -99,7 +99,7 @@ class AccessControl:
         self._decisions.clear()
         if self.meta is not None:
             self.meta.delete_permission(user, vhost)
-        self._changed(replication.PermissionDeleted(user, vhost))
+        self._changed(changes.PermissionDeleted(user, vhost))
         return True
 
     def forget_vhost(self, vhost: str) -> None:

@@ -9,12 +9,12 @@ import logging
 import os
 from collections.abc import Callable
 
+from warren.gateway.config import Config
 from warren.shards.compiled import built, chosen
 
-from .config import Config
 from .shardlink import ShardLink as PureShardLink
 
-ShardLink = chosen(PureShardLink, built("warren.gateway._shardlink", "ShardLink"))
+ShardLink = chosen(PureShardLink, built("warren.gateway.io._shardlink", "ShardLink"))
 
 log = logging.getLogger("warren")
 

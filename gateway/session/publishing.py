@@ -5,12 +5,9 @@ of Channel."""
 
 from __future__ import annotations
 
-from warren.shards import records as r
-
-from . import replyto
-from .amqp import frames, hotpath, spec
-from .amqp import methods as m
-from .amqp.properties import (
+from warren.gateway.amqp import frames, hotpath, spec
+from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.properties import (
     PropertiesError,
     decode_properties,
     encode_properties,
@@ -20,11 +17,14 @@ from .amqp.properties import (
     peek_priority,
     peek_reply_to,
 )
+from warren.gateway.broker.exchange import RENEW_EXCHANGE
+from warren.gateway.errors import AMQPError, exchange_name
+from warren.gateway.values import QueueMeta, by_shard
+from warren.shards import records as r
+
+from . import replyto
 from .assembly import BASIC_CLASS
 from .confirms import ConfirmTracker
-from .errors import AMQPError, exchange_name
-from .exchange import RENEW_EXCHANGE
-from .gateway import QueueMeta, by_shard
 from .transaction import Transaction, TxPublish
 
 _EXPIRATION = flag_mask("expiration")

@@ -17,18 +17,18 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from warren.gateway.amqp import frames, hotpath, spec
+from warren.gateway.amqp import methods as m
+from warren.gateway.errors import AMQPError, queue_name
+from warren.gateway.snapshots import ChannelInfo, ConsumerInfo
+from warren.gateway.values import QueueMeta
 from warren.shards import records as r
 
-from .amqp import frames, hotpath, spec
-from .amqp import methods as m
 from .assembly import Assembler
 from .confirms import ConfirmTracker
 from .consuming import ConsumerState, Consuming
-from .declarations import Declarations
-from .errors import AMQPError, queue_name
-from .gateway import QueueMeta
+from .declaring import Declarations
 from .publishing import Publishing
-from .snapshots import ChannelInfo, ConsumerInfo
 from .transaction import Transaction
 from .unacked import Unacked
 

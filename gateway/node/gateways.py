@@ -20,11 +20,8 @@ import subprocess
 
 import msgspec
 
-from warren.shards import records as r
-
-from . import replication
-from .children import spawn
-from .controllink import (
+from warren.gateway.broker import changes
+from warren.gateway.broker.peermessages import (
     Admit,
     Admitted,
     Applied,
@@ -34,9 +31,7 @@ from .controllink import (
     CloseConnection,
     ConnectionClosed,
     Connections,
-    ControlLink,
     Forward,
-    Handover,
     ListConnections,
     LoginFailed,
     LoginTurn,
@@ -47,10 +42,13 @@ from .controllink import (
     Serving,
     ShardDown,
     ShardRings,
-    ring_fds,
 )
-from .exitwatch import ExitWatch
-from .mirror import Mirror
+from warren.gateway.io.children import spawn
+from warren.gateway.io.exitwatch import ExitWatch
+from warren.gateway.node.controllink import ControlLink, Handover, ring_fds
+from warren.shards import records as r
+
+from .forwarded import Mirror
 
 log = logging.getLogger("warren")
 
@@ -66,7 +64,7 @@ START_TIMEOUT = 30.0
 
 
 class FollowerSpec(msgspec.Struct, array_like=True):
-    """What `python -m warren.gateway.follower` is started with (on its stdin)."""
+    """What `python -m warren.gateway.node.worker` is started with (on its stdin)."""
 
     index: int
     config: dict
@@ -373,7 +371,7 @@ class Followers:
             for pair in rings:
                 if pair is not None:
                     fds |= set(ring_fds(pair))
-            process = spawn("warren.gateway.follower", msgspec.json.encode(spec), sorted(fds))
+            process = spawn("warren.gateway.node.worker", msgspec.json.encode(spec), sorted(fds))
         except OSError:
             for sock in opened:
                 sock.close()
@@ -392,7 +390,7 @@ class Followers:
         if self.stopping:  # stop() closed the links before this one was made
             link.close()
         self.flush()  # what is pending belongs to the snapshot
-        link.send(Changes(self.seq, replication.snapshot(self.gateway)))
+        link.send(Changes(self.seq, changes.snapshot(self.gateway)))
         ExitWatch(loop, process, lambda: self._exited(index, process))
         loop.call_later(STABLE, self._stable, index, process)
         loop.call_later(START_TIMEOUT, self._check_started, index, process)

@@ -20,17 +20,17 @@ import sys
 
 import lmdb
 
+from warren.gateway.config import Config
+from warren.gateway.io.process import Gateway
+from warren.gateway.io.tlshandshake import TLSHandshake
+from warren.gateway.session.connection import Connection
 from warren.shards import logsetup
 from warren.shards.malloc import keep_freed_memory
 from warren.shards.ring import remove_orphans
 from warren.storage import recovery
 
 from .compaction import Compactor
-from .config import Config
-from .connection import Connection
-from .followers import Followers
-from .gateway import Gateway
-from .tlshandshake import TLSHandshake
+from .gateways import Followers
 
 log = logging.getLogger("warren")
 
@@ -80,7 +80,7 @@ async def serve(settings: Config) -> None:
         if settings.management_port:  # 0: no management listener
             # Imported here: a gateway process, which uses this module's listener
             # helpers, serves no management API and starts 0.2 s sooner without it.
-            from . import management
+            from warren.gateway import management
             listeners = [{"node": management.NODE, "protocol": protocol, "ip_address": address,
                           "port": number} for protocol, address, number in (
                 ("amqp", host, port),

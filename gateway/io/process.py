@@ -13,11 +13,23 @@ import asyncio
 import datetime
 import logging
 import os
-import secrets
 from typing import TYPE_CHECKING
 
-import xxhash
-
+from warren.gateway.amqp.properties import PropertiesError, decode_properties, encode_properties
+from warren.gateway.broker import changes, deadletter, patterns, policies
+from warren.gateway.broker.access import AccessControl
+from warren.gateway.broker.exchange import EXCHANGE, QUEUE, RENEW_EXCHANGE, Exchange, arguments_key
+from warren.gateway.broker.peermessages import Reply, ReplyOutcome
+from warren.gateway.config import Config
+from warren.gateway.session import replyto
+from warren.gateway.snapshots import Totals
+from warren.gateway.values import (
+    TRANSIENT_QIDS,
+    QueueMeta,
+    RemoteOwner,
+    by_shard,
+    placement,
+)
 from warren.shards import records as r
 from warren.storage import recovery
 from warren.storage.metastore import (
@@ -28,39 +40,14 @@ from warren.storage.metastore import (
 )
 from warren.storage.queuespec import QueueSpec
 
-from . import deadletter, patterns, policies, replication, replyto
-from .access import AccessControl
 from .alarms import Alarms
-from .amqp.properties import PropertiesError, decode_properties, encode_properties
-from .config import Config
-from .controllink import Reply, ReplyOutcome
-from .exchange import EXCHANGE, QUEUE, RENEW_EXCHANGE, Exchange, arguments_key
 from .shardlink import ShardLink
 from .shardpool import ShardPool
-from .snapshots import Totals
 
 if TYPE_CHECKING:
-    from .channel import Channel
+    from warren.gateway.session.channel import Channel
 
 log = logging.getLogger("warren")
-
-TRANSIENT_QIDS = 1 << 62  # transient queue ids start here; durable ones come from the metastore
-
-
-class QueueMeta:
-    """A queue as the gateway holds it: its spec, and where it lives and what
-    applies to it now."""
-
-    __slots__ = ("qid", "shard", "spec", "owner", "policy", "effective")
-
-    def __init__(self, qid: int, shard: int, spec: QueueSpec, owner=None):
-        self.qid = qid
-        self.shard = shard
-        self.spec = spec
-        self.owner = owner  # the owning connection of an exclusive queue
-        self.policy = None  # the policy that applies to it
-        self.effective = spec.arguments  # declared arguments combined with the policy's
-
 
 # The exchanges every vhost has (RabbitMQ's predeclared set).
 PREDECLARED = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "fanout"),
@@ -81,38 +68,6 @@ class VHost:
         self.inbound: dict[tuple, set[tuple]] = {}
 
 
-def placement(vhost: str, name: str, shards: int) -> int:
-    """A queue's shard, chosen once at declaration (docs/architecture.md, placement)."""
-    return xxhash.xxh64_intdigest(f"{vhost}\0{name}".encode()) % shards
-
-
-def by_shard(targets: list[QueueMeta]) -> tuple[tuple[int, list[int]], ...]:
-    """Queues grouped by their shard, in the order first met: (shard, qids), one
-    publish record each."""
-    if len(targets) == 1:  # the common case: nothing to group
-        meta = targets[0]
-        return ((meta.shard, [meta.qid]),)
-    grouped: dict[int, list[int]] = {}
-    for meta in targets:
-        grouped.setdefault(meta.shard, []).append(meta.qid)
-    return tuple(grouped.items())
-
-
-def server_generated_name(prefix: str) -> str:
-    return prefix + secrets.token_urlsafe(16)
-
-
-class RemoteOwner:
-    """The owner of an exclusive queue, a connection of another gateway process:
-    no connection here is it, so every one of them gets 405 RESOURCE_LOCKED."""
-
-    __slots__ = ("id", "exclusive_queues")
-
-    def __init__(self, id: int):
-        self.id = id
-        self.exclusive_queues: set = set()
-
-
 class Gateway:
     def __init__(self, config: Config, index: int = 0):
         self.config = config
@@ -124,7 +79,7 @@ class Gateway:
         self.leader = None  # any other gateway: its link to gateway 0 (follower.py)
         self.remote_owners: dict[int, RemoteOwner] = {}
         if not self.authority:  # gateway 0 writes DATA/meta/
-            self.meta = replication.NoStore()
+            self.meta = changes.NoStore()
         self.data_dir = os.path.abspath(config.data_dir)
         self.epoch = 0  # counts the catalogue's changes (see _changed)
         self.access = AccessControl(None, config.loopback_users, self._changed)
@@ -248,7 +203,7 @@ class Gateway:
         definition = VHostDef(name, description, limits or {})
         self.vhost_defs[name] = definition
         self.meta.put_vhost(definition)
-        self._changed(replication.VHostPut(definition))
+        self._changed(changes.VHostPut(definition))
         return self.vhosts.setdefault(name, VHost(name))
 
     def delete_vhost(self, name: str) -> bool:
@@ -267,7 +222,7 @@ class Gateway:
         self.policies.pop(name, None)
         self.access.forget_vhost(name)
         self.meta.delete_vhost(name)
-        self._changed(replication.VHostDeleted(name))
+        self._changed(changes.VHostDeleted(name))
         return True
 
     # -- policies ----------------------------------------------------------------
@@ -282,14 +237,14 @@ class Gateway:
             raise ValueError(f"no vhost '{policy.vhost}'")
         self.policies.setdefault(policy.vhost, {})[policy.name] = policy
         self.meta.put_policy(policy)
-        self._changed(replication.PolicyPut(policy))
+        self._changed(changes.PolicyPut(policy))
         self._apply_policies(self.vhosts[policy.vhost])
 
     def delete_policy(self, vhost: str, name: str) -> bool:
         if self.policies.get(vhost, {}).pop(name, None) is None:
             return False
         self.meta.delete_policy(vhost, name)
-        self._changed(replication.PolicyDeleted(vhost, name))
+        self._changed(changes.PolicyDeleted(vhost, name))
         if vhost in self.vhosts:
             self._apply_policies(self.vhosts[vhost])
         return True
@@ -460,7 +415,7 @@ class Gateway:
             owner.exclusive_queues.add(meta)
         if self.authority:  # not again where the change is replayed
             self.totals.queues_created += 1
-        self._changed(replication.QueuePut(definition, owner.id if owner is not None else 0))
+        self._changed(changes.QueuePut(definition, owner.id if owner is not None else 0))
         return meta
 
     def forget_queue(self, meta: QueueMeta) -> None:
@@ -477,7 +432,7 @@ class Gateway:
             meta.owner.exclusive_queues.discard(meta)
         if spec.stored:
             self.meta.delete_queue(spec.vhost, spec.name)
-        self._changed(replication.QueueForgotten(meta.qid))
+        self._changed(changes.QueueForgotten(meta.qid))
 
     # -- exchanges and bindings ------------------------------------------------
 
@@ -485,8 +440,8 @@ class Gateway:
         self.vhosts[exchange.vhost].exchanges[exchange.name] = exchange
         self._set_exchange_policy(exchange)
         if exchange.durable:
-            self.meta.put_exchange(replication.exchange_def(exchange))
-        self._changed(replication.ExchangePut(replication.exchange_def(exchange)))
+            self.meta.put_exchange(changes.exchange_def(exchange))
+        self._changed(changes.ExchangePut(changes.exchange_def(exchange)))
 
     def delete_exchange(self, exchange: Exchange) -> None:
         vhost = self.vhosts[exchange.vhost]
@@ -498,14 +453,14 @@ class Gateway:
         del vhost.exchanges[exchange.name]
         if exchange.durable:
             self.meta.delete_exchange(exchange.vhost, exchange.name)
-        self._changed(replication.ExchangeDeleted(exchange.vhost, exchange.name))
+        self._changed(changes.ExchangeDeleted(exchange.vhost, exchange.name))
 
     def bind(self, exchange: Exchange, destination: tuple, routing_key: str,
              arguments: dict) -> None:
         vhost = self.vhosts[exchange.vhost]
         if self.add_binding(vhost, exchange, destination, routing_key, arguments) \
                 and self._durable_binding(vhost, exchange, destination):
-            self.meta.put_binding(replication.binding_def(exchange, destination, routing_key,
+            self.meta.put_binding(changes.binding_def(exchange, destination, routing_key,
                                                           arguments))
 
     def unbind(self, exchange: Exchange, destination: tuple, routing_key: str, arguments: dict,
@@ -520,9 +475,9 @@ class Gateway:
             if not inbound:
                 del vhost.inbound[destination]
         if self._durable_binding(vhost, exchange, destination):
-            self.meta.delete_binding(replication.binding_def(exchange, destination, routing_key,
+            self.meta.delete_binding(changes.binding_def(exchange, destination, routing_key,
                                                              arguments))
-        self._changed(replication.BindingDeleted(replication.binding_def(
+        self._changed(changes.BindingDeleted(changes.binding_def(
             exchange, destination, routing_key, arguments)))
         if auto_delete and exchange.auto_delete and not exchange.bindings:
             self.delete_exchange(exchange)
@@ -533,7 +488,7 @@ class Gateway:
             return False
         vhost.inbound.setdefault(destination, set()).add(
             (exchange.name, routing_key, arguments_key(arguments)))
-        self._changed(replication.BindingPut(replication.binding_def(
+        self._changed(changes.BindingPut(changes.binding_def(
             exchange, destination, routing_key, arguments)))
         return True
 

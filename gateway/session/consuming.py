@@ -5,20 +5,20 @@ Channel."""
 
 from __future__ import annotations
 
-from warren.shards import records as r
-from warren.shards.batches import SIDE_BODY_MIN
-
-from . import prefetch, replyto
-from .amqp import frames, hotpath, spec
-from .amqp import methods as m
-from .amqp.properties import (
+from warren.gateway.amqp import frames, hotpath, spec
+from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.properties import (
     PropertiesError,
     decode_properties,
     encode_properties,
 )
+from warren.gateway.errors import AMQPError, queue_name, refusal_error
+from warren.gateway.values import QueueMeta, server_generated_name
+from warren.shards import records as r
+from warren.shards.batches import SIDE_BODY_MIN
+
+from . import prefetch, replyto
 from .assembly import BASIC_CLASS
-from .errors import AMQPError, queue_name, refusal_error
-from .gateway import QueueMeta, server_generated_name
 from .unacked import Delivery
 
 # Link credit of a consumer outside a channel-wide limit: how many deliveries may

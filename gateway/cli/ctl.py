@@ -15,7 +15,9 @@ import os
 import re
 import sys
 
-from . import config, ctlclient
+from warren.gateway import config
+
+from . import ctlclient
 from .ctlclient import Client, CtlError, render, segment
 
 # what `list` shows, its default columns, and whether the API lists it per vhost

@@ -27,18 +27,18 @@ import platform
 import time
 from typing import Callable
 
+from warren.gateway import __version__
+from warren.gateway.amqp import frames, spec
+from warren.gateway.amqp import methods as m
+from warren.gateway.amqp.fieldtable import FieldTableError, decode_table
+from warren.gateway.amqp.frames import FrameError, FrameReader
+from warren.gateway.errors import AMQPError
+from warren.gateway.logthrottle import log_client_error
+from warren.gateway.snapshots import ConnectionInfo
 from warren.shards import records as r
 
-from . import __version__
-from .amqp import frames, spec
-from .amqp import methods as m
-from .amqp.fieldtable import FieldTableError, decode_table
-from .amqp.frames import FrameError, FrameReader
 from .assembly import decode_method
 from .channel import Channel
-from .errors import AMQPError
-from .logthrottle import log_client_error
-from .snapshots import ConnectionInfo
 
 log = logging.getLogger("warren.connection")
 
