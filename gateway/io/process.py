@@ -387,6 +387,44 @@ class Gateway:
         self._next_id += 1
         return self._next_id * r.MAX_GATEWAYS + self.index
 
+    # -- the session's port (session/ports.Broker) ------------------------------
+
+    def hold(self, holder: int, channel: "Channel") -> None:
+        self.holders[holder] = channel
+
+    def forget_holder(self, holder: int) -> None:
+        self.holders.pop(holder, None)
+
+    def release_holders(self, holders) -> None:
+        """A channel went: every shard requeues what its holders kept."""
+        holders = list(holders)
+        for link in self.shards:
+            link.send(r.ReleaseHolders(holders))
+        for holder in holders:
+            self.holders.pop(holder, None)
+
+    def link(self, shard: int) -> ShardLink:
+        return self.shards[shard]
+
+    def add_reply_channel(self, key: str, channel: "Channel") -> None:
+        self.reply_channels[key] = channel
+
+    def drop_reply_channel(self, key: str) -> None:
+        self.reply_channels.pop(key, None)
+
+    def declare_exchange(self, exchange: Exchange, allow) -> tuple[Exchange, bool]:
+        from warren.gateway.broker import rules  # (rules imports this module)
+        return rules.declare_exchange(self, exchange, allow)
+
+    def declare_queue(self, queue: QueueSpec, owner, server_named: bool,
+                      allow) -> tuple[QueueMeta, bool]:
+        from warren.gateway.broker import rules
+        return rules.declare_queue(self, queue, owner, server_named, allow)
+
+    def binding_ends(self, vhost: str, source: str, destination: tuple) -> tuple:
+        from warren.gateway.broker import rules
+        return rules.binding_ends(self, vhost, source, destination)
+
     # -- queues ----------------------------------------------------------------
 
     def create_queue(self, spec: QueueSpec, owner=None) -> QueueMeta:

@@ -1,0 +1,158 @@
+"""What the session needs of the world around it, as typed ports.
+
+A channel reaches the broker only through `Broker` (io/process.Gateway is one),
+its connection only through `Client` (session/connection.Connection, and the
+stand-ins session/direct.InternalConnection and node/forwarded.Mirror), and a
+shard or another gateway process only through `Peer`/`Shard`. Nothing here is
+imported at run time by what implements it: the checks are structural.
+
+Attributes are read per message on the hot path (epoch, totals); what changes the
+broker's state is a method.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Collection, Protocol
+
+from warren.gateway.broker.access import AccessControl
+from warren.gateway.broker.exchange import Exchange
+from warren.gateway.config import Config
+from warren.gateway.snapshots import Totals
+from warren.gateway.values import QueueMeta
+from warren.storage.queuespec import QueueSpec
+
+# (access, kind, name) -> None; raises AMQPError 403 unless the user may.
+Allow = Callable[[str, str, str], None]
+# Makes a request record from its request number.
+MakeRequest = Callable[[int], object]
+
+
+class Peer(Protocol):
+    """Something that answers requests: a shard, gateway 0, another gateway."""
+
+    def request(self, make: MakeRequest, answered: Callable[[Any], None]) -> None: ...
+
+
+class Shard(Peer, Protocol):
+    """The link to one shard process."""
+
+    index: int
+    lazy_acks: int  # acks sent lazily and not yet flushed (consuming._room_left)
+
+    def send(self, record: object, feeder: object = None, lazy: bool = False) -> None: ...
+
+
+class Followers(Peer, Protocol):
+    """Gateway 0's view of the other gateway processes; a request waits until all
+    of them have the catalogue as it is now."""
+
+    def caught_up(self) -> bool: ...
+
+    def at(self, index: int) -> Peer: ...
+
+
+class VHostView(Protocol):
+    """A vhost's tables, as the session looks things up in them."""
+
+    name: str
+    queues: dict[str, QueueMeta]
+    exchanges: dict[str, Exchange]
+
+
+class Broker(Protocol):
+    """The broker as the session sees it."""
+
+    index: int  # this gateway process
+    authority: bool  # gateway 0: it alone changes the catalogue
+    epoch: int  # counts the catalogue's changes: a remembered route holds while it stays
+    config: Config
+    totals: Totals
+    access: AccessControl
+    leader: Peer | None  # another gateway's link to gateway 0 (Forward)
+    followers: Followers | None  # gateway 0 with others
+
+    # ids and holders: a channel or consumer the shards' events come back to
+    def new_id(self) -> int: ...
+
+    def hold(self, holder: int, channel: object) -> None: ...
+
+    def forget_holder(self, holder: int) -> None: ...
+
+    def release_holders(self, holders: Collection[int]) -> None:
+        """Forget them, and tell every shard to requeue what they kept."""
+
+    def link(self, shard: int) -> Shard: ...
+
+    # routing and publishing
+    def route(self, vhost: VHostView, exchange: Exchange, routing_key: str,
+              headers: Callable[[], dict]) -> list[QueueMeta]: ...
+
+    def publish(self, targets: list[QueueMeta], exchange: str, routing_key: str,
+                properties: bytes, body: bytes, persistent: bool, expiration: int,
+                priority: int, confirm_channel: int = 0, seq: int = 0, tracker: object = None,
+                feeder: object = None) -> None: ...
+
+    def publish_to(self, sends: tuple, exchange: str, routing_key: str, properties: bytes,
+                   body: bytes, persistent: bool, expiration: int, priority: int,
+                   confirm_channel: int = 0, seq: int = 0, tracker: object = None,
+                   feeder: object = None) -> None: ...
+
+    # direct reply-to
+    def add_reply_channel(self, key: str, channel: object) -> None: ...
+
+    def drop_reply_channel(self, key: str) -> None: ...
+
+    def reply_channel(self, address: str) -> Any: ...
+
+    def reply_elsewhere(self, exchange: str, routing_key: str, properties: bytes,
+                        body: bytes, origin: int = 0, ask: int = 0) -> bool: ...
+
+    # the catalogue: declarations checked as RabbitMQ does (broker/rules.py)
+    def declare_exchange(self, exchange: Exchange, allow: Allow) -> tuple[Exchange, bool]: ...
+
+    def delete_exchange(self, exchange: Exchange) -> None: ...
+
+    def declare_queue(self, queue: QueueSpec, owner: object, server_named: bool,
+                      allow: Allow) -> tuple[QueueMeta, bool]: ...
+
+    def forget_queue(self, meta: QueueMeta) -> None: ...
+
+    def binding_ends(self, vhost: str, source: str,
+                     destination: tuple[str, str]) -> tuple[Exchange, Any]: ...
+
+    def bind(self, exchange: Exchange, destination: tuple[str, str], routing_key: str,
+             arguments: dict) -> None: ...
+
+    def unbind(self, exchange: Exchange, destination: tuple[str, str], routing_key: str,
+               arguments: dict) -> None: ...
+
+
+class Client(Protocol):
+    """The connection a channel belongs to, as the channel uses it."""
+
+    gateway: Broker
+    id: int
+    user: str
+    vhost: Any  # a VHostView once open
+    capabilities: dict
+    frame_max: int
+    routes: dict  # publishing.Route memory, shared by the connection's channels
+    owed_confirms: set  # channels with confirms to send at the flush
+    owed_grants: set  # consumers with window credit to return at the flush
+    exclusive_queues: set
+
+    def send(self, data: bytes) -> None: ...
+
+    def send_uncopied(self, parts: list) -> None: ...
+
+    def schedule_flush(self) -> None: ...
+
+    def run_guarded(self, channel: Any, action: Callable[[], None]) -> None: ...
+
+    def hold(self, cause: object) -> None: ...
+
+    def release(self, cause: object) -> None: ...
+
+    def forget_channel(self, channel: Any) -> None: ...
+
+    def close_channel_with_error(self, channel: Any, error: Exception) -> None: ...
