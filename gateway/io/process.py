@@ -389,7 +389,7 @@ class Gateway:
 
     # -- the session's port (session/ports.Broker) ------------------------------
 
-    def hold(self, holder: int, channel: "Channel") -> None:
+    def add_holder(self, holder: int, channel: "Channel") -> None:
         self.holders[holder] = channel
 
     def forget_holder(self, holder: int) -> None:
