@@ -1,7 +1,6 @@
 """The brokers the bench measures: any broker at a URL, a private Warren (`warren serve`
-on a free port with a temp data dir), a private RabbitMQ node or the skeleton broker of
-loadtest.floor; each knows the root of its process tree when it is local, for the
-broker's CPU and memory figures."""
+on a free port with a temp data dir) or a private RabbitMQ node; each knows the root of
+its process tree when it is local, for the broker's CPU and memory figures."""
 
 from __future__ import annotations
 
@@ -75,30 +74,6 @@ class WarrenTarget(Target):
             self.process.stdout.close()
         self.log_file.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-class FloorTarget(Target):
-    """The skeleton broker of loadtest.floor (the process split and nothing else)
-    on a free port."""
-
-    label = "floor"
-
-    def __init__(self):
-        port = free_port()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "warren.loadtest.floor", "--port", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-        if not wait_for_port(port, 30, alive=lambda: self.process.poll() is None):
-            self.stop()
-            raise RuntimeError("the floor broker did not start")
-        super().__init__(f"amqp://guest:guest@127.0.0.1:{port}/%2F")
-        self._root = self.process.pid
-
-    def root_pid(self) -> int | None:
-        return self.process.pid if self.process.poll() is None else None
-
-    def stop(self) -> None:
-        procs.stop(self.process, 10)
 
 
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
