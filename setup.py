@@ -1,23 +1,24 @@
-"""The compiled twins of the hot paths: the codec's (gateway/amqp/_hotpath.pyx),
-the ring's core (shards/_ring.pyx), the gateway's shard link, and the shard's
-loop, state machine, rings, outbox, queues and batch codec (their pure modules
-compiled as they are, typed by .pxd files).
-Everything else is in pyproject.toml. All are optional: without a C compiler
-(or, building without isolation, without Cython) the install goes on and the
-pure Python twins serve."""
+"""The compiled twins of the hot paths, listed in shards/build.py (COMPILED): the
+codec's and the ring's core (.pyx), and pure modules compiled as they are, typed
+by .pxd files (the gateway's shard link, the shard's loop, state machine, rings,
+outbox, queues and batch codec). Everything else is in pyproject.toml. All are
+optional: without a C compiler (or, building without isolation, without Cython)
+the install goes on and the pure Python twins serve."""
 
 import glob
 import os
+import runpy
 import tempfile
 
 from setuptools import Extension, setup
 
 JOBS = os.cpu_count() or 1  # translate and compile the extensions side by side
 
-# The steady path, compiled from its pure modules (see below).
-TYPED = [("gateway/io", "shardlink"), ("shards", "gatewayrings"), ("shards", "outbox"),
-         ("shards", "queue"), ("shards", "shard"), ("shards", "main"),
-         ("shards", "batches")]
+# The one list, read from its module (which imports nothing of Warren's) by path:
+# the package is not importable while it is being built.
+build = runpy.run_path("shards/build.py")
+COMPILED, extension_name = build["COMPILED"], build["extension_name"]
+TYPED = [source for source in COMPILED if source.endswith(".py")]  # pure modules: see below
 
 try:
     from Cython.Build import cythonize
@@ -32,8 +33,8 @@ else:
         os.symlink(os.path.abspath(os.path.dirname(__file__) or "."),
                    os.path.join(include, "warren"))
         extensions = cythonize(
-            [Extension("warren.gateway.amqp._hotpath", ["gateway/amqp/_hotpath.pyx"]),
-             Extension("warren.shards._ring", ["shards/_ring.pyx"])],
+            [Extension(extension_name(source), [source])
+             for source in COMPILED if source.endswith(".pyx")],
             compiler_directives={"language_level": 3}, include_path=[include],
             nthreads=JOBS)
         # Pure modules compiled as they are, typed by the .pxd of their extension's
@@ -46,13 +47,13 @@ else:
         # cimports by its installed name changed: a changed .pxd translates them all
         # again (types that disagree between modules would refuse to import).
         typing = max(os.path.getmtime(pxd) for pxd in glob.glob("**/_*.pxd", recursive=True))
-        for package, module in TYPED:
-            generated = f"{package}/{module}.c"
+        for source in TYPED:
+            generated = source[:-len(".py")] + ".c"
             if os.path.exists(generated) and os.path.getmtime(generated) < typing:
                 os.remove(generated)
         typed = cythonize(
-            [Extension(f"{package.replace('/', '.')}._{module}", [f"{package}/{module}.py"])
-             for package, module in TYPED],
+            [Extension(extension_name(source).removeprefix("warren."), [source])
+             for source in TYPED],
             compiler_directives={"language_level": 3, "annotation_typing": False},
             include_path=[include], nthreads=JOBS)
     for extension in typed:

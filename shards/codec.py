@@ -1,13 +1,13 @@
 """The batch codec both processes run (batches.py): compiled as it is
 (warren.shards._batches: setup.py) where pip install built it, else batches.py
-itself (shards.compiled.chosen)."""
+itself (shards/build.py)."""
 
 from __future__ import annotations
 
 from . import batches as pure
-from .compiled import built_module, chosen
+from . import build
 
-batches = chosen(pure, built_module("warren.shards._batches"))
+batches = build.twin(pure, "warren.shards._batches")
 
 encode_batch, decode_commands, decode_events = (
     batches.encode_batch, batches.decode_commands, batches.decode_events)

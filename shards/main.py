@@ -14,7 +14,7 @@ when a gateway's event ring is full it stops reading that gateway's commands,
 which is the backpressure the gateway feels. Started by the gateway as
 `python -m warren.shards.main INDEX`, its ShardSpec on stdin. pip install compiles this module as it
 is (warren.shards._main, its loop typed by _main.pxd), and main() runs that
-build's loop where there is one (shards/compiled.py).
+build's loop where there is one (shards/build.py).
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ import msgspec
 from warren.gateway.io.children import read_spec
 from warren.storage.shardstore import ShardStore
 
-from . import logsetup
+from . import build, logsetup
 from .committer import Committer
-from .compiled import built, chosen
 from .gatewayrings import STALLED_AFTER
 from .gatewayrings import GatewayRings as PureGatewayRings
 from .malloc import keep_freed_memory
@@ -43,8 +42,8 @@ from .records import PUBLISH_CREDIT, Progress, ShardSpec, credit_cost
 from .shard import Shard as PureShard
 from .stats import StatsLog
 
-GatewayRings = chosen(PureGatewayRings, built("warren.shards._gatewayrings", "GatewayRings"))
-Shard = chosen(PureShard, built("warren.shards._shard", "Shard"))
+GatewayRings = build.twin(PureGatewayRings, "warren.shards._gatewayrings", "GatewayRings")
+Shard = build.twin(PureShard, "warren.shards._shard", "Shard")
 
 UNMAP_INTERVAL = 1.0  # seconds between drops of the stores' mapped pages under load
 log = logging.getLogger("warren.shard")
@@ -241,7 +240,7 @@ def main() -> None:
     log.info("shard %d starting on stores %s", spec.index,
              ", ".join(f"shard-{k}" for k in spec.stores))
     os.set_blocking(spec.lifeline_fd, False)
-    chosen(serve, built("warren.shards._main", "serve"))(spec)
+    build.twin(serve, "warren.shards._main", "serve")(spec)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from collections import deque
 
 import msgspec
 
-from .compiled import chosen
+from . import build
 
 _HEAD, _TAIL, _READER_SLEEPING, _WRITER_WAITING = 0, 64, 128, 192
 HEADER_SIZE = 256
@@ -370,18 +370,16 @@ class PureRing(_Ring, RingCore):
     """A ring on the pure Python core."""
 
 
-try:
-    from ._ring import RingCore as _CompiledCore
-except ImportError:  # not built (no compiler when installed): the pure core serves
+_compiled = build.extension("warren.shards._ring")
+if _compiled is None:  # the pure core serves (shards/build.py)
     CompiledRing = None
 else:
-    class CompiledRing(_Ring, _CompiledCore):
+    class CompiledRing(_Ring, _compiled.RingCore):
         """A ring on the compiled core."""
 
         __slots__ = ()
 
-# The compiled core unless WARREN_PURE_PYTHON switches it off (as for the codec's twins).
-Ring = chosen(PureRing, CompiledRing)
+Ring = PureRing if CompiledRing is None else CompiledRing
 
 
 def _map(path: str, size: int, create: int = 0) -> mmap.mmap:

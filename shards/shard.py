@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .compiled import built, chosen
+from . import build
 from .groupcommit import Commit, GroupCommit
 from .model import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
 from .outbox import Outbox as PureOutbox
@@ -40,7 +40,7 @@ from .records import (
 from .stats import StatsLog
 from .timers import TimerHeap
 
-Outbox = chosen(PureOutbox, built("warren.shards._outbox", "Outbox"))
+Outbox = build.twin(PureOutbox, "warren.shards._outbox", "Outbox")
 
 # Ready messages beyond which a queue with consumers counts as behind them (a few
 # delivery windows): with several gateways, its publishers' credit then waits.

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import struct
 
+from warren.shards import build
+
 from . import spec
-from .compiled import hotpath_module
 from .methods import Method, encode_method
 
 PROTOCOL_HEADER = b"AMQP\x00" + bytes(
@@ -286,5 +287,4 @@ def payload_snippet(payload: bytes) -> str:
 # The compiled twin (_hotpath.FrameReader, with its own scan_publish) serves where it
 # was built; bound last, as it imports this module's constants.
 PureFrameReader = FrameReader
-if (_compiled := hotpath_module()) is not None:
-    FrameReader = _compiled.FrameReader  # noqa: F811
+FrameReader = build.twin(FrameReader, "warren.gateway.amqp._hotpath", "FrameReader")

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import struct
 
+from warren.shards import build
+
 from . import methods as m
-from .compiled import hotpath_module
 from .frames import (
     FRAME_BODY,
     FRAME_END,
@@ -157,5 +158,4 @@ def deliver_frames(channel: int, consumer_tag: bytes, delivery_tag: int, redeliv
 
 
 pure_deliver_frames = deliver_frames
-if (_compiled := hotpath_module()) is not None:
-    deliver_frames = _compiled.deliver_frames  # noqa: F811 (the compiled twin)
+deliver_frames = build.twin(deliver_frames, "warren.gateway.amqp._hotpath", "deliver_frames")

@@ -10,11 +10,11 @@ import os
 from collections.abc import Callable
 
 from warren.gateway.config import Config
-from warren.shards.compiled import built, chosen
+from warren.shards import build
 
 from .shardlink import ShardLink as PureShardLink
 
-ShardLink = chosen(PureShardLink, built("warren.gateway.io._shardlink", "ShardLink"))
+ShardLink = build.twin(PureShardLink, "warren.gateway.io._shardlink", "ShardLink")
 
 log = logging.getLogger("warren")
 

@@ -24,7 +24,7 @@ from warren.gateway.config import Config
 from warren.gateway.io.process import Gateway
 from warren.gateway.io.tlshandshake import TLSHandshake
 from warren.gateway.session.connection import Connection
-from warren.shards import logsetup
+from warren.shards import build, logsetup
 from warren.shards.malloc import keep_freed_memory
 from warren.shards.ring import remove_orphans
 from warren.storage import recovery
@@ -49,6 +49,10 @@ class StartupError(Exception):
 async def serve(settings: Config) -> None:
     keep_freed_memory()
     raise_descriptor_limit()
+    running, failed = build.check()  # which build runs, said once here
+    log.info("running the %s", running)
+    if failed:
+        log.warning("%s", failed)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -127,7 +131,7 @@ async def serve(settings: Config) -> None:
     # RabbitMQ's lines in the log; the printed ones are for whoever started it.
     log.info("started TCP listener on %s:%d", host, port)
     print(f"Warren listening on amqp://{host}:{port} (data {gateway.data_dir}, "
-          f"{settings.shard_count()} shards)", flush=True)
+          f"{settings.shard_count()} shards, {running})", flush=True)
     if tls is not None:
         log.info("started TLS (SSL) listener on %s:%d", *tls_address)
         print(f"Warren listening on amqps://{tls_address[0]}:{tls_address[1]}", flush=True)
