@@ -113,6 +113,14 @@ def bad_request(reason: str) -> HTTPError:
     return HTTPError(400, "bad_request", reason)
 
 
+def not_found() -> HTTPError:
+    return HTTPError(404, "Object Not Found", "Not Found")
+
+
+def not_authorised(reason: str) -> HTTPError:
+    return HTTPError(401, "not_authorised", reason)
+
+
 def check_name(kind: str, name: str) -> None:
     """400, in RabbitMQ's words for a queue, for a name longer than AMQP can carry
     (or the stores' keys hold)."""
@@ -172,6 +180,27 @@ def check_types(value: dict, types: dict, where: str = "") -> None:
         if not isinstance(field, kinds) or (isinstance(field, bool) and bool not in kinds):
             raise bad_request(f"{where}{name} must be "
                               f"{' or '.join(JSON_TYPES[kind] for kind in kinds)}")
+
+
+def flag(body: dict, name: str, default: bool) -> bool:
+    """A boolean field: true or false, or "true" or "false" as rabbitmqadmin sends."""
+    value = body.get(name, default)
+    if value is True or value == "true":
+        return True
+    if value is False or value == "false":
+        return False
+    raise bad_request(f"{name} must be a boolean")
+
+
+def arguments(body: dict) -> dict:
+    """The arguments field: an object, or an empty array for none, as pyrabbit2
+    sends and RabbitMQ takes."""
+    value = body.get("arguments", {})
+    if value == []:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request("arguments must be an object")
+    return value
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -3,7 +3,8 @@ take, and RabbitMQ's /api/vhost-limits and /api/user-limits over them."""
 
 from __future__ import annotations
 
-from .http import HTTPError, Request, Response, bad_request
+from .http import HTTPError, Request, Response, bad_request, not_found
+from .rights import require_admin
 
 VHOST_LIMITS = ("max-connections", "max-queues")
 USER_LIMITS = ("max-connections", "max-channels")
@@ -37,25 +38,21 @@ def _changed(request: Request, limits: dict, name: str, known: tuple[str, ...]) 
     return limits
 
 
-def _not_found() -> HTTPError:
-    return HTTPError(404, "Object Not Found", "Not Found")
-
-
 async def vhost_limits(management, request: Request, rest: list[str]) -> Response:
     """GET /api/vhost-limits[/{vhost}], PUT and DELETE /api/vhost-limits/{vhost}/{name}."""
     gateway = management.gateway
     if len(rest) <= 1:
-        names = [management._vhost_named(request, rest[0]).name] if rest \
+        names = [management.vhost_named(request, rest[0]).name] if rest \
             else management.permitted_vhosts(request)
-        return Response.json([{"vhost": name, "value": gateway.vhost_defs[name].limits}
-                              for name in names if gateway.vhost_defs[name].limits])
+        return Response.json([{"vhost": name, "value": gateway.catalogue.vhost_defs[name].limits}
+                              for name in names if gateway.catalogue.vhost_defs[name].limits])
     if len(rest) != 2:
-        raise _not_found()
-    management.require_admin(request)
-    definition = gateway.vhost_defs.get(rest[0])
+        raise not_found()
+    require_admin(request)
+    definition = gateway.catalogue.vhost_defs.get(rest[0])
     if definition is None:
         raise HTTPError(404, "not_found", "vhost_not_found")
-    gateway.add_vhost(rest[0], definition.description,
+    gateway.catalogue.add_vhost(rest[0], definition.description,
                       _changed(request, definition.limits, rest[1], VHOST_LIMITS))
     return Response(204)
 
@@ -63,7 +60,7 @@ async def vhost_limits(management, request: Request, rest: list[str]) -> Respons
 def as_parameters(management, request: Request) -> list[dict]:
     """The vhosts' limits as RabbitMQ lists them among its runtime parameters
     (GET /api/parameters), for the vhosts the user sees."""
-    defs = management.gateway.vhost_defs
+    defs = management.gateway.catalogue.vhost_defs
     return [{"value": defs[name].limits, "vhost": name, "component": "vhost-limits",
              "name": "limits"} for name in management.permitted_vhosts(request)
             if defs[name].limits]
@@ -71,15 +68,15 @@ def as_parameters(management, request: Request) -> list[dict]:
 
 async def user_limits(management, request: Request, rest: list[str]) -> Response:
     """GET /api/user-limits[/{user}], PUT and DELETE /api/user-limits/{user}/{name}."""
-    management.require_admin(request)
+    require_admin(request)
     access = management.gateway.access
     if len(rest) <= 1:
         if rest and rest[0] not in access.users:
-            raise _not_found()
+            raise not_found()
         users = [access.users[rest[0]]] if rest else [u for _, u in sorted(access.users.items())]
         return Response.json([{"user": u.name, "value": u.limits} for u in users if u.limits])
     if len(rest) != 2:
-        raise _not_found()
+        raise not_found()
     user = access.users.get(rest[0])
     if user is None:
         raise HTTPError(404, "not_found", "user_not_found")

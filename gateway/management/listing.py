@@ -10,10 +10,16 @@ import math
 
 from warren.gateway.broker import patterns
 
-from .http import bad_request
+from .http import Request, Response, bad_request
 
 PAGE_SIZE = 100  # RabbitMQ's default and largest page sizes
 MAX_PAGE_SIZE = 500
+
+
+def listed(request: Request, items: list[dict]) -> Response:
+    """A list endpoint's answer, filtered, sorted, paged and cut to columns as the
+    request's query asks."""
+    return Response.json(listing(items, request.query))
 
 
 def listing(items: list[dict], query: dict):

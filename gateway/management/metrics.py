@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from warren.gateway import __version__
 
-from .shapes import NODE
+from .shapes import COMPATIBLE_RABBITMQ, NODE
 
 __all__ = ["CONTENT_TYPE_LATEST", "render", "rss"]
 
@@ -150,7 +150,7 @@ class BrokerCollector(Collector):
         yield from self._identity()
         connections = [c.snapshot() for c in management.connections()]
         channels = [ch for c in connections for ch in c.channels]
-        queues = [meta for vhost in gateway.vhosts.values() for meta in vhost.queues.values()]
+        queues = [meta for vhost in gateway.catalogue.vhosts.values() for meta in vhost.queues.values()]
         yield _gauge("rabbitmq_connections", "Connections currently open", len(connections))
         yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
         yield _gauge("rabbitmq_consumers", "Consumers currently connected",
@@ -182,7 +182,7 @@ class BrokerCollector(Collector):
             labels=["rabbitmq_version", "prometheus_plugin_version",
                     "prometheus_client_version", "erlang_version", "product",
                     "product_version"])
-        build.add_metric([self.management.compatible_version, __version__,
+        build.add_metric([COMPATIBLE_RABBITMQ, __version__,
                           prometheus_client_version(), "none (Python)", "Warren", __version__],
                          1)
         yield build

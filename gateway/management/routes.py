@@ -12,7 +12,7 @@ GET, PUT, POST, DELETE = "GET", "PUT", "POST", "DELETE"
 class Route(NamedTuple):
     pattern: tuple[str, ...]  # after /api/: literal segments, "*" for a name
     methods: tuple[str, ...]
-    handler: str  # the Management method, api_<handler>
+    handler: str  # its name in api.HANDLERS
 
 
 def _routes(table: str) -> tuple[Route, ...]:

@@ -10,6 +10,7 @@ import socket
 from warren.gateway.snapshots import ChannelInfo, ConnectionInfo, ConsumerInfo
 
 NODE = f"warren@{socket.gethostname()}"
+COMPATIBLE_RABBITMQ = "3.13.7"  # the management API version Warren's JSON follows
 
 # RabbitMQ's message_stats names and the shards' per-queue counters they come from
 QUEUE_STATS = (("publish", "published"), ("deliver_get", "delivered"), ("ack", "acked"),

@@ -84,13 +84,13 @@ async def serve(settings: Config) -> None:
         if settings.management_port:  # 0: no management listener
             # Imported here: a gateway process, which uses this module's listener
             # helpers, serves no management API and starts 0.2 s sooner without it.
-            from warren.gateway import management
-            listeners = [{"node": management.NODE, "protocol": protocol, "ip_address": address,
+            from warren.gateway.management import listener, shapes
+            listeners = [{"node": shapes.NODE, "protocol": protocol, "ip_address": address,
                           "port": number} for protocol, address, number in (
                 ("amqp", host, port),
                 *((("amqp/ssl", *tls_address),) if tls is not None else ()),
                 ("http", settings.management_bind, settings.management_port))]
-            http = await _bound(management.start(
+            http = await _bound(listener.start(
                 gateway, settings.management_bind, settings.management_port, listeners),
                 settings.management_bind, settings.management_port, "--management-port",
                 "--management-bind")
