@@ -2,7 +2,7 @@
 of rings: what concerns a gateway reaches that gateway whichever gateway caused
 it, credit is counted per ring, and a lost gateway's holdings come back to the
 queues while its rings start afresh for the next one. Over a real shard process
-(played by loadtest/shardcost.py's Driver) and in-process."""
+(tests/support/shardprocess.py) and in-process."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from warren.loadtest.probes.shardcost import Driver, RingEnd
 from warren.shards import records as r
 from warren.shards.codec import decode_events
 from warren.shards.gatewayrings import STALLED_AFTER
@@ -24,6 +23,7 @@ from warren.shards.stats import StatsLog
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore
 
+from ..support.shardprocess import RingEnd, ShardProcess
 from ..support.twins import GATEWAY_RINGS, LINKS, OUTBOXES, SHARDS
 from .test_shard_shell import InlineCommitter
 
@@ -73,14 +73,14 @@ def of(kind, events: list) -> list:
 
 
 @pytest.fixture
-def driver(tmp_path):
-    driver = Driver(str(tmp_path), gateways=2, memory_limit=4096)
-    yield driver
-    driver.stop()
+def shard_process(tmp_path):
+    shard_process = ShardProcess(str(tmp_path), gateways=2, memory_limit=4096)
+    yield shard_process
+    shard_process.stop()
 
 
-def test_what_a_gateway_is_sent_follows_its_ids_and_its_ring(driver):
-    gw0, gw1 = driver.ends
+def test_what_a_gateway_is_sent_follows_its_ids_and_its_ring(shard_process):
+    gw0, gw1 = shard_process.ends
     gw0.send([create_queue(1, 1, "q")])
     assert answer(gw0, 1) == r.Reply(1)
     consumer, channel1, channel0 = made_by(1, 1), made_by(1, 2), made_by(0, 1)
@@ -106,12 +106,12 @@ def test_what_a_gateway_is_sent_follows_its_ids_and_its_ring(driver):
     assert of(r.QueueInfoReply, events1) == []
 
 
-def test_an_alarm_reaches_every_gateway(driver):
-    gw0, gw1 = driver.ends
+def test_an_alarm_reaches_every_gateway(shard_process):
+    gw0, gw1 = shard_process.ends
     gw0.send([create_queue(1, 1, "q")])
     answer(gw0, 1)
     gw1.send([publish(1, b"x" * 8192)])  # over the shard's memory limit (4 KiB)
-    for end in driver.ends:
+    for end in shard_process.ends:
         assert r.Alarm("memory", True) in collect(end, lambda got: of(r.Alarm, got))
 
 
@@ -135,47 +135,47 @@ def settles_asleep(pid: int) -> bool:
     return False
 
 
-def test_a_woken_shard_sleeps_again_once_its_work_is_done(driver):
-    gw0, gw1 = driver.ends
+def test_a_woken_shard_sleeps_again_once_its_work_is_done(shard_process):
+    gw0, gw1 = shard_process.ends
     gw0.send([create_queue(1, 1, "q")])
     answer(gw0, 1)
     for req in (2, 3):  # each a wake by the doorbell, drained before the next wait
         gw1.send([r.QueueInfo(req, [1])])
         assert answer(gw1, req).queues[0][0] == 1
-        assert settles_asleep(driver.process.pid)
+        assert settles_asleep(shard_process.process.pid)
 
 
 def test_a_shard_whose_only_gateway_reads_nothing_waits_for_it_asleep(tmp_path):
-    driver = Driver(str(tmp_path))
+    shard_process = ShardProcess(str(tmp_path))
     try:
-        (gw,) = driver.ends
+        (gw,) = shard_process.ends
         gw.send([create_queue(1, 1, "q"), consume(2, 1, made_by(0, 1), made_by(0, 2))])
         body = b"x" * (1 << 20)
         for _ in range(14):  # most of what its event ring holds, and it reads none of it
             gw.send([publish(1, body)])
-        assert settles_asleep(driver.process.pid)
+        assert settles_asleep(shard_process.process.pid)
         for _ in range(4):  # woken by the doorbell for more than the ring has room for
             gw.send([publish(1, body)])
-        assert settles_asleep(driver.process.pid)  # blocked on the full ring, not spinning
+        assert settles_asleep(shard_process.process.pid)  # blocked on the full ring, not spinning
         assert len(of(r.Deliver, collect(gw, lambda got: len(of(r.Deliver, got)) == 18))) == 18
     finally:
-        driver.stop()
+        shard_process.stop()
 
 
-def test_a_sleeping_shard_wakes_for_the_second_gateways_ring(driver):
-    gw0, gw1 = driver.ends
+def test_a_sleeping_shard_wakes_for_the_second_gateways_ring(shard_process):
+    gw0, gw1 = shard_process.ends
     gw0.send([create_queue(1, 1, "q")])
     answer(gw0, 1)
     deadline = time.monotonic() + TIMEOUT
-    while not shard_sleeps(driver.process.pid) and time.monotonic() < deadline:
+    while not shard_sleeps(shard_process.process.pid) and time.monotonic() < deadline:
         time.sleep(0.01)
     for req in (1, 2):  # and again, after it slept once more
         gw1.send([r.QueueInfo(req, [1])])
         assert answer(gw1, req).queues[0][0] == 1  # well before its 60 s statistics wake-up
 
 
-def test_a_gateway_that_reads_nothing_holds_up_only_itself(driver):
-    gw0, gw1 = driver.ends
+def test_a_gateway_that_reads_nothing_holds_up_only_itself(shard_process):
+    gw0, gw1 = shard_process.ends
     gw0.send([create_queue(1, 1, "q")])
     answer(gw0, 1)
     gw1.send([consume(1, 1, made_by(1, 1), made_by(1, 2))])
@@ -184,13 +184,13 @@ def test_a_gateway_that_reads_nothing_holds_up_only_itself(driver):
         gw0.send([publish(1, body)])
     gw0.send([create_queue(2, 2, "q2")])
     assert answer(gw0, 2) == r.Reply(2)
-    assert settles_asleep(driver.process.pid)  # waiting for gateway 1, without spinning
+    assert settles_asleep(shard_process.process.pid)  # waiting for gateway 1, without spinning
     gw0.send([r.GatewayLost(3, 1)])  # had it died: its report is read
     assert answer(gw0, 3) == r.Reply(3)
 
 
-def test_a_lost_gateways_messages_come_back_and_its_rings_serve_the_next_one(driver):
-    gw0, gw1 = driver.ends
+def test_a_lost_gateways_messages_come_back_and_its_rings_serve_the_next_one(shard_process):
+    gw0, gw1 = shard_process.ends
     gw0.send([create_queue(1, 1, "q", durable=True)])
     answer(gw0, 1)
     lost_consumer, lost_channel = made_by(1, 1), made_by(1, 2)
