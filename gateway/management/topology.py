@@ -131,7 +131,7 @@ async def exchanges(management, request: Request, rest: list[str]) -> Response:
         management.check_permission(request, vhost, "configure", EXCHANGE, name)
         body = request.json({"type": str})
         try:
-            _, created = rules.declare_exchange(gateway.catalogue, Exchange(
+            _, created = rules.declare_exchange(gateway, Exchange(
                 vhost.name, name, body.get("type", "direct"), flag(body, "durable", True),
                 flag(body, "auto_delete", False), flag(body, "internal", False),
                 arguments(body)), management.allow_for(request, vhost))
