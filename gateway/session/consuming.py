@@ -1,9 +1,10 @@
 """A channel's consumers: basic.qos and the credit it deals, basic.consume and
 basic.cancel, deliveries and their tags, consumer timeouts, direct reply-to, and
-basic.get and the settling of deliveries (ack, nack, reject, recover). A mixin of
-Channel."""
+basic.get and the settling of deliveries (ack, nack, reject, recover)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
 
 from warren.gateway.amqp import frames, hotpath, spec
 from warren.gateway.amqp import methods as m
@@ -19,7 +20,11 @@ from warren.shards.batches import SIDE_BODY_MIN
 
 from . import prefetch, replyto
 from .assembly import BASIC_CLASS
+from .state import ChannelState, ConsumerState
 from .unacked import Delivery
+
+if TYPE_CHECKING:
+    from .ports import Broker
 
 # Link credit of a consumer outside a channel-wide limit: how many deliveries may
 # be on their way between its shard and the socket. Credit comes back as
@@ -31,64 +36,45 @@ FLOW_WINDOW = 2000
 GRANT_BELOW = FLOW_WINDOW // 2
 
 
-class ConsumerState:
-    """The gateway's side of a consumer. Credit is handed out in one of two modes:
-
-    * window: FLOW_WINDOW credit, returned in chunks as deliveries leave through
-      the socket (no-ack consumers, and every consumer of a channel without a
-      global limit);
-    * limited: manual-ack consumers of a channel with basic.qos global=true share
-      the channel's limit; credit comes back only as deliveries are settled, and
-      credit outstanding + unacked never exceeds the limit (docs/architecture.md).
-    """
-
-    __slots__ = ("tag", "tag_shortstr", "holder", "meta", "link", "no_ack", "exclusive",
-                 "prefetch", "credit", "owed_credit", "unacked", "timeout_ms", "timed_out",
-                 "arguments")
-
-    def __init__(self, tag: str, holder: int, meta: QueueMeta, link, no_ack: bool,
-                 exclusive: bool, prefetch: int, timeout_ms: int = 0,
-                 arguments: dict | None = None):
-        self.tag = tag
-        self.tag_shortstr = hotpath.shortstr(tag)
-        self.holder = holder
-        self.meta = meta
-        self.link = link
-        self.no_ack = no_ack
-        self.exclusive = exclusive
-        self.prefetch = prefetch  # its own limit (global=false), enforced by the shard
-        self.credit = 0  # granted to the shard minus deliveries seen
-        self.owed_credit = 0  # window mode: written out, credit not yet returned
-        self.unacked = 0
-        self.timeout_ms = timeout_ms  # consumer timeout (quorum queues), 0: none
-        self.timed_out = False  # a timeout hit it (it stays listed until cancelled)
-        self.arguments = arguments or {}
-
-    def room(self) -> int | None:
-        """Credit it could use under its own limit; None when it has none."""
-        return None if self.no_ack else prefetch.room(self.prefetch, self.unacked, self.credit)
-
-
 class Consuming:
+    """Gets the channel's state, the broker port and the channel's `request`
+    (send a request to a shard, park the channel until the answer ran). What a
+    delivery or an ack touches is bound here once."""
+
+    __slots__ = ("state", "broker", "request", "conn", "number", "id", "totals", "unacked",
+                 "by_holder", "consumers")
+
+    def __init__(self, state: ChannelState, broker: Broker, request: Callable):
+        self.state = state
+        self.broker = broker
+        self.request = request
+        self.conn = state.conn
+        self.number = state.number
+        self.id = state.id
+        self.totals = broker.totals
+        self.unacked = state.unacked
+        self.by_holder = state.by_holder
+        self.consumers = state.consumers
+
     # -- basic: consuming ------------------------------------------------------
 
-    def _basic_qos(self, method: m.BasicQos) -> None:
+    def basic_qos(self, method: m.BasicQos) -> None:
         if method.prefetch_size:
             raise AMQPError(spec.NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})")
         if method.global_:
             self._set_channel_prefetch(method.prefetch_count)
         else:
-            self.consumer_prefetch = method.prefetch_count
-        self.send(m.BasicQosOk())
+            self.state.consumer_prefetch = method.prefetch_count
+        self.state.send(m.BasicQosOk())
 
     def _limited(self, consumer: ConsumerState) -> bool:
-        return bool(self.channel_prefetch) and not consumer.no_ack
+        return bool(self.state.channel_prefetch) and not consumer.no_ack
 
     def _set_channel_prefetch(self, limit: int) -> None:
         """Re-deal credit under the new limit; deliveries already on their way may
         briefly leave more unacked than it, as in RabbitMQ."""
-        was_limited = bool(self.channel_prefetch)
-        self.channel_prefetch = limit
+        was_limited = bool(self.state.channel_prefetch)
+        self.state.channel_prefetch = limit
         for consumer in self.consumers.values():
             if consumer.no_ack:
                 continue
@@ -105,25 +91,25 @@ class Consuming:
 
     def _deal_credit(self) -> None:
         """Hand the channel's free credit to its limited consumers, least-served first."""
-        if not self.channel_prefetch:
+        if not self.state.channel_prefetch:
             return
         limited = [c for c in self.consumers.values() if not c.no_ack]
         if not limited:
             return
-        grants = prefetch.deal(self.channel_prefetch, self.consumer_unacked,
+        grants = prefetch.deal(self.state.channel_prefetch, self.state.consumer_unacked,
                                [c.credit for c in limited], [c.room() for c in limited])
         for consumer, credit in zip(limited, grants):
             if credit:
                 consumer.credit += credit
                 consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, credit))
 
-    def _basic_consume(self, method: m.BasicConsume) -> None:
+    def basic_consume(self, method: m.BasicConsume) -> None:
         if method.queue == replyto.REPLY_QUEUE:
             return self._consume_replies(method)
-        meta = self._queue_named(method.queue)
-        self._allow("read", "queue", meta.spec.name)
+        meta = self.state.queue_named(method.queue)
+        self.state.allow("read", "queue", meta.spec.name)
         tag = method.consumer_tag or server_generated_name("amq.ctag-")
-        if tag in self.consumers or tag == self.reply_consumer:
+        if tag in self.consumers or tag == self.state.reply_consumer:
             raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         priority = method.arguments.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -131,25 +117,25 @@ class Consuming:
                             "invalid arg 'x-priority' for "
                             f"{queue_name(meta.spec.vhost, meta.spec.name)}")
         timeout_ms = self._consumer_timeout(method, meta)
-        holder = self.gateway.new_id()
-        link = self._link(meta)
+        holder = self.broker.new_id()
+        link = self.state.link(meta)
         consumer = ConsumerState(tag, holder, meta, link, method.no_ack, method.exclusive,
-                                 self.consumer_prefetch, timeout_ms, method.arguments)
+                                 self.state.consumer_prefetch, timeout_ms, method.arguments)
         consumer.credit = 0 if self._limited(consumer) else FLOW_WINDOW
         self.consumers[tag] = consumer
         self.by_holder[holder] = consumer
-        self.holder_ids.add(holder)
-        self.gateway.holders[holder] = self
+        self.state.holder_ids.add(holder)
+        self.broker.add_holder(holder, self.state)
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
                 self._forget_consumer(consumer)
                 raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
-            self._reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
+            self.state.reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
 
-        self._request(link, lambda req: r.Consume(
+        self.request(link, lambda req: r.Consume(
             req, meta.qid, holder, self.id, tag, method.no_ack, method.exclusive,
-            self.consumer_prefetch, consumer.credit, priority, timeout_ms), answered)
+            self.state.consumer_prefetch, consumer.credit, priority, timeout_ms), answered)
         self._deal_credit()
 
     def _consumer_timeout(self, method: m.BasicConsume, meta: QueueMeta) -> int:
@@ -165,13 +151,13 @@ class Consuming:
             return 0
         if own is not None:
             return own
-        return meta.effective.get("x-consumer-timeout") or self.gateway.config.consumer_timeout
+        return meta.effective.get("x-consumer-timeout") or self.broker.config.consumer_timeout
 
     def consumer_timed_out(self, event: r.ConsumerTimedOut) -> None:
         """RabbitMQ 4.3: cancel just that consumer for clients that understand
         basic.cancel; close the channel for the others."""
         consumer = self.by_holder.get(event.holder)
-        if consumer is None or self.closing or self.closed:
+        if consumer is None or self.state.closing or self.state.closed:
             return
         consumer.timed_out = True
         if self.conn.capabilities.get("consumer_cancel_notify"):
@@ -179,79 +165,80 @@ class Consuming:
             seqs = set(event.seqs)
             tags = self.unacked.tags_of(consumer.holder, seqs)
             if tags:
-                self.timed_out[consumer.tag] = (consumer, tags)
+                self.state.timed_out[consumer.tag] = (consumer, tags)
             self._forget_consumer(consumer)
             consumer.link.send(r.Cancel(0, consumer.meta.qid, consumer.holder))
-            self.send(m.BasicCancel(consumer_tag=consumer.tag, nowait=True))
+            self.state.send(m.BasicCancel(consumer_tag=consumer.tag, nowait=True))
         else:
-            self.conn.close_channel_with_error(self, AMQPError(
+            self.conn.close_channel_with_error(self.state, AMQPError(
                 spec.PRECONDITION_FAILED,
                 f"delivery acknowledgement on channel {self.number} timed out. Timeout value "
                 f"used: {event.timeout_ms} ms. This timeout value can be configured, see "
                 "consumers doc guide to learn more"))
 
     def _settled_timed_out(self, tags: set[int]) -> None:
-        for consumer_tag, (_consumer, pending) in list(self.timed_out.items()):
+        for consumer_tag, (_consumer, pending) in list(self.state.timed_out.items()):
             pending -= tags
             if not pending:
-                del self.timed_out[consumer_tag]
+                del self.state.timed_out[consumer_tag]
 
     def _consume_replies(self, method: m.BasicConsume) -> None:
         if not method.no_ack:
             raise AMQPError(spec.PRECONDITION_FAILED, "reply consumer cannot acknowledge")
-        if self.reply_consumer is not None:
+        if self.state.reply_consumer is not None:
             raise AMQPError(spec.PRECONDITION_FAILED, "reply consumer already set")
         tag = method.consumer_tag or server_generated_name("amq.ctag-")
         if tag in self.consumers:
             raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        self.reply_consumer = tag
-        self.reply_key, self.reply_address = replyto.new_address(self.gateway.index)
-        self.gateway.reply_channels[self.reply_key] = self
-        self._reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
+        self.state.reply_consumer = tag
+        self.state.reply_key, self.state.reply_address = replyto.new_address(self.broker.index)
+        self.broker.add_reply_channel(self.state.reply_key, self.state)
+        self.state.reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
 
-    def _stop_replies(self) -> None:
-        if self.reply_consumer is not None:
-            self.gateway.reply_channels.pop(self.reply_key, None)
-            self.reply_consumer = None
+    def stop_replies(self) -> None:
+        if self.state.reply_consumer is not None:
+            self.broker.drop_reply_channel(self.state.reply_key)
+            self.state.reply_consumer = None
 
-    def _basic_cancel(self, method: m.BasicCancel) -> None:
-        if method.consumer_tag == self.reply_consumer and self.reply_consumer is not None:
-            self._stop_replies()
-            return self._reply(m.BasicCancelOk(consumer_tag=method.consumer_tag), method.nowait)
+    def basic_cancel(self, method: m.BasicCancel) -> None:
+        if method.consumer_tag == self.state.reply_consumer and self.state.reply_consumer is not None:
+            self.stop_replies()
+            return self.state.reply(m.BasicCancelOk(consumer_tag=method.consumer_tag), method.nowait)
         consumer = self.consumers.get(method.consumer_tag)
         if consumer is None:
             # Not an error: the broker may have cancelled it already (queue deleted).
-            return self._reply(m.BasicCancelOk(consumer_tag=method.consumer_tag), method.nowait)
+            return self.state.reply(m.BasicCancelOk(consumer_tag=method.consumer_tag), method.nowait)
 
         def answered(reply: r.Reply) -> None:
             self._forget_consumer(consumer)
-            self._reply(m.BasicCancelOk(consumer_tag=consumer.tag), method.nowait)
+            self.state.reply(m.BasicCancelOk(consumer_tag=consumer.tag), method.nowait)
 
-        self._request(consumer.link, lambda req: r.Cancel(req, consumer.meta.qid, consumer.holder),
+        self.request(consumer.link, lambda req: r.Cancel(req, consumer.meta.qid, consumer.holder),
                       answered)
 
     def _forget_consumer(self, consumer: ConsumerState) -> None:
         self.consumers.pop(consumer.tag, None)
         self.by_holder.pop(consumer.holder, None)
-        self.gateway.holders.pop(consumer.holder, None)
+        self.broker.forget_holder(consumer.holder)
         self.conn.owed_grants.discard(consumer)
         self._deal_credit()  # a limited consumer's credit went with it
 
     def consumer_cancelled_by_broker(self, holder: int) -> None:
         consumer = self.by_holder.get(holder)
-        if consumer is None or self.closing:
+        if consumer is None or self.state.closing:
             return
         self._forget_consumer(consumer)
         if self.conn.capabilities.get("consumer_cancel_notify"):
-            self.send(m.BasicCancel(consumer_tag=consumer.tag, nowait=True))
+            self.state.send(m.BasicCancel(consumer_tag=consumer.tag, nowait=True))
 
     def deliver(self, link, event: r.Deliver) -> None:
         consumer = self.by_holder.get(event.holder)
-        if consumer is None or self.closing:
+        state = self.state
+        if consumer is None or state.closing:
             return  # cancelled meanwhile; the shard requeues what this holder kept
-        tag = self.next_tag
-        self.next_tag += 1
-        totals = self.gateway.totals
+        tag = state.next_tag
+        state.next_tag += 1
+        totals = self.totals
         if event.redelivered:
             totals.redelivered += 1
         consumer.credit -= 1
@@ -260,7 +247,7 @@ class Consuming:
         else:
             totals.consume_manual_ack += 1
             self.unacked.add(tag, Delivery(link, event.qid, event.holder, event.seq))
-            self.consumer_unacked += 1
+            state.consumer_unacked += 1
             consumer.unacked += 1
         properties = event.properties
         if event.delivery_count:
@@ -270,21 +257,21 @@ class Consuming:
             data = hotpath.deliver_frames(
                 self.number, consumer.tag_shortstr, tag, event.redelivered, event.exchange,
                 event.routing_key, properties, event.body, conn.frame_max)
-            if self.flow_active:
+            if state.flow_active:
                 conn.send(data)
             else:
-                self.held_deliveries.append(data)
+                state.held_deliveries.append(data)
         else:  # the body goes out uncopied, by writev
             parts = frames.content_parts(
                 self.number, hotpath.deliver_payload(consumer.tag_shortstr, tag,
                                                      event.redelivered, event.exchange,
                                                      event.routing_key),
                 BASIC_CLASS, properties, event.body, conn.frame_max)
-            if self.flow_active:
+            if state.flow_active:
                 conn.send_uncopied(parts)
             else:
-                self.held_deliveries.append(b"".join(parts))
-        if consumer.no_ack or not self.channel_prefetch:  # not _limited(consumer): window mode
+                state.held_deliveries.append(b"".join(parts))
+        if consumer.no_ack or not state.channel_prefetch:  # not limited: window mode
             consumer.owed_credit += 1
             if consumer.credit <= GRANT_BELOW:
                 conn.owed_grants.add(consumer)
@@ -292,33 +279,33 @@ class Consuming:
 
     def return_credit(self, consumer: ConsumerState) -> None:
         """Window mode: give back the credit of deliveries that left through the socket."""
-        if consumer.owed_credit and self.flow_active and consumer.holder in self.by_holder:
+        if consumer.owed_credit and self.state.flow_active and consumer.holder in self.by_holder:
             consumer.link.send(r.Grant(consumer.meta.qid, consumer.holder, consumer.owed_credit))
             consumer.credit += consumer.owed_credit
             consumer.owed_credit = 0
 
     # -- basic: get and settle -------------------------------------------------
 
-    def _basic_get(self, method: m.BasicGet) -> None:
-        meta = self._queue_named(method.queue)
-        self._allow("read", "queue", meta.spec.name)
-        link = self._link(meta)
+    def basic_get(self, method: m.BasicGet) -> None:
+        meta = self.state.queue_named(method.queue)
+        self.state.allow("read", "queue", meta.spec.name)
+        link = self.state.link(meta)
 
         def answered(reply: r.GetReply) -> None:
             if reply.refused:
                 raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
-            totals = self.gateway.totals
+            totals = self.totals
             if reply.seq == 0:
                 totals.get_empty += 1
-                return self.send(m.BasicGetEmpty())
+                return self.state.send(m.BasicGetEmpty())
             if method.no_ack:
                 totals.get_auto_ack += 1
             else:
                 totals.get_manual_ack += 1
             if reply.redelivered:
                 totals.redelivered += 1
-            tag = self.next_tag
-            self.next_tag += 1
+            tag = self.state.next_tag
+            self.state.next_tag += 1
             if not method.no_ack:
                 self.unacked.add(tag, Delivery(link, meta.qid, self.id, reply.seq))
             self.conn.send(frames.content_frames(
@@ -330,16 +317,16 @@ class Consuming:
                 BASIC_CLASS, _with_delivery_count(reply.properties, reply.delivery_count)
                 if reply.delivery_count else reply.properties, reply.body, self.conn.frame_max))
 
-        self._request(link, lambda req: r.Get(req, meta.qid, self.id, method.no_ack), answered)
+        self.request(link, lambda req: r.Get(req, meta.qid, self.id, method.no_ack), answered)
 
     def _settle(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
-        if self.tx is not None:
-            self.tx.settle(taken, outcome)
+        if self.state.tx is not None:
+            self.state.tx.settle(taken, outcome)
         else:
-            self._settle_now(taken, outcome)
+            self.settle_now(taken, outcome)
 
-    def _settle_now(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
-        if self.timed_out:
+    def settle_now(self, taken: list[tuple[int, Delivery]], outcome: int) -> None:
+        if self.state.timed_out:
             self._settled_timed_out({tag for tag, _ in taken})
         if len(taken) == 1:
             self._settle_one(taken[0][1], outcome)
@@ -349,7 +336,7 @@ class Consuming:
             groups.setdefault((delivery.link, delivery.qid, delivery.holder), []).append(
                 delivery.seq)
             if delivery.holder != self.id:
-                self.consumer_unacked -= 1
+                self.state.consumer_unacked -= 1
                 consumer = self.by_holder.get(delivery.holder)
                 if consumer is not None:
                     consumer.unacked -= 1
@@ -360,49 +347,51 @@ class Consuming:
     def _settle_one(self, delivery: Delivery, outcome: int) -> None:
         """One delivery settled, outside a transaction: the common case, without
         grouping (its timed-out state, if any, already dealt with)."""
+        state = self.state
         consumer = None
         if delivery.holder != self.id:
-            self.consumer_unacked -= 1
+            state.consumer_unacked -= 1
             consumer = self.by_holder.get(delivery.holder)
             if consumer is not None:
                 consumer.unacked -= 1
         link = delivery.link
         link.send(r.Settle(delivery.qid, delivery.holder, [delivery.seq], outcome),
-                  lazy=outcome == r.SETTLE_ACK and not self.channel_prefetch
+                  lazy=outcome == r.SETTLE_ACK and not state.channel_prefetch
                   and _room_left(consumer, link.lazy_acks))
-        if self.channel_prefetch:
+        if state.channel_prefetch:
             self._deal_credit()
 
-    def _basic_ack(self, method: m.BasicAck) -> None:
-        self._ack(method.delivery_tag, method.multiple)
+    def basic_ack(self, method: m.BasicAck) -> None:
+        self.ack(method.delivery_tag, method.multiple)
 
-    def _ack(self, tag: int, multiple: bool) -> None:
-        if not multiple and self.tx is None and not self.timed_out:
+    def ack(self, tag: int, multiple: bool) -> None:
+        state = self.state
+        if not multiple and state.tx is None and not state.timed_out:
             # one delivery, the common case: without the list _settle takes
             delivery = self.unacked.pop(tag)
             if delivery is not None:
-                self.gateway.totals.acknowledged += 1
+                self.totals.acknowledged += 1
                 self._settle_one(delivery, r.SETTLE_ACK)
                 return
         taken = self.unacked.take(tag, multiple)
-        self.gateway.totals.acknowledged += len(taken)
+        self.totals.acknowledged += len(taken)
         self._settle(taken, r.SETTLE_ACK)
 
-    def _basic_nack(self, method: m.BasicNack) -> None:
+    def basic_nack(self, method: m.BasicNack) -> None:
         # A nack with requeue is not a failed delivery (RabbitMQ 4.3 counting).
         outcome = r.SETTLE_RETURN if method.requeue else r.SETTLE_DISCARD
         self._settle(self.unacked.take(method.delivery_tag, method.multiple), outcome)
 
-    def _basic_reject(self, method: m.BasicReject) -> None:
+    def basic_reject(self, method: m.BasicReject) -> None:
         outcome = r.SETTLE_REQUEUE if method.requeue else r.SETTLE_DISCARD
         self._settle(self.unacked.take(method.delivery_tag, False), outcome)
 
-    def _basic_recover(self, method) -> None:
+    def basic_recover(self, method) -> None:
         if not method.requeue:
             raise AMQPError(spec.NOT_IMPLEMENTED, "requeue=false")
-        self._settle_now(self.unacked.take_all(), r.SETTLE_REQUEUE)
+        self.settle_now(self.unacked.take_all(), r.SETTLE_REQUEUE)
         if type(method) is m.BasicRecover:
-            self.send(m.BasicRecoverOk())
+            self.state.send(m.BasicRecoverOk())
 
 
 def _room_left(consumer: ConsumerState | None, unsent: int) -> bool:

@@ -1,8 +1,9 @@
 """A channel's declarations: exchanges, queues and bindings (exchange.*, queue.*),
-checked and answered as RabbitMQ does. A mixin of Channel: it uses the channel's
-lookups (_queue_named, _allow, _check_exclusive) and its shard requests."""
+checked and answered as RabbitMQ does."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
 
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp import spec
@@ -15,17 +16,32 @@ from warren.shards import records as r
 from warren.storage.queuespec import QueueSpec
 
 from . import replyto
+from .state import ChannelState
+
+if TYPE_CHECKING:
+    from .ports import Broker
 
 
-class Declarations:
+class Declaring:
+    """Gets the channel's state, the broker port and the channel's `request`
+    (send a request to a shard or a gateway, park the channel until the answer ran)."""
+
+    __slots__ = ("state", "broker", "request", "conn")
+
+    def __init__(self, state: ChannelState, broker: Broker, request: Callable):
+        self.state = state
+        self.broker = broker
+        self.request = request
+        self.conn = state.conn
+
     # -- many gateways -----------------------------------------------------------
 
-    def _forward(self, method) -> None:
+    def forward(self, method) -> None:
         """On a gateway other than gateway 0, which alone changes the catalogue: have
         it run the declaration as if this connection were there, then answer as it
         did. Its changes to the catalogue arrive here before its answer."""
         def answered(answer) -> None:
-            self.last_queue = answer.last_queue
+            self.state.last_queue = answer.last_queue
             if answer.code:
                 raise AMQPError(answer.code, answer.detail, answer.class_id, answer.method_id)
             if answer.frames:
@@ -34,31 +50,31 @@ class Declarations:
         conn = self.conn
 
         def forward(_=None) -> None:
-            self._request(self.gateway.leader, lambda req: Forward(
-                req, conn.id, conn.user, self.vhost.name, self.number, m.encode_method(method),
-                self.last_queue), answered)
+            self.request(self.broker.leader, lambda req: Forward(
+                req, conn.id, conn.user, self.state.vhost.name, self.state.number, m.encode_method(method),
+                self.state.last_queue), answered)
 
         meta = None
         if type(method) in (m.QueueDeclare, m.QueueDelete):
-            meta = self.vhost.queues.get(method.queue or self.last_queue)
+            meta = self.state.vhost.queues.get(method.queue or self.state.last_queue)
         if meta is None:
             return forward()
         # Gateway 0 counts the queue's messages (declare-ok, delete-ok) by asking on
         # its own ring: this channel's publishes on ours must reach the shard first.
-        self._request(self._link(meta), lambda req: r.QueueStatus(req, meta.qid), forward)
+        self.request(self.state.link(meta), lambda req: r.QueueStatus(req, meta.qid), forward)
 
     def _reply_seen(self, method, nowait: bool = False) -> None:
         """Answer a change of the catalogue once every gateway process has it, so a
         client told -ok finds the change on whichever gateway it uses next."""
-        followers = self.gateway.followers
+        followers = self.broker.followers
         if followers is None or followers.caught_up():
-            return self._reply(method, nowait)
-        self._request(followers, lambda req: None, lambda _: self._reply(method, nowait))
+            return self.state.reply(method, nowait)
+        self.request(followers, lambda req: None, lambda _: self.state.reply(method, nowait))
 
     # -- exchanges -------------------------------------------------------------
 
-    def _exchange_declare(self, method: m.ExchangeDeclare) -> None:
-        vhost = self.vhost
+    def exchange_declare(self, method: m.ExchangeDeclare) -> None:
+        vhost = self.state.vhost
         name = method.exchange
         if not method.passive:
             rules.check_exchange_type(method.type)
@@ -66,34 +82,34 @@ class Declarations:
         if method.passive:
             if name not in vhost.exchanges:
                 raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, name)}")
-            return self._reply(m.ExchangeDeclareOk(), method.nowait)
-        self._allow("configure", "exchange", name)
-        rules.declare_exchange(self.gateway, Exchange(
+            return self.state.reply(m.ExchangeDeclareOk(), method.nowait)
+        self.state.allow("configure", "exchange", name)
+        self.broker.declare_exchange(Exchange(
             vhost.name, name, method.type, method.durable, method.auto_delete, method.internal,
-            method.arguments), self._allow)
+            method.arguments), self.state.allow)
         self._reply_seen(m.ExchangeDeclareOk(), method.nowait)
 
-    def _exchange_delete(self, method: m.ExchangeDelete) -> None:
+    def exchange_delete(self, method: m.ExchangeDelete) -> None:
         name = method.exchange
         rules.not_default(name)
         if name.startswith("amq."):  # refused even when no such exchange exists
             raise AMQPError(spec.ACCESS_REFUSED, f"deletion of system "
-                            f"{exchange_name(self.vhost.name, name)} not allowed")
-        self._allow("configure", "exchange", name)
-        exchange = self.vhost.exchanges.get(name)
+                            f"{exchange_name(self.state.vhost.name, name)} not allowed")
+        self.state.allow("configure", "exchange", name)
+        exchange = self.state.vhost.exchanges.get(name)
         if exchange is not None:
             if method.if_unused and exchange.bindings:
                 raise AMQPError(spec.PRECONDITION_FAILED,
-                                f"{exchange_name(self.vhost.name, name)} in use")
-            self.gateway.delete_exchange(exchange)
+                                f"{exchange_name(self.state.vhost.name, name)} in use")
+            self.broker.delete_exchange(exchange)
         self._reply_seen(m.ExchangeDeleteOk(), method.nowait)
 
-    def _exchange_bind(self, method: m.ExchangeBind) -> None:
+    def exchange_bind(self, method: m.ExchangeBind) -> None:
         self._bind(method.source, (EXCHANGE, method.destination), method.routing_key,
                    method.arguments)
         self._reply_seen(m.ExchangeBindOk(), method.nowait)
 
-    def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
+    def exchange_unbind(self, method: m.ExchangeUnbind) -> None:
         self._unbind(method.source, (EXCHANGE, method.destination), method.routing_key,
                      method.arguments)
         self._reply_seen(m.ExchangeUnbindOk(), method.nowait)
@@ -104,21 +120,21 @@ class Declarations:
         """RabbitMQ's checks of a bind or unbind that come first: permissions and
         the default exchange."""
         kind, name = destination
-        self._allow("write", kind, name)
+        self.state.allow("write", kind, name)
         rules.not_default(source)
         if kind == EXCHANGE:
             rules.not_default(name)
-        self._allow("read", "exchange", source)
+        self.state.allow("read", "exchange", source)
 
     def _bind(self, source_name: str, destination: tuple, routing_key: str,
               arguments: dict) -> None:
         """Both ends must exist (404), before an exclusive queue's 405."""
         self._binding_checks(source_name, destination)
-        source, target = rules.binding_ends(self.gateway, self.vhost.name, source_name,
-                                              destination)
+        source, target = self.broker.binding_ends(self.state.vhost.name, source_name,
+                                                  destination)
         if destination[0] == QUEUE:
-            self._check_exclusive(target)
-        self.gateway.bind(source, destination, routing_key, arguments)
+            self.state.check_exclusive(target)
+        self.broker.bind(source, destination, routing_key, arguments)
 
     def _unbind(self, source_name: str, destination: tuple, routing_key: str,
                 arguments: dict) -> None:
@@ -126,25 +142,25 @@ class Declarations:
         or exchange does not, succeeds; only an existing binding checks exclusivity."""
         self._binding_checks(source_name, destination)
         kind, name = destination
-        source = self.vhost.exchanges.get(source_name)
-        target = (self.vhost.queues if kind == QUEUE else self.vhost.exchanges).get(name)
+        source = self.state.vhost.exchanges.get(source_name)
+        target = (self.state.vhost.queues if kind == QUEUE else self.state.vhost.exchanges).get(name)
         if (source is None or target is None
                 or not source.has_binding(destination, routing_key, arguments)):
             return
         if destination[0] == QUEUE:
-            self._check_exclusive(target)
-        self.gateway.unbind(source, destination, routing_key, arguments)
+            self.state.check_exclusive(target)
+        self.broker.unbind(source, destination, routing_key, arguments)
 
     # -- queues ----------------------------------------------------------------
 
-    def _queue_declare(self, method: m.QueueDeclare) -> None:
-        self.gateway.totals.queues_declared += 1
-        vhost = self.vhost
+    def queue_declare(self, method: m.QueueDeclare) -> None:
+        self.broker.totals.queues_declared += 1
+        vhost = self.state.vhost
         name = method.queue
         if method.passive:
             if replyto.is_reply_queue(name):
                 return self._declare_reply_address(method)
-            meta = self._queue_named(name)
+            meta = self.state.queue_named(name)
             return self._queue_declare_existing(method, meta)
         server_named = name == ""
         if server_named:
@@ -154,16 +170,15 @@ class Declarations:
         # An exclusive queue dies with its connection: RabbitMQ ignores durable for it.
         queue = QueueSpec(vhost.name, name, method.durable and not method.exclusive,
                           method.exclusive, method.auto_delete, method.arguments)
-        self._allow("configure", "queue", name)
+        self.state.allow("configure", "queue", name)
         meta = vhost.queues.get(name)
         if meta is not None:
-            self._check_exclusive(meta, redeclared_exclusive=method.exclusive)
-        meta, created = rules.declare_queue(self.gateway, queue,
-                                              self.conn if method.exclusive else None,
-                                              server_named, self._allow)
+            self.state.check_exclusive(meta, redeclared_exclusive=method.exclusive)
+        meta, created = self.broker.declare_queue(
+            queue, self.conn if method.exclusive else None, server_named, self.state.allow)
         if not created:
             return self._queue_declare_existing(method, meta)
-        self.last_queue = name
+        self.state.last_queue = name
         self._reply_seen(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
                          method.nowait)
 
@@ -176,38 +191,38 @@ class Declarations:
 
         def answer(consuming: bool) -> None:
             if not consuming:
-                self._queue_named(address)  # 404, as for any queue that is not there
-            self._reply(m.QueueDeclareOk(queue=address, message_count=0, consumer_count=1),
+                self.state.queue_named(address)  # 404, as for any queue that is not there
+            self.state.reply(m.QueueDeclareOk(queue=address, message_count=0, consumer_count=1),
                         method.nowait)
 
         if address == replyto.REPLY_QUEUE:
             return answer(True)
         index = replyto.gateway_of(address)
-        followers = self.gateway.followers
-        if index is None or index == self.gateway.index or followers is None:
-            return answer(self.gateway.reply_channel(address) is not None)
-        self._request(followers.at(index), lambda req: AskReplyConsumer(req, address),
+        followers = self.broker.followers
+        if index is None or index == self.broker.index or followers is None:
+            return answer(self.broker.reply_channel(address) is not None)
+        self.request(followers.at(index), lambda req: AskReplyConsumer(req, address),
                       lambda reply: answer(reply is not None and reply.consuming))
 
     def _queue_declare_existing(self, method: m.QueueDeclare, meta: QueueMeta) -> None:
-        self.last_queue = meta.spec.name
+        self.state.last_queue = meta.spec.name
         if method.nowait:
             return
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
                 raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
-            self.send(m.QueueDeclareOk(queue=meta.spec.name, message_count=reply.message_count,
+            self.state.send(m.QueueDeclareOk(queue=meta.spec.name, message_count=reply.message_count,
                                        consumer_count=reply.consumer_count))
 
-        self._request(self._link(meta), lambda req: r.QueueStatus(req, meta.qid), answered)
+        self.request(self.state.link(meta), lambda req: r.QueueStatus(req, meta.qid), answered)
 
-    def _queue_bind(self, method: m.QueueBind) -> None:
+    def queue_bind(self, method: m.QueueBind) -> None:
         queue, routing_key = self._queue_binding(method)
         self._bind(method.exchange, (QUEUE, queue), routing_key, method.arguments)
         self._reply_seen(m.QueueBindOk(), method.nowait)
 
-    def _queue_unbind(self, method: m.QueueUnbind) -> None:
+    def queue_unbind(self, method: m.QueueUnbind) -> None:
         queue, routing_key = self._queue_binding(method)
         self._unbind(method.exchange, (QUEUE, queue), routing_key, method.arguments)
         self._reply_seen(m.QueueUnbindOk())
@@ -215,38 +230,38 @@ class Declarations:
     def _queue_binding(self, method: m.QueueBind | m.QueueUnbind) -> tuple[str, str]:
         """The queue and routing key of a queue.bind or unbind. With neither given,
         both are the channel's last declared queue (RabbitMQ's shortcut)."""
-        queue = self._expand_queue_name(method.queue)
+        queue = self.state.expand_queue_name(method.queue)
         if not method.queue and not method.routing_key:
             return queue, queue
         return queue, method.routing_key
 
-    def _queue_purge(self, method: m.QueuePurge) -> None:
-        meta = self._queue_named(method.queue)
-        self._allow("read", "queue", meta.spec.name)
+    def queue_purge(self, method: m.QueuePurge) -> None:
+        meta = self.state.queue_named(method.queue)
+        self.state.allow("read", "queue", meta.spec.name)
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
                 raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
-            self._reply(m.QueuePurgeOk(message_count=reply.message_count), method.nowait)
+            self.state.reply(m.QueuePurgeOk(message_count=reply.message_count), method.nowait)
 
-        self._request(self._link(meta), lambda req: r.PurgeQueue(req, meta.qid), answered)
+        self.request(self.state.link(meta), lambda req: r.PurgeQueue(req, meta.qid), answered)
 
-    def _queue_delete(self, method: m.QueueDelete) -> None:
-        name = self._expand_queue_name(method.queue)
-        meta = self.vhost.queues.get(name)
+    def queue_delete(self, method: m.QueueDelete) -> None:
+        name = self.state.expand_queue_name(method.queue)
+        meta = self.state.vhost.queues.get(name)
         if meta is None:
             # Deleting a queue that does not exist succeeds, as in RabbitMQ.
-            return self._reply(m.QueueDeleteOk(message_count=0), method.nowait)
-        self._check_exclusive(meta)
-        self._allow("configure", "queue", meta.spec.name)
+            return self.state.reply(m.QueueDeleteOk(message_count=0), method.nowait)
+        self.state.check_exclusive(meta)
+        self.state.allow("configure", "queue", meta.spec.name)
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
                 raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
-            self.gateway.forget_queue(meta)
+            self.broker.forget_queue(meta)
             self._reply_seen(m.QueueDeleteOk(message_count=reply.message_count), method.nowait)
 
-        self._request(self._link(meta),
+        self.request(self.state.link(meta),
                       lambda req: r.DeleteQueue(req, meta.qid, method.if_unused, method.if_empty),
                       answered)
 

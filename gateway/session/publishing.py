@@ -1,9 +1,10 @@
 """A channel's publishing: basic.publish routed to the shards of its queues,
 the properties the broker acts on (expiration, priority, CC/BCC, direct reply-to),
-unroutable returns, lock renewal, publisher confirms and transactions. A mixin
-of Channel."""
+unroutable returns, lock renewal, publisher confirms and transactions."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
 
 from warren.gateway.amqp import frames, hotpath, spec
 from warren.gateway.amqp import methods as m
@@ -25,7 +26,11 @@ from warren.shards import records as r
 from . import replyto
 from .assembly import BASIC_CLASS
 from .confirms import ConfirmTracker
+from .state import ChannelState
 from .transaction import Transaction, TxPublish
+
+if TYPE_CHECKING:
+    from .ports import Broker
 
 _EXPIRATION = flag_mask("expiration")
 _PRIORITY = flag_mask("priority")
@@ -76,27 +81,51 @@ def _persistent(properties: bytes) -> bool:
 
 
 class Publishing:
+    """Gets the channel's state, the broker port, the channel's `command` (run or
+    queue a complete command in its turn), consuming's `settle_now` (a committed
+    transaction's settlements) and the channel's `drain_backlog` (commit-ok lets
+    the waiting commands run). What a publish touches is bound here once."""
+
+    __slots__ = ("state", "broker", "command", "settle_now", "drain_backlog", "conn", "number",
+                 "id", "routes", "assembler", "totals", "unacked", "publish_to")
+
+    def __init__(self, state: ChannelState, broker: Broker, command: Callable,
+                 settle_now: Callable, drain_backlog: Callable):
+        self.state = state
+        self.broker = broker
+        self.command = command
+        self.settle_now = settle_now
+        self.drain_backlog = drain_backlog
+        self.conn = state.conn
+        self.number = state.number
+        self.id = state.id
+        self.routes = state._routes
+        self.assembler = state.assembler
+        self.totals = broker.totals
+        self.unacked = state.unacked
+        self.publish_to = broker.publish_to
+
     # -- basic: publish and confirms -------------------------------------------
 
     def handle_publish(self, payload: bytes, properties: bytes, body: bytes) -> None:
         """A whole publish (method payload, properties, body) arrived at once. One
-        whose route its connection knows goes straight to its shards: what _publish
+        whose route its connection knows goes straight to its shards: what publish
         and _route would do for it outside a transaction, with no expiration,
         priority, reply-to or headers. (Under a resource alarm its connection stops
         before a publish's content header: Connection._block.)"""
-        route = self._routes.get(payload)
-        gateway = self.gateway
-        if (route is not None and route.epoch == gateway.epoch and self.tx is None
-                and not self._waiting and not (properties[0] << 8 | properties[1]) & _EXTRAS
+        route = self.routes.get(payload)
+        state = self.state
+        if (route is not None and route.epoch == self.broker.epoch and state.tx is None
+                and not state._waiting and not (properties[0] << 8 | properties[1]) & _EXTRAS
                 and len(body) <= self.assembler.max_size):
             try:
                 persistent = _persistent(properties)
             except PropertiesError:
                 persistent = None  # _route says what is wrong with them
             if persistent is not None:
-                totals = gateway.totals
+                totals = self.totals
                 totals.received += 1
-                tracker = self.confirms
+                tracker = state.confirms
                 if tracker is None:
                     channel = seq = 0
                 else:
@@ -104,34 +133,34 @@ class Publishing:
                     totals.received_confirm += 1
                 if route.sends:
                     totals.routed += 1
-                    gateway.publish_to(route.sends, route.exchange, route.routing_key,
-                                       properties, body, persistent, -1, 0, channel, seq,
-                                       tracker, self.conn)
+                    self.publish_to(route.sends, route.exchange, route.routing_key,
+                                    properties, body, persistent, -1, 0, channel, seq,
+                                    tracker, self.conn)
                 else:
                     totals.unroutable_dropped += 1
                 if seq and tracker.has_answers():
                     self._confirms_changed()
                 return
         method, properties, body = self.assembler.whole_publish(payload, properties, body)
-        if self._waiting or type(method) is AMQPError:
-            self._command(method, properties, body)
-        else:  # what _command and _execute would do, without the two calls
-            self._publish(method, properties, body, payload)
+        if state._waiting or type(method) is AMQPError:
+            self.command(method, properties, body)
+        else:  # what command and _execute would do, without the two calls
+            self.publish(method, properties, body, payload)
 
-    def _publish(self, method: hotpath.Publish, properties: bytes, body: bytes,
-                 payload: bytes | None = None) -> None:
+    def publish(self, method: hotpath.Publish, properties: bytes, body: bytes,
+                payload: bytes | None = None) -> None:
         """`payload`: the method's, under which the connection may remember its route."""
         if method.immediate:
             raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true",
                             method.CLASS_ID, method.METHOD_ID)
-        vhost = self.vhost
+        vhost = self.state.vhost
         exchange = vhost.exchanges.get(method.exchange)
         if exchange is None:
             raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, method.exchange)}",
                             method.CLASS_ID, method.METHOD_ID)
         try:
-            self.gateway.access.check(self.conn.user, vhost.name, "write", "exchange",
-                                      exchange.name)
+            self.broker.access.check(self.conn.user, vhost.name, "write", "exchange",
+                                     exchange.name)
         except AMQPError as error:  # RabbitMQ names basic.publish in the close
             error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
             raise
@@ -149,8 +178,8 @@ class Publishing:
                 error.class_id, error.method_id = method.CLASS_ID, method.METHOD_ID
                 raise
             payload = None  # a route for these properties alone
-        if self.tx is not None:
-            self.tx.publish(TxPublish(method, properties, body, expiration, priority, also))
+        if self.state.tx is not None:
+            self.state.tx.publish(TxPublish(method, properties, body, expiration, priority, also))
         else:
             self._route(method, properties, body, expiration, priority, also, exchange, payload)
 
@@ -158,7 +187,7 @@ class Publishing:
         """Warren's lock renewal: a publish to amq.warren.renew with the consumer tag
         as routing key and header x-delivery-tag (or x-renew-all = true) extends the
         lock of those deliveries by the consumer's timeout."""
-        consumer = self.consumers.get(consumer_tag)
+        consumer = self.state.consumers.get(consumer_tag)
         if consumer is None:
             raise AMQPError(spec.PRECONDITION_FAILED, f"unknown consumer tag '{consumer_tag}'",
                             BASIC_CLASS, m.BasicPublish.METHOD_ID)
@@ -203,10 +232,10 @@ class Publishing:
                     props.headers = {k: v for k, v in headers.items() if k != "BCC"}
                     changed = True
             if flags & _REPLY_TO and peek_reply_to(properties) == replyto.REPLY_QUEUE:
-                if self.reply_consumer is None:
+                if self.state.reply_consumer is None:
                     raise AMQPError(spec.PRECONDITION_FAILED, "fast reply consumer does not exist")
                 props = props or decode_properties(properties)
-                props.reply_to = self.reply_address
+                props.reply_to = self.state.reply_address
                 changed = True
             if changed:
                 properties = encode_properties(props)
@@ -221,7 +250,7 @@ class Publishing:
         `exchange` is looked up unless the caller just did (a transaction's publish
         routes at commit, through the exchanges as they are then). With `payload`,
         the route is remembered for the publishes like this one (Route)."""
-        vhost = self.vhost
+        vhost = self.state.vhost
         if exchange is _LOOK_UP:
             exchange = vhost.exchanges.get(method.exchange)
         routing_key = method.routing_key
@@ -235,9 +264,9 @@ class Publishing:
             targets = [meta] if meta is not None else []
         else:
             headers = _headers_of(properties)
-            targets = self.gateway.route(vhost, exchange, routing_key, headers)
+            targets = self.broker.route(vhost, exchange, routing_key, headers)
             for key in also:  # CC / BCC routing keys
-                targets = _union(targets, self.gateway.route(vhost, exchange, key, headers))
+                targets = _union(targets, self.broker.route(vhost, exchange, key, headers))
         try:
             persistent = _persistent(properties)
         except PropertiesError as error:
@@ -248,7 +277,7 @@ class Publishing:
         else:
             seq = tracker.publish((targets[0].shard,) if len(targets) == 1
                                   else {meta.shard for meta in targets})
-        totals = self.gateway.totals
+        totals = self.totals
         totals.received += 1
         if seq:
             totals.received_confirm += 1
@@ -260,15 +289,15 @@ class Publishing:
                 totals.unroutable_dropped += 1
         else:
             totals.routed += 1
-            self.gateway.publish(targets, method.exchange, routing_key, properties, body,
+            self.broker.publish(targets, method.exchange, routing_key, properties, body,
                                 persistent, expiration, priority,
                                 self.id if seq else 0, seq, tracker if seq else None, self.conn)
         if payload is not None and (targets or not method.mandatory):  # (never in a tx)
-            if len(self._routes) >= ROUTES_KEPT:
-                self._routes.clear()
-            self._routes[payload] = Route(self.gateway.epoch, method.exchange, routing_key,
-                                          targets)
-        if seq and (tracker is not self.confirms or tracker.has_answers()):
+            if len(self.routes) >= ROUTES_KEPT:
+                self.routes.clear()
+            self.routes[payload] = Route(self.broker.epoch, method.exchange, routing_key,
+                                         targets)
+        if seq and (tracker is not self.state.confirms or tracker.has_answers()):
             self._confirms_changed()  # (a confirm waiting for its shards changes nothing yet)
 
     def _route_reply(self, method: hotpath.Publish, properties: bytes, body: bytes,
@@ -277,29 +306,29 @@ class Publishing:
         another gateway's address, to that gateway. A mandatory reply whose
         requester has gone comes back (basic.return), before its confirm: one sent
         to another gateway is confirmed once that gateway says what became of it."""
-        channel = self.gateway.reply_channel(method.routing_key)
+        channel = self.broker.reply_channel(method.routing_key)
         if channel is not None:
             self._confirm_at_once(tracker)
             channel.deliver_reply(method.exchange, method.routing_key, properties, body)
             return
         if not method.mandatory:
             self._confirm_at_once(tracker)
-            self.gateway.reply_elsewhere(method.exchange, method.routing_key, properties, body)
+            self.broker.reply_elsewhere(method.exchange, method.routing_key, properties, body)
             return
-        self.replies_asked += 1
-        ask = self.replies_asked
-        if self.gateway.reply_elsewhere(method.exchange, method.routing_key, properties, body,
+        self.state.replies_asked += 1
+        ask = self.state.replies_asked
+        if self.broker.reply_elsewhere(method.exchange, method.routing_key, properties, body,
                                         self.id, ask):
             seq = tracker.publish((REMOTE_REPLY,)) if tracker is not None else 0
-            self.remote_replies[ask] = (method, properties, body, seq)
+            self.state.remote_replies[ask] = (method, properties, body, seq)
             return
         self._confirm_at_once(tracker)
         self._return_unroutable(method, properties, body)
 
     def reply_outcome(self, ask: int, returned: bool) -> None:
         """Another gateway delivered (or, its requester gone, returns) a mandatory reply."""
-        pending = self.remote_replies.pop(ask, None)
-        if pending is None or self.closing or self.closed:
+        pending = self.state.remote_replies.pop(ask, None)
+        if pending is None or self.state.closing or self.state.closed:
             return
         method, properties, body, seq = pending
         if returned:
@@ -318,37 +347,37 @@ class Publishing:
 
     def deliver_reply(self, exchange: str, routing_key: str, properties: bytes,
                       body: bytes) -> None:
-        if self.reply_consumer is None or self.closing or self.closed:
+        if self.state.reply_consumer is None or self.state.closing or self.state.closed:
             return
-        tag = self.next_tag
-        self.next_tag += 1
+        tag = self.state.next_tag
+        self.state.next_tag += 1
         self.conn.send(frames.content_frames(
             self.number,
-            hotpath.deliver_payload(hotpath.shortstr(self.reply_consumer), tag, False, exchange,
+            hotpath.deliver_payload(hotpath.shortstr(self.state.reply_consumer), tag, False, exchange,
                                     routing_key),
             BASIC_CLASS, properties, body, self.conn.frame_max))
         self.conn.schedule_flush()
 
-    def _confirm_select(self, method: m.ConfirmSelect) -> None:
-        if self.tx is not None:
+    def confirm_select(self, method: m.ConfirmSelect) -> None:
+        if self.state.tx is not None:
             raise AMQPError(spec.PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
-        if self.confirms is None:
-            self.confirms = ConfirmTracker()
-        self._reply(m.ConfirmSelectOk(), method.nowait)
+        if self.state.confirms is None:
+            self.state.confirms = ConfirmTracker()
+        self.state.reply(m.ConfirmSelectOk(), method.nowait)
 
     def _tracker(self) -> ConfirmTracker | None:
         """Who counts the shards' acceptance of publishes: confirm mode's tracker,
         or a transaction's (commit-ok waits for it)."""
-        if self.confirms is not None:
-            return self.confirms
-        return self.tx.stored if self.tx is not None else None
+        if self.state.confirms is not None:
+            return self.state.confirms
+        return self.state.tx.stored if self.state.tx is not None else None
 
     def confirmed(self, seqs: list[int], shard: int) -> None:
         """The shard stored these publishes of this channel."""
         tracker = self._tracker()
-        if tracker is None or self.closing:
+        if tracker is None or self.state.closing:
             return
-        if tracker is self.confirms:  # answers go out at the flush: one change for all
+        if tracker is self.state.confirms:  # answers go out at the flush: one change for all
             for seq in seqs:
                 tracker.accept(seq, shard)
             self._confirms_changed()
@@ -360,63 +389,63 @@ class Publishing:
     def rejected(self, seqs: list[int], shard: int) -> None:
         """The shard could not store these publishes of this channel."""
         tracker = self._tracker()
-        if tracker is not None and not self.closing:
+        if tracker is not None and not self.state.closing:
             for seq in seqs:
                 tracker.reject(seq, shard)
                 self._confirms_changed()
 
     def _confirms_changed(self) -> None:
-        if self.confirms is not None:
+        if self.state.confirms is not None:
             self.conn.owed_confirms.add(self)
             self.conn.schedule_flush()
-        elif self.tx is not None and self.tx.stored_all():
-            self.send(m.TxCommitOk())
-            self._waiting = False
-            self.conn.run_guarded(self, self._drain_backlog)
+        elif self.state.tx is not None and self.state.tx.stored_all():
+            self.state.send(m.TxCommitOk())
+            self.state._waiting = False
+            self.conn.run_guarded(self.state, self.drain_backlog)
 
     # -- transactions ----------------------------------------------------------
 
-    def _tx_select(self, method: m.TxSelect) -> None:
-        if self.confirms is not None:
+    def tx_select(self, method: m.TxSelect) -> None:
+        if self.state.confirms is not None:
             raise AMQPError(spec.PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
-        if self.tx is None:
-            self.tx = Transaction()
-        self.send(m.TxSelectOk())
+        if self.state.tx is None:
+            self.state.tx = Transaction()
+        self.state.send(m.TxSelectOk())
 
-    def _tx_commit(self, method: m.TxCommit) -> None:
+    def tx_commit(self, method: m.TxCommit) -> None:
         """Carry out the transaction's publishes and settlements in one loop turn, so
         each shard gets them in one batch and applies them in one commit; answer
         commit-ok once every shard has stored its part."""
-        if self.tx is None:
+        if self.state.tx is None:
             raise AMQPError(spec.PRECONDITION_FAILED, "channel is not transactional")
-        for action in self.tx.take():
+        for action in self.state.tx.take():
             if type(action) is TxPublish:
                 self._route(*action)
             else:
-                self._settle_now(action.taken, action.outcome)
-        if self.tx.carried_out():
-            self.send(m.TxCommitOk())
+                self.settle_now(action.taken, action.outcome)
+        if self.state.tx.carried_out():
+            self.state.send(m.TxCommitOk())
         else:
-            self._waiting = True  # later frames wait for commit-ok
+            self.state._waiting = True  # later frames wait for commit-ok
 
-    def _tx_rollback(self, method: m.TxRollback) -> None:
-        if self.tx is None:
+    def tx_rollback(self, method: m.TxRollback) -> None:
+        if self.state.tx is None:
             raise AMQPError(spec.PRECONDITION_FAILED, "channel is not transactional")
         # Acks of the rolled-back transaction leave their deliveries unacked again.
-        self.unacked.restore(self.tx.rollback())
-        self.send(m.TxRollbackOk())
+        self.unacked.restore(self.state.tx.rollback())
+        self.state.send(m.TxRollbackOk())
 
     def send_confirms(self) -> None:
-        if self.confirms is None or self.closing:
+        if self.state.confirms is None or self.state.closing:
             return
-        acked = self.confirms.acked
-        replies = self.confirms.take_replies()
-        self.gateway.totals.confirmed += self.confirms.acked - acked
+        acked = self.state.confirms.acked
+        replies = self.state.confirms.take_replies()
+        self.totals.confirmed += self.state.confirms.acked - acked
         for ack, tag, multiple in replies:
             if ack:
                 self.conn.send(hotpath.ack_frame(self.number, tag, multiple))
             else:
-                self.send(m.BasicNack(delivery_tag=tag, multiple=multiple, requeue=False))
+                self.state.send(m.BasicNack(delivery_tag=tag, multiple=multiple, requeue=False))
 
 
 def _routing_keys(value) -> list[str]:
