@@ -19,12 +19,12 @@ def pytest_addoption(parser):
 
 
 def kind_of(path: Path) -> str:
-    """A test's kind, by its folder (loadtest/probes/tests are unit tests of the probes)."""
-    try:
+    """A test's kind, by its folder. Beside the load-testing tools, the probes'
+    tests are unit tests; the bench's start brokers and run `warren bench`."""
+    if path.is_relative_to(HERE):
         folder = path.relative_to(HERE).parts[0]
-    except ValueError:
-        return "unit"
-    return folder if folder in KINDS else "unit"
+        return folder if folder in KINDS else "e2e"
+    return "unit" if "probes" in path.parts else "e2e"
 
 
 def pytest_collection_modifyitems(config, items):

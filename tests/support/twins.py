@@ -3,36 +3,20 @@ ring's core, the gateway's shard link), for the tests that run both on the same
 inputs (the compiled one where it was built); and the shard's pure modules whose
 compiled twins are those modules built as they are (typed by .pxd files).
 
-With WARREN_PURE_PYTHON set the suite runs without the compiled extension: only
-the pure twins, here as in the broker. (A compiled twin works with the compiled
-twins it calls as C types, so it never serves beside pure ones.)"""
+With WARREN_PURE_PYTHON set the suite runs without the compiled extensions: only
+the pure twins, here as in the broker (shards/build.py chooses for both). (A
+compiled twin works with the compiled twins it calls as C types, so it never
+serves beside pure ones.)"""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
 from warren.gateway.amqp import frames, hotpath
 from warren.gateway.io import shardlink
-from warren.shards import batches, gatewayrings, outbox, queue, ring, shard
-from warren.shards import compiled as choice
+from warren.shards import batches, build, gatewayrings, outbox, queue, ring, shard
 
-PURE_ONLY = bool(os.environ.get("WARREN_PURE_PYTHON"))
-
-
-def built_module(module: str):
-    """The compiled extension `module` for the tests to run, or None (not built, or
-    the suite runs without them)."""
-    return None if PURE_ONLY else choice.built_module(module)
-
-
-def built(module: str, name: str):
-    """`name` from the compiled extension `module` for the tests to run, or None."""
-    return None if PURE_ONLY else choice.built(module, name)
-
-
-compiled = built_module("warren.gateway.amqp._hotpath")
+compiled = build.extension("warren.gateway.amqp._hotpath")
 
 
 def twins(name: str, pure) -> list:
@@ -48,15 +32,15 @@ SCAN_PUBLISH = twins("scan_publish", frames.scan_publish)
 READERS = twins("FrameReader", frames.PureFrameReader)
 DELIVER_FRAMES = twins("deliver_frames", hotpath.pure_deliver_frames)
 RINGS = [pytest.param(ring.PureRing, id="pure")] + (
-    [pytest.param(ring.CompiledRing, id="compiled")]
-    if ring.CompiledRing is not None and not PURE_ONLY else [])
+    [pytest.param(ring.CompiledRing, id="compiled")] if ring.CompiledRing is not None else [])
 
 
 def builds(pure, module: str) -> list:
     """pytest params: a pure module's class, then its compiled build if there is one."""
-    compiled = built(module, pure.__name__)
+    compiled = build.extension(module)
     return [pytest.param(pure, id="pure")] + (
-        [pytest.param(compiled, id="compiled")] if compiled is not None else [])
+        [pytest.param(getattr(compiled, pure.__name__), id="compiled")]
+        if compiled is not None else [])
 
 
 LINKS = builds(shardlink.ShardLink, "warren.gateway.io._shardlink")
@@ -65,11 +49,11 @@ OUTBOXES = builds(outbox.Outbox, "warren.shards._outbox")
 SHARDS = builds(shard.Shard, "warren.shards._shard")
 
 
-COMPILED_BATCHES = built_module("warren.shards._batches")
+COMPILED_BATCHES = build.extension("warren.shards._batches")
 BATCH_CODECS = [pytest.param(batches, id="pure")] + (  # batches.py, and its compiled build
     [pytest.param(COMPILED_BATCHES, id="compiled")] if COMPILED_BATCHES is not None else [])
 
-COMPILED_QUEUE = built_module("warren.shards._queue")  # queue.py's compiled build, or None
+COMPILED_QUEUE = build.extension("warren.shards._queue")  # queue.py's compiled build, or None
 QUEUE_BUILDS = [pytest.param(queue, id="pure")] + (
     [pytest.param(COMPILED_QUEUE, id="compiled")] if COMPILED_QUEUE is not None else [])
 

@@ -16,9 +16,7 @@ import pytest
 
 from warren.loadtest import bench, external, output, procs, targets
 
-from ..support.broker import ROOT
-
-pytestmark = pytest.mark.run_once  # its brokers choose their gateway processes
+ROOT = Path(__file__).resolve().parents[2]
 
 AMQP_PERF = Path("/opt/amqp-perf/amqp-perf")
 
