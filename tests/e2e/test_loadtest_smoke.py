@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,9 +16,7 @@ import time
 import pika
 import pytest
 
-from warren.loadtest import procs
-
-from ..support.broker import ROOT, RunningBroker
+from ..support.broker import ROOT, RunningBroker, free_port, stop_process
 
 pytestmark = pytest.mark.run_once  # its brokers choose their gateway processes
 
@@ -177,17 +176,43 @@ def test_wakecost_times_each_doorbell_wake_up(placement):
     assert result["cores_at_turns"] == round(2 * pair * 1000 / 1e6, 3), result
 
 
+def listening(port: int, process: subprocess.Popen, timeout: float) -> bool:
+    """Whether `process` took connections on `port` before the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
 def test_floor_skeleton_carries_messages_through_its_shard_process():
     """`python -m warren.loadtest.probes.floor` (the process split and nothing else) takes
     real clients: a pika consumer with manual acks gets every message published,
     in order, after each crossed to the skeleton's shard process and back; SIGINT
     stops both processes."""
-    port = procs.free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "warren.loadtest.probes.floor", "--port", str(port)],
                               stdout=subprocess.DEVNULL)
     try:
-        assert procs.wait_for_port(port, 30, alive=lambda: server.poll() is None)
-        shards = [pid for pid in procs.process_tree(server.pid)
+        assert listening(port, server, 30)
+        shards = [pid for pid in children(server.pid)
                   if b"--shard" in open(f"/proc/{pid}/cmdline", "rb").read()]
         assert len(shards) == 1, shards
         connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
@@ -215,4 +240,4 @@ def test_floor_skeleton_carries_messages_through_its_shard_process():
             time.sleep(0.05)
         assert not any(os.path.exists(f"/proc/{pid}") for pid in shards)
     finally:
-        procs.stop(server, 10)
+        stop_process(server, 10)
