@@ -67,10 +67,10 @@ class _ShardView:
         with self.env.begin() as now:
             return applied_of(now, self.manifest) == applied
 
-    def _stored(self, qid: int) -> dict[int, object]:
+    def _stored(self, qid: int) -> dict[int, bytes | tuple]:
         """seq -> the stored value (sealed) or, from the journal, the content tuple."""
         prefix = qid.to_bytes(8, "big")
-        found: dict[int, object] = {}
+        found: dict[int, bytes | tuple] = {}
         if qid not in self.unapplied.queue_deletes:
             cursor = self.txn.cursor(db=self.messages)
             if cursor.set_range(prefix):

@@ -132,6 +132,7 @@ class Journal:
         """Write the blocks from the tail block's start to the record's end, the
         record placed behind the tail's bytes and followed by zeros; then keep the
         new tail block's bytes at the buffer's start."""
+        assert self._direct is not None and self._buffer is not None  # direct writes only
         start = self.offset - self.offset % BLOCK
         keep = self.offset - start
         length = _round_up(end) - start
@@ -160,6 +161,7 @@ class Journal:
         """A buffer of at least `length` bytes (whole blocks, at least twice the
         old size if it grows) that starts with the `keep` bytes the tail block
         holds so far."""
+        assert self._buffer is not None  # direct writes only
         if length > len(self._buffer):
             length = max(length, 2 * len(self._buffer))
         buffer = mmap.mmap(-1, _round_up(length))
@@ -168,6 +170,7 @@ class Journal:
         self._buffer = buffer
 
     def _stop_direct(self) -> None:
+        assert self._direct is not None
         os.close(self._direct)
         self._direct = None
         self._buffer = None  # unmapped once unused (a failed write's traceback may hold it)
@@ -178,6 +181,7 @@ class Journal:
         crash has a number the store has applied), so a closed journal reads empty."""
         if self.offset:
             if self._direct is not None:  # through the same path as the appends
+                assert self._buffer is not None  # the direct writes' buffer
                 self._buffer[:BLOCK] = _ZEROS
                 with memoryview(self._buffer) as view:
                     os.pwritev(self._direct, [view[:BLOCK]], 0)
@@ -198,6 +202,7 @@ class Journal:
         bytes, read past the page cache as the records were."""
         self.offset = sum(HEADER_SIZE + len(payload) + TRAILER_SIZE for _, payload in records)
         if self._direct is not None:
+            assert self._buffer is not None  # the direct writes' buffer
             tail = self.offset - self.offset % BLOCK
             self._buffer[:self.offset - tail] = \
                 _read_whole(self._fd, self._direct, self.offset)[tail:]

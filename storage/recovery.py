@@ -108,7 +108,7 @@ class Survey:
                 out += [f"  queue '{spec.name}' in vhost '{spec.vhost}' lived here "
                         f"({readable.get(qid, 0)} of its messages readable)"
                         for qid, spec in lived]
-            else:
+            elif report is not None:  # sound (a store not in shards is damaged)
                 out.append(f"{path}: ok, {len(report.queues)} queues, "
                            f"{sum(report.messages.values())} messages")
         if self.meta_lost() and self.orphans():

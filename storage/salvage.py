@@ -10,7 +10,7 @@ applied on top, in order. What could not be read is counted, not guessed.
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import lmdb
 import msgspec
@@ -124,7 +124,8 @@ def readable(file: LmdbFile, done: Salvaged) -> Iterator[tuple[bytes, bytes, byt
     its checksum: those its trees reach, then, where the trees lost pages, those
     of leaf pages no walk reached (a record going to the database its shape
     says; the first found of a key stands). Sets done.applied and done.uncounted."""
-    decoders = {name: msgspec.msgpack.Decoder(struct).decode for name, struct in _RECORDS.items()}
+    decoders: dict[bytes, Callable[[bytes], Any]] = {
+        name: msgspec.msgpack.Decoder(struct).decode for name, struct in _RECORDS.items()}
     trees = file.databases()
     for name in _RECORDS:
         tree = trees.get(name)

@@ -219,7 +219,8 @@ class ShardStore:
         self._message_decoder = msgspec.msgpack.Decoder(StoredMessage)
         self._mark_decoder = msgspec.msgpack.Decoder(_Mark)
         self._seq_decoder = msgspec.msgpack.Decoder(int)
-        self._mapping: tuple | None = None  # (address, length) of LMDB's map, () if none
+        # (address, length) of LMDB's map, () if none
+        self._mapping: tuple[int, int] | tuple[()] | None = None
         # The journal exists before the manifest says the store is running: from
         # then on a missing journal is damage (storage.verify).
         self._journal = Journal(journal_path(path))

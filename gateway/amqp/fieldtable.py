@@ -359,7 +359,8 @@ def _read_nested(buf: Any, offset: int, end: int, is_table: bool) -> Any:
     """The contents of a table (is_table) or array in buf[offset:end], depth first:
     a nested one is attached to its parent at once and read next, the parent's
     (container, end, is_table) kept on the stack until it is done."""
-    root = current = {} if is_table else []
+    current: Any = {} if is_table else []  # a dict or list, as is_table says
+    root = current
     stack: list[tuple[Any, int, bool]] = []
     fixed_readers = _FIXED
     while True:

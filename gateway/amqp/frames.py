@@ -20,6 +20,7 @@ copies). Builders return ready-to-send bytes.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 from warren.shards import build
 
@@ -212,15 +213,14 @@ def method_frame(channel: int, method: Method) -> bytes:
 
 
 def content_parts(channel: int, method_payload: bytes, class_id: int, properties: bytes,
-                  body, frame_max: int) -> list:
+                  body, frame_max: int) -> list[bytes | memoryview]:
     """A method frame and its content header (one piece), then the body split to
     fit frame_max, as pieces to write back to back: the body's pieces are views of
     it, not copies."""
-    parts = [b"".join((_frame_prefix.pack(FRAME_METHOD, channel, len(method_payload)),
-                       method_payload, FRAME_END_BYTE,
-                       _frame_prefix.pack(FRAME_HEADER, channel, 12 + len(properties)),
-                       _header_prefix.pack(class_id, 0, len(body)), properties,
-                       FRAME_END_BYTE))]
+    parts: list[bytes | memoryview] = [b"".join((
+        _frame_prefix.pack(FRAME_METHOD, channel, len(method_payload)), method_payload,
+        FRAME_END_BYTE, _frame_prefix.pack(FRAME_HEADER, channel, 12 + len(properties)),
+        _header_prefix.pack(class_id, 0, len(body)), properties, FRAME_END_BYTE))]
     chunk = frame_max - FRAME_OVERHEAD
     size = len(body)
     if size <= chunk:
@@ -287,4 +287,5 @@ def payload_snippet(payload: bytes) -> str:
 # The compiled twin (_hotpath.FrameReader, with its own scan_publish) serves where it
 # was built; bound last, as it imports this module's constants.
 PureFrameReader = FrameReader
-FrameReader = build.twin(FrameReader, "warren.gateway.amqp._hotpath", "FrameReader")
+if not TYPE_CHECKING:  # a type checker reads the pure one, of the same interface
+    FrameReader = build.twin(FrameReader, "warren.gateway.amqp._hotpath", "FrameReader")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from struct import Struct
 from struct import error as StructError
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from . import spec
 from .fieldtable import FieldTableError, decode_table, encode_table
@@ -150,7 +150,7 @@ def _codec_source(method: MethodSpec, namespace: dict[str, Any]) -> str:
 
 
 def _make_codec(cls: type[Method]) -> tuple[Callable[..., bytes], Callable[..., Any], str]:
-    namespace = dict(_CODEC_GLOBALS, _cls=cls)
+    namespace: dict[str, Any] = dict(_CODEC_GLOBALS, _cls=cls)
     source = _codec_source(cls.SPEC, namespace)
     exec(compile(source, f"<codec {cls.NAME}>", "exec"), namespace)
     return namespace["encode"], namespace["decode"], source
@@ -172,7 +172,7 @@ def _make_init(arguments: tuple[ArgSpec, ...]) -> Callable[..., None]:
     signature = "self, *, " + ", ".join(params) if params else "self"
     source = f"def __init__({signature}):\n    " + ("\n    ".join(body) or "pass")
     exec(source, namespace)
-    return namespace["__init__"]  # type: ignore[no-any-return]
+    return namespace["__init__"]
 
 
 # --- the Method base class and its generated subclasses ---------------------------
@@ -205,8 +205,8 @@ class Method(Fields):
     SYNCHRONOUS: ClassVar[bool]
     HAS_CONTENT: ClassVar[bool]
     # FIELDS: py names, in wire order
-    _encode: ClassVar[Callable[[Method], bytes]]
-    _decode: ClassVar[Callable[[Any, int], tuple[Method, int]]]
+    _encode: ClassVar[staticmethod[[Method], bytes]]
+    _decode: ClassVar[staticmethod[[Any, int], tuple[Method, int]]]
     _CODEC_SOURCE: ClassVar[str]
 
     def __repr__(self) -> str:
@@ -222,7 +222,7 @@ def _camel_case(method: MethodSpec) -> str:
 def _make_method_class(method: MethodSpec) -> type[Method]:
     fields = tuple(arg.py_name for arg in method.arguments)
     class_name = _camel_case(method)
-    cls = type(
+    cls: type[Method] = type(
         class_name,
         (Method,),
         {
@@ -241,8 +241,8 @@ def _make_method_class(method: MethodSpec) -> type[Method]:
         },
     )
     encode, decode, source = _make_codec(cls)
-    cls._encode = staticmethod(encode)  # type: ignore[assignment]
-    cls._decode = staticmethod(decode)  # type: ignore[assignment]
+    cls._encode = staticmethod(encode)
+    cls._decode = staticmethod(decode)
     cls._CODEC_SOURCE = source
     return cls
 
@@ -255,6 +255,8 @@ for _method_spec in spec.METHODS_BY_ID.values():
     BY_NAME[_cls.NAME] = _cls
     globals()[_cls.__name__] = _cls
 del _method_spec, _cls
+if TYPE_CHECKING:  # the classes made above, which a type checker cannot see
+    def __getattr__(name: str) -> Any: ...
 
 __all__ = [
     "CodecError",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import keyword
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 SPEC_PATH = Path(__file__).with_name("amqp-rabbitmq-0.9.1.json")
 SPEC: dict[str, Any] = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
@@ -50,6 +50,8 @@ def py_name(spec_name: str) -> str:
 CONSTANTS: dict[str, int] = {_constant_name(c["name"]): c["value"] for c in SPEC["constants"]}
 # Also exported as module attributes: spec.FRAME_END, spec.NOT_FOUND, ...
 globals().update(CONSTANTS)
+if TYPE_CHECKING:  # which a type checker cannot see
+    def __getattr__(name: str) -> int: ...
 
 HARD_ERRORS: frozenset[int] = frozenset(
     c["value"] for c in SPEC["constants"] if c.get("class") == "hard-error"
