@@ -4,10 +4,11 @@ how another gateway replays them.
 Gateway 0 is the metadata authority (docs/architecture.md, "Many gateways"): it
 alone changes the catalogue and writes DATA/meta/. Each change is recorded
 where it happens, at the lowest level (a binding added, an exchange removed),
-so the other gateways replay the records in order through the same Gateway
-methods and end with the same vhosts, exchanges, bindings, queues (with their
-placement and exclusive owner), policies, users and permissions. A gateway that
-starts is sent the whole catalogue as such records first (`snapshot`).
+so the other gateways replay the records in order through the same Catalogue
+(catalogue.py) and AccessControl methods and end with the same vhosts,
+exchanges, bindings, queues (with their placement and exclusive owner),
+policies, users and permissions. A gateway that starts is sent the whole
+catalogue as such records first (`snapshot`).
 """
 
 from __future__ import annotations
@@ -109,15 +110,16 @@ def binding_def(exchange: Exchange, destination: tuple, routing_key: str,
                       routing_key, arguments)
 
 
-def snapshot(gateway) -> list:
-    """The whole catalogue of a Gateway as changes that build it on an empty one
-    (a vhost's predeclared exchanges come again, the same)."""
-    changes: list = [VHostPut(d) for d in gateway.vhost_defs.values()]
-    changes += [UserPut(u) for u in gateway.access.users.values()]
-    changes += [PermissionPut(p) for p in gateway.access.permissions.values()]
-    changes += [PolicyPut(p) for named in gateway.policies.values() for p in named.values()]
+def snapshot(catalogue, access) -> list:
+    """The whole catalogue (a catalogue.Catalogue) with its users and permissions
+    (an access.AccessControl) as changes that build it on an empty one (a vhost's
+    predeclared exchanges come again, the same)."""
+    changes: list = [VHostPut(d) for d in catalogue.vhost_defs.values()]
+    changes += [UserPut(u) for u in access.users.values()]
+    changes += [PermissionPut(p) for p in access.permissions.values()]
+    changes += [PolicyPut(p) for named in catalogue.policies.values() for p in named.values()]
     bindings = []
-    for vhost in gateway.vhosts.values():
+    for vhost in catalogue.vhosts.values():
         for exchange in vhost.exchanges.values():
             changes.append(ExchangePut(exchange_def(exchange)))
             bindings += [BindingPut(binding_def(exchange, destination, routing_key, arguments))
@@ -129,55 +131,57 @@ def snapshot(gateway) -> list:
     return changes + bindings
 
 
-def apply(gateway, change) -> None:
-    """Replay one change of the authority's catalogue on a Gateway's."""
+def apply(catalogue, access, owner_of, change) -> None:
+    """Replay one change of the authority's catalogue on a Catalogue and its
+    AccessControl; `owner_of(id)` is the owner an exclusive queue's owner id names
+    (registry.Registry.owner_of)."""
     kind = type(change)
     if kind is BindingPut or kind is BindingDeleted:
         b = change.definition
-        vhost = gateway.vhosts.get(b.vhost)
+        vhost = catalogue.vhosts.get(b.vhost)
         exchange = vhost.exchanges.get(b.source) if vhost else None
         if exchange is None:
             return
         destination = (b.destination_type, b.destination)
         if kind is BindingPut:
-            gateway.add_binding(vhost, exchange, destination, b.routing_key, b.arguments)
+            catalogue.add_binding(vhost, exchange, destination, b.routing_key, b.arguments)
         else:
-            gateway.unbind(exchange, destination, b.routing_key, b.arguments,
-                           auto_delete=False)
+            catalogue.unbind(exchange, destination, b.routing_key, b.arguments,
+                             auto_delete=False)
     elif kind is QueuePut:
-        gateway.add_queue(change.definition, gateway.owner_of(change.owner))
+        catalogue.add_queue(change.definition, owner_of(change.owner))
     elif kind is QueueForgotten:
-        meta = gateway.queues_by_qid.get(change.qid)
+        meta = catalogue.queues_by_qid.get(change.qid)
         if meta is not None:
-            gateway.forget_queue(meta)
+            catalogue.forget_queue(meta)
     elif kind is ExchangePut:
         e = change.definition
-        gateway.add_exchange(Exchange(e.vhost, e.name, e.type, e.durable, e.auto_delete,
-                                      e.internal, e.arguments))
+        catalogue.add_exchange(Exchange(e.vhost, e.name, e.type, e.durable, e.auto_delete,
+                                        e.internal, e.arguments))
     elif kind is ExchangeDeleted:
-        vhost = gateway.vhosts.get(change.vhost)
+        vhost = catalogue.vhosts.get(change.vhost)
         exchange = vhost.exchanges.get(change.name) if vhost else None
         if exchange is not None:
-            gateway.delete_exchange(exchange)
+            catalogue.delete_exchange(exchange)
     elif kind is VHostPut:
         d = change.definition
-        gateway.add_vhost(d.name, d.description, d.limits)
+        catalogue.add_vhost(d.name, d.description, d.limits)
     elif kind is VHostDeleted:
-        gateway.delete_vhost(change.name)
+        catalogue.delete_vhost(change.name)
     elif kind is PolicyPut:
-        gateway.put_policy(change.policy)
+        catalogue.put_policy(change.policy)
     elif kind is PolicyDeleted:
-        gateway.delete_policy(change.vhost, change.name)
+        catalogue.delete_policy(change.vhost, change.name)
     elif kind is UserPut:
         u = change.definition
-        gateway.access.put_user(u.name, None, u.tags, u.password_hash, u.limits)
+        access.put_user(u.name, None, u.tags, u.password_hash, u.limits)
     elif kind is UserDeleted:
-        gateway.access.delete_user(change.name)
+        access.delete_user(change.name)
     elif kind is PermissionPut:
         p = change.definition
-        gateway.access.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+        access.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
     elif kind is PermissionDeleted:
-        gateway.access.clear_permissions(change.user, change.vhost)
+        access.clear_permissions(change.user, change.vhost)
 
 
 class NoStore:

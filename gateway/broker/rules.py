@@ -1,11 +1,12 @@
 """One declaration path for queues, exchanges and bindings, whichever door they
-come in by: AMQP (gateway/declarations.py), the management API's PUT and POST,
+come in by: AMQP (session/declaring.py), the management API's PUT and POST,
 and definitions import. Each is checked here once, with RabbitMQ's reply codes
-and texts, and applied to the gateway's state. Refusals are AMQPErrors; each door words
-them its way (a channel closes, HTTP answers 400, 401 or 404, an import lists
-them). What only one door has stays there: permissions (but for those a new
-queue or exchange needs on where it sends messages, which a door passes in as
-`allow`), server-named queues, exclusive ownership, passive declarations."""
+and texts, and applied to the catalogue (broker/catalogue.py). Refusals are
+AMQPErrors; each door words them its way (a channel closes, HTTP answers 400,
+401 or 404, an import lists them). What only one door has stays there:
+permissions (but for those a new queue or exchange needs on where it sends
+messages, which a door passes in as `allow`), server-named queues, exclusive
+ownership, passive declarations."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from typing import Callable
 
 from warren.gateway.amqp import spec
 from warren.gateway.errors import AMQPError, exchange_name, queue_name
-from warren.gateway.io.process import Gateway
 from warren.gateway.values import QueueMeta
 from warren.storage.queuespec import QueueSpec
 
 from . import arguments
+from .catalogue import Catalogue
 from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 
 # A door's permission check: allow(access, kind, name) raises its refusal.
@@ -32,7 +33,7 @@ def check_queue_name(name: str) -> None:
                         f"queue name '{name}' contains reserved prefix 'amq.*'")
 
 
-def check_queue(gateway: Gateway, queue: QueueSpec, server_named: bool = False,
+def check_queue(catalogue: Catalogue, queue: QueueSpec, server_named: bool = False,
                 allow: Allow | None = None) -> None:
     """A new queue's refusals, in RabbitMQ's order: its name (unless the server chose
     it), its dead-letter exchange, its type's properties, its arguments, the vhost's
@@ -44,8 +45,9 @@ def check_queue(gateway: Gateway, queue: QueueSpec, server_named: bool = False,
     arguments.check_queue_type(queue.arguments, queue.durable, queue.exclusive,
                                queue.auto_delete, what)
     arguments.validate(queue.arguments, arguments.QUEUE_ARGUMENTS, what)
-    limit = gateway.vhost_limit(queue.vhost, "max-queues")
-    vhost = gateway.vhosts.get(queue.vhost)  # none yet while an import that adds it is checked
+    limit = catalogue.vhost_limit(queue.vhost, "max-queues")
+    # (none yet while an import that adds it is checked)
+    vhost = catalogue.vhosts.get(queue.vhost)
     if 0 <= limit <= (len(vhost.queues) if vhost else 0):
         raise AMQPError(spec.PRECONDITION_FAILED,
                         f"cannot declare queue '{queue.name}' in vhost '{queue.vhost}': vhost "
@@ -61,17 +63,18 @@ def check_equivalent_queue(current: QueueSpec, queue: QueueSpec) -> None:
                                 what)
 
 
-def declare_queue(gateway: Gateway, queue: QueueSpec, owner=None, server_named: bool = False,
+def declare_queue(catalogue: Catalogue, queue: QueueSpec, owner=None,
+                  server_named: bool = False,
                   allow: Allow | None = None) -> tuple[QueueMeta, bool]:
     """The queue `queue` describes, and whether it was created: an existing one must
     be equivalent, a new one pass check_queue. `owner` is the connection of an
     exclusive queue (whose exclusivity AMQP checks before this)."""
-    existing = gateway.vhosts[queue.vhost].queues.get(queue.name)
+    existing = catalogue.vhosts[queue.vhost].queues.get(queue.name)
     if existing is not None:
         check_equivalent_queue(existing.spec, queue)
         return existing, False
-    check_queue(gateway, queue, server_named, allow)
-    return gateway.create_queue(queue, owner), True
+    check_queue(catalogue, queue, server_named, allow)
+    return catalogue.create_queue(queue, owner), True
 
 
 # -- exchanges ------------------------------------------------------------------
@@ -96,14 +99,14 @@ def check_exchange(exchange: Exchange, allow: Allow | None = None) -> None:
     arguments.validate(exchange.arguments, arguments.EXCHANGE_ARGUMENTS, what)
 
 
-def declare_exchange(gateway: Gateway, exchange: Exchange,
+def declare_exchange(catalogue: Catalogue, exchange: Exchange,
                      allow: Allow | None = None) -> tuple[Exchange, bool]:
     """The exchange `exchange` describes, and whether it was created: an existing one
     (a predeclared amq.* one too) must be equivalent, a new one pass check_exchange."""
-    existing = gateway.vhosts[exchange.vhost].exchanges.get(exchange.name)
+    existing = catalogue.vhosts[exchange.vhost].exchanges.get(exchange.name)
     if existing is None:
         check_exchange(exchange, allow)
-        gateway.add_exchange(exchange)
+        catalogue.add_exchange(exchange)
         return exchange, True
     what = exchange_name(exchange.vhost, exchange.name)
     check_exchange_type(exchange.type)
@@ -135,10 +138,10 @@ def check_route(allow: Allow | None, kind: str, name: str, declared: dict, argum
 # -- bindings -------------------------------------------------------------------
 
 
-def binding_ends(gateway: Gateway, vhost: str, source: str, destination: tuple) -> tuple:
+def binding_ends(catalogue: Catalogue, vhost: str, source: str, destination: tuple) -> tuple:
     """The source exchange and the destination (queue or exchange) of a binding;
     404 for the missing one, the source first (RabbitMQ's order)."""
-    found = gateway.vhosts[vhost]
+    found = catalogue.vhosts[vhost]
     exchange = found.exchanges.get(source)
     if exchange is None:
         raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost, source)}")
@@ -150,15 +153,15 @@ def binding_ends(gateway: Gateway, vhost: str, source: str, destination: tuple) 
     return exchange, target
 
 
-def bind(gateway: Gateway, vhost: str, source: str, destination: tuple, routing_key: str,
-         binding_arguments: dict) -> None:
+def bind(catalogue: Catalogue, vhost: str, source: str, destination: tuple,
+         routing_key: str, binding_arguments: dict) -> None:
     """Bind `destination` ((QUEUE or EXCHANGE, name)) to the exchange `source`; both
     must exist, and neither end be the default exchange."""
     not_default(source)
     if destination[0] == EXCHANGE:
         not_default(destination[1])
-    exchange, _ = binding_ends(gateway, vhost, source, destination)
-    gateway.bind(exchange, destination, routing_key, binding_arguments)
+    exchange, _ = binding_ends(catalogue, vhost, source, destination)
+    catalogue.bind(exchange, destination, routing_key, binding_arguments)
 
 
 def not_default(name: str) -> None:

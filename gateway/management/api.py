@@ -168,7 +168,7 @@ class Management:
         self.rates.sample(time.monotonic(), counters)
         now = time.time()
         if self.history.due(now, SAMPLE_INTERVAL):
-            vhost_of = {meta.qid: name for name, vhost in self.gateway.vhosts.items()
+            vhost_of = {meta.qid: name for name, vhost in self.gateway.catalogue.vhosts.items()
                         for meta in vhost.queues.values()}
             self.history.record(now, kept_values(figures, counters["totals"], vhost_of))
 
@@ -201,7 +201,7 @@ class Management:
     # -- the node -------------------------------------------------------------------------
 
     def cluster_name(self) -> str:
-        return self.gateway.meta.cluster_name() or NODE
+        return self.gateway.catalogue.meta.cluster_name() or NODE
 
     def pids(self) -> list[int]:
         """The broker's processes: the gateway and its running shards."""
@@ -264,14 +264,14 @@ class Management:
         """The vhosts whose queues, exchanges, bindings and policies a user sees:
         all for administrators, the ones it has permissions on for the others
         (monitoring users too)."""
-        names = sorted(self.gateway.vhosts)
+        names = sorted(self.gateway.catalogue.vhosts)
         if is_admin(request.user):
             return names
         return [v for v in names if self.gateway.access.may_use_vhost(request.user.name, v)]
 
     def vhost_named(self, request: Request, name: str):
         """The vhost `name`: 404 when there is none, 401 when the user may not use it."""
-        vhost = self.gateway.vhosts.get(name)
+        vhost = self.gateway.catalogue.vhosts.get(name)
         if vhost is None:
             raise not_found()
         if not is_admin(request.user) and not self.gateway.access.may_use_vhost(
@@ -283,7 +283,7 @@ class Management:
         """The vhost a path names (rest[0]), or all the user sees when it names none."""
         if rest:
             return [self.vhost_named(request, rest[0])]
-        return [self.gateway.vhosts[name] for name in self.permitted_vhosts(request)]
+        return [self.gateway.catalogue.vhosts[name] for name in self.permitted_vhosts(request)]
 
     def check_permission(self, request: Request, vhost, access: str, kind: str,
                          name: str) -> None:
@@ -302,7 +302,7 @@ class Management:
 
     def connections(self) -> list:
         """Every open connection of the broker: this gateway's and the others'."""
-        local = [c for c in self.gateway.connections if c.vhost is not None]
+        local = [c for c in self.gateway.registry.connections if c.vhost is not None]
         followers = self.gateway.followers
         return local if followers is None else local + followers.connections()
 

@@ -31,7 +31,7 @@ SLICE = 0.01
 def export(gateway) -> dict:
     access = gateway.access
     queues, exchanges, bindings = [], [], []
-    for vhost_name, vhost in sorted(gateway.vhosts.items()):
+    for vhost_name, vhost in sorted(gateway.catalogue.vhosts.items()):
         for name, meta in sorted(vhost.queues.items()):
             if meta.spec.stored:
                 queues.append({"name": name, "vhost": vhost_name, "durable": True,
@@ -60,19 +60,19 @@ def export(gateway) -> dict:
                    "limits": u.limits} for _, u in sorted(access.users.items())],
         "vhosts": [{"name": name, "description": d.description, "limits": d.limits,
                     "metadata": {"description": d.description, "tags": []}}
-                   for name, d in sorted(gateway.vhost_defs.items())],
+                   for name, d in sorted(gateway.catalogue.vhost_defs.items())],
         "permissions": [{"user": p.user, "vhost": p.vhost, "configure": p.configure,
                          "write": p.write, "read": p.read}
                         for _, p in sorted(access.permissions.items())],
         "topic_permissions": [], "global_parameters": [],
         # vhost limits where RabbitMQ keeps them (its import reads them there)
         "parameters": [{"value": d.limits, "vhost": name, "component": "vhost-limits",
-                        "name": "limits"} for name, d in sorted(gateway.vhost_defs.items())
+                        "name": "limits"} for name, d in sorted(gateway.catalogue.vhost_defs.items())
                        if d.limits],
         "policies": [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
                       "apply-to": p.apply_to, "definition": p.definition,
                       "priority": p.priority}
-                     for v in sorted(gateway.policies) for _, p in sorted(gateway.policies[v].items())],
+                     for v in sorted(gateway.catalogue.policies) for _, p in sorted(gateway.catalogue.policies[v].items())],
         "queues": queues, "exchanges": exchanges, "bindings": bindings,
     }
 
@@ -256,7 +256,7 @@ async def definitions(management, request: Request, rest: list[str]) -> Response
     require_admin(request)
     gateway = management.gateway
     vhost = rest[0] if rest else None
-    if vhost is not None and vhost not in gateway.vhosts:  # RabbitMQ's answers
+    if vhost is not None and vhost not in gateway.catalogue.vhosts:  # RabbitMQ's answers
         raise (HTTPError(400, "bad_request", "vhost_not_found") if request.method == "GET"
                else HTTPError(404, "not_found", "vhost_not_found"))
     if request.method == "GET":
@@ -280,10 +280,10 @@ async def _apply(gateway, loaded: dict[str, list]) -> None:
     access = gateway.access
     turn = _Turns()
     for _, v in loaded["vhosts"]:
-        if v.name not in gateway.vhosts:
-            gateway.add_vhost(v.name, v.description or v.metadata.description, v.limits or {})
+        if v.name not in gateway.catalogue.vhosts:
+            gateway.catalogue.add_vhost(v.name, v.description or v.metadata.description, v.limits or {})
     for _, p in loaded["parameters"]:  # vhost-limits, as RabbitMQ sets them: the whole set
-        gateway.add_vhost(p.vhost, gateway.vhost_defs[p.vhost].description, p.value)
+        gateway.catalogue.add_vhost(p.vhost, gateway.catalogue.vhost_defs[p.vhost].description, p.value)
     for _, u in loaded["users"]:
         tags = [t for t in u.tags.split(",") if t] if isinstance(u.tags, str) else u.tags
         access.put_user(u.name, None, tags, u.password_hash, u.limits or {})
@@ -291,20 +291,20 @@ async def _apply(gateway, loaded: dict[str, list]) -> None:
         access.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
     for _, p in loaded["policies"]:
         await turn()
-        if p.vhost not in gateway.vhosts:
+        if p.vhost not in gateway.catalogue.vhosts:
             raise AMQPError(404, f"no vhost '{p.vhost}'")
-        gateway.put_policy(_policy(p))
+        gateway.catalogue.put_policy(_policy(p))
     for _, x in loaded["exchanges"]:
         await turn()
         if x.name not in _vhost(gateway, x.vhost).exchanges:
-            rules.declare_exchange(gateway, _exchange(x))
+            rules.declare_exchange(gateway.catalogue, _exchange(x))
     for _, q in loaded["queues"]:
         await turn()
         if q.name not in _vhost(gateway, q.vhost).queues:
-            rules.declare_queue(gateway, _queue_spec(q))
+            rules.declare_queue(gateway.catalogue, _queue_spec(q))
     for _, b in loaded["bindings"]:
         await turn()
-        rules.bind(gateway, b.vhost, b.source, (_KINDS[b.destination_type], b.destination),
+        rules.bind(gateway.catalogue, b.vhost, b.source, (_KINDS[b.destination_type], b.destination),
                      b.routing_key, b.arguments)
 
 
@@ -322,7 +322,7 @@ class _Turns:
 
 
 def _vhost(gateway, name: str):
-    vhost = gateway.vhosts.get(name)
+    vhost = gateway.catalogue.vhosts.get(name)
     if vhost is None:
         raise AMQPError(404, f"no vhost '{name}'")
     return vhost
@@ -372,11 +372,11 @@ def _unresolved(gateway, data: dict, loaded: dict[str, list]) -> list[str]:
     """What the well-formed items name and neither Warren nor the document has,
     and values Warren would refuse."""
     problems = []
-    vhosts = set(gateway.vhosts) | {name for name, in _declared(data, "vhosts", "name")}
+    vhosts = set(gateway.catalogue.vhosts) | {name for name, in _declared(data, "vhosts", "name")}
     users = set(gateway.access.users) | {name for name, in _declared(data, "users", "name")}
     exchanges = _declared(data, "exchanges", "vhost", "name")
     queues = _declared(data, "queues", "vhost", "name")
-    for vhost in gateway.vhosts.values():
+    for vhost in gateway.catalogue.vhosts.values():
         exchanges |= {(vhost.name, name) for name in vhost.exchanges}
         queues |= {(vhost.name, name) for name in vhost.queues}
     for section in ("permissions", "policies", "exchanges", "queues", "bindings"):
@@ -424,7 +424,7 @@ def _unresolved(gateway, data: dict, loaded: dict[str, list]) -> list[str]:
         if problem:
             problems.append(f"exchanges[{i}]: {problem}")
     for i, q in loaded["queues"]:
-        problem = _refusal(rules.check_queue, gateway, _queue_spec(q))
+        problem = _refusal(rules.check_queue, gateway.catalogue, _queue_spec(q))
         if problem:
             problems.append(f"queues[{i}]: {problem}")
     for i, b in loaded["bindings"]:

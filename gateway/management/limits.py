@@ -44,15 +44,15 @@ async def vhost_limits(management, request: Request, rest: list[str]) -> Respons
     if len(rest) <= 1:
         names = [management.vhost_named(request, rest[0]).name] if rest \
             else management.permitted_vhosts(request)
-        return Response.json([{"vhost": name, "value": gateway.vhost_defs[name].limits}
-                              for name in names if gateway.vhost_defs[name].limits])
+        return Response.json([{"vhost": name, "value": gateway.catalogue.vhost_defs[name].limits}
+                              for name in names if gateway.catalogue.vhost_defs[name].limits])
     if len(rest) != 2:
         raise not_found()
     require_admin(request)
-    definition = gateway.vhost_defs.get(rest[0])
+    definition = gateway.catalogue.vhost_defs.get(rest[0])
     if definition is None:
         raise HTTPError(404, "not_found", "vhost_not_found")
-    gateway.add_vhost(rest[0], definition.description,
+    gateway.catalogue.add_vhost(rest[0], definition.description,
                       _changed(request, definition.limits, rest[1], VHOST_LIMITS))
     return Response(204)
 
@@ -60,7 +60,7 @@ async def vhost_limits(management, request: Request, rest: list[str]) -> Respons
 def as_parameters(management, request: Request) -> list[dict]:
     """The vhosts' limits as RabbitMQ lists them among its runtime parameters
     (GET /api/parameters), for the vhosts the user sees."""
-    defs = management.gateway.vhost_defs
+    defs = management.gateway.catalogue.vhost_defs
     return [{"value": defs[name].limits, "vhost": name, "component": "vhost-limits",
              "name": "limits"} for name in management.permitted_vhosts(request)
             if defs[name].limits]

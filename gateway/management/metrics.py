@@ -150,7 +150,7 @@ class BrokerCollector(Collector):
         yield from self._identity()
         connections = [c.snapshot() for c in management.connections()]
         channels = [ch for c in connections for ch in c.channels]
-        queues = [meta for vhost in gateway.vhosts.values() for meta in vhost.queues.values()]
+        queues = [meta for vhost in gateway.catalogue.vhosts.values() for meta in vhost.queues.values()]
         yield _gauge("rabbitmq_connections", "Connections currently open", len(connections))
         yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
         yield _gauge("rabbitmq_consumers", "Consumers currently connected",

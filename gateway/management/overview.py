@@ -31,8 +31,8 @@ async def overview(management, request: Request, rest: list[str]) -> Response:
     # Monitors see global totals, the node and its listeners; the others totals
     # of their vhosts and connections.
     monitor = is_monitor(request.user)
-    vhosts = (list(gateway.vhosts.values()) if monitor else
-              [gateway.vhosts[name] for name in management.permitted_vhosts(request)])
+    vhosts = (list(gateway.catalogue.vhosts.values()) if monitor else
+              [gateway.catalogue.vhosts[name] for name in management.permitted_vhosts(request)])
     queues = [meta.qid for vhost in vhosts for meta in vhost.queues.values()]
     figures = [figures[qid] for qid in queues if qid in figures]
     connections = management.snapshots(request)
@@ -92,7 +92,7 @@ async def cluster_name(management, request: Request, rest: list[str]) -> Respons
     name = request.json({"name": str}).get("name")
     if not name:
         raise bad_request("name is required")
-    management.gateway.meta.set_cluster_name(name)
+    management.gateway.catalogue.meta.set_cluster_name(name)
     return Response(204)
 
 

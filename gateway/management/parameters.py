@@ -20,16 +20,16 @@ async def policies(management, request: Request, rest: list[str]) -> Response:
     if len(rest) <= 1:
         return listed(request, [
             shapes.policy(p) for vhost in management.vhosts_in(request, rest)
-            for _, p in sorted(gateway.policies.get(vhost.name, {}).items())])
+            for _, p in sorted(gateway.catalogue.policies.get(vhost.name, {}).items())])
     vhost, name = rest[0], rest[1]
     # a single policy, even to read: administrators, or policymakers in their vhosts
     if not is_admin(request.user) and not (
-            is_policymaker(request.user) and (vhost not in gateway.vhosts or
+            is_policymaker(request.user) and (vhost not in gateway.catalogue.vhosts or
                                               gateway.access.may_use_vhost(request.user.name,
                                                                            vhost))):
         raise not_authorised("User not authorised to access object")
     if request.method == "GET":
-        policy = gateway.policies.get(vhost, {}).get(name)
+        policy = gateway.catalogue.policies.get(vhost, {}).get(name)
         if policy is None:
             raise not_found()
         return Response.json(shapes.policy(policy))
@@ -46,13 +46,13 @@ async def policies(management, request: Request, rest: list[str]) -> Response:
                 except AMQPError as error:
                     raise not_authorised(error.detail) from None
         try:
-            gateway.put_policy(PolicyDef(vhost, name, body.get("pattern", ""),
+            gateway.catalogue.put_policy(PolicyDef(vhost, name, body.get("pattern", ""),
                                          body.get("apply-to", "all"),
                                          body.get("priority", 0), body.get("definition", {})))
         except ValueError as error:
             raise bad_request(str(error)) from None
         return Response(201)
-    if not gateway.delete_policy(vhost, name):  # DELETE
+    if not gateway.catalogue.delete_policy(vhost, name):  # DELETE
         raise not_found()
     return Response(204)
 

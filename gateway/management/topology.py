@@ -61,7 +61,7 @@ async def queues(management, request: Request, rest: list[str]) -> Response:
         queue = QueueSpec(vhost.name, name, flag(body, "durable", True), False,
                           flag(body, "auto_delete", False), arguments(body))
         try:
-            _, created = rules.declare_queue(management.gateway, queue,
+            _, created = rules.declare_queue(management.gateway.catalogue, queue,
                                              allow=management.allow_for(request, vhost))
         except AMQPError as error:
             raise refused(error) from None
@@ -131,7 +131,7 @@ async def exchanges(management, request: Request, rest: list[str]) -> Response:
         management.check_permission(request, vhost, "configure", EXCHANGE, name)
         body = request.json({"type": str})
         try:
-            _, created = rules.declare_exchange(gateway, Exchange(
+            _, created = rules.declare_exchange(gateway.catalogue, Exchange(
                 vhost.name, name, body.get("type", "direct"), flag(body, "durable", True),
                 flag(body, "auto_delete", False), flag(body, "internal", False),
                 arguments(body)), management.allow_for(request, vhost))
@@ -183,10 +183,10 @@ async def bindings(management, request: Request, rest: list[str]) -> Response:
     if request.method == "POST":
         body = request.json({"routing_key": str})
         try:
-            rules.binding_ends(management.gateway, vhost.name, source_name, destination)
+            rules.binding_ends(management.gateway.catalogue, vhost.name, source_name, destination)
             management.check_permission(request, vhost, "write", *destination)
             management.check_permission(request, vhost, "read", EXCHANGE, source_name)
-            rules.bind(management.gateway, vhost.name, source_name, destination,
+            rules.bind(management.gateway.catalogue, vhost.name, source_name, destination,
                        body.get("routing_key", ""), arguments(body))
         except AMQPError as error:
             raise refused(error) from None

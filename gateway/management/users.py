@@ -14,31 +14,31 @@ from .rights import is_monitor, require_admin
 async def vhosts(management, request: Request, rest: list[str]) -> Response:
     gateway = management.gateway
     if not rest:
-        names = sorted(gateway.vhosts) if is_monitor(request.user) \
+        names = sorted(gateway.catalogue.vhosts) if is_monitor(request.user) \
             else management.permitted_vhosts(request)
         return listed(request, [_vhost(gateway, name) for name in names])
     require_admin(request)
     name = rest[0]
     if request.method == "GET":
-        if name not in gateway.vhosts:
+        if name not in gateway.catalogue.vhosts:
             raise not_found()
         return Response.json(_vhost(gateway, name))
     if request.method == "PUT":
         check_name("vhost", name)
         body = request.json({"description": str})
-        created = name not in gateway.vhosts
-        gateway.add_vhost(name, body.get("description", ""),
-                          (gateway.vhost_defs.get(name).limits if not created else {}))
+        created = name not in gateway.catalogue.vhosts
+        gateway.catalogue.add_vhost(name, body.get("description", ""),
+                          (gateway.catalogue.vhost_defs.get(name).limits if not created else {}))
         if created:  # as RabbitMQ's: its creator may use it at once
             gateway.access.grant_creator(request.user.name, name)
         return Response(201 if created else 204)
-    if not gateway.delete_vhost(name):  # DELETE
+    if not gateway.catalogue.delete_vhost(name):  # DELETE
         raise not_found()
     return Response(204)
 
 
 def _vhost(gateway, name: str) -> dict:
-    definition = gateway.vhost_defs.get(name)
+    definition = gateway.catalogue.vhost_defs.get(name)
     return {"name": name, "description": definition.description if definition else "",
             "tags": [], "default_queue_type": "classic", "tracing": False,
             "limits": definition.limits if definition else {},
@@ -48,7 +48,7 @@ def _vhost(gateway, name: str) -> dict:
 
 async def vhost_permissions(management, request: Request, rest: list[str]) -> Response:
     require_admin(request)
-    if rest[0] not in management.gateway.vhosts:
+    if rest[0] not in management.gateway.catalogue.vhosts:
         raise not_found()
     return listed(request, [shapes.permission(p) for (_, vhost), p in
                             sorted(management.gateway.access.permissions.items())
@@ -58,7 +58,7 @@ async def vhost_permissions(management, request: Request, rest: list[str]) -> Re
 async def vhost_topic_permissions(management, request: Request, rest: list[str]) -> Response:
     """None: Warren has no topic permissions (an import refuses them)."""
     require_admin(request)
-    if rest[0] not in management.gateway.vhosts:
+    if rest[0] not in management.gateway.catalogue.vhosts:
         raise not_found()
     return listed(request, [])
 
@@ -125,7 +125,7 @@ async def permissions(management, request: Request, rest: list[str]) -> Response
             raise not_found()
         return Response.json(shapes.permission(permission))
     if request.method == "PUT":
-        if vhost not in management.gateway.vhosts or user not in access.users:
+        if vhost not in management.gateway.catalogue.vhosts or user not in access.users:
             raise not_found()
         body = request.json({"configure": str, "write": str, "read": str})
         values = [body.get(k, "") for k in ("configure", "write", "read")]

@@ -28,7 +28,7 @@ class Mirror:
         self.gateway = gateway
         self.id = forward.connection
         self.user = forward.user
-        self.vhost = gateway.vhosts.get(forward.vhost)
+        self.vhost = gateway.catalogue.vhosts.get(forward.vhost)
         self.name = f"gateway {r.gateway_of(self.id)} connection {self.id}"
         self.capabilities: dict = {}
         self.frame_max = gateway.config.frame_max
@@ -43,7 +43,7 @@ class Mirror:
 
     def run(self, forward: Forward) -> None:
         if self.vhost is None or self.vhost.name != forward.vhost:  # deleted meanwhile
-            self.vhost = self.gateway.vhosts.get(forward.vhost)
+            self.vhost = self.gateway.catalogue.vhosts.get(forward.vhost)
             if self.vhost is None:
                 return self._answer(Answer(forward.req, code=spec.CONNECTION_FORCED,
                                            detail=f"vhost '{forward.vhost}' is deleted"))

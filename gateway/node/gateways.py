@@ -390,7 +390,7 @@ class Followers:
         if self.stopping:  # stop() closed the links before this one was made
             link.close()
         self.flush()  # what is pending belongs to the snapshot
-        link.send(Changes(self.seq, changes.snapshot(self.gateway)))
+        link.send(Changes(self.seq, changes.snapshot(self.gateway.catalogue, self.gateway.access)))
         ExitWatch(loop, process, lambda: self._exited(index, process))
         loop.call_later(STABLE, self._stable, index, process)
         loop.call_later(START_TIMEOUT, self._check_started, index, process)

@@ -179,16 +179,16 @@ def _broker_pids(gateway: Gateway) -> list[int]:
 
 async def close_connections(gateway: Gateway, servers: list) -> None:
     """Stop listening and close every client's connection."""
-    log.info("stopping: closing the listeners and %d connections", len(gateway.connections))
+    log.info("stopping: closing the listeners and %d connections", len(gateway.registry.connections))
     for server in servers:
         server.close()
     # As RabbitMQ: every client is sent 320 CONNECTION_FORCED at once, and the broker
     # does not wait for close-ok beyond a moment for those that answer at once. The
     # 320 is on the wire by then; a connection's work is already released to the shards.
-    for conn in list(gateway.connections):
+    for conn in list(gateway.registry.connections):
         conn.close_for_shutdown()
-    await _wait_for(lambda: not gateway.connections, timeout=SHUTDOWN_CLOSE_OK_WAIT)
-    for conn in list(gateway.connections):
+    await _wait_for(lambda: not gateway.registry.connections, timeout=SHUTDOWN_CLOSE_OK_WAIT)
+    for conn in list(gateway.registry.connections):
         conn.transport.abort()
     await asyncio.sleep(0)  # their connection_lost, before the shards stop
 

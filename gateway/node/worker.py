@@ -95,9 +95,11 @@ class Leader:
     def _message(self, message) -> None:
         kind = type(message)
         if kind is Changes:
+            gateway = self.gateway
             for change in message.changes:
                 try:
-                    changes.apply(self.gateway, change)
+                    changes.apply(gateway.catalogue, gateway.access, gateway.registry.owner_of,
+                                  change)
                 except Exception:  # a bug: log it, keep the rest of the catalogue right
                     log.exception("gateway %d: applying %s failed", self.gateway.index, change)
             self.link.send(Applied(message.seq))
@@ -111,15 +113,15 @@ class Leader:
         elif kind is ReplyOutcome:
             self.gateway.reply_outcome(message)
         elif kind is CloseConnection:
-            conn = next((c for c in self.gateway.connections if c.id == message.connection),
-                        None)
+            conn = next((c for c in self.gateway.registry.connections
+                         if c.id == message.connection), None)
             if conn is not None:
                 conn.close_forced(message.reason)
         elif kind is AskReplyConsumer:
             consuming = self.gateway.reply_channel(message.address) is not None
             self.link.send(ReplyConsumer(message.req, consuming))
         elif kind is ListConnections:
-            opened = [c for c in self.gateway.connections if c.vhost is not None]
+            opened = [c for c in self.gateway.registry.connections if c.vhost is not None]
             self.link.send(Connections([c.id for c in opened], [c.snapshot() for c in opened],
                                        self.gateway.totals.as_dict()))
 

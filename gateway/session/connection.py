@@ -146,7 +146,7 @@ class Connection(asyncio.BufferedProtocol):
         self.name = f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"  # as RabbitMQ names it
         self.log_name = self.name  # with the client-provided name once known
         self.loop = asyncio.get_running_loop()
-        self.gateway.connections.add(self)
+        self.gateway.registry.connections.add(self)
         self.gateway.totals.connections_opened += 1
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
@@ -164,7 +164,7 @@ class Connection(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
         self._let_go()
-        self.gateway.connections.discard(self)
+        self.gateway.registry.connections.discard(self)
         self.gateway.totals.connections_closed += 1
         for link in self.gateway.shards:
             link.forget(self)
@@ -347,7 +347,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         owed, self.owed_grants = self.owed_grants, set()
         for consumer in owed:
-            channel = self.gateway.holders.get(consumer.holder)
+            channel = self.gateway.registry.holders.get(consumer.holder)
             if channel is not None:
                 channel.return_credit(consumer)
 
@@ -753,7 +753,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _open(self, method: m.ConnectionOpen) -> None:
         name = method.virtual_host
-        vhost = self.gateway.vhosts.get(name)
+        vhost = self.gateway.catalogue.vhosts.get(name)
         refuse = None
         if vhost is None:
             refuse = f"vhost {name} not found"

@@ -143,7 +143,7 @@ class Bench:
         if conn.state != OPEN or conn.channels[1].closing:
             raise RuntimeError("the broker closed the connection or channel during the run")
         transport.close()
-        self.run(lambda: conn not in self.gateway.connections)
+        self.run(lambda: conn not in self.gateway.registry.connections)
         return spent
 
     def run(self, condition, timeout: float = TIMEOUT) -> None:
@@ -258,7 +258,7 @@ class Bench:
         if conn.state != OPEN or channel.next_tag != count + 1:
             raise RuntimeError("the broker closed the connection or missed a delivery")
         transport.close()
-        self.run(lambda: conn not in self.gateway.connections)
+        self.run(lambda: conn not in self.gateway.registry.connections)
         return spent
 
 

@@ -20,7 +20,7 @@ def a_queue(inproc):
     client.handshake()
     client.open_channel(1)
     queue = client.call(1, m.QueueDeclare(queue="", exclusive=True), m.QueueDeclareOk).queue
-    meta = inproc.gateway.vhosts["/"].queues[queue]
+    meta = inproc.gateway.catalogue.vhosts["/"].queues[queue]
     return client, queue, meta, inproc.gateway.shards[meta.shard]
 
 

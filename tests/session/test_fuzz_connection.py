@@ -106,7 +106,7 @@ class Harness:
                 problems.append(f"no close-ok for the client's connection.close (state "
                                 f"{conn.state}, output {bytes(transport.written[before:])[:80]!r})")
         transport.close()  # the client goes away
-        await until(lambda: conn.state == CLOSED and conn not in self.gateway.connections, 1.0)
+        await until(lambda: conn.state == CLOSED and conn not in self.gateway.registry.connections, 1.0)
         await asyncio.sleep(0)
         problems += self._leftovers(conn)
         if transport.writes_after_close:
@@ -116,12 +116,12 @@ class Harness:
 
     def _leftovers(self, conn: Connection) -> list[str]:
         problems = []
-        if conn in self.gateway.connections:
+        if conn in self.gateway.registry.connections:
             problems.append("the connection is still listed after connection_lost")
-        held = [h for h, ch in self.gateway.holders.items() if ch.conn is conn]
+        held = [h for h, ch in self.gateway.registry.holders.items() if ch.conn is conn]
         if held:
             problems.append(f"holders {held} of a closed connection are still registered")
-        owned = [q.spec.name for q in self.gateway.queues_by_qid.values() if q.owner is conn]
+        owned = [q.spec.name for q in self.gateway.catalogue.queues_by_qid.values() if q.owner is conn]
         if owned:
             problems.append(f"exclusive queues {owned} outlive their connection")
         return problems

@@ -125,7 +125,7 @@ class InProcessGateway:
         default) has a channel waiting for a shard or output to flush."""
         return (not any(conn._flush_scheduled or any(
                     ch._waiting and not ch.closed for ch in conn.channels.values())
-                    for conn in (self.gateway.connections if connections is None else connections))
+                    for conn in (self.gateway.registry.connections if connections is None else connections))
                 and not any(link._waiters or link._batch for link in self.gateway.shards))
 
     def settle(self, timeout: float = TIMEOUT) -> None:
@@ -268,7 +268,7 @@ class Client(Conversation):
             async def hang_up() -> None:
                 self.transport.close()
             self.server.loop.run_until_complete(hang_up())
-        self.server.run(lambda: self.conn not in self.server.gateway.connections)
+        self.server.run(lambda: self.conn not in self.server.gateway.registry.connections)
 
 
 __all__ = ["Client", "FakeTransport", "InProcessGateway", "running_gateway", "until"]

@@ -7,7 +7,8 @@ import pytest
 
 from warren.gateway.broker.exchange import EXCHANGE, QUEUE, Exchange, headers_match
 from warren.gateway.config import Config
-from warren.gateway.io.process import Gateway, VHost
+from warren.gateway.broker.catalogue import VHost
+from warren.gateway.io.process import Gateway
 from warren.gateway.values import QueueMeta
 from warren.shards import records as r
 from warren.storage.queuespec import QueueSpec
@@ -84,15 +85,15 @@ class RecordingLink:
 
 def make_gateway(shards: int) -> tuple[Gateway, VHost]:
     gateway = Gateway(Config(data_dir="/nonexistent", shards=shards))
-    gateway.vhosts["/"] = VHost("/")
+    gateway.catalogue.vhosts["/"] = VHost("/")
     gateway.shards.links = [RecordingLink(i) for i in range(shards)]
-    return gateway, gateway.vhosts["/"]
+    return gateway, gateway.catalogue.vhosts["/"]
 
 
 def add_queue(gateway: Gateway, vhost: VHost, name: str, shard: int) -> QueueMeta:
-    meta = QueueMeta(len(gateway.queues_by_qid) + 1, shard,
+    meta = QueueMeta(len(gateway.catalogue.queues_by_qid) + 1, shard,
                      QueueSpec("/", name, False, False, False, {}))
-    vhost.queues[name] = gateway.queues_by_qid[meta.qid] = meta
+    vhost.queues[name] = gateway.catalogue.queues_by_qid[meta.qid] = meta
     return meta
 
 
