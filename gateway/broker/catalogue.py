@@ -51,10 +51,12 @@ def _ignore(*_) -> None:
 class Catalogue:
     """`authority`: gateway 0, which alone changes the catalogue of its own accord
     (the others replay its changes), counts queues and tells shards about them.
-    `to_shard(shard, record)` sends a record to a shard; `forward(change)` hands
-    a change on to the other gateways; `vhost_deleted(vhost)` closes a deleted
-    vhost's connections and forgets its permissions. `meta` is the metadata store (changes.NoStore() until gateway 0
-    opens DATA/meta/, and on the other gateways)."""
+    `to_shard(shard, record)` sends a record to a shard; `forward(change)` is
+    told every change, to hand on to the other gateways (and to tell channels
+    their remembered routes are stale: Gateway.epoch); `vhost_deleted(vhost)`
+    closes a deleted vhost's connections and forgets its permissions. `meta` is
+    the metadata store (changes.NoStore() until gateway 0 opens DATA/meta/, and
+    on the other gateways)."""
 
     def __init__(self, shard_count: int, authority: bool = True, totals: Totals | None = None,
                  to_shard: Callable = _ignore, forward: Callable = _ignore,
@@ -66,19 +68,11 @@ class Catalogue:
         self.forward = forward
         self.vhost_deleted = vhost_deleted
         self.meta = changes.NoStore()
-        self.epoch = 0  # counts the catalogue's changes (see changed)
         self.vhosts: dict[str, VHost] = {}
         self.vhost_defs: dict[str, VHostDef] = {}
         self.policies: dict[str, dict[str, PolicyDef]] = {}  # vhost -> name -> policy
         self.queues_by_qid: dict[int, QueueMeta] = {}
         self._next_qid = 0
-
-    def changed(self, change) -> None:
-        """A change of the catalogue (or of users and permissions), for the other
-        gateways to replay. The routes channels remember (publishing.Route) are
-        stale from now on."""
-        self.epoch += 1
-        self.forward(change)
 
     # -- loading -----------------------------------------------------------------
 
@@ -120,7 +114,7 @@ class Catalogue:
         definition = VHostDef(name, description, limits or {})
         self.vhost_defs[name] = definition
         self.meta.put_vhost(definition)
-        self.changed(changes.VHostPut(definition))
+        self.forward(changes.VHostPut(definition))
         return self.vhosts.setdefault(name, VHost(name))
 
     def delete_vhost(self, name: str) -> bool:
@@ -137,7 +131,7 @@ class Catalogue:
         self.vhost_defs.pop(name, None)
         self.policies.pop(name, None)
         self.meta.delete_vhost(name)
-        self.changed(changes.VHostDeleted(name))
+        self.forward(changes.VHostDeleted(name))
         return True
 
     def vhost_limit(self, vhost: str, limit: str) -> int:
@@ -157,14 +151,14 @@ class Catalogue:
             raise ValueError(f"no vhost '{policy.vhost}'")
         self.policies.setdefault(policy.vhost, {})[policy.name] = policy
         self.meta.put_policy(policy)
-        self.changed(changes.PolicyPut(policy))
+        self.forward(changes.PolicyPut(policy))
         self._apply_policies(self.vhosts[policy.vhost])
 
     def delete_policy(self, vhost: str, name: str) -> bool:
         if self.policies.get(vhost, {}).pop(name, None) is None:
             return False
         self.meta.delete_policy(vhost, name)
-        self.changed(changes.PolicyDeleted(vhost, name))
+        self.forward(changes.PolicyDeleted(vhost, name))
         if vhost in self.vhosts:
             self._apply_policies(self.vhosts[vhost])
         return True
@@ -218,7 +212,7 @@ class Catalogue:
             owner.exclusive_queues.add(meta)
         if self.authority:  # not again where the change is replayed
             self.totals.queues_created += 1
-        self.changed(changes.QueuePut(definition, owner.id if owner is not None else 0))
+        self.forward(changes.QueuePut(definition, owner.id if owner is not None else 0))
         return meta
 
     def forget_queue(self, meta: QueueMeta) -> None:
@@ -235,7 +229,7 @@ class Catalogue:
             meta.owner.exclusive_queues.discard(meta)
         if spec.stored:
             self.meta.delete_queue(spec.vhost, spec.name)
-        self.changed(changes.QueueForgotten(meta.qid))
+        self.forward(changes.QueueForgotten(meta.qid))
 
     def delete_queue(self, meta: QueueMeta) -> None:
         """Forget a queue and have its shard delete it (an exclusive queue whose
@@ -263,7 +257,7 @@ class Catalogue:
         self._set_exchange_policy(exchange)
         if exchange.durable:
             self.meta.put_exchange(changes.exchange_def(exchange))
-        self.changed(changes.ExchangePut(changes.exchange_def(exchange)))
+        self.forward(changes.ExchangePut(changes.exchange_def(exchange)))
 
     def delete_exchange(self, exchange: Exchange) -> None:
         vhost = self.vhosts[exchange.vhost]
@@ -275,7 +269,7 @@ class Catalogue:
         del vhost.exchanges[exchange.name]
         if exchange.durable:
             self.meta.delete_exchange(exchange.vhost, exchange.name)
-        self.changed(changes.ExchangeDeleted(exchange.vhost, exchange.name))
+        self.forward(changes.ExchangeDeleted(exchange.vhost, exchange.name))
 
     def bind(self, exchange: Exchange, destination: tuple, routing_key: str,
              arguments: dict) -> None:
@@ -299,7 +293,7 @@ class Catalogue:
         if self._durable_binding(vhost, exchange, destination):
             self.meta.delete_binding(changes.binding_def(exchange, destination, routing_key,
                                                          arguments))
-        self.changed(changes.BindingDeleted(changes.binding_def(
+        self.forward(changes.BindingDeleted(changes.binding_def(
             exchange, destination, routing_key, arguments)))
         if auto_delete and exchange.auto_delete and not exchange.bindings:
             self.delete_exchange(exchange)
@@ -310,7 +304,7 @@ class Catalogue:
             return False
         vhost.inbound.setdefault(destination, set()).add(
             (exchange.name, routing_key, arguments_key(arguments)))
-        self.changed(changes.BindingPut(changes.binding_def(
+        self.forward(changes.BindingPut(changes.binding_def(
             exchange, destination, routing_key, arguments)))
         return True
 
