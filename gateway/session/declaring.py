@@ -142,12 +142,13 @@ class Declaring:
         or exchange does not, succeeds; only an existing binding checks exclusivity."""
         self._binding_checks(source_name, destination)
         kind, name = destination
-        source = self.state.vhost.exchanges.get(source_name)
-        target = (self.state.vhost.queues if kind == QUEUE else self.state.vhost.exchanges).get(name)
+        vhost = self.state.vhost
+        source = vhost.exchanges.get(source_name)
+        target = (vhost.queues if kind == QUEUE else vhost.exchanges).get(name)
         if (source is None or target is None
                 or not source.has_binding(destination, routing_key, arguments)):
             return
-        if destination[0] == QUEUE:
+        if isinstance(target, QueueMeta):
             self.state.check_exclusive(target)
         self.broker.unbind(source, destination, routing_key, arguments)
 
@@ -171,9 +172,9 @@ class Declaring:
         queue = QueueSpec(vhost.name, name, method.durable and not method.exclusive,
                           method.exclusive, method.auto_delete, method.arguments)
         self.state.allow("configure", "queue", name)
-        meta = vhost.queues.get(name)
-        if meta is not None:
-            self.state.check_exclusive(meta, redeclared_exclusive=method.exclusive)
+        existing = vhost.queues.get(name)
+        if existing is not None:
+            self.state.check_exclusive(existing, redeclared_exclusive=method.exclusive)
         meta, created = self.broker.declare_queue(
             queue, self.conn if method.exclusive else None, server_named, self.state.allow)
         if not created:

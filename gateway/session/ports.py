@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Collection, Protocol
 
 from warren.gateway.broker.access import AccessControl
+from warren.gateway.broker.catalogue import VHost
 from warren.gateway.broker.exchange import Exchange
 from warren.gateway.config import Config
 from warren.gateway.snapshots import Totals
@@ -51,14 +52,6 @@ class Followers(Peer, Protocol):
     def at(self, index: int) -> Peer: ...
 
 
-class VHostView(Protocol):
-    """A vhost's tables, as the session looks things up in them."""
-
-    name: str
-    queues: dict[str, QueueMeta]
-    exchanges: dict[str, Exchange]
-
-
 class Broker(Protocol):
     """The broker as the session sees it."""
 
@@ -84,7 +77,7 @@ class Broker(Protocol):
     def link(self, shard: int) -> Shard: ...
 
     # routing and publishing
-    def route(self, vhost: VHostView, exchange: Exchange, routing_key: str,
+    def route(self, vhost: VHost, exchange: Exchange, routing_key: str,
               headers: Callable[[], dict]) -> list[QueueMeta]: ...
 
     def publish(self, targets: list[QueueMeta], exchange: str, routing_key: str,
@@ -133,7 +126,7 @@ class Client(Protocol):
     gateway: Broker
     id: int
     user: str
-    vhost: Any  # a VHostView once open
+    vhost: VHost  # set before its channels open
     capabilities: dict
     frame_max: int
     routes: dict  # publishing.Route memory, shared by the connection's channels

@@ -17,8 +17,10 @@ from .assembly import Assembler
 from .unacked import Unacked
 
 if TYPE_CHECKING:
+    from warren.gateway.broker.catalogue import VHost
+
     from .confirms import ConfirmTracker
-    from .ports import Broker, Client, Shard, VHostView
+    from .ports import Broker, Client, Shard
     from .transaction import Transaction
 
 
@@ -71,7 +73,7 @@ class ChannelState:
     conn: Client
     number: int
     broker: Broker
-    vhost: VHostView
+    vhost: VHost
     id: int  # the channel's holder id: its basic.get deliveries and its confirms
     holder_ids: set[int]  # every holder this channel used, for release
     consumers: dict[str, ConsumerState]  # by consumer tag
