@@ -6,10 +6,14 @@ connection."""
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from warren.storage.queuespec import QueueSpec
+
+if TYPE_CHECKING:
+    from warren.storage.metastore import PolicyDef
 
 TRANSIENT_QIDS = 1 << 62  # transient queue ids start here; durable ones come from the metastore
 
@@ -25,7 +29,7 @@ class QueueMeta:
         self.shard = shard
         self.spec = spec
         self.owner = owner  # the owning connection of an exclusive queue
-        self.policy = None  # the policy that applies to it
+        self.policy: PolicyDef | None = None  # the policy that applies to it
         self.effective = spec.arguments  # declared arguments combined with the policy's
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 from warren.gateway.snapshots import Totals
 from warren.gateway.values import TRANSIENT_QIDS, QueueMeta, placement
 from warren.shards import records as r
-from warren.storage.metastore import PolicyDef, QueueDef, VHostDef
+from warren.storage.metastore import MetaStore, PolicyDef, QueueDef, VHostDef
 from warren.storage.queuespec import QueueSpec
 
 from . import changes, patterns, policies
@@ -67,7 +67,7 @@ class Catalogue:
         self.to_shard = to_shard
         self.forward = forward
         self.vhost_deleted = vhost_deleted
-        self.meta = changes.NoStore()
+        self.meta: MetaStore | changes.NoStore = changes.NoStore()
         self.vhosts: dict[str, VHost] = {}
         self.vhost_defs: dict[str, VHostDef] = {}
         self.policies: dict[str, dict[str, PolicyDef]] = {}  # vhost -> name -> policy
@@ -102,10 +102,10 @@ class Catalogue:
         for vhost in self.vhosts.values():
             self._apply_policies(vhost, send=False)
         for b in defs.bindings:
-            vhost = self.vhosts.get(b.vhost)
-            exchange = vhost.exchanges.get(b.source) if vhost else None
-            if exchange is not None:
-                self.add_binding(vhost, exchange, (b.destination_type, b.destination),
+            bound = self.vhosts.get(b.vhost)
+            exchange = bound.exchanges.get(b.source) if bound else None
+            if bound is not None and exchange is not None:
+                self.add_binding(bound, exchange, (b.destination_type, b.destination),
                                  b.routing_key, b.arguments)
 
     # -- vhosts ------------------------------------------------------------------
@@ -190,6 +190,7 @@ class Catalogue:
         """Create a queue (validated already: broker/rules.py) and tell its shard;
         `owner` is the connection of an exclusive one."""
         if spec.stored:
+            assert isinstance(self.meta, MetaStore)  # gateway 0's, which alone creates
             qid = self.meta.allocate_qid()
         else:
             # Transient queues die with the broker: ids from a range of their own.

@@ -10,9 +10,12 @@ destinations, headers a list of (arguments, destination) it matches in turn.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .topic import TopicTrie
+
+if TYPE_CHECKING:
+    from warren.storage.metastore import PolicyDef
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 QUEUE = "queue"
@@ -38,7 +41,7 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = arguments or {}
-        self.policy = None  # the policy that applies to it (gateway/policies.py)
+        self.policy: PolicyDef | None = None  # the policy that applies to it (policies.py)
         value = self.arguments.get("alternate-exchange")
         self.alternate: str | None = value if isinstance(value, str) and value else None
         # (destination, routing key, arguments key) -> arguments

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Any
 
 from warren.gateway.broker import rules
 from warren.gateway.broker.access import AccessControl
@@ -41,8 +42,9 @@ class Gateway:
         # DATA/meta/ and tells the shards about queues (docs/architecture.md).
         self.index = index
         self.authority = index == 0
-        self.followers = None  # gateway 0 with others: where its changes go (node/gateways.py)
-        self.leader = None  # any other gateway: its link to gateway 0 (node/worker.py)
+        # (typed Any: their classes live above this floor, in node/)
+        self.followers: Any = None  # gateway 0 with others: node/gateways.Gateways
+        self.leader: Any = None  # any other gateway: its link to gateway 0 (node/worker.py)
         self.data_dir = os.path.abspath(config.data_dir)
         # Counts the changes of the catalogue, users and permissions: a route a
         # channel remembers (publishing.Route) holds while it stays.
@@ -94,8 +96,8 @@ class Gateway:
             log.warning("%s", line)
         for line in ready.report:
             log.error("recovery: %s", line)
-        meta = self.catalogue.meta = MetaStore(os.path.join(self.data_dir, "meta"))
-        self.access.meta = meta
+        meta = MetaStore(os.path.join(self.data_dir, "meta"))
+        self.catalogue.meta = self.access.meta = meta
         try:
             self._load_definitions(ready.rebuilt)
             self.shards.start()
@@ -113,8 +115,9 @@ class Gateway:
 
     def _load_definitions(self, rebuilt: bool = False) -> None:
         """Durable vhosts, users and permissions, exchanges, queues (with their
-        placement), policies and bindings."""
+        placement), policies and bindings, from the metastore start opened."""
         catalogue = self.catalogue
+        assert isinstance(catalogue.meta, MetaStore)
         defs = catalogue.meta.load()
         fresh = (not defs.vhosts and not defs.users) or rebuilt
         catalogue.load_vhosts(defs)
