@@ -57,7 +57,7 @@ def test_the_compiled_twins_are_built_and_used_where_there_is_a_compiler():
                                    (compiled_queue.Queue, "consumers"),
                                    (compiled_queue.Consumer, "credit")):
         assert type(vars(built_class)[attribute]).__name__ == "getset_descriptor"
-    if os.environ.get("WARREN_PURE_PYTHON"):
+    if build.pure_only():
         assert hotpath.deliver_frames is hotpath.pure_deliver_frames
         assert frames.FrameReader is frames.PureFrameReader
         assert ring.Ring is ring.PureRing and ring.CompiledRing is None
