@@ -12,12 +12,14 @@ from .rights import is_admin, is_monitor
 
 async def connections(management, request: Request, rest: list[str]) -> Response:
     if not rest:
-        return listed(request, [shapes.connection(info, management.connection_rates(info))
+        rates = management.sampler.connection_rates
+        return listed(request, [shapes.connection(info, rates(info))
                                 for info in management.snapshots(request)])
     conn = _connection_named(management, request, rest[0])
     if request.method == "GET":
         info = conn.snapshot()
-        return Response.json(shapes.connection(info, management.connection_rates(info)))
+        return Response.json(shapes.connection(info,
+                                               management.sampler.connection_rates(info)))
     conn.close_forced(request.headers.get("x-reason", "Closed via management plugin"))
     return Response(204)  # DELETE
 
@@ -40,7 +42,8 @@ async def connection_channels(management, request: Request, rest: list[str]) -> 
 
 async def vhost_connections(management, request: Request, rest: list[str]) -> Response:
     vhost = management.vhost_named(request, rest[0]).name
-    return listed(request, [shapes.connection(info, management.connection_rates(info))
+    rates = management.sampler.connection_rates
+    return listed(request, [shapes.connection(info, rates(info))
                             for info in management.snapshots(request) if info.vhost == vhost])
 
 

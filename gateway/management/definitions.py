@@ -28,10 +28,11 @@ SHA256 = "rabbit_password_hashing_sha256"
 # 20,000-queue import takes seconds, longer than a client's handshake may wait.
 SLICE = 0.01
 
+
 def export(gateway) -> dict:
-    access = gateway.access
+    access, catalogue = gateway.access, gateway.catalogue
     queues, exchanges, bindings = [], [], []
-    for vhost_name, vhost in sorted(gateway.catalogue.vhosts.items()):
+    for vhost_name, vhost in sorted(catalogue.vhosts.items()):
         for name, meta in sorted(vhost.queues.items()):
             if meta.spec.stored:
                 queues.append({"name": name, "vhost": vhost_name, "durable": True,
@@ -60,19 +61,20 @@ def export(gateway) -> dict:
                    "limits": u.limits} for _, u in sorted(access.users.items())],
         "vhosts": [{"name": name, "description": d.description, "limits": d.limits,
                     "metadata": {"description": d.description, "tags": []}}
-                   for name, d in sorted(gateway.catalogue.vhost_defs.items())],
+                   for name, d in sorted(catalogue.vhost_defs.items())],
         "permissions": [{"user": p.user, "vhost": p.vhost, "configure": p.configure,
                          "write": p.write, "read": p.read}
                         for _, p in sorted(access.permissions.items())],
         "topic_permissions": [], "global_parameters": [],
         # vhost limits where RabbitMQ keeps them (its import reads them there)
         "parameters": [{"value": d.limits, "vhost": name, "component": "vhost-limits",
-                        "name": "limits"} for name, d in sorted(gateway.catalogue.vhost_defs.items())
+                        "name": "limits"} for name, d in sorted(catalogue.vhost_defs.items())
                        if d.limits],
         "policies": [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
                       "apply-to": p.apply_to, "definition": p.definition,
                       "priority": p.priority}
-                     for v in sorted(gateway.catalogue.policies) for _, p in sorted(gateway.catalogue.policies[v].items())],
+                     for v in sorted(catalogue.policies)
+                     for _, p in sorted(catalogue.policies[v].items())],
         "queues": queues, "exchanges": exchanges, "bindings": bindings,
     }
 
@@ -281,9 +283,11 @@ async def _apply(gateway, loaded: dict[str, list]) -> None:
     turn = _Turns()
     for _, v in loaded["vhosts"]:
         if v.name not in gateway.catalogue.vhosts:
-            gateway.catalogue.add_vhost(v.name, v.description or v.metadata.description, v.limits or {})
+            gateway.catalogue.add_vhost(v.name, v.description or v.metadata.description,
+                                        v.limits or {})
     for _, p in loaded["parameters"]:  # vhost-limits, as RabbitMQ sets them: the whole set
-        gateway.catalogue.add_vhost(p.vhost, gateway.catalogue.vhost_defs[p.vhost].description, p.value)
+        gateway.catalogue.add_vhost(p.vhost, gateway.catalogue.vhost_defs[p.vhost].description,
+                                    p.value)
     for _, u in loaded["users"]:
         tags = [t for t in u.tags.split(",") if t] if isinstance(u.tags, str) else u.tags
         access.put_user(u.name, None, tags, u.password_hash, u.limits or {})
@@ -304,8 +308,8 @@ async def _apply(gateway, loaded: dict[str, list]) -> None:
             rules.declare_queue(gateway.catalogue, _queue_spec(q))
     for _, b in loaded["bindings"]:
         await turn()
-        rules.bind(gateway.catalogue, b.vhost, b.source, (_KINDS[b.destination_type], b.destination),
-                     b.routing_key, b.arguments)
+        rules.bind(gateway.catalogue, b.vhost, b.source,
+                   (_KINDS[b.destination_type], b.destination), b.routing_key, b.arguments)
 
 
 class _Turns:

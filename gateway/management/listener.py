@@ -1,6 +1,6 @@
 """The management listener, started by the root process: the HTTP server with
-its admission caps, serving the API (api.Management), and the sampler behind
-its rates."""
+its admission caps, serving the API (api.Management), and the sampling behind
+its rates (sampling.Sampler)."""
 
 from __future__ import annotations
 
@@ -29,5 +29,6 @@ async def start(gateway, host: str, port: int, listeners: list[dict]):
                   config.management_request_timeout)
     management = Management(gateway, listeners)
     server = await start_server(management.handle, host, port, guard)
-    management.sampler = asyncio.get_running_loop().create_task(management.keep_sampling())
+    sampler = management.sampler
+    sampler.task = asyncio.get_running_loop().create_task(sampler.keep_sampling())
     return server

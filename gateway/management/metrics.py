@@ -150,7 +150,8 @@ class BrokerCollector(Collector):
         yield from self._identity()
         connections = [c.snapshot() for c in management.connections()]
         channels = [ch for c in connections for ch in c.channels]
-        queues = [meta for vhost in gateway.catalogue.vhosts.values() for meta in vhost.queues.values()]
+        queues = [meta for vhost in gateway.catalogue.vhosts.values()
+                  for meta in vhost.queues.values()]
         yield _gauge("rabbitmq_connections", "Connections currently open", len(connections))
         yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
         yield _gauge("rabbitmq_consumers", "Consumers currently connected",
@@ -242,7 +243,7 @@ class BrokerCollector(Collector):
                                      "of a shard", labels=["shard"])
         written = CounterMetricFamily("warren_shard_written_records",
                                       "Records written by those commits", labels=["shard"])
-        for shard, (commits, records) in sorted(management.shard_fsyncs.items()):
+        for shard, (commits, records) in sorted(management.sampler.shard_fsyncs.items()):
             fsyncs.add_metric([str(shard)], commits)
             written.add_metric([str(shard)], records)
         yield fsyncs
@@ -274,7 +275,7 @@ def prometheus_client_version() -> str:
 
 async def render(management, per_object: bool = False) -> bytes:
     """The exposition text for one scrape."""
-    figures = await management.queue_figures()
+    figures = await management.sampler.queue_figures()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(management, figures, per_object))
     return generate_latest(registry)

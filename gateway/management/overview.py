@@ -26,7 +26,7 @@ GLOBAL_STATS = (("publish", "received"), ("confirm", "confirmed"), ("deliver_get
 
 
 async def overview(management, request: Request, rest: list[str]) -> Response:
-    figures = await management.queue_figures()
+    figures = await management.sampler.queue_figures()
     gateway = management.gateway
     # Monitors see global totals, the node and its listeners; the others totals
     # of their vhosts and connections.
@@ -69,15 +69,15 @@ async def overview(management, request: Request, rest: list[str]) -> Response:
                               if listener["protocol"] in ("http", "https")]
         answer["object_totals"]["consumers"] = sum(
             len(ch.consumers) for c in connections for ch in c.channels)
-    management.add_samples(request,
-                           ["totals"] if monitor else [("vhost", v.name) for v in vhosts],
-                           answer["queue_totals"], answer["message_stats"],
-                           GLOBAL_STATS if monitor else shapes.QUEUE_STATS)
+    management.sampler.add_samples(
+        request, ["totals"] if monitor else [("vhost", v.name) for v in vhosts],
+        answer["queue_totals"], answer["message_stats"],
+        GLOBAL_STATS if monitor else shapes.QUEUE_STATS)
     return Response.json(answer)
 
 
 def _global_stats(management) -> dict:
-    totals, rates = management.gateway.broker_totals(), management.totals_rates()
+    totals, rates = management.gateway.broker_totals(), management.sampler.totals_rates()
     stats = {}
     for name, key in GLOBAL_STATS:
         stats[name] = totals[key]

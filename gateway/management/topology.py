@@ -31,7 +31,7 @@ def refused(error: AMQPError) -> HTTPError:
 async def queues(management, request: Request, rest: list[str]) -> Response:
     vhosts = management.vhosts_in(request, rest)
     if len(rest) <= 1:
-        figures = await management.queue_figures()
+        figures = await management.sampler.queue_figures()
         return listed(request, [
             _queue(management, meta, figures.get(meta.qid))
             for vhost in vhosts for _, meta in sorted(vhost.queues.items())])
@@ -49,10 +49,10 @@ async def queues(management, request: Request, rest: list[str]) -> Response:
     if request.method == "GET":
         if meta is None:
             raise not_found()
-        figures = await management.queue_figures()
+        figures = await management.sampler.queue_figures()
         queue = _queue(management, meta, figures.get(meta.qid))
-        management.add_samples(request, [("queue", meta.qid)], queue, queue["message_stats"],
-                               shapes.QUEUE_STATS)
+        management.sampler.add_samples(request, [("queue", meta.qid)], queue,
+                                       queue["message_stats"], shapes.QUEUE_STATS)
         return Response.json(queue)
     if request.method == "PUT":
         check_name("queue", name)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 
-from warren.gateway.management import api
-from warren.gateway.management.api import Management
+from warren.gateway.management import sampling
+from warren.gateway.management.sampling import Sampler
 
 
-class SwallowingManagement(Management):
+class SwallowingSampler(Sampler):
     def __init__(self):
-        super().__init__(gateway=None)
+        super().__init__(gateway=None, connections=list)
         self.samples = 0
 
     async def sample(self) -> None:
@@ -27,15 +27,15 @@ class SwallowingManagement(Management):
 
 
 def test_a_cancelled_sampler_stops_even_if_a_wait_swallows_the_cancel(monkeypatch):
-    monkeypatch.setattr(api, "SAMPLE_INTERVAL", 0)
+    monkeypatch.setattr(sampling, "SAMPLE_INTERVAL", 0)
 
     async def scenario() -> int:
-        management = SwallowingManagement()
-        sampler = asyncio.get_running_loop().create_task(management.keep_sampling())
-        while not management.samples:
+        sampler = SwallowingSampler()
+        task = asyncio.get_running_loop().create_task(sampler.keep_sampling())
+        while not sampler.samples:
             await asyncio.sleep(0)
-        sampler.cancel()
-        await asyncio.wait([sampler], timeout=5.0)
-        return management.samples
+        task.cancel()
+        await asyncio.wait([task], timeout=5.0)
+        return sampler.samples
 
     assert asyncio.run(scenario()) == 1
