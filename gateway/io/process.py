@@ -64,7 +64,6 @@ class Gateway:
         # Connections' input turns so far: [publishes only, anything else (acks,
         # say)]. Input of the other kind meanwhile shortens a Connection's turn.
         self.turns_by_kind = [0, 0]
-        self.stopping = False
         # The session's port (session/ports.Broker): the registry's and the
         # catalogue's methods it calls, bound once (route is called per publish).
         self.new_id = registry.new_id
@@ -141,7 +140,6 @@ class Gateway:
                 link.send(r.ConfigureQueue(meta.qid, meta.effective))
 
     async def stop(self) -> None:
-        self.stopping = True
         self.alarms.stop()
         await self.shards.stop()
         self.catalogue.meta.close()
