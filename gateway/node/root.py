@@ -22,8 +22,8 @@ import lmdb
 
 from warren.gateway.config import Config
 from warren.gateway.io.process import Gateway
+from warren.gateway.io.protocol import AMQPProtocol
 from warren.gateway.io.tlshandshake import TLSHandshake
-from warren.gateway.session.connection import Connection
 from warren.shards import build, logsetup
 from warren.shards.malloc import keep_freed_memory
 from warren.shards.ring import remove_orphans
@@ -189,7 +189,7 @@ async def close_connections(gateway: Gateway, servers: list) -> None:
         conn.close_for_shutdown()
     await _wait_for(lambda: not gateway.registry.connections, timeout=SHUTDOWN_CLOSE_OK_WAIT)
     for conn in list(gateway.registry.connections):
-        conn.transport.abort()
+        conn.output.abort()
     await asyncio.sleep(0)  # their connection_lost, before the shards stop
 
 
@@ -197,11 +197,11 @@ async def listen(gateway: Gateway, settings: Config, tls: ssl.SSLContext | None)
     """The only gateway's AMQP (and AMQPS) listeners, bound, not serving yet."""
     loop = asyncio.get_running_loop()
     servers = [await loop.create_server(
-        lambda: Connection(gateway), sock=_listening(settings, settings.port, "--port"),
+        lambda: AMQPProtocol(gateway), sock=_listening(settings, settings.port, "--port"),
         backlog=LISTEN_BACKLOG, start_serving=False)]
     if tls is not None:
         servers.append(await loop.create_server(
-            lambda: TLSHandshake(lambda: Connection(gateway), tls),
+            lambda: TLSHandshake(lambda: AMQPProtocol(gateway), tls),
             sock=_listening(settings, settings.tls_port, "--tls-port"),
             backlog=LISTEN_BACKLOG, start_serving=False))
     return servers + await own_listener(gateway, settings)
@@ -213,7 +213,7 @@ async def own_listener(gateway: Gateway, settings: Config) -> list:
     if os.environ.get("WARREN_GATEWAY_PORTS") != "1":
         return []
     own = await asyncio.get_running_loop().create_server(
-        lambda: Connection(gateway), sock=_listening(settings, 0, "--port"),
+        lambda: AMQPProtocol(gateway), sock=_listening(settings, 0, "--port"),
         backlog=LISTEN_BACKLOG, start_serving=False)
     # One write: the gateways print at once, and unbuffered (PYTHONUNBUFFERED)
     # print would write the line and its end apart.

@@ -43,9 +43,9 @@ from warren.gateway.broker.peermessages import (
 from warren.gateway.config import Config
 from warren.gateway.io.children import read_spec
 from warren.gateway.io.process import Gateway
+from warren.gateway.io.protocol import AMQPProtocol
 from warren.gateway.io.tlshandshake import TLSHandshake
 from warren.gateway.node.controllink import ControlLink, Handover
-from warren.gateway.session.connection import Connection
 from warren.shards import logsetup
 from warren.shards.malloc import keep_freed_memory
 
@@ -141,8 +141,8 @@ def take_handed(gateway: Gateway, handover: Handover, tls) -> None:
             if kind is Client:
                 client = socket.socket(fileno=fds[0])
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                make = (lambda: TLSHandshake(lambda: Connection(gateway), tls)) \
-                    if message.tls else (lambda: Connection(gateway))
+                make = (lambda: TLSHandshake(lambda: AMQPProtocol(gateway), tls)) \
+                    if message.tls else (lambda: AMQPProtocol(gateway))
                 # Held until done: the loop keeps only a weak reference to a task.
                 task = loop.create_task(loop.connect_accepted_socket(make, sock=client))
                 _taking.add(task)

@@ -1,8 +1,10 @@
-"""One client connection: an asyncio.BufferedProtocol around the sans-IO framing.
+"""One client connection, sans-IO: bytes in, bytes out to an output port, timers
+from a clock port. The asyncio protocol that reads the socket into it and hands
+it the transport and the loop as those ports is io/protocol.py.
 
-Handshake (protocol header, start/start-ok, tune/tune-ok, open), heartbeats,
-channel multiplexing, connection-level errors and flow control. Output for a
-loop turn is gathered and written with one call; confirms and credit grants
+Handshake (protocol header, start/start-ok, tune/tune-ok, open: session/lifecycle.py),
+heartbeats, channel multiplexing, connection-level errors and flow control. Output
+for a loop turn is gathered and written with one call; confirms and credit grants
 are flushed at the same moment.
 
 Fairness: before handling input, the shards' waiting events (deliveries,
@@ -15,40 +17,55 @@ connection.blocked): as RabbitMQ's reader, a connection is blocked when a
 publish's content header is next while an alarm is on, and reads nothing more
 (that header, nor what follows it) until every alarm clears.
 
-Input: the transport reads the socket straight into the frame reader's buffer
-(get_buffer, buffer_updated); bytes handed to data_received are copied in.
+Input: read straight into the frame reader's buffer (get_buffer, then
+buffer_updated with the count), or handed over as bytes (receive).
+
+Driven with no socket and no event loop (the gateway's shard links aside):
+
+    conn = Connection(gateway)
+    out = Output()      # write/writelines append to out.data; close/abort and
+                        # pause_reading/resume_reading note it
+    clock = Clock()     # call_later/call_soon keep (when, callback, args); a test
+                        # runs those due after moving its time on
+    conn.start(out, clock, peer=("127.0.0.1", 40000), local=("127.0.0.1", 5672))
+    conn.receive(frames.PROTOCOL_HEADER)
+    gateway.flush_output()          # the turn's end: conn.flush() writes
+    # out.data holds connection.start; answer with start-ok, tune-ok, open,
+    # channel.open as method frames (frames.method_frame(0, m.ConnectionStartOk(...)))
+    conn.receive(...); gateway.flush_output(); ...
+    conn.connection_lost()          # the client hung up (after out.close(), too)
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import platform
 import time
-from typing import Callable
+from typing import Any, Callable, Protocol
 
-from warren.gateway import __version__
 from warren.gateway.amqp import frames, spec
 from warren.gateway.amqp import methods as m
-from warren.gateway.amqp.fieldtable import FieldTableError, decode_table
 from warren.gateway.amqp.frames import FrameError, FrameReader
 from warren.gateway.errors import AMQPError
 from warren.gateway.logthrottle import log_client_error
 from warren.gateway.snapshots import ConnectionInfo
-from warren.shards import records as r
 
+from . import lifecycle
 from .assembly import decode_method
 from .channel import Channel
+from .lifecycle import (
+    AWAIT_HEADER,
+    AWAIT_START_OK,
+    AWAIT_TUNE_OK,
+    CLOSE_OK_TIMEOUT,
+    CLOSED,
+    CLOSING,
+    HANDSHAKE_TIMEOUT,
+    OPEN,
+    operation,
+)
 
 log = logging.getLogger("warren.connection")
 
-HANDSHAKE_TIMEOUT = 10.0
-CLOSE_OK_TIMEOUT = 3.0
-# An error before tune-ok closes the socket this long after, without a word to
-# the client, as RabbitMQ (its SILENT_CLOSE_DELAY): a client not yet trusted
-# learns nothing and cannot retry at once.
-HANDSHAKE_ERROR_DELAY = 3.0
-CHANNEL_MIN = 1  # the least channel_max a client may ask for (RabbitMQ's)
 # Frames one connection may handle per loop turn before yielding (a publish is
 # three): small enough that deliveries and credit are not kept waiting behind a
 # flood, large enough that a turn's work still goes out in big batches. A third
@@ -62,29 +79,32 @@ FRAMES_PER_TURN = 90
 FRAMES_PER_SHARED_TURN = 30
 ALARM = "alarm"  # why reading is held, beside the shard links that hold it
 YIELD = "yield"
-ADMIT = "admit"  # another gateway waits for gateway 0 to count this connection or channel
-RELEASING = "releasing"  # connection.close waits for the shards to release its channels
-LOGIN = "login"  # its credentials wait for their turn at the broker's login throttle
-
-CAPABILITIES = {
-    "publisher_confirms": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "connection.blocked": True,
-    "consumer_priorities": True,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-    "exchange_exchange_bindings": True,
-    "direct_reply_to": True,
-}
-
-# Handshake states
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
-# RabbitMQ's names of them, in its log lines
-STATE_NAMES = ("pre_init", "starting", "tuning", "opening", "running", "closing", "closed")
 
 
-class Connection(asyncio.BufferedProtocol):
+
+class Output(Protocol):
+    """Where a connection's bytes go (an asyncio transport is one)."""
+
+    def write(self, data: bytes) -> None: ...
+    def writelines(self, parts: list) -> None: ...
+    def close(self) -> None: ...  # after what was written; connection_lost follows
+    def abort(self) -> None: ...
+    def pause_reading(self) -> None: ...  # give it no input until resume_reading
+    def resume_reading(self) -> None: ...
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """The timers a connection asks for (an asyncio loop is one)."""
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> Timer: ...
+    def call_soon(self, callback: Callable[..., Any], *args: Any) -> Any: ...
+
+
+class Connection:
     def __init__(self, gateway):
         self.gateway = gateway
         self.id = gateway.new_id()  # broker-wide: owner of its exclusive queues
@@ -96,14 +116,16 @@ class Connection(asyncio.BufferedProtocol):
         # Until tune-ok, frames may be as large as the spec's minimum only, as on
         # RabbitMQ: a client not logged in cannot send a 128 KiB start-ok.
         self.reader = FrameReader(spec.FRAME_MIN_SIZE)
-        # The transport asks the reader for room itself: one Python frame less a read.
+        # Room for a read in the reader's buffer: io/protocol.py gives the transport
+        # this bound method itself, one Python frame less a read.
         self.get_buffer = self.reader.get_buffer
         self.channels: dict[int, Channel] = {}
         self.capabilities: dict = {}
         self.client_properties: dict = {}
         self.user = ""
         self.vhost = None
-        self.transport: asyncio.Transport | None = None
+        self.output: Output | None = None  # given by start
+        self.clock: Clock | None = None
         self.owed_confirms: set[Channel] = set()
         self.owed_grants: set = set()
         self._out: list[bytes] = []
@@ -112,7 +134,7 @@ class Connection(asyncio.BufferedProtocol):
         self._writing_paused = False
         # Why reading is held: shard links (credit spent, ring full), ALARM, or YIELD
         # (this turn's share of input is used up; the rest waits in the reader).
-        self._paused_by: set = set()
+        self.paused_by: set = set()
         # Its last input turn's kind (not publishes only), and how many turns of
         # the other kind the gateway had had by then (its budget: FRAMES_PER_TURN).
         self._commands = False
@@ -127,89 +149,41 @@ class Connection(asyncio.BufferedProtocol):
         self.admitted = False
         # the read and write counts the last heartbeat tick saw (reads and writes are
         # counted, not timed: a clock call each would be on every message's path)
-        self._reads_seen = self._writes_seen = 0
-        self._quiet_ticks = 0  # heartbeat ticks in a row that saw nothing read
-        self._timer: asyncio.TimerHandle | None = None
-        self._received_any = False
-        self._end_logged = False  # why it ended is logged: no plain "closing" line
+        self.reads_seen = self.writes_seen = 0
+        self.quiet_ticks = 0  # heartbeat ticks in a row that saw nothing read
+        self.timer: Timer | None = None
+        self.received_any = False
+        self.end_logged = False  # why it ended is logged: no plain "closing" line
         # socket traffic, as RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
 
-    # -- asyncio.Protocol ------------------------------------------------------
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def start(self, output: Output, clock: Clock, peer, local, tls: bool = False) -> None:
+        """The client is connected (from `peer`, a (host, port) when known, to
+        `local`): counted, and given HANDSHAKE_TIMEOUT to open."""
+        self.output = output
+        self.clock = clock
         self.connected_at = time.time()
-        self.peer = transport.get_extra_info("peername")
-        peer = self.peer if isinstance(self.peer, tuple) else ("?", 0)
-        local = transport.get_extra_info("sockname") or ("?", 0)
-        self.name = f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"  # as RabbitMQ names it
+        self.peer = peer
+        self.local = local or ("?", 0)
+        self.tls = tls
+        peer = peer if isinstance(peer, tuple) else ("?", 0)
+        self.name = f"{peer[0]}:{peer[1]} -> {self.local[0]}:{self.local[1]}"  # RabbitMQ's
         self.log_name = self.name  # with the client-provided name once known
-        self.loop = asyncio.get_running_loop()
         self.gateway.registry.connections.add(self)
         self.gateway.totals.connections_opened += 1
-        self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+        self.timer = clock.call_later(HANDSHAKE_TIMEOUT, lifecycle.timed_out, self)
 
-    def connection_lost(self, exc) -> None:
-        if not self._received_any:  # a TCP health check, as RabbitMQ sees it
-            log.debug("closing AMQP connection (%s): no data received", self.name,
-                      extra=self._log_fields())
-        elif self.state not in (CLOSING, CLOSED):
-            log_client_error("unexpected close", logging.WARNING,
-                             "closing AMQP connection (%s):\nclient unexpectedly closed TCP "
-                             "connection", self._describe(), extra=self._log_fields())
-        elif not self._end_logged:
-            log.info("closing AMQP connection (%s)", self._describe(), extra=self._log_fields())
+    def connection_lost(self, exc: BaseException | None = None) -> None:
+        """The client hung up, or the output closed after close or abort."""
+        lifecycle.log_end(self)
         self.state = CLOSED
-        if self._timer is not None:
-            self._timer.cancel()
-        self._let_go()
+        if self.timer is not None:
+            self.timer.cancel()
+        lifecycle.let_go(self)
         self.gateway.registry.connections.discard(self)
         self.gateway.totals.connections_closed += 1
         for link in self.gateway.shards:
             link.forget(self)
-
-    def _let_go(self) -> None:
-        """Release the channels (their unacked messages requeue, their consumers go)
-        and the exclusive queues, and stop counting against the limits (gateway 0,
-        told): before close-ok to the client's connection.close (RabbitMQ closes the
-        channels first; a client reconnecting at once, through any gateway, finds its
-        old connection gone), and again, with nothing left to do, when it ends."""
-        for channel in list(self.channels.values()):
-            channel.release()
-        self.channels.clear()
-        self.gateway.delete_exclusive_queues(self)
-
-    def _after_releases(self, then: Callable[[], None]) -> None:
-        """Call `then` once the shards have worked through the releases sent so far.
-        With one gateway that is at once: a shard's one ring from it carries
-        whatever the client sends next behind them. With several, the client's next
-        connection may come in through another gateway, whose ring the shard may read
-        first: a Sync behind the releases is answered when they are done (RabbitMQ's
-        channels likewise wait for their queues before close-ok). Input waits."""
-        gateway = self.gateway
-        alone = gateway.leader is None and gateway.followers is None
-        links = [] if alone else [link for link in gateway.shards.links if link.alive]
-        if not links:
-            then()
-            return
-        self._pause(RELEASING)
-        left = len(links)
-
-        def answered(reply: r.Reply) -> None:
-            nonlocal left
-            left -= 1
-            if left == 0:
-                then()  # (close-ok's _linger reads on itself: it drops what follows)
-                self._resume(RELEASING)
-
-        for link in links:
-            link.request(r.Sync, answered)
-
-    def _close_ok(self) -> None:
-        if self.state != CLOSED:  # (the client may have hung up meanwhile)
-            self.method(0, m.ConnectionCloseOk())
-            self._linger()
 
     def buffer_updated(self, nbytes: int) -> None:
         # The transport holds the buffer until this returns: the reader is not
@@ -217,15 +191,16 @@ class Connection(asyncio.BufferedProtocol):
         if self.state == CLOSED:  # lingering after close-ok: dropped
             return
         self.reader.buffer_updated(nbytes)
-        if not self._received_any:  # RabbitMQ logs a connection once it sends something
-            self._received_any = True
-            log.info("accepting AMQP connection (%s)", self.name, extra=self._log_fields())
+        if not self.received_any:  # RabbitMQ logs a connection once it sends something
+            self.received_any = True
+            log.info("accepting AMQP connection (%s)", self.name, extra=self.log_fields())
         self.recv_oct += nbytes
         self.recv_cnt += 1
         self._handle_input()
 
-    def data_received(self, data: bytes) -> None:
-        """Bytes handed over (a TLS handshake's early bytes): taken in as a read is."""
+    def receive(self, data: bytes) -> None:
+        """Bytes handed over (a TLS handshake's early bytes, a test): taken in as a
+        read is."""
         room = self.reader.get_buffer(len(data))
         room[:len(data)] = data
         room.release()
@@ -243,10 +218,10 @@ class Connection(asyncio.BufferedProtocol):
         commands = published = False
         alarms = gateway.alarms
         try:
-            if self.state == AWAIT_HEADER and not self._read_protocol_header():
+            if self.state == AWAIT_HEADER and not lifecycle.read_protocol_header(self):
                 return
             reader = self.reader
-            while self.state != CLOSED and not self._paused_by:
+            while self.state != CLOSED and not self.paused_by:
                 # Under an alarm frame by frame, to stop before a content header.
                 publish = None if alarms.active else reader.next_publish()
                 if publish is not None:  # three frames (or two) in one pass
@@ -265,8 +240,8 @@ class Connection(asyncio.BufferedProtocol):
                     budget -= 1
                     commands = True
                 if budget <= 0:
-                    self._pause(YIELD)
-                    self.loop.call_soon(self._next_turn)
+                    self.hold(YIELD)
+                    self.clock.call_soon(self._next_turn)
                     break
         except FrameError as error:
             self.close_with_error(AMQPError(spec.FRAME_ERROR, error.text))
@@ -283,6 +258,7 @@ class Connection(asyncio.BufferedProtocol):
             gateway.take_answers()
 
     def pause_writing(self) -> None:
+        """The output's buffer is full: credit is granted again once it drains."""
         self._writing_paused = True
 
     def resume_writing(self) -> None:
@@ -308,7 +284,7 @@ class Connection(asyncio.BufferedProtocol):
         self._writev = True
         self.schedule_flush()
 
-    def _send_closing(self, method) -> None:
+    def send_closing(self, method) -> None:
         """connection.close or close-ok, which alone may follow a connection.close."""
         if self.state != CLOSED:
             self._out.append(frames.method_frame(0, method))
@@ -332,11 +308,11 @@ class Connection(asyncio.BufferedProtocol):
             out, self._out = self._out, []
             if self._writev:
                 self._writev = False
-                self.transport.writelines(out)
+                self.output.writelines(out)
                 self.send_oct += sum(map(len, out))
             else:
                 data = b"".join(out)
-                self.transport.write(data)
+                self.output.write(data)
                 self.send_oct += len(data)
             self.send_cnt += 1
         if self.owed_grants:
@@ -357,11 +333,11 @@ class Connection(asyncio.BufferedProtocol):
     def snapshot(self) -> ConnectionInfo:
         """What the management API and the metrics show of this connection."""
         peer = self.peer if isinstance(self.peer, tuple) else ("?", 0)
-        local = self.transport.get_extra_info("sockname") or ("?", 0)
+        local = self.output.get_extra_info("sockname") or ("?", 0)
         return ConnectionInfo(
             name=self.name, user=self.user, vhost=self.vhost.name if self.vhost else "",
             peer_host=peer[0], peer_port=peer[1], host=local[0], port=local[1],
-            tls=self.transport.get_extra_info("sslcontext") is not None,
+            tls=self.output.get_extra_info("sslcontext") is not None,
             state=self.flow_state, client_properties=self.client_properties,
             connected_at=self.connected_at, frame_max=self.frame_max,
             channel_max=self.channel_max, heartbeat=self.heartbeat,
@@ -377,54 +353,48 @@ class Connection(asyncio.BufferedProtocol):
         (held by an alarm), or closing."""
         if self.state in (CLOSING, CLOSED):
             return "closing"
-        if ALARM in self._paused_by:
+        if ALARM in self.paused_by:
             return "blocked"
         if self.gateway.alarms.active:  # RabbitMQ's name for "blocked at its next publish"
             return "blocking"
-        if any(cause is not YIELD for cause in self._paused_by):
+        if any(cause is not YIELD for cause in self.paused_by):
             return "flow"
         return "running"
 
     def hold(self, cause) -> None:
         """Stop reading for `cause` (a shard link out of credit or ring space, a
-        channel with a full backlog) until release(cause)."""
-        self._pause(cause)
+        channel with a full backlog, ALARM, YIELD...) until release(cause)."""
+        if not self.paused_by and self.state != CLOSED:
+            self.output.pause_reading()
+        self.paused_by.add(cause)
 
     def release(self, cause) -> None:
-        self._resume(cause)
+        if cause not in self.paused_by:
+            return
+        self.paused_by.discard(cause)
+        if not self.paused_by and self.state != CLOSED:
+            # Not from here, which may be inside a shard's event dispatch.
+            self.clock.call_soon(self._read_on)
 
     def _block(self, reason: str) -> None:
         """A resource alarm is on and a publish's content header is next: read no
         further until it clears. RabbitMQ's reader blocks there too (publish_received),
         not when the alarm goes up: a connection that does not publish meanwhile is
         never blocked, and one that does sends no publish, first or not, to a queue."""
-        self._pause(ALARM)
+        self.hold(ALARM)
         if self.capabilities.get("connection.blocked"):
             self.method(0, m.ConnectionBlocked(reason=reason))
 
     def unblock(self) -> None:
         """Every resource alarm cleared: read on from the held content header."""
-        if ALARM in self._paused_by:
-            self._resume(ALARM)
+        if ALARM in self.paused_by:
+            self.release(ALARM)
             if self.capabilities.get("connection.blocked") and self.state != CLOSED:
                 self.method(0, m.ConnectionUnblocked())
 
-    def _pause(self, cause) -> None:
-        if not self._paused_by and self.state != CLOSED:
-            self.transport.pause_reading()
-        self._paused_by.add(cause)
-
-    def _resume(self, cause) -> None:
-        if cause not in self._paused_by:
-            return
-        self._paused_by.discard(cause)
-        if not self._paused_by and self.state != CLOSED:
-            # Not from here, which may be inside a shard's event dispatch.
-            self.loop.call_soon(self._read_on)
-
     def _next_turn(self) -> None:
         """Handle the next share of input held back by YIELD."""
-        self._paused_by.discard(YIELD)
+        self.paused_by.discard(YIELD)
         self._read_on()
 
     def _read_on(self) -> None:
@@ -433,45 +403,17 @@ class Connection(asyncio.BufferedProtocol):
         held by credit is released after each shard turn) took in a socket buffer's
         worth each time and handled a slice: held input grew without bound (17 MB,
         97,000 messages, in a flood), outside every limit and every credit."""
-        if self._paused_by or self.state == CLOSED:
+        if self.paused_by or self.state == CLOSED:
             return
         self._handle_input()
-        if not self._paused_by and self.state != CLOSED:
-            self.transport.resume_reading()
+        if not self.paused_by and self.state != CLOSED:
+            self.output.resume_reading()
 
     # -- frames ----------------------------------------------------------------
 
-    def _read_protocol_header(self) -> bool:
-        header = self.reader.read_protocol_header()
-        if header is None:
-            return False
-        if header != frames.PROTOCOL_HEADER:
-            # Tell the client which protocol we speak, then hang up (AMQP 0-9-1 §4.2.2).
-            log_client_error("protocol header", logging.ERROR,
-                             "closing AMQP connection (%s):\nclient did not start with AMQP "
-                             "protocol header: %r", self.name, header, extra=self._log_fields())
-            self._end_logged = True
-            self.transport.write(frames.PROTOCOL_HEADER)
-            self.state = CLOSED
-            self.transport.close()
-            return False
-        self.state = AWAIT_START_OK
-        self.method(0, m.ConnectionStart(
-            version_major=spec.SPEC["major-version"], version_minor=spec.SPEC["minor-version"],
-            server_properties={
-                "product": "Warren",
-                "version": __version__,
-                "platform": f"Python {platform.python_version()}",
-                "copyright": "Warren developers",
-                "information": "AMQP 0-9-1 broker; see README.md",
-                "capabilities": dict(CAPABILITIES),
-            },
-            mechanisms=b"PLAIN AMQPLAIN", locales=b"en_US"))
-        return True
-
     def _handle_frame(self, frame_type: int, channel: int, payload: bytes) -> None:
         if self.state == CLOSING:
-            self._handle_while_closing(frame_type, channel, payload)
+            lifecycle.while_closing(self, frame_type, channel, payload)
             return
         if frame_type == frames.FRAME_HEARTBEAT:  # RabbitMQ's errors, in its order
             if payload:
@@ -483,7 +425,7 @@ class Connection(asyncio.BufferedProtocol):
                             f"type {frame_type}, {frames.payload_snippet(payload)}")
         if channel == 0 or self.state != OPEN:
             if frame_type == frames.FRAME_METHOD and channel == 0:
-                self._connection_method(decode_method(payload))
+                lifecycle.connection_method(self, decode_method(payload))
                 return
             if frame_type not in (frames.FRAME_METHOD, frames.FRAME_HEADER, frames.FRAME_BODY):
                 raise AMQPError(spec.FRAME_ERROR, f"type {frame_type}, "
@@ -492,10 +434,10 @@ class Connection(asyncio.BufferedProtocol):
                             f"type {frame_type}, {frames.payload_snippet(payload)}")
         ch = self.channels.get(channel)
         if ch is None:
-            self._channel_open(channel, frame_type, payload)
+            lifecycle.open_channel(self, channel, frame_type, payload)
             return
         if ch.closing:
-            self._closing_channel_frame(ch, frame_type, payload)
+            lifecycle.closing_channel_frame(self, ch, frame_type, payload)
             return
         try:  # run_guarded, inlined: this runs for every frame
             ch.handle_frame(frame_type, payload)
@@ -542,71 +484,24 @@ class Connection(asyncio.BufferedProtocol):
         """A bug met while serving this connection: log it once and close this
         connection with 541, leaving every other client and the loop running."""
         log_client_error("internal error", logging.ERROR,
-                         "closing AMQP connection (%s) after an internal error", self._describe(),
-                         exc_info=error, extra=self._log_fields())
+                         "closing AMQP connection (%s) after an internal error", self.describe(),
+                         exc_info=error, extra=self.log_fields())
         try:
             self.close_with_error(AMQPError(spec.INTERNAL_ERROR, "internal error"))
         except Exception:
             self.state = CLOSED
-            self.transport.abort()
-
-    def _channel_open(self, number: int, frame_type: int, payload: bytes) -> None:
-        # As RabbitMQ: channel_max limits how many channels are open (closing ones
-        # included), whatever their numbers; checked before the frame is looked at.
-        if len(self.channels) >= self.channel_max:
-            raise AMQPError(spec.NOT_ALLOWED, f"number of channels opened ({len(self.channels)})"
-                            f" has reached the negotiated channel_max ({self.channel_max})")
-        if frame_type != frames.FRAME_METHOD:
-            raise AMQPError(spec.UNEXPECTED_FRAME,
-                            "expected method frame, got non method frame instead")
-        method = decode_method(payload)
-        if type(method) is not m.ChannelOpen:
-            raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'",
-                            method.CLASS_ID, method.METHOD_ID)
-        leader = self.gateway.leader
-        if leader is None:
-            refusal = self.gateway.limit_refusal(self.user, self.vhost.name, channel=True)
-            if refusal is not None:
-                raise AMQPError(spec.NOT_ALLOWED, refusal, method.CLASS_ID, method.METHOD_ID)
-        elif self.gateway.access.user_limit(self.user, "max-channels") >= 0:
-            self._pause(ADMIT)  # gateway 0 counts the user's channels broker-wide
-            return leader.admit(self, self.vhost.name, len(self.channels) + 1,
-                                lambda refusal: self._admitted(
-                                    refusal, method, lambda: self._add_channel(number)))
-        self._add_channel(number)
-
-    def _add_channel(self, number: int) -> None:
-        self.channels[number] = Channel(self, number)
-        self.method(number, m.ChannelOpenOk())
-        if self.gateway.leader is not None:
-            self.gateway.leader.channels_changed(self)
+            self.output.abort()
 
     def close_channel_with_error(self, ch: Channel, error: AMQPError) -> None:
         log_client_error(f"channel error {error.code}", logging.ERROR,
                          "Channel error on connection (%s), channel %d:\noperation %s caused a "
-                         "channel exception %s: %s", self._describe(), ch.number,
-                         _operation(error), spec.REPLY_NAMES[error.code].lower(), error.detail,
-                         extra=self._log_fields(channel=ch.number, reply_code=error.code))
+                         "channel exception %s: %s", self.describe(), ch.number,
+                         operation(error), spec.REPLY_NAMES[error.code].lower(), error.detail,
+                         extra=self.log_fields(channel=ch.number, reply_code=error.code))
         ch.release()
         ch.closing = True
         ch.send(m.ChannelClose(reply_code=error.code, reply_text=error.text[:255],
                                class_id=error.class_id, method_id=error.method_id))
-
-    def _closing_channel_frame(self, ch: Channel, frame_type: int, payload: bytes) -> None:
-        """After our channel.close only the client's close-ok ends the channel, as on
-        RabbitMQ: a crossing close gets close-ok and the channel waits on for the
-        client's; anything else is dropped, but a channel.open is an error."""
-        if frame_type != frames.FRAME_METHOD:
-            return
-        method = decode_method(payload)
-        kind = type(method)
-        if kind is m.ChannelCloseOk:
-            self.forget_channel(ch)
-        elif kind is m.ChannelClose:
-            ch.send(m.ChannelCloseOk())
-        elif kind is m.ChannelOpen:
-            raise AMQPError(spec.CHANNEL_ERROR, "second 'channel.open' seen",
-                            method.CLASS_ID, method.METHOD_ID)
 
     @property
     def is_open(self) -> bool:
@@ -619,223 +514,6 @@ class Connection(asyncio.BufferedProtocol):
         if self.gateway.leader is not None:
             self.gateway.leader.channels_changed(self)
 
-    def _handle_while_closing(self, frame_type: int, channel: int, payload: bytes) -> None:
-        if channel != 0 or frame_type != frames.FRAME_METHOD:
-            return
-        method = decode_method(payload)
-        if type(method) is m.ConnectionCloseOk:
-            self._shutdown()
-        elif type(method) is m.ConnectionClose:
-            self._send_closing(m.ConnectionCloseOk())
-            self._linger()
-
-    # -- connection class ------------------------------------------------------
-
-    def _connection_method(self, method) -> None:
-        kind = type(method)
-        expected = {AWAIT_START_OK: m.ConnectionStartOk, AWAIT_TUNE_OK: m.ConnectionTuneOk,
-                    AWAIT_OPEN: m.ConnectionOpen, OPEN: m.ConnectionUpdateSecret}.get(self.state)
-        if kind is not expected and kind is not m.ConnectionClose:
-            # A second start-ok, an unasked close-ok, channel.open on channel 0...
-            raise AMQPError(spec.CHANNEL_ERROR, "unexpected method in connection state "
-                            f"{STATE_NAMES[self.state]}", method.CLASS_ID, method.METHOD_ID)
-        if kind is m.ConnectionStartOk:
-            self._start_ok(method)
-        elif kind is m.ConnectionTuneOk:
-            self._tune_ok(method)
-        elif kind is m.ConnectionOpen:
-            self._open(method)
-        elif kind is m.ConnectionClose:
-            self._let_go()
-            self._after_releases(self._close_ok)
-        else:  # connection.update-secret
-            self.method(0, m.ConnectionUpdateSecretOk())
-
-    def _start_ok(self, method: m.ConnectionStartOk) -> None:
-        self.client_properties = method.client_properties
-        capabilities = method.client_properties.get("capabilities")
-        self.capabilities = capabilities if isinstance(capabilities, dict) else {}
-        given = method.client_properties.get("connection_name")
-        if isinstance(given, bytes):
-            given = given.decode("utf-8", "replace")
-        if isinstance(given, str) and given:
-            log.info("connection (%s) has a client-provided name: %s", self.name, given,
-                     extra=self._log_fields())
-            self.log_name = f"{self.name} - {given}"
-        name, password = self._credentials(method.mechanism, method.response)
-        peer_host = self.peer[0] if isinstance(self.peer, tuple) else ""
-        login = (name, password, peer_host, method.mechanism)
-        access = self.gateway.access
-        if not access.must_wait(peer_host):  # the common case: no waiting, nobody asked
-            self._check_login(*login, False, 0.0)
-            return
-        # An address that failed often: its logins are checked one at a time, each
-        # at its turn, however many connections it opens.
-        self._pause(LOGIN)
-        access.login_turn(peer_host, lambda wait: self._login_turn(wait, login))
-
-    def _login_turn(self, wait: float | None, login: tuple, waited: float = 0.0) -> None:
-        if self.state == CLOSED:
-            return
-        if wait is None:  # its turn is too far off: refused unchecked, as slowly
-            self._resume(LOGIN)
-            delay = self.gateway.access.throttle.cap
-            log.warning("%s login refused: user '%s' - too many failed logins (from %s, "
-                        "answered in %gs)", login[3], login[0] or "", login[2], delay,
-                        extra=self._log_fields())
-            self.state = CLOSING
-            self._refuse_login(login[3], delay)
-        elif wait:
-            self.loop.call_later(wait, self._login_turn, 0.0, login, wait)
-        else:
-            self._resume(LOGIN)
-            self._check_login(*login, True, waited)
-
-    def _check_login(self, name, password, peer_host: str, mechanism: str, at_turn: bool,
-                     waited: float) -> None:
-        access = self.gateway.access
-        reason = access.refusal(name, password, peer_host)
-        if reason is not None:
-            self.state = CLOSING  # what the client sends meanwhile is ignored
-            access.login_failed(name, reason, peer_host, mechanism, at_turn, waited,
-                                lambda delay: self._refuse_login(mechanism, delay))
-            return
-        self.user = name
-        self.state = AWAIT_TUNE_OK
-        self.method(0, m.ConnectionTune(channel_max=self.channel_max, frame_max=self.frame_max,
-                                        heartbeat=self.heartbeat))
-
-    def _credentials(self, mechanism: str, response: bytes) -> tuple[str | None, str | None]:
-        if mechanism == "PLAIN":
-            parts = response.split(b"\0")
-            if len(parts) != 3:
-                return None, None
-            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
-        if mechanism == "AMQPLAIN":
-            try:
-                table, _ = decode_table(len(response).to_bytes(4, "big") + response, 0)
-            except FieldTableError:
-                return None, None
-            user, password = table.get("LOGIN"), table.get("PASSWORD")
-            if isinstance(user, bytes):
-                user = user.decode("utf-8", "replace")
-            if isinstance(password, bytes):
-                password = password.decode("utf-8", "replace")
-            return user, password
-        raise AMQPError(spec.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'")
-
-    def _refuse_login(self, mechanism: str, delay: float) -> None:
-        """Refuse, after `delay` seconds when the throttle asks for one; the loop
-        serves everyone else meanwhile, and CLOSING ignores what this client sends."""
-        if self.state == CLOSED:
-            return
-        if delay:
-            self.state = CLOSING
-            self._timer = self.loop.call_later(delay, self._refuse_login, mechanism, 0.0)
-            return
-        text = (f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
-                " For details see the broker logfile.")
-        if self.capabilities.get("authentication_failure_close"):
-            self._send_closing(m.ConnectionClose(reply_code=spec.ACCESS_REFUSED, reply_text=text))
-            self.state = CLOSING
-            self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
-        else:
-            self._shutdown()
-
-    def _tune_ok(self, method: m.ConnectionTuneOk) -> None:
-        _negotiated("frame_max", method.frame_max, spec.FRAME_MIN_SIZE, self.frame_max)
-        _negotiated("channel_max", method.channel_max, CHANNEL_MIN, self.channel_max)
-        self.frame_max = method.frame_max
-        self.channel_max = method.channel_max
-        self.heartbeat = method.heartbeat
-        self.reader.frame_max = self.frame_max
-        self.state = AWAIT_OPEN
-
-    def _open(self, method: m.ConnectionOpen) -> None:
-        name = method.virtual_host
-        vhost = self.gateway.catalogue.vhosts.get(name)
-        refuse = None
-        if vhost is None:
-            refuse = f"vhost {name} not found"
-        elif not self.gateway.access.may_use_vhost(self.user, name):
-            refuse = f"access to vhost '{name}' refused for user '{self.user}'"
-        elif self.gateway.leader is not None:  # gateway 0 counts connections broker-wide
-            self._pause(ADMIT)
-            self.gateway.leader.admit(self, name, 0, lambda refusal: self._admitted(
-                refusal, method, lambda: self._opened(vhost)))
-            return
-        else:
-            refuse = self.gateway.limit_refusal(self.user, name)
-        if refuse is not None:
-            raise AMQPError(spec.NOT_ALLOWED, refuse, method.CLASS_ID, method.METHOD_ID)
-        self._opened(vhost)
-
-    def _admitted(self, refusal: str, method, then) -> None:
-        """Gateway 0 counted this connection or channel against the limits."""
-        self._resume(ADMIT)
-        if self.state == CLOSED:
-            return
-        if refusal:
-            self.close_with_error(AMQPError(spec.NOT_ALLOWED, refusal, method.CLASS_ID,
-                                            method.METHOD_ID))
-            return
-        try:
-            then()
-        except Exception as error:
-            self.fail(error)
-
-    def _opened(self, vhost) -> None:
-        name = vhost.name
-        self.vhost = vhost
-        self.state = OPEN
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self.heartbeat:
-            self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
-        log.info("connection (%s): user '%s' authenticated and granted access to vhost '%s'",
-                 self.log_name, self.user, name, extra=self._log_fields())
-        self.method(0, m.ConnectionOpenOk())
-
-    # -- timers ----------------------------------------------------------------
-
-    def _handshake_timeout(self) -> None:
-        if self.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN):
-            log_client_error("handshake timeout", logging.ERROR,
-                             "closing AMQP connection (%s):\nhandshake timeout in state %s",
-                             self._describe(), STATE_NAMES[self.state], extra=self._log_fields())
-            self._end_logged = True
-            self._shutdown()
-
-    def _heartbeat_tick(self) -> None:
-        if self.state != OPEN:
-            return
-        # As RabbitMQ's heartbeat monitor, by the socket's counters: a tick (every half
-        # interval) that sees nothing read since the last is a quiet one, and four in
-        # a row are two missed intervals. While we are not reading, the peer's
-        # heartbeats wait in the socket, unseen.
-        if self.recv_cnt != self._reads_seen or self._paused_by:
-            self._reads_seen = self.recv_cnt
-            self._quiet_ticks = 0
-        else:
-            self._quiet_ticks += 1
-        if self._quiet_ticks >= 4:
-            log_client_error("missed heartbeats", logging.ERROR,
-                             "closing AMQP connection (%s):\nmissed heartbeats from client, "
-                             "timeout: %ss", self._describe(), self.heartbeat,
-                             extra=self._log_fields())
-            self._end_logged = True
-            self.state = CLOSED
-            self.transport.abort()
-            return
-        # An idle connection (most of them, when there are thousands) need not hold
-        # a read buffer: it is allocated again by the next read.
-        self.reader.release()
-        if self.send_cnt == self._writes_seen:  # nothing written for half an interval
-            self.send(frames.HEARTBEAT_FRAME)
-        self._writes_seen = self.send_cnt  # (the heartbeat's own write counts next tick)
-        self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
-
     # -- closing ---------------------------------------------------------------
 
     def close_with_error(self, error: AMQPError) -> None:
@@ -843,37 +521,17 @@ class Connection(asyncio.BufferedProtocol):
         if self.state in (CLOSING, CLOSED):
             return
         if self.state in (AWAIT_START_OK, AWAIT_TUNE_OK):
-            self._handshake_error(error)
+            lifecycle.failed(self, error)
             return
-        self._log_error(error)
+        lifecycle.log_error(self, error)
         for channel in list(self.channels.values()):
             channel.release()
         self.method(0, m.ConnectionClose(reply_code=error.code, reply_text=error.text[:255],
                                          class_id=error.class_id, method_id=error.method_id))
         self.state = CLOSING
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
-
-    def _handshake_error(self, error: AMQPError) -> None:
-        """An error before tune-ok, as RabbitMQ: logged, no connection.close, input
-        dropped, and the socket closed HANDSHAKE_ERROR_DELAY later."""
-        if self.state == AWAIT_TUNE_OK and error.code == spec.NOT_ALLOWED:
-            detail = f"failed to negotiate connection parameters: {error.detail}"
-        else:
-            operation = _operation(error)
-            detail = (f"{{handshake_error,{STATE_NAMES[self.state]},0,{{amqp_error,"
-                      f"{spec.REPLY_NAMES[error.code].lower()},{_erlang_string(error.detail)},"
-                      f"{operation if operation == 'none' else repr(operation.replace('-', '_'))}"
-                      "}}")
-        log_client_error("handshake error", logging.ERROR, "closing AMQP connection (%s):\n%s",
-                         self._describe(), detail, extra=self._log_fields(reply_code=error.code))
-        self._end_logged = True
-        self.flush()  # what was sent before the error still goes out
-        self.state = CLOSED  # what it sends is dropped (buffer_updated)
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_later(HANDSHAKE_ERROR_DELAY, self.transport.close)
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.clock.call_later(CLOSE_OK_TIMEOUT, self.shutdown)
 
     def close_forced(self, reason: str) -> None:
         self.close_with_error(AMQPError(
@@ -885,7 +543,7 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- the operator log ------------------------------------------------------------
 
-    def _describe(self) -> str:
+    def describe(self) -> str:
         """The connection as RabbitMQ's log lines name it: 'peer -> local[ - client's
         name], vhost: '/', user: 'guest'' (what is known so far)."""
         parts = [self.log_name]
@@ -895,7 +553,7 @@ class Connection(asyncio.BufferedProtocol):
             parts.append(f"user: '{self.user}'")
         return ", ".join(parts)
 
-    def _log_fields(self, **more) -> dict:
+    def log_fields(self, **more) -> dict:
         """The structured fields of a connection's log record (JSON lines)."""
         fields = {"connection": self.log_name, **more}
         if self.user:
@@ -904,60 +562,10 @@ class Connection(asyncio.BufferedProtocol):
             fields["vhost"] = self.vhost.name
         return fields
 
-    def _log_error(self, error: AMQPError) -> None:
-        """A connection error in RabbitMQ's words: in the handshake its text alone,
-        once running the operation and the exception's name."""
-        if self.state == OPEN:
-            detail = (f" operation {_operation(error)} caused a connection exception "
-                      f"{spec.REPLY_NAMES[error.code].lower()}: \"{error.detail}\"")
-        else:
-            detail = error.detail
-        log_client_error(f"connection error {error.code}", logging.ERROR,
-                         "Error on AMQP connection (%s, state: %s):\n%s", self._describe(),
-                         STATE_NAMES[self.state], detail,
-                         extra=self._log_fields(reply_code=error.code))
-
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
         if self.state == CLOSED:
             return
         self.flush()
         self.state = CLOSED
-        self.transport.close()
+        self.output.close()
 
-    def _linger(self) -> None:
-        """After close-ok to the client's connection.close, read and drop what it
-        still sends until it hangs up (or CLOSE_OK_TIMEOUT), as RabbitMQ does:
-        closing with unread data would send the client a reset, not an end."""
-        self.flush()
-        self.state = CLOSED
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self.transport.close)
-        if self._paused_by:
-            self._paused_by.clear()
-            self.transport.resume_reading()
-
-
-def _negotiated(field: str, value: int, minimum: int, offered: int) -> None:
-    """tune-ok's value of `field` within RabbitMQ's bounds: 0 means no limit, which
-    is more than any limit offered."""
-    if value and value < minimum:
-        bound = f"is lower than the minimum allowed value ({minimum})"
-    elif offered and (not value or value > offered):
-        bound = f"is higher than the maximum allowed value ({offered})"
-    else:
-        return
-    no_limit = " (no limit)" if field == "channel_max" and not value else ""
-    raise AMQPError(spec.NOT_ALLOWED, f"negotiated {field} = {value}{no_limit} {bound}",
-                    m.ConnectionTuneOk.CLASS_ID, m.ConnectionTuneOk.METHOD_ID)
-
-
-def _erlang_string(text: str) -> str:
-    """`text` as Erlang's ~p writes a string."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _operation(error: AMQPError) -> str:
-    """The method an error is about, as RabbitMQ names it ('queue.declare'), or 'none'."""
-    method = spec.METHODS_BY_ID.get((error.class_id, error.method_id))
-    return method.name if method is not None else "none"

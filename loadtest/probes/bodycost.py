@@ -69,7 +69,8 @@ class _Client:
     def __init__(self, gateway: Gateway):
         self.conn = Connection(gateway)
         self.sink = _Sink()
-        self.conn.connection_made(self.sink)
+        self.conn.start(self.sink, asyncio.get_running_loop(), self.sink.peer,
+                        self.sink.get_extra_info("sockname"))
         self.reader = frames.FrameReader(1 << 30)
         self._seen = 0
 

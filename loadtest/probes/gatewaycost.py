@@ -36,7 +36,8 @@ from warren.gateway.amqp.properties import BasicProperties, encode_properties
 from warren.gateway.config import Config
 from warren.gateway.io.process import Gateway
 from warren.gateway.io.tlshandshake import feed
-from warren.gateway.session.connection import OPEN, Connection
+from warren.gateway.session.connection import Connection
+from warren.gateway.session.lifecycle import OPEN
 
 QUEUE = "gatewaycost"
 BODY = b"x" * 100
@@ -159,7 +160,7 @@ class Bench:
         async def made() -> tuple[Connection, Transport]:
             conn = Connection(self.gateway)
             transport = Transport(conn)
-            conn.connection_made(transport)
+            conn.start(transport, self.loop, ("127.0.0.1", 40000), ("127.0.0.1", 5999))
             return conn, transport
         conn, transport = self.loop.run_until_complete(made())
         transport.give(frames.PROTOCOL_HEADER + b"".join((

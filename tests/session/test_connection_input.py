@@ -10,7 +10,8 @@ import struct
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
 from warren.gateway.io.tlshandshake import feed
-from warren.gateway.session.connection import FRAMES_PER_SHARED_TURN, FRAMES_PER_TURN, OPEN
+from warren.gateway.session.connection import FRAMES_PER_SHARED_TURN, FRAMES_PER_TURN
+from warren.gateway.session.lifecycle import OPEN
 
 
 def test_an_idle_connection_gives_its_read_buffer_back(inproc):

@@ -33,7 +33,8 @@ import pytest
 
 from warren.gateway.amqp import frames, spec
 from warren.gateway.amqp import methods as m
-from warren.gateway.session.connection import AWAIT_HEADER, CLOSED, Connection
+from warren.gateway.session.connection import Connection
+from warren.gateway.session.lifecycle import AWAIT_HEADER, CLOSED
 
 from ..support.amqpfuzz import Case, case_seeds, check_output, make_case
 from ..support.inproc import TIMEOUT as SETTLE_TIMEOUT
@@ -63,7 +64,8 @@ class Harness:
         # (per address) would otherwise change how later cases are answered.
         transport = FakeTransport(conn, (f"127.{case.seed >> 16 & 255}.{case.seed >> 8 & 255}."
                                          f"{case.seed & 255}", 40000))
-        conn.connection_made(transport)
+        conn.start(transport, asyncio.get_running_loop(), transport.peer,
+                   transport.get_extra_info("sockname"))
         for piece in case.pieces():
             if transport.closed:
                 break
@@ -72,7 +74,7 @@ class Harness:
                 problems.append(f"reading stayed paused for {SETTLE_TIMEOUT}s")
                 break
             try:
-                conn.data_received(piece)
+                conn.receive(piece)
             except Exception as error:  # noqa: BLE001 - the property under test
                 problems.append("exception escaped data_received:\n"
                                 + "".join(traceback.format_exception(error)))
@@ -94,7 +96,7 @@ class Harness:
             # Still operating: the client's connection.close gets its close-ok.
             before = len(transport.written)
             try:
-                conn.data_received(frames.method_frame(0, m.ConnectionClose(
+                conn.receive(frames.method_frame(0, m.ConnectionClose(
                     reply_code=200, reply_text="fuzz done")))
             except Exception as error:  # noqa: BLE001
                 problems.append("exception escaped data_received (closing):\n"

@@ -13,7 +13,7 @@ from warren.gateway.amqp import frames, spec
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.fieldtable import MAX_DEPTH
 from warren.gateway.logthrottle import CLIENT_ERRORS_PER_SECOND
-from warren.gateway.session.connection import HANDSHAKE_ERROR_DELAY
+from warren.gateway.session.lifecycle import HANDSHAKE_ERROR_DELAY
 
 
 def test_wrong_protocol_header_gets_ours_back_and_close(inproc):

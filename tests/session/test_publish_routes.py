@@ -225,7 +225,7 @@ def test_an_alarm_blocks_a_publisher_whose_route_is_remembered(inproc):
         received = inproc.gateway.totals.received
         client.publish(1, queue, b"held")
         assert client.expect(0, m.ConnectionBlocked).reason == "low on memory"
-        assert client.conn._paused_by, "the connection still reads while blocked"
+        assert client.conn.paused_by, "the connection still reads while blocked"
         assert inproc.gateway.totals.received == received
     finally:
         alarms.set(("gateway", "memory"), False)

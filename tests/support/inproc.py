@@ -24,7 +24,8 @@ from warren.gateway.amqp.frames import FrameReader
 from warren.gateway.config import Config
 from warren.gateway.io.process import Gateway
 from warren.gateway.io.tlshandshake import feed
-from warren.gateway.session.connection import CLOSE_OK_TIMEOUT, OPEN, Connection
+from warren.gateway.session.connection import Connection
+from warren.gateway.session.lifecycle import CLOSE_OK_TIMEOUT, OPEN
 
 from .memtransport import MemoryTransport
 from .rawclient import Conversation
@@ -194,7 +195,8 @@ class Client(Conversation):
         self._seen = 0
 
         async def connect() -> None:
-            self.conn.connection_made(self.transport)
+            self.conn.start(self.transport, asyncio.get_running_loop(), self.transport.peer,
+                            self.transport.get_extra_info("sockname"))
         server.loop.run_until_complete(connect())
 
     # -- input to the broker ---------------------------------------------------------
