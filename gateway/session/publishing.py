@@ -138,7 +138,7 @@ class Publishing:
                                     tracker, self.conn)
                 else:
                     totals.unroutable_dropped += 1
-                if seq and tracker.has_answers():
+                if tracker is not None and tracker.has_answers():
                     self._confirms_changed()
                 return
         method, properties, body = self.assembler.whole_publish(payload, properties, body)
@@ -297,7 +297,7 @@ class Publishing:
                 self.routes.clear()
             self.routes[payload] = Route(self.broker.epoch, method.exchange, routing_key,
                                          targets)
-        if seq and (tracker is not self.state.confirms or tracker.has_answers()):
+        if tracker is not None and (tracker is not self.state.confirms or tracker.has_answers()):
             self._confirms_changed()  # (a confirm waiting for its shards changes nothing yet)
 
     def _route_reply(self, method: hotpath.Publish, properties: bytes, body: bytes,
@@ -419,7 +419,7 @@ class Publishing:
         if self.state.tx is None:
             raise AMQPError(spec.PRECONDITION_FAILED, "channel is not transactional")
         for action in self.state.tx.take():
-            if type(action) is TxPublish:
+            if isinstance(action, TxPublish):
                 self._route(*action)
             else:
                 self.settle_now(action.taken, action.outcome)
