@@ -6,7 +6,7 @@ It serves the clients the root accepts and hands it (controllink.Handover) and
 talks to every shard over rings of its own, so publishing, consuming and acks
 never pass through another process. The catalogue it routes with is the root's,
 replayed from the control link (changes.py); declarations are forwarded
-there (Declarations._forward). It is handed clients only once it holds the
+there (declaring.Declaring.forward). It is handed clients only once it holds the
 whole catalogue, and stops when the root closes the control link (or is gone):
 the stop signals of the broker's process group are the root's (children.py).
 """
