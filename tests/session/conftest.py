@@ -1,24 +1,25 @@
-"""Session tests: the whole connection and channel driven in-process."""
+"""Session tests: the whole connection and channel driven in-process, with no
+process, no socket and no event loop (tests/support/session.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ..support.inproc import InProcessGateway, running_gateway
+from ..support.session import InlineBroker, inline_broker
 
 
 @pytest.fixture(scope="module")
-def inproc_gateway(tmp_path_factory):
-    """A Gateway with one shard process in this process's own asyncio loop (tests/support/inproc.py)."""
-    with running_gateway(tmp_path_factory.mktemp("inproc") / "data") as server:
-        yield server
+def module_broker(tmp_path_factory):
+    """The module's broker: one Gateway and its shard core, in this thread."""
+    with inline_broker(tmp_path_factory.mktemp("session") / "data") as broker:
+        yield broker
 
 
 @pytest.fixture
-def inproc(inproc_gateway, request) -> InProcessGateway:
-    """The module's in-process broker for one test: `inproc.client()` connects; the
-    clients are hung up afterwards, and the broker must have logged no error."""
-    inproc_gateway.begin_test(request.node.name)
-    yield inproc_gateway
-    errors = inproc_gateway.end_test()
+def inline(module_broker, request) -> InlineBroker:
+    """The module's broker for one test: `inline.client()` connects; the clients
+    are hung up afterwards, and the broker must have logged no error."""
+    module_broker.begin_test(request.node.name)
+    yield module_broker
+    errors = module_broker.end_test()
     assert not errors, "\n".join(errors)

@@ -1,4 +1,4 @@
-"""Channel errors with RabbitMQ's reply codes and texts, in-process (tests/inproc.py):
+"""Channel errors with RabbitMQ's reply codes and texts, in-process (tests/support/session.py):
 declarations on the default and system exchanges, exclusive queues, quorum queue
 properties, delivery tags, basic.qos, expiration, direct reply-to, lock renewal.
 Each error closes its channel alone: the same connection then carries on. Real
@@ -32,8 +32,8 @@ def locked(queue: str) -> str:
 class Session:
     """One connection; each step gets a channel of its own."""
 
-    def __init__(self, inproc):
-        self.client = inproc.client()
+    def __init__(self, inline):
+        self.client = inline.client()
         self.client.handshake(capabilities={"consumer_cancel_notify": True})
         self.numbers = itertools.count(1)
 
@@ -65,8 +65,8 @@ class Session:
 
 
 @pytest.fixture
-def session(inproc) -> Session:
-    return Session(inproc)
+def session(inline) -> Session:
+    return Session(inline)
 
 
 # -- the default and system exchanges ---------------------------------------------------
@@ -121,10 +121,10 @@ def test_an_unknown_exchange_type_closes_the_connection_before_any_other_check(s
 
 # -- exclusive queues ------------------------------------------------------------------
 
-def test_exclusive_queue_redeclared_or_used_elsewhere_is_locked(inproc):
+def test_exclusive_queue_redeclared_or_used_elsewhere_is_locked(inline):
     """RabbitMQ's strict check on redeclaration: the exclusive flag must match even on
     the owning connection; other connections cannot use the queue at all."""
-    owner, other = Session(inproc), Session(inproc)
+    owner, other = Session(inline), Session(inline)
     exclusive, shared = unique("excl"), unique("shared")
     ch = owner.channel()
     for method in (m.QueueDeclare(queue=exclusive, exclusive=True),

@@ -1,4 +1,4 @@
-"""A channel's protocol, in-process (tests/inproc.py): channel_max and channel.open,
+"""A channel's protocol, in-process (tests/support/session.py): channel_max and channel.open,
 a channel the server is closing (crossing channel.close), channel.flow, publisher
 confirms and transactions, with RabbitMQ's reply codes and texts. Real clients over
 TCP: test_e2e_channels.py, test_e2e_durability.py."""
@@ -18,8 +18,8 @@ CLOSE_406 = m.ChannelClose(reply_code=406,
                            class_id=60, method_id=80)
 
 
-def connected(inproc, **handshake):
-    client = inproc.client()
+def connected(inline, **handshake):
+    client = inline.client()
     client.handshake(**handshake)
     return client
 
@@ -49,8 +49,8 @@ def provoke_406(client, channel: int) -> None:
 
 # -- channel_max ---------------------------------------------------------------------
 
-def test_channel_max_counts_open_channels_whatever_their_numbers(inproc):
-    client = connected(inproc, channel_max=3)
+def test_channel_max_counts_open_channels_whatever_their_numbers(inline):
+    client = connected(inline, channel_max=3)
     for number in (3, 7, 9):
         client.open_channel(number)
     declare_works(client, 7)
@@ -58,14 +58,14 @@ def test_channel_max_counts_open_channels_whatever_their_numbers(inproc):
     expect_connection_close(client, 530, FULL.format(n=3))
 
 
-def test_a_first_channel_may_have_a_number_over_channel_max(inproc):
-    client = connected(inproc, channel_max=3)
+def test_a_first_channel_may_have_a_number_over_channel_max(inline):
+    client = connected(inline, channel_max=3)
     client.open_channel(10)
     declare_works(client, 10)
 
 
-def test_a_closed_channel_frees_its_place_and_a_closing_one_does_not(inproc):
-    client = connected(inproc, channel_max=2)
+def test_a_closed_channel_frees_its_place_and_a_closing_one_does_not(inline):
+    client = connected(inline, channel_max=2)
     client.open_channel(1)
     client.open_channel(2)
     client.call(2, m.ChannelClose(reply_code=200, reply_text="", class_id=0, method_id=0),
@@ -77,8 +77,8 @@ def test_a_closed_channel_frees_its_place_and_a_closing_one_does_not(inproc):
     expect_connection_close(client, 530, FULL.format(n=2))
 
 
-def test_a_full_connection_refuses_any_frame_on_a_new_channel(inproc):
-    client = connected(inproc, channel_max=1)
+def test_a_full_connection_refuses_any_frame_on_a_new_channel(inline):
+    client = connected(inline, channel_max=1)
     client.open_channel(1)
     client.send_method(2, m.QueueDeclare(queue="x"))
     expect_connection_close(client, 530, FULL.format(n=1))
@@ -94,15 +94,15 @@ def test_a_full_connection_refuses_any_frame_on_a_new_channel(inproc):
     (frames.FRAME_BODY, b"hello", 505,
      "UNEXPECTED_FRAME - expected method frame, got non method frame instead", 0, 0),
 ], ids=["queue.declare", "channel.close-ok", "content header", "content body"])
-def test_a_new_channel_must_start_with_channel_open(inproc, frame_type, payload, code, text,
+def test_a_new_channel_must_start_with_channel_open(inline, frame_type, payload, code, text,
                                                     class_id, method_id):
-    client = connected(inproc)
+    client = connected(inline)
     client.send_frame(frame_type, 2, payload)
     expect_connection_close(client, code, text, class_id, method_id)
 
 
-def test_channel_open_on_an_open_channel_is_504(inproc):
-    client = connected(inproc)
+def test_channel_open_on_an_open_channel_is_504(inline):
+    client = connected(inline)
     client.open_channel(1)
     client.send_method(1, m.ChannelOpen())
     expect_connection_close(client, 504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
@@ -110,8 +110,8 @@ def test_channel_open_on_an_open_channel_is_504(inproc):
 
 # -- a channel the server is closing ---------------------------------------------------
 
-def test_crossing_channel_close_gets_close_ok_and_the_channel_reopens(inproc):
-    client = connected(inproc)
+def test_crossing_channel_close_gets_close_ok_and_the_channel_reopens(inline):
+    client = connected(inline)
     client.open_channel(1)
     provoke_406(client, 1)
     # Sent before the client has read our close: dropped, a publish's content included.
@@ -128,8 +128,8 @@ def test_crossing_channel_close_gets_close_ok_and_the_channel_reopens(inproc):
     declare_works(client, 1)
 
 
-def test_channel_open_on_a_closing_channel_is_504(inproc):
-    client = connected(inproc)
+def test_channel_open_on_a_closing_channel_is_504(inline):
+    client = connected(inline)
     client.open_channel(1)
     provoke_406(client, 1)
     assert client.expect(1, m.ChannelClose) == CLOSE_406
@@ -137,8 +137,8 @@ def test_channel_open_on_a_closing_channel_is_504(inproc):
     expect_connection_close(client, 504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
 
 
-def test_a_soft_error_closes_its_channel_only(inproc):
-    client = connected(inproc)
+def test_a_soft_error_closes_its_channel_only(inline):
+    client = connected(inline)
     client.open_channel(1)
     client.open_channel(2)
     queue = declare_works(client, 2)
@@ -156,8 +156,8 @@ def test_a_soft_error_closes_its_channel_only(inproc):
 
 # -- channel.flow and the order of replies ----------------------------------------------
 
-def test_channel_flow_pauses_and_resumes_deliveries(inproc):
-    client = connected(inproc)
+def test_channel_flow_pauses_and_resumes_deliveries(inline):
+    client = connected(inline)
     client.open_channel(1)
     queue = declare_works(client, 1)
     assert client.call(1, m.ChannelFlow(active=False), m.ChannelFlowOk).active is False
@@ -173,10 +173,10 @@ def test_channel_flow_pauses_and_resumes_deliveries(inproc):
     assert client.content()[1] == b"held"
 
 
-def test_deliveries_of_a_flowing_channel_come_before_a_later_reply(inproc):
+def test_deliveries_of_a_flowing_channel_come_before_a_later_reply(inline):
     """The reference for the test above: with flow on, the same delivery is there
     before the declare-ok."""
-    client = connected(inproc)
+    client = connected(inline)
     client.open_channel(1)
     queue = declare_works(client, 1)
     client.call(1, m.BasicConsume(queue=queue, no_ack=True), m.BasicConsumeOk)
@@ -187,10 +187,10 @@ def test_deliveries_of_a_flowing_channel_come_before_a_later_reply(inproc):
     client.expect(1, m.QueueDeclareOk)
 
 
-def test_queue_delete_ok_comes_before_the_consumers_cancel(inproc):
+def test_queue_delete_ok_comes_before_the_consumers_cancel(inline):
     """kombu deletes a queue from its consumer's own channel and reads delete-ok;
     RabbitMQ sends queue.delete-ok first, basic.cancel after."""
-    client = connected(inproc, capabilities={"consumer_cancel_notify": True})
+    client = connected(inline, capabilities={"consumer_cancel_notify": True})
     client.open_channel(1)
     client.call(1, m.QueueDeclare(queue="delete-order"), m.QueueDeclareOk)
     client.call(1, m.BasicConsume(queue="delete-order", consumer_tag="c1"), m.BasicConsumeOk)
@@ -216,8 +216,8 @@ def deliveries(client, queue: str) -> list[m.BasicDeliver]:
                         if kind == frames.FRAME_METHOD]
 
 
-def test_a_channel_wide_prefetch_is_shared_by_its_consumers(inproc):
-    client = connected(inproc)
+def test_a_channel_wide_prefetch_is_shared_by_its_consumers(inline):
+    client = connected(inline)
     client.open_channel(1)
     client.open_channel(2)
     first, second = declare_works(client, 1), declare_works(client, 1)
@@ -238,8 +238,8 @@ def test_a_channel_wide_prefetch_is_shared_by_its_consumers(inproc):
 
 # -- publisher confirms ---------------------------------------------------------------
 
-def test_confirms_ack_each_message_once_and_unroutable_mandatory_returns_first(inproc):
-    client = connected(inproc)
+def test_confirms_ack_each_message_once_and_unroutable_mandatory_returns_first(inline):
+    client = connected(inline)
     client.open_channel(1)
     client.send_method(1, m.ConfirmSelect(nowait=True))  # no select-ok with nowait
     queue = declare_works(client, 1)
@@ -266,8 +266,8 @@ def test_confirms_ack_each_message_once_and_unroutable_mandatory_returns_first(i
     assert answered == set(range(1, 11)) and seen_return
 
 
-def test_a_refused_publish_is_not_confirmed_and_closes_the_channel(inproc):
-    client = connected(inproc)
+def test_a_refused_publish_is_not_confirmed_and_closes_the_channel(inline):
+    client = connected(inline)
     client.open_channel(1)
     client.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
     queue = declare_works(client, 1)
@@ -282,8 +282,8 @@ def test_a_refused_publish_is_not_confirmed_and_closes_the_channel(inproc):
 
 # -- transactions ------------------------------------------------------------------------
 
-def test_transaction_commit_and_rollback_of_publishes_and_acks(inproc):
-    client = connected(inproc)
+def test_transaction_commit_and_rollback_of_publishes_and_acks(inline):
+    client = connected(inline)
     client.open_channel(1)
     queue = declare_works(client, 1)
     client.call(1, m.TxSelect(), m.TxSelectOk)
@@ -307,8 +307,8 @@ def test_transaction_commit_and_rollback_of_publishes_and_acks(inproc):
     assert declared.message_count == 0  # acked by the commit: recover brought nothing back
 
 
-def test_a_committed_publish_is_stored_before_commit_ok(inproc):
-    client = connected(inproc)
+def test_a_committed_publish_is_stored_before_commit_ok(inline):
+    client = connected(inline)
     client.open_channel(1)
     client.call(1, m.QueueDeclare(queue="tx.stored", durable=True), m.QueueDeclareOk)
     client.call(1, m.QueuePurge(queue="tx.stored"), m.QueuePurgeOk)
@@ -316,7 +316,7 @@ def test_a_committed_publish_is_stored_before_commit_ok(inproc):
     for n in range(5):
         client.publish(1, "tx.stored", b"m%d" % n, properties=b"\x10\x00\x02")  # persistent
     client.call(1, m.TxCommit(), m.TxCommitOk)
-    other = connected(inproc)
+    other = connected(inline)
     other.open_channel(1)
     declared = other.call(1, m.QueueDeclare(queue="tx.stored", durable=True, passive=True),
                           m.QueueDeclareOk)
@@ -324,16 +324,16 @@ def test_a_committed_publish_is_stored_before_commit_ok(inproc):
 
 
 @pytest.mark.parametrize("method", [m.TxCommit(), m.TxRollback()], ids=["commit", "rollback"])
-def test_commit_or_rollback_outside_a_transaction_is_406(inproc, method):
-    client = connected(inproc)
+def test_commit_or_rollback_outside_a_transaction_is_406(inline, method):
+    client = connected(inline)
     client.open_channel(1)
     client.send_method(1, method)
     expect_channel_close(client, 1, 406, "PRECONDITION_FAILED - channel is not transactional",
                          method.CLASS_ID, method.METHOD_ID)
 
 
-def test_tx_and_confirm_modes_exclude_each_other(inproc):
-    client = connected(inproc)
+def test_tx_and_confirm_modes_exclude_each_other(inline):
+    client = connected(inline)
     client.open_channel(1)
     client.call(1, m.TxSelect(), m.TxSelectOk)
     client.call(1, m.TxSelect(), m.TxSelectOk)  # again: no error

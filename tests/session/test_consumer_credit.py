@@ -1,4 +1,4 @@
-"""A consumer's delivery window, in-process (tests/inproc.py): the gateway gives the
+"""A consumer's delivery window, in-process (tests/support/session.py): the gateway gives the
 shard its credit back in chunks, never a record (and a shard wake-up) per write.
 And a publisher's credit follows the consumers: publishing into a queue whose
 consumers are behind costs more, until they catch up."""
@@ -13,19 +13,19 @@ from warren.shards.shard import BACKLOG_STEP
 MESSAGES = 3 * FLOW_WINDOW
 
 
-def a_queue(inproc):
+def a_queue(inline):
     """A client with channel 1 open, its exclusive queue, that queue as the gateway
     holds it and the link to its shard."""
-    client = inproc.client()
+    client = inline.client()
     client.handshake()
     client.open_channel(1)
     queue = client.call(1, m.QueueDeclare(queue="", exclusive=True), m.QueueDeclareOk).queue
-    meta = inproc.gateway.catalogue.vhosts["/"].queues[queue]
-    return client, queue, meta, inproc.gateway.shards[meta.shard]
+    meta = inline.gateway.catalogue.vhosts["/"].queues[queue]
+    return client, queue, meta, inline.gateway.shards[meta.shard]
 
 
-def test_a_no_ack_consumer_gives_credit_back_in_chunks(inproc):
-    client, queue, _meta, link = a_queue(inproc)
+def test_a_no_ack_consumer_gives_credit_back_in_chunks(inline):
+    client, queue, _meta, link = a_queue(inline)
     grants = []
     send = link.send
 
@@ -51,15 +51,15 @@ def test_a_no_ack_consumer_gives_credit_back_in_chunks(inproc):
 
 
 def test_publishing_into_a_backlog_its_consumers_are_behind_on_costs_more_until_it_goes(
-        inproc):
-    client, queue, meta, link = a_queue(inproc)
+        inline):
+    client, queue, meta, link = a_queue(inline)
     client.call(1, m.BasicQos(prefetch_count=1), m.BasicQosOk)
     client.call(1, m.BasicConsume(queue=queue), m.BasicConsumeOk)  # and never acks
     for n in range(BACKLOG_STEP + 2):
         client.publish(1, queue, b"%d" % n)
-    assert inproc.run(lambda: link.costs.get(meta.qid) == 2)  # every gateway is told
+    assert inline.run(lambda: link.costs.get(meta.qid) == 2)  # every gateway is told
     assert type(client.expect(1, m.BasicDeliver)) is m.BasicDeliver  # its one in flight
     client.content()
     client.call(1, m.QueuePurge(queue=queue), m.QueuePurgeOk)  # the backlog is gone
-    assert inproc.run(lambda: meta.qid not in link.costs)
+    assert inline.run(lambda: meta.qid not in link.costs)
     client.close()

@@ -1,11 +1,11 @@
 """Fuzz the connection state machine in-process (issue 17).
 
-One Gateway with one real shard process runs inside this module's asyncio loop;
-each fuzz case (tests/amqpfuzz.py) is fed to a fresh gateway.connection.Connection
-over a fake transport. Properties, per case:
+One Gateway with its shard's core runs in this thread (tests/support/session.py);
+each fuzz case (tests/support/amqpfuzz.py) is fed to a fresh
+session.connection.Connection over a Wire. Properties, per case:
 
-* no exception escapes data_received, none reaches the loop's exception
-  handler (a shard link's event reader, a timer, a flush), and the broker logs
+* no exception escapes receive, none is raised by what the clock runs (a
+  shard's events handed over, a timer, a flush), and the broker logs
   no error (its safety net turns a bug into a logged 541 INTERNAL_ERROR close);
 * what the broker wrote is well-formed, and every connection.close or
   channel.close carries a reply code the spec defines;
@@ -18,13 +18,12 @@ over a fake transport. Properties, per case:
 and every few hundred cases, and at the end, a fresh healthy connection still
 completes declare / publish / confirm / get on that same broker.
 
-    WARREN_FUZZ_CASES=20000 pytest tests/test_fuzz_connection.py   # more cases
-    WARREN_FUZZ_SEED=17000123 pytest tests/test_fuzz_connection.py # replay one
+    WARREN_FUZZ_CASES=20000 pytest tests/session/test_fuzz_connection.py   # more cases
+    WARREN_FUZZ_SEED=17000123 pytest tests/session/test_fuzz_connection.py # replay one
 """
 
 from __future__ import annotations
 
-import asyncio
 import struct
 import time
 import traceback
@@ -37,82 +36,82 @@ from warren.gateway.session.connection import Connection
 from warren.gateway.session.lifecycle import AWAIT_HEADER, CLOSED
 
 from ..support.amqpfuzz import Case, case_seeds, check_output, make_case
-from ..support.inproc import TIMEOUT as SETTLE_TIMEOUT
-from ..support.inproc import Client, FakeTransport, InProcessGateway, running_gateway, until
+from ..support.session import TIMEOUT as SETTLE_TIMEOUT
+from ..support.session import Client, InlineBroker, Wire, inline_broker
 
 HEALTH_EVERY = 500
 
 
 class Harness:
-    """Fuzz cases against an InProcessGateway, whose errors count as the case's."""
+    """Fuzz cases against an InlineBroker, whose errors count as the case's."""
 
-    def __init__(self, server: InProcessGateway):
-        self.server = server
-        self.loop = server.loop
-        self.gateway = server.gateway
-        self.errors = server.errors
+    def __init__(self, broker: InlineBroker):
+        self.broker = broker
+        self.gateway = broker.gateway
+        self.errors = broker.errors
         self.last_verdict = None
         self.notes = 0  # oddities check_output noted but does not count as failures
 
-    async def run_case(self, case: Case) -> list[str]:
+    def run_case(self, case: Case) -> list[str]:
         """Feed one case to a fresh connection; the problems found."""
-        self.server.current = f"case seed {case.seed}"
+        broker = self.broker
+        broker.current = f"case seed {case.seed}"
         errors_before = len(self.errors)
         problems: list[str] = []
         conn = Connection(self.gateway)
         # A loopback address of its own: the broker's throttle of refused logins
         # (per address) would otherwise change how later cases are answered.
-        transport = FakeTransport(conn, (f"127.{case.seed >> 16 & 255}.{case.seed >> 8 & 255}."
-                                         f"{case.seed & 255}", 40000))
-        conn.start(transport, asyncio.get_running_loop(), transport.peer,
-                   transport.get_extra_info("sockname"))
+        peer = (f"127.{case.seed >> 16 & 255}.{case.seed >> 8 & 255}.{case.seed & 255}", 40000)
+        wire = Wire(conn, broker.clock, peer)
+        conn.start(wire, broker.clock, peer, ("127.0.0.1", 5672))
         for piece in case.pieces():
-            if transport.closed:
+            if wire.closed:
                 break
-            if transport.paused and not await until(
-                    lambda: not transport.paused or transport.closed, SETTLE_TIMEOUT):
+            if wire.paused and not broker.run(lambda: not wire.paused or wire.closed,
+                                              SETTLE_TIMEOUT):
                 problems.append(f"reading stayed paused for {SETTLE_TIMEOUT}s")
                 break
             try:
                 conn.receive(piece)
             except Exception as error:  # noqa: BLE001 - the property under test
-                problems.append("exception escaped data_received:\n"
+                problems.append("exception escaped receive:\n"
                                 + "".join(traceback.format_exception(error)))
                 break
-            await asyncio.sleep(0)  # shard answers may come between two reads
-        if not await until(lambda: self.server.quiet([conn]), SETTLE_TIMEOUT):
+            broker.clock.step()  # shard answers may come between two reads
+        if not broker.run(lambda: broker.quiet([conn]), SETTLE_TIMEOUT):
             waiting = [n for n, ch in conn.channels.items() if ch._waiting and not ch.closed]
             problems.append(f"not quiet after {SETTLE_TIMEOUT}s: channels {waiting} wait "
                             "for a shard (a wedged shard link?)")
-        verdict = self.last_verdict = check_output(bytes(transport.written))
+        verdict = self.last_verdict = check_output(bytes(wire.written))
         problems += verdict.problems
         self.notes += len(verdict.notes)
         if verdict.partial:
             problems.append("the broker's output ends inside a frame")
-        if transport.closed or conn.state == CLOSED:  # hung up, or lingering after close-ok
+        if wire.closed or conn.state == CLOSED:  # hung up, or lingering after close-ok
             if not verdict.hang_up_explained():
                 problems.append("the broker hung up without connection.close")
-        elif conn.state != AWAIT_HEADER and not transport.paused and not _buffered(conn):
+        elif conn.state != AWAIT_HEADER and not wire.paused and not _buffered(conn):
             # Still operating: the client's connection.close gets its close-ok.
-            before = len(transport.written)
+            before = len(wire.written)
             try:
                 conn.receive(frames.method_frame(0, m.ConnectionClose(
                     reply_code=200, reply_text="fuzz done")))
             except Exception as error:  # noqa: BLE001
-                problems.append("exception escaped data_received (closing):\n"
+                problems.append("exception escaped receive (closing):\n"
                                 + "".join(traceback.format_exception(error)))
             # close-ok, then the broker drops what follows until the client hangs up
-            await until(lambda: conn.state == CLOSED, 1.0)
-            after = check_output(bytes(transport.written[before:]))
+            broker.run(lambda: conn.state == CLOSED, 1.0)
+            after = check_output(bytes(wire.written[before:]))
             if not (conn.state == CLOSED and after.has(m.ConnectionCloseOk)):
                 problems.append(f"no close-ok for the client's connection.close (state "
-                                f"{conn.state}, output {bytes(transport.written[before:])[:80]!r})")
-        transport.close()  # the client goes away
-        await until(lambda: conn.state == CLOSED and conn not in self.gateway.registry.connections, 1.0)
-        await asyncio.sleep(0)
+                                f"{conn.state}, output {bytes(wire.written[before:])[:80]!r})")
+        wire.close()  # the client goes away
+        broker.run(lambda: conn.state == CLOSED
+                   and conn not in self.gateway.registry.connections, 1.0)
+        broker.clock.step()
         problems += self._leftovers(conn)
-        if transport.writes_after_close:
-            problems.append(f"{transport.writes_after_close} writes after transport.close()")
+        if wire.writes_after_close:
+            problems.append(f"{wire.writes_after_close} writes after the output closed")
         problems += self.errors[errors_before:]
         return problems
 
@@ -130,8 +129,8 @@ class Harness:
 
     def healthy_roundtrip(self, label: str) -> None:
         """A well-behaved client: declare, publish, confirm, get. Raises AssertionError."""
-        self.server.current = f"health check {label}"
-        client = Client(self.server)
+        self.broker.current = f"health check {label}"
+        client = Client(self.broker)
         client.handshake()
         client.open_channel(1)
         client.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
@@ -153,15 +152,15 @@ def _buffered(conn: Connection) -> bool:
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
     """One broker for the module's fuzz runs."""
-    with running_gateway(tmp_path_factory.mktemp("fuzz") / "data", quiet=True) as server:
-        yield Harness(server)
+    with inline_broker(tmp_path_factory.mktemp("fuzz") / "data", quiet=True) as broker:
+        yield Harness(broker)
 
 
 @pytest.fixture
 def fresh_harness(tmp_path):
     """A broker of its own, for a regression case that may break it."""
-    with running_gateway(tmp_path / "data", quiet=True) as server:
-        yield Harness(server)
+    with inline_broker(tmp_path / "data", quiet=True) as broker:
+        yield Harness(broker)
 
 
 def run_fuzz(harness: Harness, seeds: list[int]) -> None:
@@ -173,7 +172,7 @@ def run_fuzz(harness: Harness, seeds: list[int]) -> None:
         harness.healthy_roundtrip("before")
         checked = seeds[0] if seeds else 0
         for n, seed in enumerate(seeds, 1):
-            problems = harness.loop.run_until_complete(harness.run_case(make_case(seed)))
+            problems = harness.run_case(make_case(seed))
             ran.append(seed)
             if problems:
                 failures.append((seed, problems))
@@ -249,7 +248,7 @@ def _publish(routing_key: str, properties: bytes, body: bytes) -> bytes:
 def run_regression(harness: Harness, data: bytes):
     """Run `data` as one fuzz case: no problems, and a healthy broker after it.
     Returns what the broker wrote (a Verdict)."""
-    problems = harness.loop.run_until_complete(harness.run_case(Case(0, data, [])))
+    problems = harness.run_case(Case(0, data, []))
     assert not problems, "\n".join(problems)
     harness.healthy_roundtrip("after the regression case")
     return harness.last_verdict

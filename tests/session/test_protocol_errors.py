@@ -1,5 +1,5 @@
 """Bad input gets RabbitMQ's reply code and text and closes only what it must, run
-in-process (tests/inproc.py); test_e2e_protocol_errors.py keeps the cases a real
+in-process (tests/support/session.py); test_e2e_protocol_errors.py keeps the cases a real
 client or a real socket shows."""
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from warren.gateway.logthrottle import CLIENT_ERRORS_PER_SECOND
 from warren.gateway.session.lifecycle import HANDSHAKE_ERROR_DELAY
 
 
-def test_wrong_protocol_header_gets_ours_back_and_close(inproc):
-    client = inproc.client()
+def test_wrong_protocol_header_gets_ours_back_and_close(inline):
+    client = inline.client()
     client.send(b"AMQP\x01\x01\x00\x0a")
-    assert inproc.run(lambda: client.transport.closed)
-    assert bytes(client.transport.written) == b"AMQP\x00\x00\x09\x01"
+    assert inline.run(lambda: client.wire.closed)
+    assert bytes(client.wire.written) == b"AMQP\x00\x00\x09\x01"
 
 
-def test_amqplain_login(inproc):
-    client = inproc.client()
+def test_amqplain_login(inline):
+    client = inline.client()
     client.send(frames.PROTOCOL_HEADER)
     start = client.expect(0, m.ConnectionStart)
     assert b"AMQPLAIN" in start.mechanisms.split() and b"PLAIN" in start.mechanisms.split()
@@ -35,8 +35,8 @@ def test_amqplain_login(inproc):
     assert (tune.channel_max, tune.frame_max, tune.heartbeat) == (2047, 131072, 60)
 
 
-def test_bad_amqplain_password_is_403(inproc):
-    client = inproc.client()
+def test_bad_amqplain_password_is_403(inline):
+    client = inline.client()
     client.send(frames.PROTOCOL_HEADER)
     client.expect(0, m.ConnectionStart)
     client.send_method(0, m.ConnectionStartOk(
@@ -47,8 +47,8 @@ def test_bad_amqplain_password_is_403(inproc):
     assert close.reply_text.startswith("ACCESS_REFUSED - Login was refused")
 
 
-def test_frame_on_unopened_channel_is_504(inproc):
-    client = inproc.client()
+def test_frame_on_unopened_channel_is_504(inline):
+    client = inline.client()
     client.handshake()
     client.send_method(5, m.QueueDeclare(queue="x"))
     close = client.expect_connection_close(504)
@@ -81,8 +81,8 @@ CONTENT_BODY_EXPECTED = ("UNEXPECTED_FRAME - expected content body, got non cont
      ("UNEXPECTED_FRAME - expected method frame, got non method frame instead", 0, 0)),
 ], ids=["body-without-header", "method-instead-of-header", "method-instead-of-body",
         "header-instead-of-body", "header-of-another-class", "body-without-publish"])
-def test_frames_out_of_turn_are_505_in_rabbitmqs_words(inproc, sent, close):
-    client = inproc.client()
+def test_frames_out_of_turn_are_505_in_rabbitmqs_words(inline, sent, close):
+    client = inline.client()
     client.handshake()
     client.open_channel(1)
     for frame_type, payload in sent:
@@ -107,10 +107,10 @@ WHOLE_PUBLISH = publish_then(HEADER, (frames.FRAME_BODY, b"0123456789"))
 ], ids=["inside-a-publish", "inside-a-body", "on-channel-0", "on-an-unopened-channel",
         "header-with-a-weight"])
 def test_a_whole_publish_where_none_may_come_is_the_same_error_however_it_is_read(
-        inproc, together, channel, sent, code, close):
+        inline, together, channel, sent, code, close):
     """A publish read in one pass (all its frames in the buffer) is refused exactly as
     its frames one by one are."""
-    client = inproc.client()
+    client = inline.client()
     client.handshake()
     client.open_channel(1)
     data = [struct.pack(">BHI", frame_type, channel, len(payload)) + payload + b"\xce"
@@ -121,16 +121,16 @@ def test_a_whole_publish_where_none_may_come_is_the_same_error_however_it_is_rea
     assert (got.reply_text, got.class_id, got.method_id) == close
 
 
-def test_bad_frame_end_is_501(inproc):
-    client = inproc.client()
+def test_bad_frame_end_is_501(inline):
+    client = inline.client()
     client.handshake()
     client.send_frame(frames.FRAME_METHOD, 0, m.encode_method(m.ChannelOpen()), end=0x00)
     assert client.expect_connection_close(501).reply_text == (
         "FRAME_ERROR - type 1, all octets = <<0,20,0,10,0>>: {invalid_frame_end_marker,0}")
 
 
-def test_frame_over_frame_max_is_501(inproc):
-    client = inproc.client()
+def test_frame_over_frame_max_is_501(inline):
+    client = inline.client()
     client.handshake()
     client.open_channel(1)
     client.send_method(1, m.BasicPublish(exchange="", routing_key="x"))
@@ -140,8 +140,8 @@ def test_frame_over_frame_max_is_501(inproc):
         "FRAME_ERROR - type 3, all octets = <<>>: {frame_too_large,200000,131064}")
 
 
-def test_undecodable_arguments_are_501_as_on_rabbitmq(inproc):
-    client = inproc.client()
+def test_undecodable_arguments_are_501_as_on_rabbitmq(inline):
+    client = inline.client()
     client.handshake()
     client.open_channel(1)
     payload = m.encode_method(m.QueueDeclare(queue="x"))[:5]  # cut inside the arguments
@@ -165,20 +165,20 @@ def next_close(client) -> m.ConnectionClose:
     (b"", "FRAME_ERROR - type 1, all octets = <<>>: unknown_frame"),
     (b"\x00\x32\x00\x0a\x00", "FRAME_ERROR - cannot decode <<0>>"),
 ], ids=["class-id-only", "empty", "cut-arguments"])
-def test_malformed_frame_behind_a_waiting_declare_closes_only_its_sender(inproc, bad_payload,
+def test_malformed_frame_behind_a_waiting_declare_closes_only_its_sender(inline, bad_payload,
                                                                          text):
     """Issue 17.1: a method frame too short to decode, sent while its channel waits for
     a shard's answer, used to escape when replayed and stop that shard's events for
     every client. Now it is the sender's 501 at once (RabbitMQ's text), and the shard
     keeps serving everyone."""
-    healthy = inproc.client()
+    healthy = inline.client()
     healthy.handshake()
     healthy.open_channel(1)
     healthy.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
     healthy.call(1, m.QueueDeclare(queue="wedge.q", durable=True), m.QueueDeclareOk)
     healthy.call(1, m.QueuePurge(queue="wedge.q"), m.QueuePurgeOk)
     for n in range(3):
-        attacker = inproc.client()
+        attacker = inline.client()
         attacker.handshake()
         attacker.open_channel(1)
         attacker.send(frames.method_frame(1, m.QueueDeclare(queue="wedge.q", durable=True))
@@ -200,19 +200,19 @@ def test_malformed_frame_behind_a_waiting_declare_closes_only_its_sender(inproc,
 # --- the handshake and frames, as RabbitMQ 3.10 answers them (issue 56.9) ---------------
 
 
-def silently_closed(inproc, client) -> bool:
+def silently_closed(inline, client) -> bool:
     """Whether the broker wrote nothing more and hung up HANDSHAKE_ERROR_DELAY later
     (not before): RabbitMQ's answer to an error before tune-ok."""
-    written = len(client.transport.written)
-    inproc.settle()
-    if client.transport.closed:
+    written = len(client.wire.written)
+    inline.settle()
+    if client.wire.closed:
         return False
-    inproc.advance(HANDSHAKE_ERROR_DELAY - 0.5)
-    if client.transport.closed:
+    inline.advance(HANDSHAKE_ERROR_DELAY - 0.5)
+    if client.wire.closed:
         return False
-    inproc.advance(0.5)
-    return inproc.run(lambda: client.transport.closed) \
-        and len(client.transport.written) == written
+    inline.advance(0.5)
+    return inline.run(lambda: client.wire.closed) \
+        and len(client.wire.written) == written
 
 
 def started(client, client_properties: bytes | None = None) -> None:
@@ -240,18 +240,18 @@ def started(client, client_properties: bytes | None = None) -> None:
                    "(2047)"),
 ])
 def test_tune_ok_past_the_offer_is_refused_without_a_word_as_on_rabbitmq(
-        inproc, caplog, frame_max, channel_max, logged):
+        inline, caplog, frame_max, channel_max, logged):
     """frame_max=0 ("no limit") was accepted (issue 56.9). RabbitMQ refuses it, and any
     value past its offer, by hanging up 3 s later: no connection.close."""
-    client = inproc.client()
+    client = inline.client()
     started(client)
     client.expect(0, m.ConnectionTune)
-    inproc.advance(1.0)  # a second of its own for the log throttle
+    inline.advance(1.0)  # a second of its own for the log throttle
     with caplog.at_level(logging.ERROR, logger="warren.connection"):
         client.send_method(0, m.ConnectionTuneOk(channel_max=channel_max, frame_max=frame_max,
                                                  heartbeat=0))
         client.send_method(0, m.ConnectionOpen(virtual_host="/"))
-        assert silently_closed(inproc, client)
+        assert silently_closed(inline, client)
     assert [r.getMessage().split("\n")[1] for r in caplog.records] == [
         f"failed to negotiate connection parameters: {logged}"]
 
@@ -262,17 +262,17 @@ def test_tune_ok_past_the_offer_is_refused_without_a_word_as_on_rabbitmq(
     (bytes(range(40)), "FRAME_ERROR - type 8, first 16 octets = "
                        "<<0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15>>: unknown_frame"),
 ])
-def test_a_heartbeat_with_a_payload_is_501_as_on_rabbitmq(inproc, payload, text):
+def test_a_heartbeat_with_a_payload_is_501_as_on_rabbitmq(inline, payload, text):
     """It was taken as a heartbeat (issue 56.9)."""
-    client = inproc.client()
+    client = inline.client()
     client.handshake()
     client.send_frame(frames.FRAME_HEARTBEAT, 0, payload)
     close = client.expect_connection_close(501)
     assert (close.reply_text, close.class_id, close.method_id) == (text, 0, 0)
 
 
-def test_a_heartbeat_on_a_channel_is_505_as_on_rabbitmq(inproc):
-    client = inproc.client()
+def test_a_heartbeat_on_a_channel_is_505_as_on_rabbitmq(inline):
+    client = inline.client()
     client.handshake()
     client.open_channel(1)
     client.send_frame(frames.FRAME_HEARTBEAT, 1, b"")
@@ -280,8 +280,8 @@ def test_a_heartbeat_on_a_channel_is_505_as_on_rabbitmq(inproc):
     assert close.reply_text == "UNEXPECTED_FRAME - type 8, all octets = <<>>"
 
 
-def test_frames_before_open_ok_and_wrong_connection_methods_in_rabbitmqs_words(inproc):
-    client = inproc.client()
+def test_frames_before_open_ok_and_wrong_connection_methods_in_rabbitmqs_words(inline):
+    client = inline.client()
     started(client)
     tune = client.expect(0, m.ConnectionTune)
     client.send_method(0, m.ConnectionTuneOk(channel_max=tune.channel_max,
@@ -289,7 +289,7 @@ def test_frames_before_open_ok_and_wrong_connection_methods_in_rabbitmqs_words(i
     client.send_method(1, m.ChannelOpen())
     close = client.expect_connection_close(505)
     assert close.reply_text == "UNEXPECTED_FRAME - type 1, all octets = <<0,20,0,10,0>>"
-    client = inproc.client()
+    client = inline.client()
     started(client)
     client.expect(0, m.ConnectionTune)
     client.send_method(0, m.ConnectionTuneOk(channel_max=2047, frame_max=131072, heartbeat=0))
@@ -305,15 +305,15 @@ def test_frames_before_open_ok_and_wrong_connection_methods_in_rabbitmqs_words(i
     struct.pack(">BHI", frames.FRAME_HEARTBEAT, 0, 2) + b"ab\xce",
     struct.pack(">BHI", frames.FRAME_METHOD, 0, 5000) + bytes(5000) + b"\xce",  # > 4096
 ], ids=["open-before-start-ok", "heartbeat-payload", "frame-over-4096"])
-def test_errors_before_start_ok_close_without_a_word_as_on_rabbitmq(inproc, sent):
+def test_errors_before_start_ok_close_without_a_word_as_on_rabbitmq(inline, sent):
     """Before tune-ok RabbitMQ trusts no client: it hangs up 3 s after an error and
     says nothing, and frames are 4096 bytes at most (a 14 KB start-ok nested 2,000
     deep was read whole, issue 56.6)."""
-    client = inproc.client()
+    client = inline.client()
     client.send(frames.PROTOCOL_HEADER)
     client.expect(0, m.ConnectionStart)
     client.send(sent)
-    assert silently_closed(inproc, client)
+    assert silently_closed(inline, client)
 
 
 def nested_properties(depth: int) -> bytes:
@@ -325,19 +325,19 @@ def nested_properties(depth: int) -> bytes:
     return table
 
 
-def test_client_properties_nested_past_the_bound_are_one_line_in_the_log(inproc, caplog):
+def test_client_properties_nested_past_the_bound_are_one_line_in_the_log(inline, caplog):
     """Issue 56.6: start-ok with client properties 2,000 deep was a 541 and a 3,000-line
     traceback. Now as deep as fits a handshake frame is accepted up to the bound,
     and past it the handshake ends as for any undecodable start-ok: one line."""
-    client = inproc.client()
+    client = inline.client()
     started(client, nested_properties(MAX_DEPTH))
     client.expect(0, m.ConnectionTune)
     assert len(nested_properties(MAX_DEPTH + 1)) < spec.FRAME_MIN_SIZE - 100
-    client = inproc.client()
-    inproc.advance(1.0)  # a second of its own for the log throttle
+    client = inline.client()
+    inline.advance(1.0)  # a second of its own for the log throttle
     with caplog.at_level(logging.ERROR, logger="warren.connection"):
         started(client, nested_properties(MAX_DEPTH + 1))
-        assert silently_closed(inproc, client)
+        assert silently_closed(inline, client)
     [record] = caplog.records
     assert not record.exc_info
     assert record.getMessage().split("\n")[1].startswith(
@@ -357,11 +357,11 @@ def nested_table(depth: int, leaf: bytes = b"") -> bytes:
     return table
 
 
-def test_arguments_and_headers_nest_to_the_bound_and_past_it_are_refused(inproc):
+def test_arguments_and_headers_nest_to_the_bound_and_past_it_are_refused(inline):
     """Issue 56.6: declare arguments 300 deep and headers 450 deep were 541s with
     tracebacks (RabbitMQ takes 500 and more). Up to MAX_DEPTH they are served; past it
     they are what any undecodable table is: 501 for arguments, 502 for properties."""
-    client = inproc.client()
+    client = inline.client()
     client.handshake()
     client.open_channel(1)
     client.send_frame(frames.FRAME_METHOD, 1, declare_frame("deep.q", nested_table(MAX_DEPTH)))
@@ -379,7 +379,7 @@ def test_arguments_and_headers_nest_to_the_bound_and_past_it_are_refused(inproc)
     assert close.reply_text == ("SYNTAX_ERROR - malformed content properties: bad table "
                                 f"property: field tables and arrays nested deeper than "
                                 f"{MAX_DEPTH} levels")
-    client = inproc.client()
+    client = inline.client()
     client.handshake()
     client.open_channel(1)
     client.send_frame(frames.FRAME_METHOD, 1, declare_frame("deeper.q",
@@ -394,11 +394,11 @@ def test_arguments_and_headers_nest_to_the_bound_and_past_it_are_refused(inproc)
     b"T" + struct.pack(">Q", 1_764_355_200_000),  # milliseconds sent as seconds
     b"T" + struct.pack(">Q", 2**64 - 1),
 ], ids=["L", "T-milliseconds", "T-max"])
-def test_l_and_t_past_year_9999_are_taken_as_on_rabbitmq(inproc, value):
+def test_l_and_t_past_year_9999_are_taken_as_on_rabbitmq(inline, value):
     """Issue 56.9: 'L' was refused and a 'T' past year 9999 closed the connection
     with 502; RabbitMQ takes both, in arguments and in headers, and the headers go
     out as they came."""
-    client = inproc.client()
+    client = inline.client()
     client.handshake()
     client.open_channel(1)
     entry = b"\x01v" + value
@@ -415,25 +415,25 @@ def test_l_and_t_past_year_9999_are_taken_as_on_rabbitmq(inproc, value):
     client.call(1, m.QueueDelete(queue="typed.q"), m.QueueDeleteOk)
 
 
-def test_a_flood_of_one_client_error_is_logged_ten_times_a_second_and_counted(inproc, caplog):
+def test_a_flood_of_one_client_error_is_logged_ten_times_a_second_and_counted(inline, caplog):
     """Issue 56.6: 998 bad connections in 20 s wrote 336 MB of log. Each kind of
     client error is logged CLIENT_ERRORS_PER_SECOND times a second; the rest are
     counted in one line when the second ends."""
     clients = []
     for _ in range(CLIENT_ERRORS_PER_SECOND + 25):
-        client = inproc.client()
+        client = inline.client()
         client.send(frames.PROTOCOL_HEADER)
         client.expect(0, m.ConnectionStart)
         clients.append(client)
-    inproc.advance(1.0)  # a second of its own for the log throttle
+    inline.advance(1.0)  # a second of its own for the log throttle
     with caplog.at_level(logging.ERROR, logger="warren.connection"):
         for client in clients:  # connection.open before start-ok: a handshake error
             client.send(frames.method_frame(0, m.ConnectionOpen(virtual_host="/")))
-        inproc.settle()
+        inline.settle()
         errors = [r.getMessage() for r in caplog.records]
         assert len(errors) == CLIENT_ERRORS_PER_SECOND
-        inproc.advance(1.0)
-        inproc.run(lambda: all(client.transport.closed for client in clients))
+        inline.advance(1.0)
+        inline.run(lambda: all(client.wire.closed for client in clients))
         assert [r.getMessage() for r in caplog.records][CLIENT_ERRORS_PER_SECOND:] == [
             "25 more client errors of this kind not logged in the last second (handshake "
             f"error): more than {CLIENT_ERRORS_PER_SECOND} a second"]

@@ -1,5 +1,5 @@
 """The routes a connection remembers (gateway/publishing.py, Route), in-process
-(tests/inproc.py): a publish like an earlier one goes where the full routing
+(tests/support/session.py): a publish like an earlier one goes where the full routing
 would send it now, whatever changed in between (bindings, queues, permissions,
 the channel's mode, a resource alarm, the message's own properties)."""
 
@@ -65,8 +65,8 @@ def _take(frame, answers: list, acked: dict) -> None:
         answers.append(payload[:4])
 
 
-def _connected(inproc, **handshake):
-    client = inproc.client()
+def _connected(inline, **handshake):
+    client = inline.client()
     client.handshake(**handshake)
     for channel in (1, 2):
         client.open_channel(channel)
@@ -78,14 +78,14 @@ def _connected(inproc, **handshake):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(script=st.lists(st.one_of(publishes, publishes, bindings, queue_changes), min_size=1,
                        max_size=25))
-def test_a_remembered_route_sends_what_full_routing_sends(inproc, confirm, script):
+def test_a_remembered_route_sends_what_full_routing_sends(inline, confirm, script):
     """Each publish goes out twice on channel 1 (the second time by the route the
     connection remembered) and once on channel 2 with the routes forgotten: the shard
     gets the same records each time (in confirm mode each numbered in its
     channel's sequence) and the client the same returns and confirms, as bindings
     and queues change between them."""
     n = next(_examples)
-    client = _connected(inproc)
+    client = _connected(inline)
     names = [f"routes{n}.q{i}" for i in range(QUEUES)]
     for name in names:
         client.call(1, m.QueueDeclare(queue=name, exclusive=True), m.QueueDeclareOk)
@@ -95,7 +95,7 @@ def test_a_remembered_route_sends_what_full_routing_sends(inproc, confirm, scrip
     if confirm:
         for channel in (1, 2):
             client.call(channel, m.ConfirmSelect(), m.ConfirmSelectOk)
-    link = inproc.gateway.shards.links[0]
+    link = inline.gateway.shards.links[0]
     sent = _recording(link)
     try:
         for step in script:
@@ -147,20 +147,20 @@ def _declared(client) -> str:
     return name
 
 
-def _remembered(inproc, client, queue: str, properties: bytes = b"\x00\x00") -> None:
+def _remembered(inline, client, queue: str, properties: bytes = b"\x00\x00") -> None:
     """Publish to `queue` until channel 1 remembers the route."""
     channel = client.conn.channels[1]
     for _ in range(2):
         client.publish(1, queue, b"m", properties=properties)
-    inproc.settle()
+    inline.settle()
     assert channel._routes, "the connection remembered no route"
 
 
-def _remembering(inproc, **handshake):
+def _remembering(inline, **handshake):
     """A client, and a queue its channel 1 has published to until it remembers the route."""
-    client = _connected(inproc, **handshake)
+    client = _connected(inline, **handshake)
     queue = _declared(client)
-    _remembered(inproc, client, queue)
+    _remembered(inline, client, queue)
     return client, queue
 
 
@@ -169,14 +169,14 @@ def _count(client, queue: str) -> int:
                        m.QueueDeclareOk).message_count
 
 
-def test_a_remembered_route_is_refused_once_write_permission_is_gone(inproc):
-    access = inproc.gateway.access
+def test_a_remembered_route_is_refused_once_write_permission_is_gone(inline):
+    access = inline.gateway.access
     access.put_user("router", "secret", [])
     access.set_permissions("router", "/", ".*", ".*", ".*")
     try:
-        client = _connected(inproc, user="router", password="secret")
+        client = _connected(inline, user="router", password="secret")
         queue = _declared(client)
-        _remembered(inproc, client, queue)
+        _remembered(inline, client, queue)
         access.set_permissions("router", "/", ".*", "", ".*")
         client.publish(1, queue, b"refused")
         assert client.expect(1, m.ChannelClose) == m.ChannelClose(
@@ -188,54 +188,54 @@ def test_a_remembered_route_is_refused_once_write_permission_is_gone(inproc):
         access.delete_user("router")
 
 
-def test_a_remembered_route_follows_the_queue_it_named_away_and_back(inproc):
-    client, queue = _remembering(inproc)
+def test_a_remembered_route_follows_the_queue_it_named_away_and_back(inline):
+    client, queue = _remembering(inline)
     client.call(2, m.QueueDelete(queue=queue), m.QueueDeleteOk)
     client.publish(1, queue, b"dropped")  # to no queue: dropped (not mandatory)
     client.call(2, m.QueueDeclare(queue=queue, exclusive=True), m.QueueDeclareOk)
     client.publish(1, queue, b"kept")
-    inproc.settle()
+    inline.settle()
     assert _count(client, queue) == 1
     got = client.call(2, m.BasicGet(queue=queue, no_ack=True), m.BasicGetOk)
     assert got.message_count == 0 and client.content()[1] == b"kept"
 
 
-def test_confirm_mode_after_a_remembered_route_confirms_each_publish(inproc):
-    client, queue = _remembering(inproc)
+def test_confirm_mode_after_a_remembered_route_confirms_each_publish(inline):
+    client, queue = _remembering(inline)
     client.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
     client.publish(1, queue, b"confirmed")
     assert client.expect(1, m.BasicAck).delivery_tag == 1
 
 
-def test_a_transaction_after_a_remembered_route_holds_its_publishes_to_commit(inproc):
-    client, queue = _remembering(inproc)
+def test_a_transaction_after_a_remembered_route_holds_its_publishes_to_commit(inline):
+    client, queue = _remembering(inline)
     client.call(1, m.TxSelect(), m.TxSelectOk)
     client.publish(1, queue, b"in the transaction")
-    inproc.settle()
+    inline.settle()
     assert _count(client, queue) == 2
     client.call(1, m.TxCommit(), m.TxCommitOk)
     assert _count(client, queue) == 3
 
 
-def test_an_alarm_blocks_a_publisher_whose_route_is_remembered(inproc):
-    client, queue = _remembering(inproc, capabilities={"connection.blocked": True})
-    alarms = inproc.gateway.alarms
+def test_an_alarm_blocks_a_publisher_whose_route_is_remembered(inline):
+    client, queue = _remembering(inline, capabilities={"connection.blocked": True})
+    alarms = inline.gateway.alarms
     alarms.set(("gateway", "memory"), True)
     try:  # blocked at its next publish, which the remembered route does not let through
-        received = inproc.gateway.totals.received
+        received = inline.gateway.totals.received
         client.publish(1, queue, b"held")
         assert client.expect(0, m.ConnectionBlocked).reason == "low on memory"
         assert client.conn.paused_by, "the connection still reads while blocked"
-        assert inproc.gateway.totals.received == received
+        assert inline.gateway.totals.received == received
     finally:
         alarms.set(("gateway", "memory"), False)
     assert client.expect(0, m.ConnectionUnblocked) == m.ConnectionUnblocked()
-    inproc.settle()
+    inline.settle()
     assert _count(client, queue) == 3
 
 
-def test_a_message_over_the_size_limit_is_refused_after_a_remembered_route(inproc):
-    client, queue = _remembering(inproc)
+def test_a_message_over_the_size_limit_is_refused_after_a_remembered_route(inline):
+    client, queue = _remembering(inline)
     client.conn.channels[1].assembler.max_size = 10
     client.publish(1, queue, b"x" * 11)
     assert client.expect(1, m.ChannelClose) == m.ChannelClose(
@@ -243,20 +243,20 @@ def test_a_message_over_the_size_limit_is_refused_after_a_remembered_route(inpro
         "configured max size 10", class_id=60, method_id=40)
 
 
-def test_a_remembered_route_still_reads_the_properties_the_broker_acts_on(inproc):
-    client = _connected(inproc)
+def test_a_remembered_route_still_reads_the_properties_the_broker_acts_on(inline):
+    client = _connected(inline)
     queue, other = _declared(client), _declared(client)
-    _remembered(inproc, client, queue)
+    _remembered(inline, client, queue)
     client.publish(1, queue, b"copied", properties=encode_properties(
         BasicProperties(headers={"CC": [other]})))
-    inproc.settle()
+    inline.settle()
     assert (_count(client, queue), _count(client, other)) == (3, 1)
 
 
-def test_a_confirm_by_a_remembered_route_waits_for_the_queue_to_take_the_message(inproc):
+def test_a_confirm_by_a_remembered_route_waits_for_the_queue_to_take_the_message(inline):
     """A full queue that rejects publishes: the publish by a remembered route is
     nacked, as the first one to the full queue was."""
-    client = _connected(inproc)
+    client = _connected(inline)
     queue = f"routes.q{next(_examples)}"
     client.call(1, m.QueueDeclare(queue=queue, exclusive=True, arguments={
         "x-max-length": 1, "x-overflow": "reject-publish"}), m.QueueDeclareOk)
@@ -270,14 +270,14 @@ def test_a_confirm_by_a_remembered_route_waits_for_the_queue_to_take_the_message
     assert client.conn.routes, "the connection remembered no route"
 
 
-def test_a_confirm_by_a_remembered_route_to_a_shard_that_is_down_is_a_nack(inproc,
+def test_a_confirm_by_a_remembered_route_to_a_shard_that_is_down_is_a_nack(inline,
                                                                             monkeypatch):
-    client = _connected(inproc)
+    client = _connected(inline)
     queue = _declared(client)
     client.call(1, m.ConfirmSelect(), m.ConfirmSelectOk)
-    _remembered(inproc, client, queue)
+    _remembered(inline, client, queue)
     assert client.expect(1, m.BasicAck).delivery_tag in (1, 2)
-    link = inproc.gateway.shards.links[0]
+    link = inline.gateway.shards.links[0]
     monkeypatch.setattr(link, "alive", False)  # as between its death and its restart
     client.publish(1, queue, b"lost")
     while type(method := client.next_method()[1]) is m.BasicAck:
@@ -285,12 +285,12 @@ def test_a_confirm_by_a_remembered_route_to_a_shard_that_is_down_is_a_nack(inpro
     assert (type(method), method.delivery_tag) == (m.BasicNack, 3)
 
 
-def test_a_connection_remembers_a_bounded_number_of_routes(inproc):
+def test_a_connection_remembers_a_bounded_number_of_routes(inline):
     """A publisher that changes its routing key with every message (each to no
     queue) costs the gateway at most ROUTES_KEPT routes."""
-    client = _connected(inproc)
+    client = _connected(inline)
     for n in range(ROUTES_KEPT + 10):
         client.publish(1 + n % 2, f"nowhere.{n}", b"m")
-    inproc.settle()
+    inline.settle()
     assert 0 < len(client.conn.routes) <= ROUTES_KEPT
     assert client.pending() == []  # dropped, as unroutable publishes are

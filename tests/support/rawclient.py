@@ -1,6 +1,6 @@
 """A minimal AMQP client on the project's own codec, for tests that need to send
 what real client libraries never would (bad frames, wrong states, no capabilities):
-the conversation, and RawClient, which carries it over TCP (tests/inproc.py's
+the conversation, and RawClient, which carries it over TCP (tests/support/session.py's
 Client carries it in-process)."""
 
 from __future__ import annotations
