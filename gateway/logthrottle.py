@@ -6,13 +6,13 @@ opens, or per channel it breaks (issue 56.6: 998 connections in 20 s wrote
 are counted, and their count is logged when the period ends. LogThrottle keeps
 the counts (sans-IO: admit says when to arm the timer that logs the count,
 take_suppressed hands it over); log_client_error logs through the process's
-one throttle on the running loop.
+one throttle, on the clock it is given (the session's Clock port; a loop).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from typing import Any
 
 LOG = "log"  # log this record
 SUPPRESS_FIRST = "suppress first"  # drop it, and arm the timer that reports the count
@@ -58,16 +58,16 @@ _client_errors = LogThrottle(CLIENT_ERRORS_PER_SECOND, 1.0)
 log = logging.getLogger("warren.connection")
 
 
-def log_client_error(kind: str, level: int, message: str, *args, **kwargs) -> None:
+def log_client_error(clock: Any, kind: str, level: int, message: str, *args, **kwargs) -> None:
     """Log a client's error (log.log's arguments) unless too many of its `kind`
-    came this second; the first one held back arms the line that counts them."""
-    loop = asyncio.get_running_loop()
-    verdict = _client_errors.admit(kind, loop.time())
+    came this second by `clock` (its time and call_later); the first one held back
+    arms the line that counts them."""
+    now = clock.time()
+    verdict = _client_errors.admit(kind, now)
     if verdict == LOG:
         log.log(level, message, *args, **kwargs)
     elif verdict == SUPPRESS_FIRST:
-        loop.call_later(_client_errors.period_left(kind, loop.time()), _log_suppressed,
-                        kind, level)
+        clock.call_later(_client_errors.period_left(kind, now), _log_suppressed, kind, level)
 
 
 def _log_suppressed(kind: str, level: int) -> None:

@@ -87,9 +87,9 @@ class TLSHandshake(asyncio.Protocol):
             log.debug("Error on AMQP connection (%s):\nTLS handshake failed: %s", self.name,
                       reason, extra={"connection": self.name})
         else:
-            log_client_error("TLS handshake", logging.ERROR, "Error on AMQP connection (%s):\n"
-                             "TLS handshake failed: %s", self.name, reason,
-                             extra={"connection": self.name})
+            log_client_error(asyncio.get_running_loop(), "TLS handshake", logging.ERROR,
+                             "Error on AMQP connection (%s):\nTLS handshake failed: %s",
+                             self.name, reason, extra={"connection": self.name})
 
 
 def feed(protocol: asyncio.BaseProtocol, data) -> None:

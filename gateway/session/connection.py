@@ -98,8 +98,9 @@ class Timer(Protocol):
 
 
 class Clock(Protocol):
-    """The timers a connection asks for (an asyncio loop is one)."""
+    """The time and timers a connection asks for (an asyncio loop is one)."""
 
+    def time(self) -> float: ...
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> Timer: ...
     def call_soon(self, callback: Callable[..., Any], *args: Any) -> Any: ...
 
@@ -483,7 +484,7 @@ class Connection:
     def fail(self, error: BaseException) -> None:
         """A bug met while serving this connection: log it once and close this
         connection with 541, leaving every other client and the loop running."""
-        log_client_error("internal error", logging.ERROR,
+        log_client_error(self.clock, "internal error", logging.ERROR,
                          "closing AMQP connection (%s) after an internal error", self.describe(),
                          exc_info=error, extra=self.log_fields())
         try:
@@ -493,7 +494,7 @@ class Connection:
             self.output.abort()
 
     def close_channel_with_error(self, ch: Channel, error: AMQPError) -> None:
-        log_client_error(f"channel error {error.code}", logging.ERROR,
+        log_client_error(self.clock, f"channel error {error.code}", logging.ERROR,
                          "Channel error on connection (%s), channel %d:\noperation %s caused a "
                          "channel exception %s: %s", self.describe(), ch.number,
                          operation(error), spec.REPLY_NAMES[error.code].lower(), error.detail,

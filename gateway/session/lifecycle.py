@@ -66,7 +66,7 @@ def read_protocol_header(conn) -> bool:
         return False
     if header != frames.PROTOCOL_HEADER:
         # Tell the client which protocol we speak, then hang up (AMQP 0-9-1 §4.2.2).
-        log_client_error("protocol header", logging.ERROR,
+        log_client_error(conn.clock, "protocol header", logging.ERROR,
                          "closing AMQP connection (%s):\nclient did not start with AMQP "
                          "protocol header: %r", conn.name, header, extra=conn.log_fields())
         conn.end_logged = True
@@ -254,7 +254,7 @@ def _opened(conn, vhost) -> None:
 def timed_out(conn) -> None:
     """HANDSHAKE_TIMEOUT after the connection was made: closed if not open by then."""
     if conn.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN):
-        log_client_error("handshake timeout", logging.ERROR,
+        log_client_error(conn.clock, "handshake timeout", logging.ERROR,
                          "closing AMQP connection (%s):\nhandshake timeout in state %s",
                          conn.describe(), STATE_NAMES[conn.state], extra=conn.log_fields())
         conn.end_logged = True
@@ -272,8 +272,9 @@ def failed(conn, error: AMQPError) -> None:
                   f"{spec.REPLY_NAMES[error.code].lower()},{_erlang_string(error.detail)},"
                   f"{name if name == 'none' else repr(name.replace('-', '_'))}"
                   "}}")
-    log_client_error("handshake error", logging.ERROR, "closing AMQP connection (%s):\n%s",
-                     conn.describe(), detail, extra=conn.log_fields(reply_code=error.code))
+    log_client_error(conn.clock, "handshake error", logging.ERROR,
+                     "closing AMQP connection (%s):\n%s", conn.describe(), detail,
+                     extra=conn.log_fields(reply_code=error.code))
     conn.end_logged = True
     conn.flush()  # what was sent before the error still goes out
     conn.state = CLOSED  # what it sends is dropped (buffer_updated)
@@ -430,7 +431,7 @@ def heartbeat(conn) -> None:
     else:
         conn.quiet_ticks += 1
     if conn.quiet_ticks >= 4:
-        log_client_error("missed heartbeats", logging.ERROR,
+        log_client_error(conn.clock, "missed heartbeats", logging.ERROR,
                          "closing AMQP connection (%s):\nmissed heartbeats from client, "
                          "timeout: %ss", conn.describe(), conn.heartbeat,
                          extra=conn.log_fields())
@@ -455,7 +456,7 @@ def log_error(conn, error: AMQPError) -> None:
                   f"{spec.REPLY_NAMES[error.code].lower()}: \"{error.detail}\"")
     else:
         detail = error.detail
-    log_client_error(f"connection error {error.code}", logging.ERROR,
+    log_client_error(conn.clock, f"connection error {error.code}", logging.ERROR,
                      "Error on AMQP connection (%s, state: %s):\n%s", conn.describe(),
                      STATE_NAMES[conn.state], detail,
                      extra=conn.log_fields(reply_code=error.code))
@@ -467,7 +468,7 @@ def log_end(conn) -> None:
         log.debug("closing AMQP connection (%s): no data received", conn.name,
                   extra=conn.log_fields())
     elif conn.state not in (CLOSING, CLOSED):
-        log_client_error("unexpected close", logging.WARNING,
+        log_client_error(conn.clock, "unexpected close", logging.WARNING,
                          "closing AMQP connection (%s):\nclient unexpectedly closed TCP "
                          "connection", conn.describe(), extra=conn.log_fields())
     elif not conn.end_logged:

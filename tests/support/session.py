@@ -15,7 +15,6 @@ reads the same here as over TCP.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import heapq
 import itertools
@@ -359,10 +358,6 @@ class InlineBroker:
         self._errors_before = 0
         self._clients: list[Client] = []
         self.clock = clock = ManualClock(self._clock_error)
-        # The one caller of asyncio left in the session, gateway/logthrottle.py's
-        # log_client_error, asks for the running loop's time and a timer: the clock
-        # stands in for it until the throttle is given the session's clock.
-        asyncio._set_running_loop(clock)
         os.makedirs(data_dir, exist_ok=True)  # the caller's to create, as node/root.py does
         self.gateway = gateway = Gateway(Config(
             data_dir=str(data_dir), shards=1, disk_free_limit=0, stats_interval=60.0,
@@ -450,7 +445,6 @@ class InlineBroker:
         # What is due within a second runs, as in a broker that goes on a moment:
         # the log throttle's count of what it held back, which its next user expects.
         self.run(lambda: False, 1.0)
-        asyncio._set_running_loop(None)
         self.gateway.stopping = True
         self.gateway.alarms.stop()
         self.shard.stop()
