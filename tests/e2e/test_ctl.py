@@ -458,21 +458,6 @@ def test_import_of_a_rabbitmq_export_refuses_what_warren_lacks(managed):
         ctl(managed, "delete-user", "ctl-limited")
 
 
-def test_name_value_words_become_options_only_where_rabbitmqadmin_has_them():
-    from warren.gateway.cli.ctl import _rabbitmqadmin_style as rewrite
-
-    assert rewrite(["-V", "v", "declare", "binding", "source=x", "--routing-key", "a=b",
-                    "routing_key=k=1"]) == [
-        "-V", "v", "declare", "binding", "--source=x", "--routing-key", "a=b",
-        "--routing-key=k=1"]
-    assert rewrite(["--json", "declare", "user", "name=u", "password=p"]) == [
-        "--json", "declare", "user", "--name=u", "--new-password=p"]
-    # a vhost named like a verb, and other commands' arguments, stay as they are
-    assert rewrite(["--vhost", "delete", "list", "queues"]) == [
-        "--vhost", "delete", "list", "queues"]
-    assert rewrite(["set-policy", "purge", "^a=", "{}"]) == ["set-policy", "purge", "^a=", "{}"]
-
-
 def test_publish_and_get_as_rabbitmqadmin_does(managed, tmp_path):
     """rabbitmqadmin 3.10's `publish` and `get`, as RabbitMQ answers them: an
     unrouted message is no error, the payload comes from stdin when not given,

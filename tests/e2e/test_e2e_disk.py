@@ -6,8 +6,6 @@ running, and a broker stopped on a full disk starts on it and serves what it had
 
 from __future__ import annotations
 
-import asyncio
-import errno
 import os
 import shutil
 import signal
@@ -18,7 +16,6 @@ import pytest
 
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
-from warren.gateway.io import alarms
 from warren.storage import journal
 
 from ..support.broker import RunningBroker, mounted_tmpfs, wait_until
@@ -180,35 +177,6 @@ def test_full_disk_nacks_raises_the_alarm_and_the_shard_goes_on(tmpfs):
         broker.stop()
 
 
-def test_a_disk_check_that_fails_keeps_the_watch_going(tmp_path, monkeypatch):
-    """A check that cannot look (the gateway out of descriptors) changes nothing
-    and the next one, a second later, decides: the watch does not end there."""
-    real = shutil.disk_usage
-    looks = []
-
-    def disk_usage(path):
-        looks.append(path)
-        if len(looks) == 1:
-            raise OSError(errno.EMFILE, "Too many open files")
-        return real(path)
-
-    monkeypatch.setattr(alarms.shutil, "disk_usage", disk_usage)
-    changes = []
-    watch = alarms.Alarms(changes.append, logs=False)
-
-    async def scenario():
-        watch.watch_disk(str(tmp_path), 10**18)  # more than any disk: the alarm goes on
-        assert changes == [] and not watch.on("disk")
-        deadline = asyncio.get_running_loop().time() + 10
-        while not watch.on("disk"):
-            assert asyncio.get_running_loop().time() < deadline, "the next check never came"
-            await asyncio.sleep(0.05)
-        watch.stop()
-
-    asyncio.run(scenario())
-    assert changes == ["low on disk"] and len(looks) == 2
-
-
 def test_disk_alarm_clears_after_a_flood_grew_the_journal_and_a_purge(tmp_path):
     """A flood grows the shard's journal to a checkpoint's worth (20 MiB) and the
     alarm goes on; a checkpoint after the flood shrinks the journal back, so the alarm
@@ -297,9 +265,3 @@ def test_a_restart_on_a_full_disk_serves_every_confirmed_message(tmp_path, stop)
             broker.stop()
 
 
-def test_the_disk_is_checked_sooner_near_the_limit():
-    """RabbitMQ's rule: twice the time a 250 MB/s writer takes to use up the margin,
-    between 100 ms and (here) a second."""
-    assert alarms.check_interval(10**12, 50_000_000) == 1.0
-    assert alarms.check_interval(75_000_000, 50_000_000) == pytest.approx(0.2)
-    assert alarms.check_interval(40_000_000, 50_000_000) == 0.1  # under it: the alarm is on
