@@ -7,13 +7,14 @@ processes (the gateway restarts them and the publishers carry on), the whole
 broker at once, or both; a round that did not kill the whole broker ends by
 killing its root process alone (kill -9). Then it starts the broker again,
 without flags (a refused start fails the round: issue 56), and consumes
-everything: no message a publisher was told is stored may be missing. Duplicates, messages out of order and nacked messages that were
-stored all the same (a shard that died after writing, before confirming) are
-counted and printed, not asserted (a redelivery after a crash is allowed; tests/test_e2e_durability.py
-holds the stricter single-publisher kill tests).
+everything: no message a publisher was told is stored may be missing. Duplicates,
+messages out of order and nacked messages that were stored all the same (a shard
+that died after writing, before confirming) are counted and printed, not asserted
+(a redelivery after a crash is allowed; test_e2e_durability.py holds the stricter
+single-publisher kill tests).
 
-    WARREN_CHAOS_ROUNDS=20 pytest tests/test_chaos_kill.py   # 20 rounds instead of 4
-    WARREN_CHAOS_SEED=4711 pytest tests/test_chaos_kill.py   # replay one round
+    WARREN_CHAOS_ROUNDS=20 pytest tests/e2e/test_chaos_kill.py # 20 rounds instead of 4
+    WARREN_CHAOS_SEED=4711 pytest tests/e2e/test_chaos_kill.py # replay one round
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ healthy client had every publish confirmed and never got stuck, what the fuzz
 connections got back was well-formed, the broker logged no traceback, and a
 fresh client still works.
 
-    WARREN_FUZZ_TCP_CASES=2000 pytest tests/test_fuzz_tcp.py     # more cases
-    WARREN_FUZZ_SEED=27000042 pytest tests/test_fuzz_tcp.py      # replay one
+    WARREN_FUZZ_TCP_CASES=2000 pytest tests/e2e/test_fuzz_tcp.py   # more cases
+    WARREN_FUZZ_SEED=27000042 pytest tests/e2e/test_fuzz_tcp.py    # replay one
 """
 
 from __future__ import annotations

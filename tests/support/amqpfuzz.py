@@ -487,7 +487,7 @@ def check_output(written: bytes) -> Verdict:
         if closed_at is not None and type(method) is not m.ConnectionCloseOk:
             # Confirms owed at the moment of a hard error still go out behind the
             # connection.close (the client discards them, AMQP 0-9-1 connection.close):
-            # a note, and tests/test_fuzz_connection.py keeps a regression test on it.
+            # a note, and tests/session/test_fuzz_connection.py keeps a regression test on it.
             to = (verdict.notes if type(method) in (m.BasicAck, m.BasicNack)
                   else verdict.problems)
             to.append(f"{method.NAME} on channel {channel} after connection.close")
