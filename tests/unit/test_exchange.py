@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from warren.gateway.broker.catalogue import VHost
 from warren.gateway.broker.exchange import EXCHANGE, QUEUE, Exchange, headers_match
 from warren.gateway.config import Config
-from warren.gateway.broker.catalogue import VHost
 from warren.gateway.io.process import Gateway
 from warren.gateway.values import QueueMeta
 from warren.shards import records as r
