@@ -44,8 +44,6 @@ from .rawclient import Conversation
 # the real harness's deadline, which only a wedge would reach.
 TIMEOUT = 10.0
 
-log = logging.getLogger("warren.tests")
-
 
 class Handle:
     """A callback the clock will run (asyncio's Handle and TimerHandle in one)."""
@@ -145,13 +143,11 @@ class InlineShard:
     at once, and its events wait (as in the event ring) until the gateway polls or
     the clock runs the doorbell. Credit is not counted: no connection is held for it."""
 
-    def __init__(self, data_dir: str, clock: ManualClock, on_events, memory_limit: int = 0,
-                 map_size: int = 1 << 30):
+    def __init__(self, data_dir: str, clock: ManualClock, on_events):
         self.index = 0
         self.clock = clock
         self._on_events = on_events  # (link, events) -> None: the gateway's dispatcher
-        self.memory_limit = memory_limit
-        stores = {0: ShardStore(os.path.join(data_dir, "shard-0"), map_size)}
+        stores = {0: ShardStore(os.path.join(data_dir, "shard-0"), 1 << 30)}
         self.stats = StatsLog(os.path.join(data_dir, "logs"), 0, 60.0)
         self.core = Shard(0, Persister(stores, 0), self.stats)
         self.alive = True
@@ -224,7 +220,7 @@ class InlineShard:
         if core.has_commit_work(now):
             (confirms,) = core.outbox.route(core.commit_now(now))
             events += confirms
-        if core.check_resources(self.memory_limit, core.stored_ok):
+        if core.check_resources(0, core.stored_ok):  # no memory limit here: disk alone
             events += core.take_events()[0]  # the alarm it raised or cleared
         next_timer = core.timers.next_deadline() if core.timers.heap else None
         if self._timer is not None and (next_timer is None or next_timer != self._timer.when):
@@ -352,7 +348,7 @@ class InlineBroker:
     happen: an exception a callback raised, an ERROR logged (the broker's safety
     nets turn a bug into a logged 541 close)."""
 
-    def __init__(self, data_dir: str, memory_limit: int = 0):
+    def __init__(self, data_dir: str):
         self.errors: list[str] = []
         self.current = "setup"  # what ran when an error came, for its report
         self._errors_before = 0
@@ -368,7 +364,7 @@ class InlineBroker:
         meta = gateway.catalogue.meta = MetaStore(os.path.join(gateway.data_dir, "meta"))
         gateway.access.meta = meta
         gateway._load_definitions(ready.rebuilt)
-        self.shard = InlineShard(gateway.data_dir, clock, gateway._on_events, memory_limit)
+        self.shard = InlineShard(gateway.data_dir, clock, gateway._on_events)
         gateway.shards.links.append(self.shard)
         gateway._redeclare_queues(self.shard)
 
@@ -452,14 +448,14 @@ class InlineBroker:
 
 
 @contextlib.contextmanager
-def inline_broker(data_dir, quiet: bool = False, memory_limit: int = 0):
+def inline_broker(data_dir, quiet: bool = False):
     """An InlineBroker over `data_dir`, stopped at the end of the block. `quiet`
     silences the broker's logs below ERROR (a fuzzer's refused logins by the thousand)."""
     logger = logging.getLogger("warren")
     level = logger.level
     if quiet:
         logger.setLevel(logging.ERROR)
-    broker = InlineBroker(str(data_dir), memory_limit)
+    broker = InlineBroker(str(data_dir))
     recorder = logging.Handler(logging.ERROR)
     recorder.emit = broker._log_error
     logger.addHandler(recorder)
