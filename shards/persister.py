@@ -23,7 +23,8 @@ from warren.storage.journal import SHRINK_BELOW
 from warren.storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
 
 from . import records as r
-from .model import Message, Queue
+from .message import Message
+from .model import Queue
 from .queue import ram_size
 
 log = logging.getLogger("warren.shard")
@@ -117,8 +118,8 @@ class Persister:
                         msg = queue.recovered_message(seq, delivered, content.properties,
                                                       len(content.body), now, delivery_count,
                                                       acquired)
-                    else:
-                        msg = Message(seq, None, True, delivered)
+                    else:  # of the queue's build, as every message in it
+                        msg = queue.recovered_message(seq, delivered, None, 0, now)
                     queue.enqueue_recovered(msg)
                 queues.append(queue)
         return queues

@@ -24,9 +24,11 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-import msgspec
-
-from warren.gateway.amqp.properties import PropertiesError, peek_expiration, peek_priority
+from . import build
+from . import message as pure_message
+from .consumers import Roster as PureRoster
+from .effects import CountsChanged, Delivered, Destroyed, Persist, Refused, Remove
+from .ready import PriorityReady as PurePriorityReady
 
 # Records by name: a compiled module would look each up in `records` at every use.
 from .records import (
@@ -56,193 +58,17 @@ from .records import (
     Settle,
 )
 
-# What a message held in RAM costs beyond its properties and body (its Message,
-# content tuple and queue slot), measured with a transient flood: 100-byte
-# messages took ~455 bytes each. The memory alarm counts it, so memory_limit
-# bounds what a flood of small messages really costs.
-CONTENT_OVERHEAD = 350
+# The compiled build works with its compiled siblings (the roster: _queue.pxd).
+Roster = build.twin(PureRoster, "warren.shards._consumers", "Roster")
+message = build.twin(pure_message, "warren.shards._message")
+Message, RichMessage, own_limits = message.Message, message.RichMessage, message.own_limits
+CONTENT_OVERHEAD, NO_CONTENT = message.CONTENT_OVERHEAD, message.NO_CONTENT
+PriorityReady = build.twin(PurePriorityReady, "warren.shards._ready", "PriorityReady")
 
 
 def ram_size(content: tuple) -> int:
     """RAM held by a message's content (exchange, routing key, properties, body)."""
     return len(content[2]) + len(content[3]) + CONTENT_OVERHEAD
-
-
-class Message(msgspec.Struct, gc=False, eq=False):
-    """A message in a queue. `content` is (exchange, routing key, raw properties,
-    body). A stored message (persistent, in a durable queue) keeps only its index
-    in RAM once committed: its content becomes None and the shard reads it back
-    from warren.storage when it delivers it. Four fields, because a backlog of
-    millions is mostly these objects; and not tracked by Python's cyclic garbage
-    collector (it refers to no containers that could form a cycle), so a backlog
-    adds nothing to the collector's passes."""
-
-    seq: int
-    content: tuple | None
-    stored: bool = False
-    redelivered: bool = False
-
-    def evict(self) -> None:
-        """Drop the content from RAM: storage has it."""
-        self.content = None
-
-    def __lt__(self, other: "Message") -> bool:  # heap order = enqueue order
-        return self.seq < other.seq
-
-
-class RichMessage(Message, gc=False, eq=False):
-    """A message of a queue that needs more than the four fields: an expiry time
-    (monotonic seconds, or None), the body size (for x-max-length-bytes, once the
-    body left RAM) and a priority (x-max-priority). Plain queues never pay for
-    these fields. Quorum queues count returns: failed ones (x-delivery-count,
-    `delivery_count`) and all of them (`acquired`)."""
-
-    expires: float | None = None
-    size: int = 0
-    priority: int = 0
-    delivery_count: int = 0
-    acquired: int = 0
-
-    def __lt__(self, other: "Message") -> bool:  # heap order: higher priority, then older
-        return (-self.priority, self.seq) < (-getattr(other, "priority", 0), other.seq)
-
-
-class PriorityReady:
-    """The ready messages of a priority queue: one deque per priority, served
-    highest first; the same interface as the deque of a plain queue."""
-
-    __slots__ = ("levels", "order", "count")
-
-    def __init__(self):
-        self.levels: dict[int, deque] = {}
-        self.order: list[int] = []  # priorities present, highest first
-        self.count = 0
-
-    def append(self, msg: RichMessage) -> None:
-        level = self.levels.get(msg.priority)
-        if level is None:
-            level = self.levels[msg.priority] = deque()
-            self.order = sorted(self.levels, reverse=True)
-        level.append(msg)
-        self.count += 1
-
-    def __getitem__(self, index: int) -> RichMessage:
-        if index != 0 or not self.count:
-            raise IndexError(index)
-        for priority in self.order:
-            if self.levels[priority]:
-                return self.levels[priority][0]
-        raise IndexError(index)
-
-    def popleft(self) -> RichMessage:
-        for priority in self.order:
-            level = self.levels[priority]
-            if level:
-                self.count -= 1
-                return level.popleft()
-        raise IndexError("pop from an empty queue")
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self):
-        for priority in self.order:
-            yield from self.levels[priority]
-
-    def clear(self) -> None:
-        self.levels.clear()
-        self.order = []
-        self.count = 0
-
-
-DEFAULT_DELIVERY_LIMIT = 20
-NO_CONTENT = (None, None, None, None)  # to be read back from storage by the shard
-
-
-class Consumer:
-    __slots__ = ("holder", "channel", "tag", "no_ack", "exclusive", "prefetch", "credit",
-                 "priority", "timeout", "timed_out")
-
-    def __init__(self, c: Consume):
-        self.holder = c.holder
-        self.channel = c.channel
-        self.tag = c.tag
-        self.no_ack = c.no_ack
-        self.exclusive = c.exclusive
-        self.prefetch = c.prefetch
-        self.credit = c.credit
-        self.priority = c.priority
-        self.timeout = c.timeout_ms / 1000 if c.timeout_ms else None  # lock length, seconds
-        self.timed_out: set[int] = set()  # its timed-out messages not yet settled by it
-
-
-class Persist:
-    """Storage effect: write these messages of a durable queue. `rich`: they
-    expire by themselves in a queue that does not track every message, so
-    recovery must read their properties."""
-
-    __slots__ = ("qid", "messages", "rich")
-
-    def __init__(self, qid: int, messages: list[Message], rich: bool = False):
-        self.qid = qid
-        self.messages = messages
-        self.rich = rich
-
-
-class Remove:
-    """Storage effect: delete these sequence numbers of a durable queue."""
-
-    __slots__ = ("qid", "seqs")
-
-    def __init__(self, qid: int, seqs: list[int]):
-        self.qid = qid
-        self.seqs = seqs
-
-
-class Delivered:
-    """Storage effect: a stored message went out for the first time, so after a
-    crash it must come back marked redelivered. `in_order`: the queue hands its
-    messages out for the first time in sequence order (it has no priorities), so
-    every stored message up to this one went out too."""
-
-    __slots__ = ("qid", "seq", "rich", "in_order")
-
-    def __init__(self, qid: int, seq: int, rich: bool = False, in_order: bool = False):
-        self.qid = qid
-        self.seq = seq
-        self.rich = rich
-        self.in_order = in_order
-
-
-class Refused:
-    """A publish this queue turned away (x-overflow reject-publish): the
-    publisher's confirm becomes a nack."""
-
-    __slots__ = ("qid",)
-
-    def __init__(self, qid: int):
-        self.qid = qid
-
-
-class CountsChanged:
-    """Storage effect: a stored message's return counts changed (quorum queues)."""
-
-    __slots__ = ("qid", "seq", "delivery_count", "acquired")
-
-    def __init__(self, qid: int, seq: int, delivery_count: int, acquired: int):
-        self.qid = qid
-        self.seq = seq
-        self.delivery_count = delivery_count
-        self.acquired = acquired
-
-
-class Destroyed:
-    """The queue no longer exists; the shell forgets it (and its stored messages)."""
-
-    __slots__ = ("qid",)
-
-    def __init__(self, qid: int):
-        self.qid = qid
 
 
 class QueueCounters:
@@ -266,11 +92,11 @@ class Queue:
         self.next_seq = 1
         self.returned: list[Message] = []  # heap of requeued messages
         self.holdings: dict[int, dict[int, Message]] = {}  # holder -> seq -> message
-        self.consumers: dict[int, Consumer] = {}
-        # Round-robin order per consumer priority; `priorities` lists the keys,
-        # highest first, kept sorted as consumers come and go.
-        self.rotations: dict[int, deque[int]] = {}
-        self.priorities: list[int] = []
+        self.roster = Roster()
+        # The roster's, held here too for the per-message path and the shard's timers.
+        self.consumers = self.roster.consumers
+        self.locks = self.roster.locks
+        self.lock_heap = self.roster.lock_heap
         self.had_consumer = False
         self.deleted = False
         self.counters = QueueCounters()
@@ -278,11 +104,6 @@ class Queue:
         self.ready_bytes = 0  # bodies of ready messages (tracked queues only)
         self.now = 0.0  # the time of the command being applied
         self.last_used: float | None = None  # for x-expires
-        # Consumer timeouts (quorum queues): when each checked-out message's lock
-        # ends, and a heap of (deadline, holder, seq) whose stale entries (settled,
-        # renewed) are skipped when they come up.
-        self.locks: dict[tuple[int, int], float] = {}
-        self.lock_heap: list[tuple[float, int, int]] = []
         self.configure(c.arguments)
         self.ready = PriorityReady() if self.max_priority is not None else deque()
 
@@ -299,9 +120,9 @@ class Queue:
         self.max_priority = arguments.get("x-max-priority")
         self.dead_letters = bool(arguments.get("x-dead-letter-exchange") is not None)
         self.quorum = arguments.get("x-queue-type") == "quorum"
-        self.single_active = arguments.get("x-single-active-consumer") is True
+        self.roster.single_active = arguments.get("x-single-active-consumer") is True
         # RabbitMQ 4 gives quorum queues a delivery limit of 20 by default; -1: none.
-        limit = arguments.get("x-delivery-limit", DEFAULT_DELIVERY_LIMIT if self.quorum else -1)
+        limit = arguments.get("x-delivery-limit", 20 if self.quorum else -1)
         self.delivery_limit = limit if limit >= 0 else None
         # Tracked queues keep every message as a RichMessage.
         self.tracked = (self.message_ttl is not None or self.max_bytes is not None
@@ -330,19 +151,10 @@ class Queue:
         if self.expires_after is not None and not self.consumers and self.last_used is not None:
             unused = self.last_used + self.expires_after
             deadline = unused if deadline is None else min(deadline, unused)
-        lock = self._next_lock()
+        lock = self.roster.next_lock()
         if lock is not None:
             deadline = lock if deadline is None else min(deadline, lock)
         return deadline
-
-    def _next_lock(self) -> float | None:
-        heap = self.lock_heap
-        while heap:
-            deadline, holder, seq = heap[0]
-            if self.locks.get((holder, seq)) == deadline:
-                return deadline
-            heapq.heappop(heap)  # settled or renewed since
-        return None
 
     # -- commands --------------------------------------------------------------
 
@@ -385,12 +197,7 @@ class Queue:
     def _time_out_locks(self, now: float, effects: list) -> None:
         """Return the messages whose lock ended to the queue; their consumers enter
         timeout status until they settle them (or are cancelled)."""
-        expired: dict[int, list[int]] = {}
-        while (deadline := self._next_lock()) is not None and deadline <= now:
-            _, holder, seq = heapq.heappop(self.lock_heap)
-            del self.locks[(holder, seq)]
-            expired.setdefault(holder, []).append(seq)
-        for holder, seqs in expired.items():
+        for holder, seqs in self.roster.due(now).items():
             held = self.holdings.get(holder, {})
             for seq in seqs:
                 msg = held.pop(seq, None)
@@ -407,15 +214,9 @@ class Queue:
         self._dispatch(effects)
 
     def _renew(self, cmd: Renew, effects: list) -> None:
-        consumer = self.consumers.get(cmd.holder)
         held = self.holdings.get(cmd.holder)
-        if consumer is None or consumer.timeout is None or not held:
-            return
-        deadline = self.now + consumer.timeout
-        for seq in cmd.seqs or list(held):
-            if (cmd.holder, seq) in self.locks:
-                self.locks[(cmd.holder, seq)] = deadline
-                heapq.heappush(self.lock_heap, (deadline, cmd.holder, seq))
+        if held:
+            self.roster.renew(cmd.holder, cmd.seqs or list(held), self.now)
 
     def _publish(self, cmd: Publish, effects: list) -> None:
         size = len(cmd.body)
@@ -433,8 +234,8 @@ class Queue:
         self.counters.published += 1
         self.counters.published_bytes += size
         self.ram_bytes += ram_size(content)
-        if msg.stored:
-            effects.append(Persist(self.qid, [msg], self._rich(msg)))
+        if msg.stored:  # rich: it expires by itself in a queue that tracks none
+            effects.append(Persist(self.qid, [msg], not self.tracked and type(msg) is RichMessage))
         self._dispatch(effects)
         if self.max_length is not None or self.max_bytes is not None:
             self._drop_over_limit(effects)
@@ -449,7 +250,7 @@ class Queue:
         if (self.ready or self.returned or cmd.expiration >= 0
                 or (self.stored and cmd.persistent)):
             return None
-        consumer = self._next_consumer()
+        consumer = self.roster.next_consumer(self.holdings)
         if consumer is None:
             return None
         self.now = now  # (its consumer's arrival set last_used)
@@ -503,38 +304,26 @@ class Queue:
         properties and size; its time to live starts again at recovery."""
         if properties is None:
             return Message(seq, None, True, delivered)
-        try:
-            expiration = peek_expiration(properties)
-            priority = peek_priority(properties) or 0
-        except PropertiesError:
-            expiration, priority = None, 0
         if self.tracked:
             self.ready_bytes += size
-        return self._rich_message(
-            seq, None, True, delivered,
-            int(expiration) if expiration is not None and expiration.isdigit() else -1,
-            priority, size, now, delivery_count, acquired)
+        expiration, priority = own_limits(properties)
+        return self._rich_message(seq, None, True, delivered, expiration, priority, size, now,
+                                  delivery_count, acquired)
 
     def _status(self, cmd: QueueStatus, effects: list) -> None:
         effects.append(Reply(cmd.req, message_count=self.ready_count,
                              consumer_count=len(self.consumers)))
 
     def _consume(self, cmd: Consume, effects: list) -> None:
-        if self.consumers and (cmd.exclusive or any(c.exclusive for c in self.consumers.values())):
+        if self.roster.add(cmd) is None:
             effects.append(Reply(cmd.req, Refusal.EXCLUSIVE_USE))
             return
-        consumer = Consumer(cmd)
-        self.consumers[cmd.holder] = consumer
-        if consumer.priority not in self.rotations:
-            self.rotations[consumer.priority] = deque()
-            self.priorities = sorted(self.rotations, reverse=True)
-        self.rotations[consumer.priority].append(cmd.holder)
         self.had_consumer = True
         effects.append(Reply(cmd.req, consumer_count=len(self.consumers)))
         self._dispatch(effects)
 
     def _cancel(self, cmd: Cancel, effects: list) -> None:
-        self._remove_consumer(cmd.holder)
+        self.roster.remove(cmd.holder)
         effects.append(Reply(cmd.req))
         self._maybe_auto_delete(effects)
 
@@ -591,7 +380,7 @@ class Queue:
 
     def _release(self, cmd: ReleaseHolders, effects: list) -> None:
         for holder in cmd.holders:
-            self._remove_consumer(holder)
+            self.roster.remove(holder)
             for seq, msg in self.holdings.pop(holder, {}).items():
                 self.locks.pop((holder, seq), None)
                 self._return(msg, True, effects)  # the consumer was lost: a failed delivery
@@ -714,17 +503,12 @@ class Queue:
             self._settled(msg, effects)
             return
         self.holdings.setdefault(holder, {})[msg.seq] = msg
-        consumer = self.consumers.get(holder)
-        if consumer is not None and consumer.timeout is not None and self.quorum:
-            deadline = self.now + consumer.timeout
-            self.locks[(holder, msg.seq)] = deadline
-            heapq.heappush(self.lock_heap, (deadline, holder, msg.seq))
+        if self.quorum:
+            self.roster.lock(holder, msg.seq, self.now)
         if msg.stored and not msg.redelivered:
-            effects.append(Delivered(self.qid, msg.seq, self._rich(msg),
+            effects.append(Delivered(self.qid, msg.seq,
+                                     not self.tracked and type(msg) is RichMessage,
                                      type(self.ready) is not PriorityReady))
-
-    def _rich(self, msg: Message) -> bool:
-        return not self.tracked and type(msg) is RichMessage
 
     def _return(self, msg: Message, failed: bool = True, effects: list | None = None) -> None:
         """Back to the queue. Quorum queues count it: every return in `acquired`, a
@@ -764,7 +548,7 @@ class Queue:
         """Storage has committed this message: keep only its index in RAM."""
         if msg.content is not None:
             self.ram_bytes -= ram_size(msg.content)
-            msg.evict()
+            msg.content = None  # the shard reads it back from storage to deliver it
 
     def _drop_ready(self, effects: list) -> int:
         dropped = list(self.returned) + list(self.ready)
@@ -780,16 +564,6 @@ class Queue:
             effects.append(Remove(self.qid, stored))
         return len(dropped)
 
-    def _remove_consumer(self, holder: int) -> None:
-        consumer = self.consumers.pop(holder, None)
-        if consumer is None:
-            return
-        rotation = self.rotations[consumer.priority]
-        rotation.remove(holder)
-        if not rotation:
-            del self.rotations[consumer.priority]
-            self.priorities = sorted(self.rotations, reverse=True)
-
     def _maybe_auto_delete(self, effects: list) -> None:
         if self.spec.auto_delete and self.had_consumer and not self.consumers:
             self._destroy(effects)
@@ -798,12 +572,8 @@ class Queue:
     def _destroy(self, effects: list) -> None:
         for holder in list(self.consumers):
             effects.append(ConsumerCancelled(holder, self.qid))
-        self.consumers.clear()
-        self.rotations.clear()
-        self.priorities = []
+        self.roster.clear()
         self.holdings.clear()
-        self.locks.clear()
-        self.lock_heap.clear()
         self.ready.clear()
         self.returned.clear()
         self.ram_bytes = 0
@@ -811,33 +581,9 @@ class Queue:
         self.deleted = True
         effects.append(Destroyed(self.qid))
 
-    def _can_take(self, c: Consumer) -> bool:
-        if c.credit <= 0 or c.timed_out:
-            return False
-        if c.no_ack or c.prefetch == 0:
-            return True
-        held = self.holdings.get(c.holder)
-        return held is None or len(held) < c.prefetch
-
-    def _next_consumer(self) -> Consumer | None:
-        """Highest priority first; round-robin among consumers of equal priority.
-        With x-single-active-consumer only the oldest consumer receives; the next
-        one takes over when it goes."""
-        if self.single_active:
-            active = next(iter(self.consumers.values()), None)
-            return active if active is not None and self._can_take(active) else None
-        for priority in self.priorities:
-            rotation = self.rotations[priority]
-            for _ in range(len(rotation)):
-                consumer = self.consumers[rotation[0]]
-                rotation.rotate(-1)
-                if self._can_take(consumer):
-                    return consumer
-        return None
-
     def _dispatch(self, effects: list) -> None:
         while self.ready or self.returned:
-            consumer = self._next_consumer()
+            consumer = self.roster.next_consumer(self.holdings)
             if consumer is None:
                 return
             msg = self._take_next(effects)

@@ -10,8 +10,9 @@ import logging
 import time
 
 from . import build
+from .effects import CountsChanged, Delivered, Destroyed, Persist, Refused, Remove
 from .groupcommit import Commit, GroupCommit
-from .model import CountsChanged, Delivered, Destroyed, Persist, Queue, Refused, Remove
+from .model import Queue
 from .outbox import Outbox as PureOutbox
 from .persister import Persister
 

@@ -50,12 +50,12 @@ def test_the_compiled_twins_are_built_and_used_where_there_is_a_compiler():
     # extension types, their state typed by their .pxd (attributes are struct fields,
     # internal steps C functions)
     assert not hasattr(builds["shardlink"], "_spend")
-    assert not hasattr(compiled_queue.Queue, "_next_consumer")
+    assert not hasattr(built["consumers"].Roster, "_can_take")
     for built_class, attribute in ((builds["shardlink"], "credit"),
                                    (builds["gatewayrings"], "commands"),
                                    (builds["outbox"], "records"), (builds["shard"], "queues"),
                                    (compiled_queue.Queue, "consumers"),
-                                   (compiled_queue.Consumer, "credit")):
+                                   (built["consumers"].Consumer, "credit")):
         assert type(vars(built_class)[attribute]).__name__ == "getset_descriptor"
     if build.pure_only():
         assert hotpath.deliver_frames is hotpath.pure_deliver_frames

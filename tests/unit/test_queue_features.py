@@ -7,12 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warren.shards import records as r
-from warren.shards.queue import Queue, Refused
+from warren.shards.effects import Refused
+from warren.shards.queue import Queue
 from warren.storage.queuespec import QueueSpec
 
 from ..support.twins import each_queue_build
 
-queue_build = each_queue_build(globals(), ("Queue", "Refused"))
+queue_build = each_queue_build(globals(), ("Queue",))
 
 
 def make_queue(**arguments) -> Queue:

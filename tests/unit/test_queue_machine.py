@@ -5,12 +5,13 @@ from __future__ import annotations
 import gc
 
 from warren.shards import records as r
-from warren.shards.queue import Destroyed, Persist, Queue, Remove
+from warren.shards.effects import Destroyed, Persist, Remove
+from warren.shards.queue import Queue
 from warren.storage.queuespec import QueueSpec
 
 from ..support.twins import each_queue_build
 
-queue_build = each_queue_build(globals(), ("Destroyed", "Persist", "Queue", "Remove"))
+queue_build = each_queue_build(globals(), ("Queue",))
 
 
 def make_queue(durable=False, auto_delete=False) -> Queue:

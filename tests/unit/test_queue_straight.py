@@ -68,12 +68,10 @@ def command(step: tuple, queue: Queue, used: set[int]):
 
 
 def shape(effect) -> tuple:
-    """An effect as comparable data (the storage effects are plain classes)."""
-    if hasattr(effect, "__struct_fields__"):
-        return (type(effect).__name__, *(getattr(effect, f) for f in effect.__struct_fields__))
+    """An effect as comparable data (messages compare by identity: their seq and content)."""
     return (type(effect).__name__, *(
         [(m.seq, m.content) for m in value] if name == "messages" else value
-        for name in type(effect).__slots__ for value in [getattr(effect, name)]))
+        for name in effect.__struct_fields__ for value in [getattr(effect, name)]))
 
 
 def state(queue: Queue) -> tuple:

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from warren.shards import persister as persister_module
 from warren.shards import records as r
 from warren.shards import shard as shard_module
+from warren.shards.effects import Remove
 from warren.shards.main import before_commit
 from warren.shards.persister import Persister
-from warren.shards.queue import Queue, Remove
+from warren.shards.queue import Queue
 from warren.shards.stats import StatsLog
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore, StoreFull

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warren.shards import persister as persister_module
+from warren.shards.message import Message
 from warren.shards.persister import Persister
-from warren.shards.queue import Message
 from warren.storage import recovery
 from warren.storage.metastore import MetaStore, QueueDef
 from warren.storage.queuespec import QueueSpec
