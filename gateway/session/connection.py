@@ -20,20 +20,19 @@ publish's content header is next while an alarm is on, and reads nothing more
 Input: read straight into the frame reader's buffer (get_buffer, then
 buffer_updated with the count), or handed over as bytes (receive).
 
-Driven with no socket and no event loop (the gateway's shard links aside):
+Driven with no socket and no event loop (tests/support/session.py does, with a
+Wire for output and a ManualClock): the Gateway it is given must run on that
+clock too (its flush_soon and shard links), as the harness's does.
 
     conn = Connection(gateway)
-    out = Output()      # write/writelines append to out.data; close/abort and
-                        # pause_reading/resume_reading note it
-    clock = Clock()     # call_later/call_soon keep (when, callback, args); a test
-                        # runs those due after moving its time on
-    conn.start(out, clock, peer=("127.0.0.1", 40000), local=("127.0.0.1", 5672))
-    conn.receive(frames.PROTOCOL_HEADER)
-    gateway.flush_output()          # the turn's end: conn.flush() writes
-    # out.data holds connection.start; answer with start-ok, tune-ok, open,
-    # channel.open as method frames (frames.method_frame(0, m.ConnectionStartOk(...)))
-    conn.receive(...); gateway.flush_output(); ...
-    conn.connection_lost()          # the client hung up (after out.close(), too)
+    conn.start(output, clock, peer=("127.0.0.1", 40000), local=("127.0.0.1", 5672))
+    conn.receive(frames.PROTOCOL_HEADER)     # handled at once
+    clock.step()              # what it asked call_soon for: the gateway's flush,
+                              # which writes connection.start to output
+    conn.receive(frames.method_frame(0, m.ConnectionStartOk(...)))  # then tune-ok,
+    ...                       # open, channel.open, publishes, as a client sends them
+    clock.advance(3.0); clock.step()   # timers due by then (heartbeats, close-ok's)
+    conn.connection_lost()    # the client hung up (a Wire says so after close)
 """
 
 from __future__ import annotations
@@ -106,6 +105,10 @@ class Clock(Protocol):
 
 
 class Connection:
+    # Given by start, before anything reaches the connection.
+    output: Output
+    clock: Clock
+
     def __init__(self, gateway):
         self.gateway = gateway
         self.id = gateway.new_id()  # broker-wide: owner of its exclusive queues
@@ -125,8 +128,6 @@ class Connection:
         self.client_properties: dict = {}
         self.user = ""
         self.vhost = None
-        self.output: Output | None = None  # given by start
-        self.clock: Clock | None = None
         self.owed_confirms: set[Channel] = set()
         self.owed_grants: set = set()
         self._out: list[bytes] = []
@@ -334,11 +335,10 @@ class Connection:
     def snapshot(self) -> ConnectionInfo:
         """What the management API and the metrics show of this connection."""
         peer = self.peer if isinstance(self.peer, tuple) else ("?", 0)
-        local = self.output.get_extra_info("sockname") or ("?", 0)
         return ConnectionInfo(
             name=self.name, user=self.user, vhost=self.vhost.name if self.vhost else "",
-            peer_host=peer[0], peer_port=peer[1], host=local[0], port=local[1],
-            tls=self.output.get_extra_info("sslcontext") is not None,
+            peer_host=peer[0], peer_port=peer[1], host=self.local[0], port=self.local[1],
+            tls=self.tls,
             state=self.flow_state, client_properties=self.client_properties,
             connected_at=self.connected_at, frame_max=self.frame_max,
             channel_max=self.channel_max, heartbeat=self.heartbeat,

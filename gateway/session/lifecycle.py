@@ -44,6 +44,7 @@ CHANNEL_MIN = 1  # the least channel_max a client may ask for (RabbitMQ's)
 ADMIT = "admit"  # another gateway waits for gateway 0 to count this connection or channel
 LOGIN = "login"  # its credentials wait for their turn at the broker's login throttle
 RELEASING = "releasing"  # connection.close waits for the shards to release its channels
+Login = tuple[str | None, str | None, str, str]  # name, password, peer host, mechanism
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -124,7 +125,7 @@ def _start_ok(conn, method: m.ConnectionStartOk) -> None:
         conn.log_name = f"{conn.name} - {given}"
     name, password = _credentials(method.mechanism, method.response)
     peer_host = conn.peer[0] if isinstance(conn.peer, tuple) else ""
-    login = (name, password, peer_host, method.mechanism)
+    login: Login = (name, password, peer_host, method.mechanism)
     access = conn.gateway.access
     if not access.must_wait(peer_host):  # the common case: no waiting, nobody asked
         _check_login(conn, *login, False, 0.0)
@@ -135,7 +136,7 @@ def _start_ok(conn, method: m.ConnectionStartOk) -> None:
     access.login_turn(peer_host, lambda wait: _login_turn(conn, wait, login))
 
 
-def _login_turn(conn, wait: float | None, login: tuple, waited: float = 0.0) -> None:
+def _login_turn(conn, wait: float | None, login: Login, waited: float = 0.0) -> None:
     if conn.state == CLOSED:
         return
     if wait is None:  # its turn is too far off: refused unchecked, as slowly
