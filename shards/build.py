@@ -6,15 +6,19 @@ the .pxd of its extension's name: shards/_queue.pxd for shards/queue.py), and th
 tests and `warren serve` read it. The gateway and the shards both choose here,
 one way: a compiled twin serves where its extension imports, the pure one where
 it does not (not built: no C compiler when installed) or where WARREN_PURE_PYTHON
-is set (to run or test the broker without them). This module imports nothing of
-Warren's, so any module may."""
+is set (to run or test the broker without them). A twin that annotations name
+is bound under `if not TYPE_CHECKING:`, so that a type checker reads the pure
+one (frames.FrameReader). This module imports nothing of Warren's, so any module
+may."""
 
 from __future__ import annotations
 
 import importlib
 import os
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # Sources under the repository root (the package `warren`).
 COMPILED = (
@@ -60,13 +64,15 @@ def extension(name: str) -> ModuleType | None:
         return None
 
 
-def twin(pure: Any, name: str, attribute: str | None = None) -> Any:
+def twin(pure: T, name: str, attribute: str | None = None) -> T:
     """`attribute` of the extension `name` (the extension itself without one), or
-    `pure` where that extension does not serve."""
+    `pure` where that extension does not serve. Typed as the pure twin, whose
+    interface the compiled one has."""
     compiled = extension(name)
     if compiled is None:
         return pure
-    return compiled if attribute is None else getattr(compiled, attribute)
+    found: Any = compiled if attribute is None else getattr(compiled, attribute)
+    return found
 
 
 def check() -> tuple[str, str]:
