@@ -69,12 +69,28 @@ class Totals:
     rabbitmq_*_opened/closed_total metrics count them; plain integers bumped on
     the hot path."""
 
-    __slots__ = ("connections_opened", "connections_closed", "channels_opened",
-                 "channels_closed", "received", "received_confirm", "routed",
-                 "unroutable_dropped", "unroutable_returned", "confirmed",
-                 "consume_manual_ack", "consume_auto_ack", "get_manual_ack", "get_auto_ack",
-                 "get_empty", "redelivered", "acknowledged", "queues_declared",
-                 "queues_created", "queues_deleted")
+    # the counters, as __slots__ names them in this order (as_dict's keys)
+    connections_opened: int
+    connections_closed: int
+    channels_opened: int
+    channels_closed: int
+    received: int
+    received_confirm: int
+    routed: int
+    unroutable_dropped: int
+    unroutable_returned: int
+    confirmed: int
+    consume_manual_ack: int
+    consume_auto_ack: int
+    get_manual_ack: int
+    get_auto_ack: int
+    get_empty: int
+    redelivered: int
+    acknowledged: int
+    queues_declared: int
+    queues_created: int
+    queues_deleted: int
+    __slots__ = tuple(__annotations__)
 
     def __init__(self) -> None:
         for name in self.__slots__:

@@ -68,6 +68,21 @@ class BasicProperties(Fields):
 
     __slots__ = tuple(prop.py_name for prop in BASIC_PROPERTIES)
     FIELDS = __slots__
+    # The spec's properties as a type checker sees them (a test holds them to FIELDS).
+    content_type: str | None
+    content_encoding: str | None
+    headers: dict[str, Any] | None
+    delivery_mode: int | None
+    priority: int | None
+    correlation_id: str | None
+    reply_to: str | None
+    expiration: str | None
+    message_id: str | None
+    timestamp: int | None
+    type: str | None
+    user_id: str | None
+    app_id: str | None
+    cluster_id: str | None
 
     def __init__(self, **properties: Any) -> None:
         for name in self.FIELDS:

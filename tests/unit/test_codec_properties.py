@@ -67,6 +67,7 @@ def shortstr(text):
 def test_fields_come_from_the_spec():
     assert BasicProperties.__slots__ == tuple(p.py_name for p in BASIC_PROPERTIES)
     assert len(BasicProperties.__slots__) == 14
+    assert tuple(BasicProperties.__annotations__) == BasicProperties.FIELDS  # as typed
 
 
 def test_defaults_eq_repr():
