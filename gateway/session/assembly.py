@@ -40,8 +40,9 @@ class Assembler:
 
     def __init__(self, max_size: int):
         self.max_size = max_size
-        self.method = None  # the publish whose content is arriving (None: idle, the next
-        # frame must be a method)
+        # the publish whose content is arriving, or the error it is to raise (None:
+        # idle, the next frame must be a method)
+        self.method: hotpath.Publish | m.Method | AMQPError | None = None
         self._properties = b""
         self._size = 0
         # A body in one frame is that frame's payload; one in several frames is
@@ -129,7 +130,7 @@ class Assembler:
             else:
                 if not start:
                     self._content = bytearray(self._size)
-                self._content[start:end] = payload
+                self._content[start:end] = payload  # type: ignore[index]  # the bytearray
         return self._complete() if end == self._size else None
 
     def _out_of_turn(self) -> AMQPError:

@@ -71,10 +71,10 @@ class ConfirmTracker:
             self._low += 1
         if max(self._resolved) < self._low and NACK not in self._resolved.values():
             # the common case, all acks below every pending seq: one multiple ack
-            replies = [(ACK, max(self._resolved), True)]
+            replies: list[tuple[bool, int, bool]] = [(ACK, max(self._resolved), True)]
             self._resolved.clear()
             return replies
-        replies: list[tuple[bool, int, bool]] = []
+        replies = []
         run_kind = None
         run_end = 0
         for seq in sorted(self._resolved):

@@ -30,7 +30,7 @@ def deal(limit: int, unacked: int, credits: list[int], rooms: list[int | None]) 
         return grants
     order = sorted(range(len(credits)), key=lambda i: credits[i])
     while free > 0:
-        takers = [i for i in order if rooms[i] is None or rooms[i] > grants[i]]
+        takers = [i for i in order if (room := rooms[i]) is None or room > grants[i]]
         if not takers:
             break
         for i in takers[:free]:
