@@ -1,5 +1,6 @@
 """Consumer acknowledgements and prefetch, rule by rule from the seeds
-(acks-and-confirms.txt, consumer-prefetch.txt), with real clients."""
+(acks-and-confirms.txt, consumer-prefetch.txt), with real clients
+(tests/session/test_consumer_rules.py: those a raw client shows in-process)."""
 
 from __future__ import annotations
 
@@ -248,57 +249,6 @@ def test_slow_auto_ack_consumer_is_held_back_not_buffered(fresh_broker):
             expected += 1
     reader.close()
     conn.close()
-
-
-def test_missed_heartbeats_requeue_unacked_deliveries(broker):
-    from warren.gateway.amqp import methods as m
-
-    from ..support.rawclient import RawClient
-
-    conn = connect(broker)
-    ch = conn.channel()
-    q = ch.queue_declare("heartbeat-requeue").method.queue
-    ch.queue_purge(q)
-    ch.basic_publish("", q, b"0")
-    silent = RawClient(broker.port)
-    silent.handshake(heartbeat=1)
-    silent.open_channel(1)
-    silent.send_method(1, m.BasicConsume(queue=q))
-    # Receive the delivery, then never speak again: after two intervals the
-    # broker drops the connection and the message goes back to the queue.
-    while not isinstance(silent.next_method()[1], m.BasicDeliver):
-        pass
-    got = []
-    ch.basic_consume(q, lambda c, mth, p, b: got.append(mth.redelivered), auto_ack=True)
-    pump_until(conn, lambda: got, timeout=10)
-    assert got == [True]
-    ch.queue_delete(q)
-    conn.close()
-    silent.close()
-
-
-def test_recover_async_redelivers_without_a_reply(broker):
-    from warren.gateway.amqp import frames
-    from warren.gateway.amqp import methods as m
-
-    from ..support.rawclient import RawClient
-
-    client = RawClient(broker.port)
-    client.handshake()
-    client.open_channel(1)
-    client.send_method(1, m.QueueDeclare(queue="", exclusive=True))
-    _, ok = client.next_method()
-    publish = m.encode_method(m.BasicPublish(routing_key=ok.queue))
-    client.send(frames.content_frames(1, publish, 60, b"\x00\x00", b"x", 131072))
-    client.send_method(1, m.BasicConsume(queue=ok.queue))
-    methods = [client.next_method()[1] for _ in range(2)]
-    assert [type(x) for x in methods] == [m.BasicConsumeOk, m.BasicDeliver]
-    assert methods[1].redelivered is False
-    client.send_method(1, m.BasicRecoverAsync(requeue=True))
-    _, again = client.next_method()
-    assert isinstance(again, m.BasicDeliver)  # no recover-ok comes first
-    assert again.redelivered is True and again.delivery_tag == 2
-    client.close()
 
 
 def test_channel_qos_change_applies_to_new_deliveries(broker):
