@@ -3,7 +3,7 @@
 asyncio's own TLS servers (asyncio's and uvloop's) drop a failed handshake
 without a word outside debug mode; RabbitMQ logs each one. So the listener
 accepts plain TCP and runs the handshake here through loop.start_tls, where its
-failure is seen; a client that completes it is handed to a Connection.
+failure is seen; a client that completes it is handed to an AMQPProtocol.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ HANDSHAKE_TIMEOUT = 5.0  # seconds, RabbitMQ's ssl_handshake_timeout
 
 class TLSHandshake(asyncio.Protocol):
     def __init__(self, make_connection, context: ssl.SSLContext):
-        self.make_connection = make_connection  # () -> a Connection for the client
+        self.make_connection = make_connection  # () -> an AMQPProtocol for the client
         self.context = context
         self._early = bytearray()  # what arrived before start_tls took the transport
         self._upgrading = False
@@ -39,7 +39,7 @@ class TLSHandshake(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         # Before start_tls: the client's hello, held back. After it (the handshake is
-        # done, the Connection not yet in place): the client's first AMQP bytes.
+        # done, the AMQPProtocol not yet in place): the client's first AMQP bytes.
         self._early += data
         if not self._upgrading:
             self.transport.pause_reading()
@@ -94,7 +94,7 @@ class TLSHandshake(asyncio.Protocol):
 
 def feed(protocol: asyncio.BaseProtocol, data) -> None:
     """Give `data` to `protocol` as its transport would: a buffered protocol (TLS
-    protocols, Connection) gets it read into the room it offers, which stays
+    protocols, AMQPProtocol) gets it read into the room it offers, which stays
     exported until buffer_updated returns and is let go before more is asked for."""
     if isinstance(protocol, asyncio.BufferedProtocol) or hasattr(protocol, "get_buffer"):
         rest = memoryview(data)

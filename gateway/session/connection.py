@@ -173,7 +173,7 @@ class Connection:
         self.log_name = self.name  # with the client-provided name once known
         self.gateway.registry.connections.add(self)
         self.gateway.totals.connections_opened += 1
-        self.timer = clock.call_later(HANDSHAKE_TIMEOUT, lifecycle.timed_out, self)
+        self.timer = clock.call_later(HANDSHAKE_TIMEOUT, lifecycle.handshake_timeout, self)
 
     def connection_lost(self, exc: BaseException | None = None) -> None:
         """The client hung up, or the output closed after close or abort."""
@@ -522,7 +522,7 @@ class Connection:
         if self.state in (CLOSING, CLOSED):
             return
         if self.state in (AWAIT_START_OK, AWAIT_TUNE_OK):
-            lifecycle.failed(self, error)
+            lifecycle.handshake_error(self, error)
             return
         lifecycle.log_error(self, error)
         for channel in list(self.channels.values()):

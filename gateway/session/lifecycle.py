@@ -246,13 +246,13 @@ def _opened(conn, vhost) -> None:
         conn.timer.cancel()
         conn.timer = None
     if conn.heartbeat:
-        conn.timer = conn.clock.call_later(conn.heartbeat / 2, heartbeat, conn)
+        conn.timer = conn.clock.call_later(conn.heartbeat / 2, heartbeat_tick, conn)
     log.info("connection (%s): user '%s' authenticated and granted access to vhost '%s'",
              conn.log_name, conn.user, vhost.name, extra=conn.log_fields())
     conn.method(0, m.ConnectionOpenOk())
 
 
-def timed_out(conn) -> None:
+def handshake_timeout(conn) -> None:
     """HANDSHAKE_TIMEOUT after the connection was made: closed if not open by then."""
     if conn.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN):
         log_client_error(conn.clock, "handshake timeout", logging.ERROR,
@@ -262,7 +262,7 @@ def timed_out(conn) -> None:
         conn.shutdown()
 
 
-def failed(conn, error: AMQPError) -> None:
+def handshake_error(conn, error: AMQPError) -> None:
     """An error before tune-ok, as RabbitMQ: logged, no connection.close, input
     dropped, and the socket closed HANDSHAKE_ERROR_DELAY later."""
     if conn.state == AWAIT_TUNE_OK and error.code == spec.NOT_ALLOWED:
@@ -419,7 +419,9 @@ def linger(conn) -> None:
         conn.output.resume_reading()
 
 
-def heartbeat(conn) -> None:
+def heartbeat_tick(conn) -> None:
+    """Every half heartbeat interval while open: a heartbeat out if nothing else
+    went, and the end of a client that has sent nothing for two intervals."""
     if conn.state != OPEN:
         return
     # As RabbitMQ's heartbeat monitor, by the socket's counters: a tick (every half
@@ -446,7 +448,7 @@ def heartbeat(conn) -> None:
     if conn.send_cnt == conn.writes_seen:  # nothing written for half an interval
         conn.send(frames.HEARTBEAT_FRAME)
     conn.writes_seen = conn.send_cnt  # (the heartbeat's own write counts next tick)
-    conn.timer = conn.clock.call_later(conn.heartbeat / 2, heartbeat, conn)
+    conn.timer = conn.clock.call_later(conn.heartbeat / 2, heartbeat_tick, conn)
 
 
 def log_error(conn, error: AMQPError) -> None:
