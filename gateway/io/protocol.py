@@ -13,18 +13,21 @@ from __future__ import annotations
 import asyncio
 
 from warren.gateway.session.connection import Connection
+from warren.gateway.session.ports import Hub
 
 
 class AMQPProtocol(asyncio.BufferedProtocol):
-    def __init__(self, gateway):
+    def __init__(self, gateway: Hub):
         self.connection = connection = Connection(gateway)
-        self.get_buffer = connection.get_buffer
-        self.buffer_updated = connection.buffer_updated
+        # The core's bound methods stand in for the protocol's own (deliberately:
+        # the type checker objects to assigning a method).
+        self.get_buffer = connection.get_buffer  # type: ignore[method-assign,assignment]
+        self.buffer_updated = connection.buffer_updated  # type: ignore[method-assign]
         # Bytes handed over rather than read into the buffer (a TLS handshake's
         # early bytes, io/tlshandshake.py) are copied in.
         self.data_received = connection.receive
-        self.pause_writing = connection.pause_writing
-        self.resume_writing = connection.resume_writing
+        self.pause_writing = connection.pause_writing  # type: ignore[method-assign]
+        self.resume_writing = connection.resume_writing  # type: ignore[method-assign]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.connection.start(

@@ -62,6 +62,7 @@ from .lifecycle import (
     OPEN,
     operation,
 )
+from .ports import Hub
 
 log = logging.getLogger("warren.connection")
 
@@ -109,7 +110,7 @@ class Connection:
     output: Output
     clock: Clock
 
-    def __init__(self, gateway):
+    def __init__(self, gateway: Hub):
         self.gateway = gateway
         self.id = gateway.new_id()  # broker-wide: owner of its exclusive queues
         config = gateway.config  # what connection.tune offers

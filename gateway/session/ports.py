@@ -1,7 +1,8 @@
 """What the session needs of the world around it, as typed ports.
 
 A channel reaches the broker only through `Broker` (io/process.Gateway is one),
-its connection only through `Client` (session/connection.Connection, and the
+a connection through `Hub` (Broker and the gateway's turn, registry and shard
+links), its connection only through `Client` (session/connection.Connection, and the
 stand-ins session/direct.InternalConnection and node/forwarded.Mirror), and a
 shard or another gateway process only through `Peer`/`Shard`. Nothing here is
 imported at run time by what implements it: the checks are structural.
@@ -12,15 +13,17 @@ broker's state is a method.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Protocol
+from typing import Any, Callable, Collection, Iterator, Protocol
 
 from warren.gateway.broker.access import AccessControl
-from warren.gateway.broker.catalogue import VHost
+from warren.gateway.broker.catalogue import Catalogue, VHost
 from warren.gateway.broker.exchange import Exchange
 from warren.gateway.config import Config
 from warren.gateway.snapshots import Totals
 from warren.gateway.values import QueueMeta
 from warren.storage.queuespec import QueueSpec
+
+from .registry import Registry
 
 # (access, kind, name) -> None; raises AMQPError 403 unless the user may.
 Allow = Callable[[str, str, str], None]
@@ -149,3 +152,52 @@ class Client(Protocol):
     def forget_channel(self, channel: Any) -> None: ...
 
     def close_channel_with_error(self, channel: Any, error: Exception) -> None: ...
+
+
+class ShardLinks(Protocol):
+    """The gateway's links to its shards (io/shardpool.ShardPool)."""
+
+    links: list  # a Shard each, with `alive`
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def send(self) -> None:
+        """Write what the turn's work batched for each shard."""
+
+
+class Alarms(Protocol):
+    active: set  # the resource alarms on; empty when none
+
+    def reason(self) -> str: ...
+
+
+class Admission(Peer, Protocol):
+    """Another gateway's link to gateway 0, which counts its connections and
+    channels against the limits (node/worker.Leader)."""
+
+    def admit(self, conn: Any, vhost: str, channels: int,
+              answered: Callable[[str], None]) -> None: ...
+
+    def channels_changed(self, conn: Any) -> None: ...
+
+
+class Hub(Broker, Protocol):
+    """The gateway process as a connection (session/connection.py) uses it."""
+
+    catalogue: Catalogue
+    registry: Registry
+    shards: ShardLinks
+    alarms: Alarms
+    leader: Admission | None
+    turns_by_kind: list[int]  # input turns so far: [publishes only, other commands]
+
+    def take_shard_events(self) -> None: ...
+
+    def take_answers(self) -> None: ...
+
+    def flush_soon(self, conn: Any) -> None:
+        """Have conn.flush() called at the end of this turn."""
+
+    def limit_refusal(self, user: str, vhost: str, channel: bool = False) -> str | None: ...
+
+    def delete_exclusive_queues(self, owner: Any) -> None: ...
