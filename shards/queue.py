@@ -1,28 +1,29 @@
 """A queue as a pure state machine.
 
-`Queue.apply(command, now)` takes one ring record (shards.records) and returns
-the effects as plain data: records for the gateway (Deliver, Reply, ...) and
-storage effects for the shard's shell. No I/O, no clock reads: time only
-arrives as `now`. The shard process is the thin shell that feeds commands in and
-carries effects out.
+`Queue.apply(command, now)` takes one ring record (shards.records) and returns the
+effects as plain data: records for the gateway (Deliver, Reply, ...) and storage
+effects for the shard (effects.py). No I/O, no clock reads: time only arrives as
+`now`. The shard process is the thin shell that feeds commands in and carries effects
+out. A queue holds messages (message.py) and consumers (consumers.py).
 
-Message life cycle: ready -> checked out (held by a consumer, or by a channel
-after basic.get) -> settled. A returned (requeued) message goes back to its
-original position: messages leave the ready deque in sequence order, so every
-checked-out message is older than every message still in the deque, and a
-small heap of returned messages, served first, restores the original order.
+Message life cycle: ready -> checked out (held by a consumer, or by a channel after
+basic.get) -> settled. A returned (requeued) message goes back to its original
+position: messages leave the ready deque in sequence order, so every checked-out
+message is older than every message still in the deque, and a small heap of returned
+messages, served first, restores the original order.
 
-A message leaves without being delivered when it expires (x-message-ttl or its
-own expiration, noticed at the head of the queue), when x-max-length or
-x-max-length-bytes drops it from the head, or when a consumer rejects it without
-requeueing; with x-dead-letter-exchange it is then handed back to the gateway
-(DeadLettered) to be republished there.
-"""
+A message leaves without being delivered when it expires (x-message-ttl or its own
+expiration, noticed at the head of the queue), when x-max-length or x-max-length-bytes
+drops it from the head, or when a consumer rejects it without requeueing; with
+x-dead-letter-exchange it is then handed back to the gateway (DeadLettered) to be
+republished there."""
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import build
 from . import message as pure_message
@@ -58,12 +59,16 @@ from .records import (
     Settle,
 )
 
-# The compiled build works with its compiled siblings (the roster: _queue.pxd).
-Roster = build.twin(PureRoster, "warren.shards._consumers", "Roster")
-message = build.twin(pure_message, "warren.shards._message")
-Message, RichMessage, own_limits = message.Message, message.RichMessage, message.own_limits
-CONTENT_OVERHEAD, NO_CONTENT = message.CONTENT_OVERHEAD, message.NO_CONTENT
-PriorityReady = build.twin(PurePriorityReady, "warren.shards._ready", "PriorityReady")
+if TYPE_CHECKING:  # either build has the pure one's types
+    from .consumers import Roster
+    from .message import CONTENT_OVERHEAD, NO_CONTENT, Message, RichMessage, own_limits
+    from .ready import PriorityReady
+else:  # the compiled build works with its compiled siblings (the roster: _queue.pxd)
+    Roster = build.twin(PureRoster, "warren.shards._consumers", "Roster")
+    message = build.twin(pure_message, "warren.shards._message")
+    Message, RichMessage, own_limits = message.Message, message.RichMessage, message.own_limits
+    CONTENT_OVERHEAD, NO_CONTENT = message.CONTENT_OVERHEAD, message.NO_CONTENT
+    PriorityReady = build.twin(PurePriorityReady, "warren.shards._ready", "PriorityReady")
 
 
 def ram_size(content: tuple) -> int:
@@ -87,8 +92,7 @@ class Queue:
     def __init__(self, c: CreateQueue):
         self.qid = c.qid
         self.spec = c.spec
-        # Exclusive queues die with their connection, so they are never stored.
-        self.stored = c.spec.stored
+        self.stored = c.spec.stored  # durable and not exclusive (dies with its connection)
         self.next_seq = 1
         self.returned: list[Message] = []  # heap of requeued messages
         self.holdings: dict[int, dict[int, Message]] = {}  # holder -> seq -> message
@@ -97,8 +101,7 @@ class Queue:
         self.consumers = self.roster.consumers
         self.locks = self.roster.locks
         self.lock_heap = self.roster.lock_heap
-        self.had_consumer = False
-        self.deleted = False
+        self.had_consumer = self.deleted = False
         self.counters = QueueCounters()
         self.ram_bytes = 0  # content held in RAM (transient, or stored but not yet committed)
         self.ready_bytes = 0  # bodies of ready messages (tracked queues only)
@@ -221,7 +224,9 @@ class Queue:
     def _publish(self, cmd: Publish, effects: list) -> None:
         size = len(cmd.body)
         content = (cmd.exchange, cmd.routing_key, cmd.properties, cmd.body)
-        if self.overflow != "drop-head" and self._at_limit():
+        if self.overflow != "drop-head" and (
+                (self.max_length is not None and self.ready_count >= self.max_length)
+                or (self.max_bytes is not None and self.ready_bytes >= self.max_bytes)):
             effects.append(Refused(self.qid))
             self.counters.dropped += 1
             if self.overflow == "reject-publish-dlx":
@@ -408,7 +413,7 @@ class Queue:
         if self.max_length is not None or self.max_bytes is not None:
             self._drop_over_limit(effects)
 
-    _handlers = {
+    _handlers: dict[type, Callable[[Queue, Any, list], None]] = {
         ConfigureQueue: _configure,
         Renew: _renew,
         Publish: _publish,
@@ -475,10 +480,6 @@ class Queue:
         self._dead_letter(msg, "expired", effects)
         self._settled(msg, effects)
 
-    def _at_limit(self) -> bool:
-        return ((self.max_length is not None and self.ready_count >= self.max_length)
-                or (self.max_bytes is not None and self.ready_bytes >= self.max_bytes))
-
     def _drop_over_limit(self, effects: list) -> None:
         """x-overflow drop-head: drop (or dead-letter) from the head until within limits."""
         while ((self.max_length is not None and self.ready_count > self.max_length)
@@ -510,7 +511,7 @@ class Queue:
                                      not self.tracked and type(msg) is RichMessage,
                                      type(self.ready) is not PriorityReady))
 
-    def _return(self, msg: Message, failed: bool = True, effects: list | None = None) -> None:
+    def _return(self, msg: Message, failed: bool, effects: list) -> None:
         """Back to the queue. Quorum queues count it: every return in `acquired`, a
         failed one (reject, consumer lost) in `delivery_count`; past the delivery
         limit the message is dead-lettered or dropped instead."""
@@ -524,7 +525,7 @@ class Queue:
                 self._dead_letter(msg, "delivery_limit", effects)
                 self._settled(msg, effects)
                 return
-            if msg.stored and effects is not None:
+            if msg.stored:
                 effects.append(CountsChanged(self.qid, msg.seq, msg.delivery_count,
                                              msg.acquired))
         if self.tracked:
@@ -576,8 +577,7 @@ class Queue:
         self.holdings.clear()
         self.ready.clear()
         self.returned.clear()
-        self.ram_bytes = 0
-        self.ready_bytes = 0
+        self.ram_bytes = self.ready_bytes = 0
         self.deleted = True
         effects.append(Destroyed(self.qid))
 
