@@ -469,7 +469,7 @@ class Connection:
             else:
                 self.close_channel_with_error(ch, error)
 
-    def run_guarded(self, ch: Channel, action) -> None:
+    def run_guarded(self, channel: Channel, action) -> None:
         """Run channel work; a soft error closes that channel, a hard one the connection,
         and anything else (a bug) this connection alone."""
         try:
@@ -478,7 +478,7 @@ class Connection:
             if error.hard:
                 self.close_with_error(error)
             else:
-                self.close_channel_with_error(ch, error)
+                self.close_channel_with_error(channel, error)
         except Exception as error:
             self.fail(error)
 
@@ -494,25 +494,25 @@ class Connection:
             self.state = CLOSED
             self.output.abort()
 
-    def close_channel_with_error(self, ch: Channel, error: AMQPError) -> None:
+    def close_channel_with_error(self, channel: Channel, error: AMQPError) -> None:
         log_client_error(self.clock, f"channel error {error.code}", logging.ERROR,
                          "Channel error on connection (%s), channel %d:\noperation %s caused a "
-                         "channel exception %s: %s", self.describe(), ch.number,
+                         "channel exception %s: %s", self.describe(), channel.number,
                          operation(error), spec.REPLY_NAMES[error.code].lower(), error.detail,
-                         extra=self.log_fields(channel=ch.number, reply_code=error.code))
-        ch.release()
-        ch.closing = True
-        ch.send(m.ChannelClose(reply_code=error.code, reply_text=error.text[:255],
-                               class_id=error.class_id, method_id=error.method_id))
+                         extra=self.log_fields(channel=channel.number, reply_code=error.code))
+        channel.release()
+        channel.closing = True
+        channel.send(m.ChannelClose(reply_code=error.code, reply_text=error.text[:255],
+                                    class_id=error.class_id, method_id=error.method_id))
 
     @property
     def is_open(self) -> bool:
         return self.state == OPEN
 
-    def forget_channel(self, ch: Channel) -> None:
-        ch.release()
-        self.channels.pop(ch.number, None)
-        self.owed_confirms.discard(ch)
+    def forget_channel(self, channel: Channel) -> None:
+        channel.release()
+        self.channels.pop(channel.number, None)
+        self.owed_confirms.discard(channel)
         if self.gateway.leader is not None:
             self.gateway.leader.channels_changed(self)
 

@@ -19,6 +19,7 @@ from warren.gateway.broker.access import AccessControl
 from warren.gateway.broker.catalogue import Catalogue, VHost
 from warren.gateway.broker.exchange import Exchange
 from warren.gateway.config import Config
+from warren.gateway.errors import AMQPError
 from warren.gateway.snapshots import Totals
 from warren.gateway.values import QueueMeta
 from warren.storage.queuespec import QueueSpec
@@ -126,7 +127,6 @@ class Broker(Protocol):
 class Client(Protocol):
     """The connection a channel belongs to, as the channel uses it."""
 
-    gateway: Broker
     id: int
     user: str
     vhost: VHost  # set before its channels open
@@ -136,6 +136,9 @@ class Client(Protocol):
     owed_confirms: set  # channels with confirms to send at the flush
     owed_grants: set  # consumers with window credit to return at the flush
     exclusive_queues: set
+
+    @property
+    def gateway(self) -> Broker: ...  # read only: a connection's is a Hub, more than this
 
     def send(self, data: bytes) -> None: ...
 
@@ -151,7 +154,7 @@ class Client(Protocol):
 
     def forget_channel(self, channel: Any) -> None: ...
 
-    def close_channel_with_error(self, channel: Any, error: Exception) -> None: ...
+    def close_channel_with_error(self, channel: Any, error: AMQPError) -> None: ...
 
 
 class ShardLinks(Protocol):
