@@ -325,8 +325,9 @@ class Connection:
         if self._writing_paused or not self.owed_grants:
             return
         owed, self.owed_grants = self.owed_grants, set()
+        holder = self.gateway.registry.holders.get
         for consumer in owed:
-            channel = self.gateway.registry.holders.get(consumer.holder)
+            channel = holder(consumer.holder)
             if channel is not None:
                 channel.return_credit(consumer)
 
