@@ -6,6 +6,8 @@ the compiled queue makes and compares its messages with."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from warren.gateway.amqp.properties import PropertiesError, peek_expiration, peek_priority
@@ -15,7 +17,7 @@ from warren.gateway.amqp.properties import PropertiesError, peek_expiration, pee
 # messages took ~455 bytes each. The memory alarm counts it, so memory_limit
 # bounds what a flood of small messages really costs.
 CONTENT_OVERHEAD = 350
-NO_CONTENT = (None, None, None, None)  # to be read back from storage by the shard
+NO_CONTENT: tuple[Any, Any, Any, Any] = (None, None, None, None)  # read back from storage
 
 
 class Message(msgspec.Struct, gc=False, eq=False):
@@ -28,7 +30,7 @@ class Message(msgspec.Struct, gc=False, eq=False):
     adds nothing to the collector's passes."""
 
     seq: int
-    content: tuple | None
+    content: tuple[Any, Any, Any, Any] | None
     stored: bool = False
     redelivered: bool = False
 

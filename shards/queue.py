@@ -94,7 +94,7 @@ class Queue:
         self.spec = c.spec
         self.stored = c.spec.stored  # durable and not exclusive (dies with its connection)
         self.next_seq = 1
-        self.returned: list[Message] = []  # heap of requeued messages
+        self.returned: list[Any] = []  # heap of requeued messages (rich in a priority queue)
         self.holdings: dict[int, dict[int, Message]] = {}  # holder -> seq -> message
         self.roster = Roster()
         # The roster's, held here too for the per-message path and the shard's timers.
@@ -108,7 +108,7 @@ class Queue:
         self.now = 0.0  # the time of the command being applied
         self.last_used: float | None = None  # for x-expires
         self.configure(c.arguments)
-        self.ready = PriorityReady() if self.max_priority is not None else deque()
+        self.ready: Any = PriorityReady() if self.max_priority is not None else deque()
 
     def configure(self, arguments: dict) -> None:
         """Take the queue's arguments (validated by the gateway)."""
@@ -213,7 +213,7 @@ class Queue:
                 consumer.timed_out.update(seqs)
                 self.counters.timeouts += 1
                 effects.append(ConsumerTimedOut(holder, self.qid, seqs,
-                                                int(consumer.timeout * 1000)))
+                                                int((consumer.timeout or 0) * 1000)))
         self._dispatch(effects)
 
     def _renew(self, cmd: Renew, effects: list) -> None:
@@ -468,12 +468,12 @@ class Queue:
     def _expire(self, effects: list) -> None:
         """Drop the expired messages at the head."""
         now = self.now
-        while True:
-            msg = self._peek_next()
+        while (msg := self._peek_next()) is not None:
             expires = getattr(msg, "expires", None)
             if expires is None or expires > now:
                 return
-            self._expired(self._pop_next(), effects)
+            self._pop_next()
+            self._expired(msg, effects)
 
     def _expired(self, msg: Message, effects: list) -> None:
         self.counters.expired += 1
@@ -483,8 +483,8 @@ class Queue:
     def _drop_over_limit(self, effects: list) -> None:
         """x-overflow drop-head: drop (or dead-letter) from the head until within limits."""
         while ((self.max_length is not None and self.ready_count > self.max_length)
-               or (self.max_bytes is not None and self.ready_bytes > self.max_bytes)):
-            msg = self._pop_next()
+               or (self.max_bytes is not None and self.ready_bytes > self.max_bytes)) and (
+                msg := self._pop_next()) is not None:
             self.counters.dropped += 1
             self._dead_letter(msg, "maxlen", effects)
             self._settled(msg, effects)
