@@ -34,7 +34,7 @@ class InternalConnection:
         self.replies: list[tuple] = []  # (method, properties, body) the channel answered
         self.error: AMQPError | None = None  # what closed the channel
         self._reader = frames.FrameReader(self.frame_max)
-        self._content: list | None = None  # [method, properties, size, parts] arriving
+        self._content: list = []  # [method, properties, size, parts] arriving, if any
         self._changed = asyncio.Event()
         self.channel = Channel(self, 1)
 
@@ -82,6 +82,9 @@ class InternalConnection:
             self._frame(*frame)
         self._changed.set()
 
+    def send_uncopied(self, parts: list) -> None:
+        self.send(b"".join(parts))
+
     def _frame(self, frame_type: int, _channel: int, payload: bytes) -> None:
         if frame_type == frames.FRAME_METHOD:
             method = decode_method(payload)
@@ -101,7 +104,7 @@ class InternalConnection:
         method, properties, size, parts = self._content
         if sum(map(len, parts)) >= size:
             self.replies.append((method, properties, b"".join(parts)))
-            self._content = None
+            self._content = []
 
     def method(self, channel: int, method) -> None:
         self.send(frames.method_frame(channel, method))
