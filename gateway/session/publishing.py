@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable
 from warren.gateway.amqp import frames, hotpath, spec
 from warren.gateway.amqp import methods as m
 from warren.gateway.amqp.properties import (
+    BasicProperties,
     PropertiesError,
     decode_properties,
     encode_properties,
@@ -221,24 +222,26 @@ class Publishing:
         try:
             expiration = -1
             if flags & _EXPIRATION:
-                expiration = _parse_expiration(peek_expiration(properties))
+                expiration = _parse_expiration(
+                    peek_expiration(properties))  # type: ignore[arg-type]  # its flag is set
             priority = peek_priority(properties) or 0 if flags & _PRIORITY else 0
-            props, changed = None, False
+            props: BasicProperties | None = None
+            changed: BasicProperties | None = None  # props, when they are to be re-encoded
             if flags & _HEADERS:
                 props = decode_properties(properties)
                 headers = props.headers or {}
                 also = tuple(_routing_keys(headers.get("CC")) + _routing_keys(headers.get("BCC")))
                 if "BCC" in headers:
                     props.headers = {k: v for k, v in headers.items() if k != "BCC"}
-                    changed = True
+                    changed = props
             if flags & _REPLY_TO and peek_reply_to(properties) == replyto.REPLY_QUEUE:
                 if self.state.reply_consumer is None:
                     raise AMQPError(spec.PRECONDITION_FAILED, "fast reply consumer does not exist")
                 props = props or decode_properties(properties)
                 props.reply_to = self.state.reply_address
-                changed = True
-            if changed:
-                properties = encode_properties(props)
+                changed = props
+            if changed is not None:
+                properties = encode_properties(changed)
         except PropertiesError as error:
             raise AMQPError(spec.SYNTAX_ERROR, f"malformed content properties: {error}") from None
         return expiration, priority, also, properties

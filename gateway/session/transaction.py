@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from warren.gateway.amqp import hotpath
+
 from .confirms import ConfirmTracker
 
 
 class TxPublish(NamedTuple):
     """A publish held for the commit: _route's arguments."""
 
-    method: object  # hotpath.Publish
+    method: hotpath.Publish
     properties: bytes
     body: bytes
     expiration: int

@@ -5,18 +5,22 @@ up to the one given, tag 0 with `multiple` settles all, an unknown tag is 406.""
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from warren.gateway.amqp import spec
 from warren.gateway.errors import AMQPError
 
+if TYPE_CHECKING:
+    from .ports import Shard
+
 
 class Delivery(msgspec.Struct):
     """Where a delivered message waits to be settled. (A Struct: made without a
     Python frame, as a NamedTuple is not; one per manual-ack delivery.)"""
 
-    link: object  # the ShardLink of the queue's shard
+    link: Shard  # the ShardLink of the queue's shard
     qid: int
     holder: int  # the consumer's id, or the channel's for basic.get
     seq: int  # the message's sequence number in its queue
