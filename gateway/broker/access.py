@@ -8,12 +8,12 @@ import logging
 import time
 from collections import OrderedDict
 
-from warren.gateway.amqp import spec
-from warren.gateway.broker.peermessages import LoginFailed, LoginTurn
-from warren.gateway.errors import AMQPError
 from warren.storage.metastore import MetaStore, PermissionDef, UserDef
 
+from ..amqp import spec
+from ..errors import AMQPError
 from . import auth, changes
+from .peermessages import LoginFailed, LoginTurn
 
 log = logging.getLogger("warren.access")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import datetime
 import decimal
 
-from warren.gateway.amqp import spec
-from warren.gateway.errors import AMQPError
+from ..amqp import spec
+from ..errors import AMQPError
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_TYPES = ("classic", "quorum")

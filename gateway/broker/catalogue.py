@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from warren.gateway.snapshots import Totals
-from warren.gateway.values import TRANSIENT_QIDS, QueueMeta, placement
 from warren.shards import records as r
 from warren.storage.metastore import MetaStore, PolicyDef, QueueDef, VHostDef
 from warren.storage.queuespec import QueueSpec
 
+from ..snapshots import Totals
+from ..values import TRANSIENT_QIDS, QueueMeta, placement
 from . import changes, patterns, policies
 from .exchange import EXCHANGE, QUEUE, RENEW_EXCHANGE, Exchange, arguments_key
 

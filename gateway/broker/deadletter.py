@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 
-from warren.gateway.amqp.properties import BasicProperties
+from ..amqp.properties import BasicProperties
 
 
 def record_death(props: BasicProperties, queue: str, reason: str, exchange: str,

@@ -13,9 +13,10 @@ from typing import Union
 
 import msgspec
 
-from warren.gateway.broker.changes import Change
-from warren.gateway.snapshots import ConnectionInfo
 from warren.shards import records as r
+
+from ..snapshots import ConnectionInfo
+from .changes import Change
 
 
 class _Message(msgspec.Struct, array_like=True, tag=True):

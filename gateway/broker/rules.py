@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from warren.gateway.amqp import spec
-from warren.gateway.errors import AMQPError, exchange_name, queue_name
-from warren.gateway.values import QueueMeta
 from warren.storage.queuespec import QueueSpec
 
+from ..amqp import spec
+from ..errors import AMQPError, exchange_name, queue_name
+from ..values import QueueMeta
 from . import arguments
 from .catalogue import Catalogue
 from .exchange import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange

@@ -15,8 +15,7 @@ import os
 import re
 import sys
 
-from warren.gateway import config
-
+from .. import config
 from . import ctlclient
 from .ctlclient import Client, CtlError
 from .ctlcommands import LISTS, run

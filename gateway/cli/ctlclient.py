@@ -12,7 +12,7 @@ from urllib.parse import quote
 import requests
 import tabulate
 
-from warren.gateway import config
+from .. import config
 
 URL_VARIABLE = "WARREN_MANAGEMENT_URL"
 USER_VARIABLE = "WARREN_MANAGEMENT_USER"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from warren.gateway import config
+from .. import config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "serve":
-        from warren.gateway.node.root import run
+        from ..node.root import run
 
         try:
             settings = config.from_arguments(args)

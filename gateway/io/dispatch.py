@@ -9,11 +9,11 @@ import datetime
 import logging
 from typing import Callable
 
-from warren.gateway.amqp.properties import PropertiesError, decode_properties, encode_properties
-from warren.gateway.broker import deadletter
-from warren.gateway.broker.catalogue import Catalogue
 from warren.shards import records as r
 
+from ..amqp.properties import PropertiesError, decode_properties, encode_properties
+from ..broker import deadletter
+from ..broker.catalogue import Catalogue
 from .alarms import Alarms
 from .shardlink import ShardLink
 

@@ -12,21 +12,21 @@ import logging
 import os
 from typing import Any
 
-from warren.gateway.broker import rules
-from warren.gateway.broker.access import AccessControl
-from warren.gateway.broker.catalogue import Catalogue
-from warren.gateway.broker.exchange import Exchange
-from warren.gateway.broker.peermessages import Reply, ReplyOutcome
-from warren.gateway.config import Config
-from warren.gateway.session import replyto
-from warren.gateway.session.registry import Registry
-from warren.gateway.snapshots import Totals
-from warren.gateway.values import QueueMeta, by_shard
 from warren.shards import records as r
 from warren.storage import recovery
 from warren.storage.metastore import MetaStore
 from warren.storage.queuespec import QueueSpec
 
+from ..broker import rules
+from ..broker.access import AccessControl
+from ..broker.catalogue import Catalogue
+from ..broker.exchange import Exchange
+from ..broker.peermessages import Reply, ReplyOutcome
+from ..config import Config
+from ..session import replyto
+from ..session.registry import Registry
+from ..snapshots import Totals
+from ..values import QueueMeta, by_shard
 from .alarms import Alarms
 from .dispatch import Dispatcher
 from .shardlink import ShardLink

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from warren.gateway.session.connection import Connection
-from warren.gateway.session.ports import Hub
+from ..session.connection import Connection
+from ..session.ports import Hub
 
 
 class AMQPProtocol(asyncio.BufferedProtocol):

@@ -9,9 +9,9 @@ import logging
 import os
 from collections.abc import Callable
 
-from warren.gateway.config import Config
 from warren.shards import build
 
+from ..config import Config
 from .shardlink import ShardLink as PureShardLink
 
 ShardLink = build.twin(PureShardLink, "warren.gateway.io._shardlink", "ShardLink")

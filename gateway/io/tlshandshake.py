@@ -12,7 +12,7 @@ import asyncio
 import logging
 import ssl
 
-from warren.gateway.logthrottle import log_client_error
+from ..logthrottle import log_client_error
 
 log = logging.getLogger("warren.connection")
 

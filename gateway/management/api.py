@@ -12,9 +12,9 @@ import hashlib
 import os
 import time
 
-from warren.gateway.errors import AMQPError, refusal_error
 from warren.shards import records as r
 
+from ..errors import AMQPError, refusal_error
 from . import (
     connections,
     definitions,

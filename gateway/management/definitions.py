@@ -11,13 +11,13 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from warren.gateway import __version__
-from warren.gateway.broker import patterns, policies, rules
-from warren.gateway.broker.exchange import EXCHANGE, QUEUE, Exchange
-from warren.gateway.errors import AMQPError
 from warren.storage.metastore import PolicyDef
 from warren.storage.queuespec import QueueSpec
 
+from .. import __version__
+from ..broker import patterns, policies, rules
+from ..broker.exchange import EXCHANGE, QUEUE, Exchange
+from ..errors import AMQPError
 from . import limits, supported
 from .http import MAX_NAME, HTTPError, Request, Response
 from .rights import require_admin

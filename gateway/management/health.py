@@ -8,8 +8,7 @@ import logging
 import ssl
 import time
 
-from warren.gateway.broker.exchange import QUEUE
-
+from ..broker.exchange import QUEUE
 from .http import Request, Response, bad_request
 from .shapes import NODE
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import math
 
-from warren.gateway.broker import patterns
-
+from ..broker import patterns
 from .http import Request, Response, bad_request
 
 PAGE_SIZE = 100  # RabbitMQ's default and largest page sizes

@@ -16,17 +16,16 @@ import base64
 import binascii
 import re
 
-from warren.gateway.amqp import methods as m
-from warren.gateway.amqp import spec
-from warren.gateway.amqp.properties import (
+from ..amqp import methods as m
+from ..amqp import spec
+from ..amqp.properties import (
     BasicProperties,
     PropertiesError,
     decode_properties,
     encode_properties,
 )
-from warren.gateway.errors import AMQPError
-from warren.gateway.session.direct import InternalConnection
-
+from ..errors import AMQPError
+from ..session.direct import InternalConnection
 from .http import HTTPError, Request, Response, bad_request, check_name, check_types
 from .shapes import jsonable
 

@@ -16,8 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from warren.gateway import __version__
-
+from .. import __version__
 from .shapes import COMPATIBLE_RABBITMQ, NODE
 
 __all__ = ["CONTENT_TYPE_LATEST", "render", "rss"]

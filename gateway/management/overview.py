@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-from warren.gateway import __version__
-from warren.gateway.broker.exchange import EXCHANGE_TYPES
-
+from .. import __version__
+from ..broker.exchange import EXCHANGE_TYPES
 from . import metrics, shapes
 from .health import failing_shards
 from .http import Request, Response, bad_request, not_found

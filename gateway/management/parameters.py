@@ -4,11 +4,11 @@ refuses them) and /api/parameters (here only vhost limits are, as there)."""
 
 from __future__ import annotations
 
-from warren.gateway.broker.exchange import EXCHANGE
-from warren.gateway.broker.policies import exchanges_named
-from warren.gateway.errors import AMQPError
 from warren.storage.metastore import PolicyDef
 
+from ..broker.exchange import EXCHANGE
+from ..broker.policies import exchanges_named
+from ..errors import AMQPError
 from . import limits, shapes
 from .http import Request, Response, bad_request, check_name, not_authorised, not_found
 from .listing import listed

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import socket
 
-from warren.gateway.snapshots import ChannelInfo, ConnectionInfo, ConsumerInfo
+from ..snapshots import ChannelInfo, ConnectionInfo, ConsumerInfo
 
 NODE = f"warren@{socket.gethostname()}"
 COMPATIBLE_RABBITMQ = "3.13.7"  # the management API version Warren's JSON follows

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from warren.gateway.broker import policies
+from ..broker import policies
 
 VHOST_LIMITS = "vhost-limits"  # the one runtime-parameter component Warren has
 # It names the exporting cluster, not a setting: nothing to carry over.

@@ -4,13 +4,13 @@ AMQP permission the same change over AMQP needs."""
 
 from __future__ import annotations
 
-from warren.gateway.amqp import spec
-from warren.gateway.broker import rules
-from warren.gateway.broker.exchange import EXCHANGE, QUEUE, Exchange
-from warren.gateway.errors import AMQPError
 from warren.shards import records as r
 from warren.storage.queuespec import QueueSpec
 
+from ..amqp import spec
+from ..broker import rules
+from ..broker.exchange import EXCHANGE, QUEUE, Exchange
+from ..errors import AMQPError
 from . import messages, shapes
 from .http import HTTPError, Request, Response, arguments, check_name, flag, not_found
 from .listing import listed

@@ -3,8 +3,7 @@ topic-permissions (none here: an import refuses them)."""
 
 from __future__ import annotations
 
-from warren.gateway.broker import patterns
-
+from ..broker import patterns
 from . import shapes
 from .http import Request, Response, bad_request, check_name, not_found
 from .listing import listed

@@ -17,14 +17,15 @@ import socket
 import struct
 from typing import Callable
 
-from warren.gateway.broker.peermessages import (
+from warren.shards import records as r
+
+from ..broker.peermessages import (
     Handed,
     ShardRings,
     decode_handed,
     decode_message,
     encode,
 )
-from warren.shards import records as r
 
 log = logging.getLogger("warren")
 

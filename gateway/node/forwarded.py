@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 
-from warren.gateway.amqp import spec
-from warren.gateway.broker.peermessages import Answer, Forward
-from warren.gateway.errors import AMQPError
-from warren.gateway.session.assembly import decode_method
-from warren.gateway.session.channel import Channel
 from warren.shards import records as r
+
+from ..amqp import spec
+from ..broker.peermessages import Answer, Forward
+from ..errors import AMQPError
+from ..session.assembly import decode_method
+from ..session.channel import Channel
 
 log = logging.getLogger("warren")
 

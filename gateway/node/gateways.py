@@ -20,8 +20,10 @@ import subprocess
 
 import msgspec
 
-from warren.gateway.broker import changes
-from warren.gateway.broker.peermessages import (
+from warren.shards import records as r
+
+from ..broker import changes
+from ..broker.peermessages import (
     Admit,
     Admitted,
     Applied,
@@ -43,11 +45,9 @@ from warren.gateway.broker.peermessages import (
     ShardDown,
     ShardRings,
 )
-from warren.gateway.io.children import spawn
-from warren.gateway.io.exitwatch import ExitWatch
-from warren.gateway.node.controllink import ControlLink, Handover, ring_fds
-from warren.shards import records as r
-
+from ..io.children import spawn
+from ..io.exitwatch import ExitWatch
+from .controllink import ControlLink, Handover, ring_fds
 from .forwarded import Mirror
 
 log = logging.getLogger("warren")

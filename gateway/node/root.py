@@ -20,15 +20,15 @@ import sys
 
 import lmdb
 
-from warren.gateway.config import Config
-from warren.gateway.io.process import Gateway
-from warren.gateway.io.protocol import AMQPProtocol
-from warren.gateway.io.tlshandshake import TLSHandshake
 from warren.shards import build, logsetup
 from warren.shards.malloc import keep_freed_memory
 from warren.shards.ring import remove_orphans
 from warren.storage import recovery
 
+from ..config import Config
+from ..io.process import Gateway
+from ..io.protocol import AMQPProtocol
+from ..io.tlshandshake import TLSHandshake
 from .compaction import Compactor
 from .gateways import Followers
 
@@ -49,10 +49,7 @@ class StartupError(Exception):
 async def serve(settings: Config) -> None:
     keep_freed_memory()
     raise_descriptor_limit()
-    running, failed = build.check()  # which build runs, said once here
-    log.info("running the %s", running)
-    if failed:
-        log.warning("%s", failed)
+    running, failed = build.check()  # which build runs, said once the broker serves
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -84,7 +81,7 @@ async def serve(settings: Config) -> None:
         if settings.management_port:  # 0: no management listener
             # Imported here: a gateway process, which uses this module's listener
             # helpers, serves no management API and starts 0.2 s sooner without it.
-            from warren.gateway.management import listener, shapes
+            from ..management import listener, shapes
             listeners = [{"node": shapes.NODE, "protocol": protocol, "ip_address": address,
                           "port": number} for protocol, address, number in (
                 ("amqp", host, port),
@@ -132,6 +129,10 @@ async def serve(settings: Config) -> None:
     log.info("started TCP listener on %s:%d", host, port)
     print(f"Warren listening on amqp://{host}:{port} (data {gateway.data_dir}, "
           f"{settings.shard_count()} shards, {running})", flush=True)
+    # In the log too, after the start: a broker that cannot start says only why.
+    log.info("running the %s", running)
+    if failed:
+        log.warning("%s", failed)
     if tls is not None:
         log.info("started TLS (SSL) listener on %s:%d", *tls_address)
         print(f"Warren listening on amqps://{tls_address[0]}:{tls_address[1]}", flush=True)

@@ -19,8 +19,11 @@ import socket
 
 import msgspec
 
-from warren.gateway.broker import changes
-from warren.gateway.broker.peermessages import (
+from warren.shards import logsetup
+from warren.shards.malloc import keep_freed_memory
+
+from ..broker import changes
+from ..broker.peermessages import (
     Admit,
     Admitted,
     Answer,
@@ -40,15 +43,12 @@ from warren.gateway.broker.peermessages import (
     Serving,
     ShardDown,
 )
-from warren.gateway.config import Config
-from warren.gateway.io.children import read_spec
-from warren.gateway.io.process import Gateway
-from warren.gateway.io.protocol import AMQPProtocol
-from warren.gateway.io.tlshandshake import TLSHandshake
-from warren.gateway.node.controllink import ControlLink, Handover
-from warren.shards import logsetup
-from warren.shards.malloc import keep_freed_memory
-
+from ..config import Config
+from ..io.children import read_spec
+from ..io.process import Gateway
+from ..io.protocol import AMQPProtocol
+from ..io.tlshandshake import TLSHandshake
+from .controllink import ControlLink, Handover
 from .gateways import FollowerSpec
 from .root import close_connections, own_listener, tls_context
 

@@ -8,9 +8,9 @@ whatever the channel is busy with.
 
 from __future__ import annotations
 
-from warren.gateway.amqp import frames, hotpath, spec
-from warren.gateway.amqp import methods as m
-from warren.gateway.errors import AMQPError
+from ..amqp import frames, hotpath, spec
+from ..amqp import methods as m
+from ..errors import AMQPError
 
 BASIC_CLASS = spec.CLASS_IDS["basic"]
 

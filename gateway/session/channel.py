@@ -19,11 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from warren.gateway.amqp import frames, hotpath, spec
-from warren.gateway.amqp import methods as m
-from warren.gateway.errors import AMQPError
-from warren.gateway.snapshots import ChannelInfo, ConsumerInfo
-
+from ..amqp import frames, hotpath, spec
+from ..amqp import methods as m
+from ..errors import AMQPError
+from ..snapshots import ChannelInfo, ConsumerInfo
 from .consuming import Consuming
 from .declaring import Declaring
 from .publishing import Publishing

@@ -41,13 +41,12 @@ import logging
 import time
 from typing import Any, Callable, Protocol
 
-from warren.gateway.amqp import frames, spec
-from warren.gateway.amqp import methods as m
-from warren.gateway.amqp.frames import FrameError, FrameReader
-from warren.gateway.errors import AMQPError
-from warren.gateway.logthrottle import log_client_error
-from warren.gateway.snapshots import ConnectionInfo
-
+from ..amqp import frames, spec
+from ..amqp import methods as m
+from ..amqp.frames import FrameError, FrameReader
+from ..errors import AMQPError
+from ..logthrottle import log_client_error
+from ..snapshots import ConnectionInfo
 from . import lifecycle
 from .assembly import decode_method
 from .channel import Channel

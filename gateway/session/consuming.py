@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from warren.gateway.amqp import frames, hotpath, spec
-from warren.gateway.amqp import methods as m
-from warren.gateway.amqp.properties import (
+from warren.shards import records as r
+from warren.shards.batches import SIDE_BODY_MIN
+
+from ..amqp import frames, hotpath, spec
+from ..amqp import methods as m
+from ..amqp.properties import (
     PropertiesError,
     decode_properties,
     encode_properties,
 )
-from warren.gateway.errors import AMQPError, queue_name, refusal_error
-from warren.gateway.values import QueueMeta, server_generated_name
-from warren.shards import records as r
-from warren.shards.batches import SIDE_BODY_MIN
-
+from ..errors import AMQPError, queue_name, refusal_error
+from ..values import QueueMeta, server_generated_name
 from . import prefetch, replyto
 from .assembly import BASIC_CLASS
 from .state import ChannelState, ConsumerState

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from warren.gateway.amqp import methods as m
-from warren.gateway.amqp import spec
-from warren.gateway.broker import rules
-from warren.gateway.broker.exchange import EXCHANGE, QUEUE, Exchange
-from warren.gateway.broker.peermessages import AskReplyConsumer, Forward
-from warren.gateway.errors import AMQPError, exchange_name, refusal_error
-from warren.gateway.values import QueueMeta, server_generated_name
 from warren.shards import records as r
 from warren.storage.queuespec import QueueSpec
 
+from ..amqp import methods as m
+from ..amqp import spec
+from ..broker import rules
+from ..broker.exchange import EXCHANGE, QUEUE, Exchange
+from ..broker.peermessages import AskReplyConsumer, Forward
+from ..errors import AMQPError, exchange_name, refusal_error
+from ..values import QueueMeta, server_generated_name
 from . import replyto
 from .state import ChannelState
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from warren.gateway.amqp import frames, spec
-from warren.gateway.amqp import methods as m
-from warren.gateway.errors import AMQPError
-
+from ..amqp import frames, spec
+from ..amqp import methods as m
+from ..errors import AMQPError
 from .assembly import BASIC_CLASS, decode_method
 from .channel import Channel
 

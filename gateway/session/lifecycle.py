@@ -16,14 +16,14 @@ import platform
 from functools import partial
 from typing import Callable
 
-from warren.gateway import __version__
-from warren.gateway.amqp import frames, spec
-from warren.gateway.amqp import methods as m
-from warren.gateway.amqp.fieldtable import FieldTableError, decode_table
-from warren.gateway.errors import AMQPError
-from warren.gateway.logthrottle import log_client_error
 from warren.shards import records as r
 
+from .. import __version__
+from ..amqp import frames, spec
+from ..amqp import methods as m
+from ..amqp.fieldtable import FieldTableError, decode_table
+from ..errors import AMQPError
+from ..logthrottle import log_client_error
 from .assembly import decode_method
 from .channel import Channel
 

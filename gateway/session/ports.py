@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Collection, Iterator, Protocol
 
-from warren.gateway.broker.access import AccessControl
-from warren.gateway.broker.catalogue import Catalogue, VHost
-from warren.gateway.broker.exchange import Exchange
-from warren.gateway.config import Config
-from warren.gateway.errors import AMQPError
-from warren.gateway.snapshots import Totals
-from warren.gateway.values import QueueMeta
 from warren.storage.queuespec import QueueSpec
 
+from ..broker.access import AccessControl
+from ..broker.catalogue import Catalogue, VHost
+from ..broker.exchange import Exchange
+from ..config import Config
+from ..errors import AMQPError
+from ..snapshots import Totals
+from ..values import QueueMeta
 from .registry import Registry
 
 # (access, kind, name) -> None; raises AMQPError 403 unless the user may.

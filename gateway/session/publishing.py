@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from warren.gateway.amqp import frames, hotpath, spec
-from warren.gateway.amqp import methods as m
-from warren.gateway.amqp.properties import (
+from warren.shards import records as r
+
+from ..amqp import frames, hotpath, spec
+from ..amqp import methods as m
+from ..amqp.properties import (
     BasicProperties,
     PropertiesError,
     decode_properties,
@@ -19,11 +21,9 @@ from warren.gateway.amqp.properties import (
     peek_priority,
     peek_reply_to,
 )
-from warren.gateway.broker.exchange import RENEW_EXCHANGE
-from warren.gateway.errors import AMQPError, exchange_name
-from warren.gateway.values import QueueMeta, by_shard
-from warren.shards import records as r
-
+from ..broker.exchange import RENEW_EXCHANGE
+from ..errors import AMQPError, exchange_name
+from ..values import QueueMeta, by_shard
 from . import replyto
 from .assembly import BASIC_CLASS
 from .confirms import ConfirmTracker

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from warren.gateway.values import RemoteOwner
 from warren.shards import records as r
 
+from ..values import RemoteOwner
 from . import replyto
 
 

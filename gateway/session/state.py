@@ -8,17 +8,15 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from warren.gateway.amqp import frames, hotpath, spec
-from warren.gateway.errors import AMQPError, queue_name
-from warren.gateway.values import QueueMeta
-
+from ..amqp import frames, hotpath, spec
+from ..errors import AMQPError, queue_name
+from ..values import QueueMeta
 from . import prefetch
 from .assembly import Assembler
 from .unacked import Unacked
 
 if TYPE_CHECKING:
-    from warren.gateway.broker.catalogue import VHost
-
+    from ..broker.catalogue import VHost
     from .confirms import ConfirmTracker
     from .ports import Broker, Client, Shard
     from .transaction import Transaction

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from warren.gateway.amqp import hotpath
-
+from ..amqp import hotpath
 from .confirms import ConfirmTracker
 
 

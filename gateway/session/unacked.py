@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from warren.gateway.amqp import spec
-from warren.gateway.errors import AMQPError
+from ..amqp import spec
+from ..errors import AMQPError
 
 if TYPE_CHECKING:
     from .ports import Shard

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from warren.shards import build
+
 from ..support.broker import ROOT, RunningBroker, wait_until
 
 # Root ignores file modes; without the capability to do so it is bound by them too.
@@ -198,6 +200,8 @@ def test_sigterm_stops_a_healthy_broker_and_leaves_no_shared_memory(tmp_path):
     wait_until(lambda: not processes_using(data), timeout=20)
     assert "leaked shared_memory" not in broker.log_text()
     assert "Traceback" not in broker.log_text()
+    # the log says which build served, once the broker started (and only then)
+    assert broker.log_text().count(f"running the {build.check()[0]}") == 1
 
 
 def test_a_start_removes_the_rings_a_killed_broker_left(tmp_path):
