@@ -123,7 +123,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="rounds of each scenario, alternating which broker goes first; "
                              "the summary gives each round's ratios and their median "
                              "(default 1). A steady rate's CPU follows how often the client "
-                             "writes, which differs from run to run (README, Measuring)")
+                             "writes, which differs from run to run (docs/performance.md, reading a row)")
     parser.add_argument("--json-only", action="store_true", help="no table, only JSON lines")
     options = parser.parse_args(argv)
     if options.repeat < 1:

@@ -29,7 +29,7 @@ FIGURES = [
     # The load a steady rate offers: the client's write(2) calls per second (amqp-perf).
     # How many messages it packs into each follows its own timers, and those follow
     # how soon the broker's deliveries wake it: two brokers at one rate can get
-    # different counts, and the broker's CPU follows the count (README, Measuring).
+    # different counts, and the broker's CPU follows the count (docs/performance.md, reading a row).
     ("client_writes_per_s", "cli wr/s", "{:,.0f}"),
 ]
 

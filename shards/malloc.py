@@ -3,9 +3,8 @@
 Large message bodies are allocated and freed by the thousand per second. With
 glibc's defaults the heap top is trimmed back to the kernel after frees and
 bodies over the (dynamic) mmap threshold get a fresh mapping each, so every new
-body page-faults its pages in again: loadtest/bodycost measured 30-40% of the
-gateway's CPU time as system time with 64 KiB bodies, and 1.5-2x the CPU per MB
-overall. Keeping up to TRIM_THRESHOLD of free heap and serving bodies up to
+body page-faults its pages in again, which made large bodies cost far more CPU
+per MB (the bodycost probe's figures: docs/performance.md). Keeping up to TRIM_THRESHOLD of free heap and serving bodies up to
 MMAP_THRESHOLD from the heap reuses pages instead. RSS can stay that much above
 what is in use after a burst; memory alarms count message bytes, not RSS.
 """
