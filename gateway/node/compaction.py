@@ -5,7 +5,7 @@ crossing wakes the other process. Waking a process on another, idle CPU costs
 an inter-processor interrupt and the idle CPU's way out of its halt, which on
 virtual machines is far dearer than the work: on the 2-vCPU test VM a wake-up
 ping-pong between two processes costs 31 µs of CPU a round trip across CPUs and
-5 µs on one CPU (README, "Load compaction"). At moderate rates that was most
+5 µs on one CPU (README, "Scaling and load compaction"). At moderate rates that was most
 of the broker's CPU. So while the broker's processes together use little CPU
 they are confined to one CPU, and as soon as they need more they get back every
 CPU they were allowed. Erlang does the same with its schedulers (RabbitMQ runs
