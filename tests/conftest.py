@@ -29,8 +29,11 @@ def kind_of(path: Path) -> str:
 
 def pytest_collection_modifyitems(config, items):
     # Marked by kind (`-m unit`), and ordered unit, session, e2e: a plain run fails
-    # fast on the quick kinds. The sort is stable and made the same in every xdist
-    # worker, so --dist loadfile still sends each file whole to one worker.
+    # fast on the quick kinds. Within a kind the modules marked slow start first, so
+    # that the two workers end together rather than one waiting out a long module.
+    # The sort is stable and made the same in every xdist worker, so --dist loadfile
+    # still sends each file whole to one worker.
     for item in items:
         item.add_marker(getattr(pytest.mark, kind_of(item.path)))
-    items.sort(key=lambda item: KINDS.index(kind_of(item.path)))
+    items.sort(key=lambda item: (KINDS.index(kind_of(item.path)),
+                                 item.get_closest_marker("slow") is None))

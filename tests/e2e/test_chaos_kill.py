@@ -35,6 +35,8 @@ from .test_e2e_basic import names_on_every_shard, shard_pids
 from .test_e2e_damage import broker_pids, wait_gone
 from .test_e2e_durability import connect, drain
 
+pytestmark = pytest.mark.slow  # started first: the two workers then finish together
+
 SHARDS = 2
 QUEUES = names_on_every_shard(SHARDS, per_shard=2, prefix="chaos")  # a publisher each
 IN_FLIGHT = 400  # a publisher waits when this many of its messages are unanswered

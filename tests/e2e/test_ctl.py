@@ -14,6 +14,8 @@ import pytest
 
 from ..support.broker import ROOT, RunningBroker
 
+pytestmark = pytest.mark.slow  # started first: the two workers then finish together
+
 
 @pytest.fixture(scope="module")
 def managed(tmp_path_factory, gateway_count):

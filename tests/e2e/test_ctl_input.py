@@ -20,7 +20,7 @@ from warren.gateway.cli import ctl, ctlclient
 
 from ..support.broker import RunningBroker
 
-pytestmark = pytest.mark.run_once  # its brokers choose their gateway processes
+pytestmark = [pytest.mark.slow, pytest.mark.run_once]  # its brokers choose their gateway processes
 
 ENVIRONMENT = (ctlclient.URL_VARIABLE, ctlclient.USER_VARIABLE, ctlclient.PASSWORD_VARIABLE,
                ctlclient.CONFIG_VARIABLE)

@@ -28,6 +28,8 @@ from ..support.confirmpublisher import ConfirmPublisher
 from ..support.oldformats import as_format_1, as_format_2
 from .test_e2e_basic import names_on_every_shard, shard_processes
 
+pytestmark = pytest.mark.slow  # started first: the two workers then finish together
+
 MESSAGES = 60
 Q0, Q1 = names_on_every_shard(2, 1, "dmg")  # on shard 0 and on shard 1
 STORES = ["meta", "shard-0", "shard-1"]

@@ -23,6 +23,8 @@ from ..support.confirmpublisher import ConfirmPublisher
 from ..support.rawclient import RawClient
 from .test_e2e_basic import shard_pids, shard_processes
 
+pytestmark = pytest.mark.slow  # started first: the two workers then finish together
+
 MB = 1 << 20
 
 

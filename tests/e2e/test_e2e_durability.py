@@ -16,6 +16,8 @@ from ..support.broker import RunningBroker, wait_until
 from ..support.confirmpublisher import ConfirmPublisher
 from .test_e2e_basic import names_on_every_shard, shard_pids
 
+pytestmark = pytest.mark.slow  # started first: the two workers then finish together
+
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 

@@ -32,6 +32,8 @@ from ..support.broker import RunningBroker, wait_until
 from ..support.rawclient import RawClient
 from .test_e2e_basic import shard_processes
 
+pytestmark = pytest.mark.slow  # started first: the two workers then finish together
+
 BODY = 100
 
 

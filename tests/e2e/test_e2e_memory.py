@@ -14,6 +14,8 @@ from ..support.broker import wait_until
 from ..support.confirmpublisher import ConfirmPublisher
 from .test_e2e_basic import shard_pids
 
+pytestmark = pytest.mark.slow  # started first: the two workers then finish together
+
 
 def pss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/smaps_rollup") as f:
@@ -23,7 +25,6 @@ def pss_bytes(pid: int) -> int:
     return 0
 
 
-@pytest.mark.slow
 @pytest.mark.shard_side  # the messages are held by the shards
 def test_million_persistent_messages_fit_in_400_mb(fresh_broker):
     fresh_broker.start()

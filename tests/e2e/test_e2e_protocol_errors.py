@@ -23,6 +23,8 @@ from warren.gateway.amqp.fieldtable import MAX_DEPTH
 from ..support.broker import RunningBroker, wait_until
 from ..support.rawclient import RawClient
 
+pytestmark = pytest.mark.slow  # started first: the two workers then finish together
+
 
 def connect(broker) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))

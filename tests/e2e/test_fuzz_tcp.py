@@ -27,7 +27,7 @@ from ..support.amqpfuzz import Case, case_seeds, check_output, make_case
 from ..support.broker import RunningBroker
 from .test_e2e_basic import names_on_every_shard, shard_pids
 
-pytestmark = pytest.mark.run_once  # its brokers choose their gateway processes
+pytestmark = [pytest.mark.slow, pytest.mark.run_once]  # its brokers choose their gateway processes
 
 QUIET = 0.15  # a fuzz connection is done when the broker said nothing for this long
 CASE_DEADLINE = 3.0

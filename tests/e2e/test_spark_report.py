@@ -32,7 +32,7 @@ TABLES = ("queue_rates", "shard_rates", "shard_balance", "top_backlog", "top_red
 CHARTS = ("throughput.png", "shard_balance.png", "confirm_latency.png", "fsync_batches.png")
 
 
-pytestmark = [pytest.mark.run_once,  # its brokers choose their gateway processes
+pytestmark = [pytest.mark.slow, pytest.mark.run_once,  # its brokers choose their gateway processes
               pytest.mark.filterwarnings(
                   "ignore:PySpark does not yet fully support pandas:FutureWarning")]
 
