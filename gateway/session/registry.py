@@ -50,7 +50,8 @@ class Registry:
         """The connection an exclusive queue's owner id names (0: none)."""
         if not id:
             return None
-        if r.gateway_of(id) == self.index:
+        # (negative: a connection of another node of the cluster, cluster/sync.py)
+        if id > 0 and r.gateway_of(id) == self.index:
             return next((c for c in self.connections if c.id == id), None)
         owner = self.remote_owners.get(id)
         if owner is None:

@@ -1,6 +1,6 @@
 """The product's modules import each other without a circle, and the gateway's
 rooms only downwards: amqp < the value modules < broker < session < io <
-management < node < cli. Type-only imports count too: a circle through
+cluster < management < node < cli. Type-only imports count too: a circle through
 TYPE_CHECKING still ties the modules together for a reader."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "shards", "storage", "spark", "loadtest")
-FLOORS = {"amqp": 0, "broker": 2, "session": 3, "io": 4, "management": 5, "node": 6, "cli": 7}
+FLOORS = {"amqp": 0, "broker": 2, "session": 3, "io": 4, "cluster": 5, "management": 6, "node": 7,
+          "cli": 8}
 
 
 def modules() -> dict[str, Path]:
