@@ -66,6 +66,14 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     quarantine_damaged: bool = False
     rebuild_definitions: bool = False
     load_compaction: bool = True
+    cluster: list[str] = msgspec.field(default_factory=list)
+    node_name: str = ""
+    advertise: str = ""
+    cluster_port: int = -1
+    cluster_prefix: str = "/warren"
+    cluster_secret: str = ""
+    cluster_lease_ttl: int = 5
+    queue_leader_locator: str = "balanced"
 
     @property
     def tls_enabled(self) -> bool:
@@ -82,9 +90,17 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def ring_pairs(self) -> int:
         """Ring pairs per shard, one for each process that talks to it: the one
         gateway, or the gateways and the root, which serves no clients when there
-        are several (docs/architecture.md)."""
+        are several (docs/architecture.md); in a cluster one more, the inter-node
+        link's (cluster/relay.py)."""
         count = self.gateway_count()
-        return 1 if count == 1 else count + 1
+        return (1 if count == 1 else count + 1) + (1 if self.cluster else 0)
+
+    def link_port(self) -> int:
+        """The inter-node link's port: as given, else the AMQP port + 20000, as
+        RabbitMQ's distribution port (a free one when the AMQP port is)."""
+        if self.cluster_port >= 0:
+            return self.cluster_port
+        return self.port + 20000 if self.port else 0
 
     def memory_limit_bytes(self) -> int:
         """As RabbitMQ's vm_memory_high_watermark: 40% of the machine's memory."""
@@ -153,7 +169,24 @@ HELP = {
                            "definitions from the shard stores",
     "load_compaction": "while the broker uses under half a core, run all its processes "
                        "on one CPU, where waking each other costs less (as Erlang's +scl)",
+    "cluster": "etcd endpoints of the cluster to join or form (http://HOST:2379,...; "
+               "none: this node runs alone)",
+    "node_name": "this node's name in the cluster (default warren@HOSTNAME)",
+    "advertise": "HOST:PORT the other nodes reach this node's inter-node link at "
+                 "(default the bind address and cluster_port)",
+    "cluster_port": "port of the inter-node link (-1: the AMQP port + 20000, as "
+                    "RabbitMQ's distribution port)",
+    "cluster_prefix": "etcd key prefix that names the cluster",
+    "cluster_secret": "secret the nodes authenticate each other with (configuration "
+                      "file only; default one kept in etcd)",
+    "cluster_lease_ttl": "seconds after which a node that stopped answering etcd is "
+                         "seen as down",
+    "queue_leader_locator": "node a new queue goes to in a cluster: balanced (the node "
+                            "with the fewest queues) or client-local, as RabbitMQ's "
+                            "queue_leader_locator",
 }
+# Options never taken from the command line, which every local user can read.
+FILE_ONLY = ("cluster_secret",)
 # The command line's older short forms.
 ALIASES = {"data_dir": ["--data"]}
 
@@ -252,6 +285,17 @@ def check(config: Config) -> None:
         fail("log_file_rotation_count", "must be 0 or more files")
     if config.stats_interval <= 0:
         fail("stats_interval", "must be positive")
+    if not -1 <= config.cluster_port <= 65535:
+        fail("cluster_port", "must be a port number, 0-65535, or -1")
+    if config.cluster_lease_ttl < 2:
+        fail("cluster_lease_ttl", "must be 2 seconds or more")
+    if config.queue_leader_locator not in ("balanced", "client-local"):
+        fail("queue_leader_locator", "must be balanced or client-local")
+    if config.advertise and not _host_port(config.advertise):
+        fail("advertise", "must be HOST:PORT")
+    for endpoint in config.cluster:
+        if not endpoint.startswith(("http://", "https://")):
+            fail("cluster", "must be etcd endpoint URLs, http://HOST:PORT")
     if config.tls_certfile and not config.tls_keyfile:
         fail("tls_keyfile", "is required with tls_certfile")
     if config.tls_verify_peer and not config.tls_cafile:
@@ -262,11 +306,18 @@ def check(config: Config) -> None:
             fail(key, "no such file")
 
 
+def _host_port(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) <= 65535
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One command-line option per configuration key, defaulting to 'not given'."""
     parser.add_argument("--config", metavar="FILE",
                         help="configuration file (warren.toml); command-line options win")
     for name in Config.__struct_fields__:
+        if name in FILE_ONLY:
+            continue
         flag = Config.__annotations__[name] == "bool"  # `--flag` alone means true
         parser.add_argument(f"--{name.replace('_', '-')}", *ALIASES.get(name, []), dest=name,
                             default=None, metavar=name.upper(), help=HELP[name],
@@ -276,5 +327,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def from_arguments(args: argparse.Namespace) -> Config:
     file_values = load_file(args.config) if args.config else {}
     overrides = {name: getattr(args, name) for name in Config.__struct_fields__
-                 if getattr(args, name) is not None}
+                 if name not in FILE_ONLY and getattr(args, name) is not None}
     return build(file_values, overrides, args.config or "warren.toml")

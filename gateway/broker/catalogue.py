@@ -73,6 +73,10 @@ class Catalogue:
         self.policies: dict[str, dict[str, PolicyDef]] = {}  # vhost -> name -> policy
         self.queues_by_qid: dict[int, QueueMeta] = {}
         self._next_qid = 0
+        # In a cluster: this node's number in the high bits of the ids of the queues
+        # it creates, and where a new queue goes (cluster/node.py, place).
+        self.qid_base = 0
+        self.place: Callable[[QueueSpec], int] | None = None
 
     # -- loading -----------------------------------------------------------------
 
@@ -191,12 +195,14 @@ class Catalogue:
         `owner` is the connection of an exclusive one."""
         if spec.stored:
             assert isinstance(self.meta, MetaStore)  # gateway 0's, which alone creates
-            qid = self.meta.allocate_qid()
+            qid = self.qid_base + self.meta.allocate_qid()
         else:
             # Transient queues die with the broker: ids from a range of their own.
             self._next_qid += 1
-            qid = TRANSIENT_QIDS + self._next_qid
-        definition = QueueDef(spec, qid, placement(spec.vhost, spec.name, self.shard_count))
+            qid = TRANSIENT_QIDS + self.qid_base + self._next_qid
+        shard = self.place(spec) if self.place is not None else \
+            placement(spec.vhost, spec.name, self.shard_count)
+        definition = QueueDef(spec, qid, shard)
         if spec.stored:
             self.meta.put_queue(definition)
         meta = self.add_queue(definition, owner)

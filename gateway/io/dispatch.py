@@ -113,11 +113,14 @@ class Dispatcher:
         self.publish(targets, exchange.name, routing_key, properties, event.body,
                      props.delivery_mode == 2, -1, props.priority or 0)
 
-    def shard_lost(self, link: ShardLink) -> None:
+    def shard_lost(self, link: ShardLink, local: bool = True) -> None:
         """A shard died. Its transient queues died with it (durable ones come back
         from its store), its alarms are off, its consumers are cancelled and its
-        unconfirmed publishes nacked."""
-        self.catalogue.forget_transient(link.index)
+        unconfirmed publishes nacked. A shard of another node (not `local`) may
+        only be out of reach: its node's lease says whether it died
+        (cluster/node.py)."""
+        if local:
+            self.catalogue.forget_transient(link.index)
         self.alarms.clear_source(link.index)
         for channel in set(self.holders.values()):
             channel.shard_lost(link)

@@ -45,6 +45,7 @@ class Gateway:
         # (typed Any: their classes live above this floor, in node/)
         self.followers: Any = None  # gateway 0 with others: node/gateways.Gateways
         self.leader: Any = None  # any other gateway: its link to gateway 0 (node/worker.py)
+        self.cluster: Any = None  # gateway 0 of a node in a cluster: cluster/node.py
         self.data_dir = os.path.abspath(config.data_dir)
         # Counts the changes of the catalogue, users and permissions: a route a
         # channel remembers (publishing.Route) holds while it stays.
@@ -118,7 +119,8 @@ class Gateway:
         catalogue = self.catalogue
         assert isinstance(catalogue.meta, MetaStore)
         defs = catalogue.meta.load()
-        fresh = (not defs.vhosts and not defs.users) or rebuilt
+        # (a node of a cluster takes them from etcd, where the first node made them)
+        fresh = ((not defs.vhosts and not defs.users) or rebuilt) and not self.config.cluster
         catalogue.load_vhosts(defs)
         self.access.load(defs.users, defs.permissions)
         if fresh:  # a new (or rebuilt) data directory: RabbitMQ's default vhost and user
@@ -152,9 +154,13 @@ class Gateway:
         self.epoch += 1
         if self.followers is not None:
             self.followers.add(change)
+        if self.cluster is not None and not self.cluster.applying:
+            self.cluster.record(change)
 
     def _to_shard(self, shard: int, record) -> None:
-        self.shards[shard].send(record)
+        # A change replayed from etcd was told to its shards by the node that made it.
+        if self.cluster is None or not self.cluster.applying:
+            self.shards[shard].send(record)
 
     def _vhost_deleted(self, vhost) -> None:
         self.registry.close_vhost(vhost)
@@ -320,7 +326,7 @@ class Gateway:
             self.flush_output()
 
     def _shard_lost(self, link: ShardLink) -> None:
-        self.dispatcher.shard_lost(link)
+        self.dispatcher.shard_lost(link, link.index < self.shards.count)
         if self.followers is not None:
             self.followers.shard_down(link.index)
 

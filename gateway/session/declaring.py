@@ -16,6 +16,7 @@ from ..broker.peermessages import AskReplyConsumer, Forward
 from ..errors import AMQPError, exchange_name, refusal_error
 from ..values import QueueMeta, server_generated_name
 from . import replyto
+from .ports import CONFLICT
 from .state import ChannelState
 
 if TYPE_CHECKING:
@@ -63,9 +64,29 @@ class Declaring:
         # its own ring: this channel's publishes on ours must reach the shard first.
         self.request(self.state.link(meta), lambda req: r.QueueStatus(req, meta.qid), forward)
 
-    def _reply_seen(self, method, nowait: bool = False) -> None:
+    def _writable(self) -> None:
+        """In a cluster, a change of the catalogue needs etcd."""
+        cluster = self.broker.cluster
+        if cluster is not None and (refusal := cluster.refusal()) is not None:
+            raise refusal
+
+    def _reply_seen(self, method, nowait: bool = False,
+                    again: Callable[[], None] | None = None) -> None:
         """Answer a change of the catalogue once every gateway process has it, so a
-        client told -ok finds the change on whichever gateway it uses next."""
+        client told -ok finds the change on whichever gateway it uses next. In a
+        cluster, once it is in etcd first; if another node's change to the same
+        object won, the command runs `again` on the catalogue as etcd has it (a
+        queue declared at once with other arguments: 406), or is answered as it
+        is (the same binding made twice)."""
+        cluster = self.broker.cluster
+        if cluster is not None and not cluster.caught_up():
+            def committed(outcome) -> None:
+                if outcome is None or (outcome == CONFLICT and again is None):
+                    return self._reply_seen(method, nowait)
+                if outcome == CONFLICT:
+                    return again()
+                raise outcome
+            return self.request(cluster, lambda req: None, committed)
         followers = self.broker.followers
         if followers is None or followers.caught_up():
             return self.state.reply(method, nowait)
@@ -84,10 +105,12 @@ class Declaring:
                 raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, name)}")
             return self.state.reply(m.ExchangeDeclareOk(), method.nowait)
         self.state.allow("configure", "exchange", name)
+        self._writable()
         self.broker.declare_exchange(Exchange(
             vhost.name, name, method.type, method.durable, method.auto_delete, method.internal,
             method.arguments), self.state.allow)
-        self._reply_seen(m.ExchangeDeclareOk(), method.nowait)
+        self._reply_seen(m.ExchangeDeclareOk(), method.nowait,
+                         lambda: self.exchange_declare(method))
 
     def exchange_delete(self, method: m.ExchangeDelete) -> None:
         name = method.exchange
@@ -98,6 +121,7 @@ class Declaring:
         self.state.allow("configure", "exchange", name)
         exchange = self.state.vhost.exchanges.get(name)
         if exchange is not None:
+            self._writable()
             if method.if_unused and exchange.bindings:
                 raise AMQPError(spec.PRECONDITION_FAILED,
                                 f"{exchange_name(self.state.vhost.name, name)} in use")
@@ -134,6 +158,7 @@ class Declaring:
                                                   destination)
         if destination[0] == QUEUE:
             self.state.check_exclusive(target)
+        self._writable()
         self.broker.bind(source, destination, routing_key, arguments)
 
     def _unbind(self, source_name: str, destination: tuple, routing_key: str,
@@ -150,6 +175,7 @@ class Declaring:
             return
         if isinstance(target, QueueMeta):
             self.state.check_exclusive(target)
+        self._writable()
         self.broker.unbind(source, destination, routing_key, arguments)
 
     # -- queues ----------------------------------------------------------------
@@ -175,13 +201,15 @@ class Declaring:
         existing = vhost.queues.get(name)
         if existing is not None:
             self.state.check_exclusive(existing, redeclared_exclusive=method.exclusive)
+        else:
+            self._writable()
         meta, created = self.broker.declare_queue(
             queue, self.conn if method.exclusive else None, server_named, self.state.allow)
         if not created:
             return self._queue_declare_existing(method, meta)
         self.state.last_queue = name
         self._reply_seen(m.QueueDeclareOk(queue=name, message_count=0, consumer_count=0),
-                         method.nowait)
+                         method.nowait, lambda: self.queue_declare(method))
 
     def _declare_reply_address(self, method: m.QueueDeclare) -> None:
         """A passive declare of a direct reply-to address: as in RabbitMQ, it exists
@@ -255,6 +283,7 @@ class Declaring:
             return self.state.reply(m.QueueDeleteOk(message_count=0), method.nowait)
         self.state.check_exclusive(meta)
         self.state.allow("configure", "queue", meta.spec.name)
+        self._writable()
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:

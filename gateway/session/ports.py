@@ -56,6 +56,21 @@ class Followers(Peer, Protocol):
     def at(self, index: int) -> Peer: ...
 
 
+CONFLICT = "conflict"  # a ClusterCatalogue request's answer: another node's change won
+
+
+class ClusterCatalogue(Peer, Protocol):
+    """In a cluster, where the catalogue is kept (etcd, through cluster/node.py): a
+    request waits until this node's changes so far are there, and its answer is
+    None, CONFLICT (another node's change won: run the command again) or the
+    AMQPError to answer with."""
+
+    def caught_up(self) -> bool: ...
+
+    def refusal(self) -> AMQPError | None:
+        """Why the catalogue cannot change now, else None."""
+
+
 class Broker(Protocol):
     """The broker as the session sees it."""
 
@@ -67,6 +82,7 @@ class Broker(Protocol):
     access: AccessControl
     leader: Peer | None  # another gateway's link to gateway 0 (Forward)
     followers: Followers | None  # gateway 0 with others
+    cluster: ClusterCatalogue | None  # gateway 0 of a node in a cluster
 
     # ids and holders: a channel or consumer the shards' events come back to
     def new_id(self) -> int: ...
