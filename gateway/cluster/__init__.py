@@ -1,0 +1,1 @@
+"""Several nodes as one broker: etcd, membership, the catalogue in etcd, the inter-node link."""
