@@ -291,7 +291,7 @@ class RemoteLink:
 
 
 class PeerConnection:
-    """This gateway process's connection to node `address` and its shards' links:
+    """This gateway process's connection to the node at host:port and its shards' links:
     opened, authenticated, and opened again with back-off whenever it drops,
     until stop(). `indices[s]` is the hub's index for the node's shard s."""
 

@@ -258,3 +258,24 @@ def test_the_link_runs_over_tls(shard, certificate):
             assert a.of(r.Deliver)[0].body == b"x" * 100_000  # a body beside its batch
 
     asyncio.run(scenario())
+
+
+def test_publishers_wait_while_the_connection_takes_no_more(shard):
+    async def scenario():
+        async with relayed(shard) as (relay, connect):
+            a = connect(1)
+            await until(lambda: a.link.alive)
+            await a.ask(create_queue)
+            relay.senders[(NODE, 1)]._transport.pause_reading()  # node B stops reading
+            publisher = Connection()
+            body = b"b" * (1 << 20)
+            for _ in range(64):  # 64 MiB: more than the sockets hold, 64 of 150 credit
+                a.link.send(r.Publish([QID], "", "remote", b"\x00\x00", body, False), publisher)
+                a.link.flush()
+            await until(lambda: publisher.told == ["hold"])
+            relay.senders[(NODE, 1)]._transport.resume_reading()
+            await until(lambda: publisher.told == ["hold", "release"])
+            status = await a.ask(lambda req: r.QueueStatus(req, QID))
+            assert status.message_count == 64
+
+    asyncio.run(scenario())

@@ -241,3 +241,18 @@ def test_a_refuses_a_frame_in_place_of_the_welcome():
     dialer.login(frame_of(wire.Acceptor(SECRET).hello()))
     with pytest.raises(wire.WireError, match="welcome"):
         dialer.welcome(wire.Frame(wire.EVENTS, 0, b""))
+
+
+@given(st.lists(st.integers(0, 3000), max_size=12))
+def test_any_batch_comes_back_whole_in_frames_within_the_limit(sizes):
+    limit = 2000
+    records = [publish(size, n) for n, size in enumerate(sizes)] or [r.Sync(1)]
+    original, wire.FRAME_CONTENT = wire.FRAME_CONTENT, limit
+    try:
+        batches = decoded(wire.batch_frames(wire.COMMANDS, 5, records))
+    finally:
+        wire.FRAME_CONTENT = original
+    assert [record for batch in batches for record in batch] == records
+    for batch in batches:
+        content = sum(len(p.body) + len(p.properties) for p in batch if type(p) is r.Publish)
+        assert content <= limit or len(batch) == 1
