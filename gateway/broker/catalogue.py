@@ -203,7 +203,7 @@ class Catalogue:
         shard = self.place(spec) if self.place is not None else \
             placement(spec.vhost, spec.name, self.shard_count)
         definition = QueueDef(spec, qid, shard)
-        if spec.stored:
+        if spec.stored and shard < self.shard_count:  # (a cluster: another node's stores it)
             self.meta.put_queue(definition)
         meta = self.add_queue(definition, owner)
         self.to_shard(meta.shard, r.CreateQueue(0, qid, spec, meta.effective))

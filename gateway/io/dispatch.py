@@ -73,7 +73,9 @@ class Dispatcher:
                 elif kind is r.Alarm:
                     self.alarms.set((link.index, event.resource), event.active)
                 elif kind is r.QueueDeleted:
-                    self.catalogue.queue_deleted_by_shard(link.index, event.qid)
+                    # (a shard of another node: its own node forgets the queue)
+                    if link.index < self.catalogue.shard_count:
+                        self.catalogue.queue_deleted_by_shard(link.index, event.qid)
                 elif kind is r.DeadLettered:
                     self.dead_letter(event)
                 elif kind is r.ConsumerTimedOut:

@@ -136,6 +136,8 @@ class Gateway:
         gateways are handed its new rings."""
         if self.followers is not None:
             self.followers.shard_started(link)
+        if self.cluster is not None:
+            self.cluster.shard_started(link)
         for meta in self.catalogue.queues_by_qid.values():
             if meta.shard == link.index and meta.spec.stored:
                 link.send(r.CreateQueue(0, meta.qid, meta.spec, meta.effective))
@@ -326,7 +328,10 @@ class Gateway:
             self.flush_output()
 
     def _shard_lost(self, link: ShardLink) -> None:
-        self.dispatcher.shard_lost(link, link.index < self.shards.count)
+        local = link.index < self.shards.count
+        self.dispatcher.shard_lost(link, local)
+        if local and self.cluster is not None:
+            self.cluster.shard_lost(link)
         if self.followers is not None:
             self.followers.shard_down(link.index)
 

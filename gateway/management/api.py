@@ -25,6 +25,7 @@ from . import (
     overview,
     parameters,
     routes,
+    shapes,
     static,
     topology,
     users,
@@ -32,7 +33,6 @@ from . import (
 from .http import HTTPError, Request, Response, bad_request, not_authorised, not_found
 from .rights import is_admin, is_monitor, require_monitor
 from .sampling import Sampler
-from .shapes import NODE
 
 # routes.py's handler names: what serves each
 HANDLERS = {
@@ -115,8 +115,13 @@ class Management:
             raise bad_request(refusal_error(reply.refused, meta.spec.vhost, meta.spec.name).text)
         return reply
 
+    def node_of(self, meta) -> str:
+        """The node a queue lives on."""
+        cluster = self.gateway.cluster
+        return cluster.node_of(meta) if cluster is not None else shapes.NODE
+
     def cluster_name(self) -> str:
-        return self.gateway.catalogue.meta.cluster_name() or NODE
+        return self.gateway.catalogue.meta.cluster_name() or shapes.NODE
 
     def pids(self) -> list[int]:
         """The broker's processes: the gateway and its running shards."""

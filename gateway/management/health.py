@@ -9,8 +9,8 @@ import ssl
 import time
 
 from ..broker.exchange import QUEUE
+from . import shapes
 from .http import Request, Response, bad_request
-from .shapes import NODE
 
 log = logging.getLogger("warren.management")
 
@@ -51,7 +51,7 @@ async def aliveness_test(management, request: Request, rest: list[str]) -> Respo
 
 
 def _alarms(gateway) -> Response:
-    alarms = [{"node": NODE, "resource": resource}
+    alarms = [{"node": shapes.NODE, "resource": resource}
               for resource in sorted({resource for _, resource in gateway.alarms.active})]
     shards = failing_shards(gateway)
     if not alarms and not shards:

@@ -17,7 +17,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from .shapes import COMPATIBLE_RABBITMQ, NODE
+from . import shapes
+from .shapes import COMPATIBLE_RABBITMQ
 
 __all__ = ["CONTENT_TYPE_LATEST", "render", "rss"]
 
@@ -189,7 +190,7 @@ class BrokerCollector(Collector):
         identity = GaugeMetricFamily(
             "rabbitmq_identity_info", "RabbitMQ node & cluster identity info",
             labels=["rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id"])
-        identity.add_metric([NODE, self.management.cluster_name(),
+        identity.add_metric([shapes.NODE, self.management.cluster_name(),
                              self.management.permanent_id()], 1)
         yield identity
 

@@ -13,7 +13,7 @@ from .health import failing_shards
 from .http import Request, Response, bad_request, not_found
 from .listing import listed
 from .rights import is_monitor, require_admin, require_monitor
-from .shapes import COMPATIBLE_RABBITMQ, NODE
+from .shapes import COMPATIBLE_RABBITMQ
 
 # the overview's message_stats for monitors, from the broker's totals
 GLOBAL_STATS = (("publish", "received"), ("confirm", "confirmed"), ("deliver_get", "delivered"),
@@ -60,9 +60,9 @@ async def overview(management, request: Request, rest: list[str]) -> Response:
     }
     if monitor:
         listeners = management.listeners
-        answer["node"] = NODE
+        answer["node"] = shapes.NODE
         answer["listeners"] = listeners
-        answer["contexts"] = [{"node": NODE, "description": "Warren management",
+        answer["contexts"] = [{"node": shapes.NODE, "description": "Warren management",
                                "path": "/", "port": str(listener["port"])}
                               for listener in listeners
                               if listener["protocol"] in ("http", "https")]
@@ -106,19 +106,33 @@ async def whoami(management, request: Request, rest: list[str]) -> Response:
 
 async def nodes(management, request: Request, rest: list[str]) -> Response:
     require_monitor(request)
-    node = _node(management)
+    found = [_node(management), *_other_nodes(management)]
     if rest:
-        if rest[0] != NODE:
+        node = next((n for n in found if n["name"] == rest[0]), None)
+        if node is None:
             raise not_found()
         return Response.json(node)
-    return listed(request, [node])
+    return listed(request, found)
+
+
+def _other_nodes(management) -> list[dict]:
+    """The cluster's other nodes, running or not, as this node knows them."""
+    cluster = management.gateway.cluster
+    if cluster is None:
+        return []
+    members = cluster.members
+    return [{"name": name, "type": "disc", "running": name in members.running,
+             "being_drained": False, "partitions": [],
+             "shards": info.shards, "uptime": int((time.time() - info.started) * 1000)
+             if name in members.running else 0}
+            for name, info in sorted(members.known.items()) if name != members.me]
 
 
 def _node(management) -> dict:
     gateway = management.gateway
     pids = management.pids()
     return {
-        "name": NODE, "type": "disc", "running": True,
+        "name": shapes.NODE, "type": "disc", "running": True,
         "mem_used": sum(metrics.rss(pid) for pid in pids),
         "mem_limit": gateway.config.memory_limit_bytes(),
         "mem_alarm": gateway.alarms.on("memory"),

@@ -14,7 +14,6 @@ from ..errors import AMQPError
 from . import messages, shapes
 from .http import HTTPError, Request, Response, arguments, check_name, flag, not_found
 from .listing import listed
-from .shapes import NODE
 
 # How RabbitMQ's management API answers a declaration refused for an AMQP reason
 # (gateway.declare): the AMQP text, without its reply name, is the reason.
@@ -94,7 +93,8 @@ def _queue(management, meta, figure: dict | None) -> dict:
     return {
         "name": meta.spec.name, "vhost": meta.spec.vhost, "durable": meta.spec.durable,
         "auto_delete": meta.spec.auto_delete, "exclusive": meta.spec.exclusive,
-        "arguments": meta.spec.arguments, "type": meta.spec.queue_type, "node": NODE,
+        "arguments": meta.spec.arguments, "type": meta.spec.queue_type,
+        "node": management.node_of(meta),
         "state": ("running" if figure else
                   "crashed" if meta.shard in management.gateway.shards.failing else "down"),
         "shard": meta.shard,

@@ -82,6 +82,7 @@ async def serve(settings: Config) -> None:
             # Imported here: a gateway process, which uses this module's listener
             # helpers, serves no management API and starts 0.2 s sooner without it.
             from ..management import listener, shapes
+            shapes.NODE = settings.node_name or shapes.NODE
             listeners = [{"node": shapes.NODE, "protocol": protocol, "ip_address": address,
                           "port": number} for protocol, address, number in (
                 ("amqp", host, port),
@@ -101,6 +102,9 @@ async def serve(settings: Config) -> None:
             raise StartupError(f"cannot open the stores in {data.path} ({where}"
                                f"{_reason(error)}): repair it or pick another data "
                                f"directory with --data") from None
+        if settings.cluster:
+            await join_cluster(gateway, settings, f"{host}:{port}", tls,
+                               _address(http) if settings.management_port else "")
         if many:
             gateway.followers = Followers(gateway, settings.gateway_count())
             for sock, is_tls in zip(held, (False, True)):
@@ -146,9 +150,33 @@ async def serve(settings: Config) -> None:
     if gateway.followers is not None:
         await gateway.followers.stop()  # they close their clients' connections
     await close_connections(gateway, servers)
+    if gateway.cluster is not None:
+        await gateway.cluster.stop()
     await gateway.stop()
     data.release()
     print("Warren stopped", flush=True)
+
+
+async def join_cluster(gateway: Gateway, settings: Config, amqp: str,
+                       tls: ssl.SSLContext | None, management: str) -> None:
+    """Make this node one of the cluster's (cluster/node.py); the link between
+    the nodes uses TLS where the AMQP listener does."""
+    from ..cluster.node import ClusterError, ClusterNode
+    cluster = ClusterNode(gateway, settings)
+    gateway.cluster = cluster
+    gateway.catalogue.place = cluster.place
+    client_tls = None
+    if tls is not None:
+        client_tls = ssl.create_default_context(cafile=settings.tls_cafile or None)
+        client_tls.check_hostname = False
+        if not settings.tls_cafile:
+            client_tls.verify_mode = ssl.CERT_NONE  # the shared secret authenticates
+        client_tls.load_cert_chain(settings.tls_certfile, settings.tls_keyfile)
+    try:
+        await cluster.start(amqp, management, tls, client_tls)
+    except ClusterError as error:
+        await gateway.stop()
+        raise StartupError(str(error)) from None
 
 
 def raise_descriptor_limit() -> None:

@@ -1,0 +1,492 @@
+"""This node in the cluster: the I/O shell around the catalogue's sync
+(sync.py) and the members' view (members.py), in the root process.
+
+It registers the node under a lease, keeps the catalogue and the list of
+running nodes in step with etcd through two watches, and turns the
+catalogue's changes made here into one transaction per loop turn. A client's
+declaration is answered once its transaction is in etcd (session/declaring.py
+asks `request`), so whichever node the client asks next has it or, watching
+etcd, is about to: a node applies what it watches in revision order, and a
+command that reads the catalogue reads it as of the last revision applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+import ssl
+import time
+from typing import Callable
+
+import msgspec
+
+from warren.shards import records as r
+from warren.storage.metastore import MetaStore
+
+from ..amqp import spec
+from ..broker import changes as c
+from ..errors import AMQPError
+from ..values import QueueMeta, placement
+from . import layout as lay
+from .etcd import Compare, Etcd, EtcdError, EtcdUnavailable, KeyValue, Lease, Op
+from .members import Members
+from .peers import Peers
+from .relay import Relay
+from .sync import CatalogueSync
+from .wire import Identity
+
+log = logging.getLogger("warren")
+
+START_WAIT = 60.0  # seconds a starting node waits for etcd before giving up
+CONFLICT = "conflict"  # a transaction lost to another node's change: run the command again
+
+
+class ClusterError(Exception):
+    """Why this node cannot join its cluster, in one line."""
+
+
+class ClusterNode:
+    def __init__(self, gateway, config):
+        self.gateway = gateway
+        self.config = config
+        self.name = config.node_name or f"warren@{socket.gethostname()}"
+        self.layout = lay.Layout(config.cluster_prefix)
+        self.members = Members(self.name, gateway.shards.count)
+        self.sync = CatalogueSync(self.layout, self.name, self.members.locate,
+                                  self.members.shard_of)
+        self.etcd = Etcd(config.cluster)
+        self.number = 0
+        self.secret = b""
+        self.applying = False  # replaying etcd's changes: not recorded back
+        self.available = False  # etcd answers (watch up, lease held)
+        self._loop = asyncio.get_running_loop()
+        self._commit_soon = False
+        self._committing = False
+        self._recovering = False
+        self._waiters: list[Callable] = []  # answer once the next transaction is in
+        self._lease: Lease | None = None
+        self._watches: list = []
+        self._tasks: set[asyncio.Task] = set()
+        self.on_node_up: Callable[[lay.NodeInfo], None] = lambda info: None
+        self.on_node_down: Callable[[str], None] = lambda name: None
+
+    # -- start and stop ------------------------------------------------------------
+
+    async def start(self, amqp_address: str, management: str,
+                    server_tls: ssl.SSLContext | None = None,
+                    client_tls: ssl.SSLContext | None = None) -> None:
+        """Join: wait for etcd, take a number, open the inter-node link, register,
+        load the catalogue."""
+        deadline = self._loop.time() + START_WAIT
+        while True:
+            try:
+                self.number = await self._take_number()
+                break
+            except (EtcdUnavailable, EtcdError) as error:
+                if self._loop.time() > deadline:
+                    raise ClusterError(f"cannot reach etcd at {','.join(self.config.cluster)} "
+                                       f"({error}): start etcd or fix --cluster") from None
+                log.warning("waiting for etcd at %s (%s)", ",".join(self.config.cluster), error)
+                await asyncio.sleep(1.0)
+        self.secret = self.config.cluster_secret.encode() or await self._shared_secret()
+        g = self.gateway
+        g.catalogue.qid_base = self.number << 52
+        slot = self.config.ring_pairs() - 1
+        self.relay = Relay(self.secret, slot, [link.rings_for(slot) if link.alive else None
+                                               for link in g.shards.links], ssl=server_tls)
+        try:
+            await self.relay.start(self.config.bind, self.config.link_port())
+        except OSError as error:
+            raise ClusterError(f"cannot listen on {self.config.bind}:"
+                               f"{self.config.link_port()} for the other nodes "
+                               f"({error.strerror}): pick another port with "
+                               f"--cluster-port") from None
+        link_address = self.config.advertise or f"{self.config.bind}:{self.relay.port}"
+        self.peers = Peers(self.members, g.shards.links, Identity(self.name, self.number, g.index),
+                           self.secret, g._on_events, g._shard_lost, lambda link: None,
+                           ssl=client_tls)
+        nodes, revision = await self.etcd.range(self.layout.nodes)
+        for kv in nodes:
+            self.members.joined(_node_info(kv.value))
+        self.info = lay.NodeInfo(self.name, self.number, link_address, amqp_address,
+                                 management, self.members.local_shards, time.time())
+        await self._register()
+        await self._reload()
+        self._adopt_links()
+        await self._forget_own_transient()
+        if not any(self.layout.kind_of(k) == "vhost" for k in self.sync.values):
+            self._defaults()
+            await self._flush()
+        self._watches.append(self.etcd.watch(self.layout.nodes, revision + 1,
+                                             self._nodes_changed, self._watch_failed,
+                                             self._nodes_compacted))
+        self._watches.append(self.etcd.watch(
+            self.layout.catalogue, self.sync.revision + 1, self._catalogue_changed,
+            self._watch_failed, self._compacted))
+        self.available = True
+        log.info("node %s (number %d) joined the cluster at %s: %d nodes running", self.name,
+                 self.number, ",".join(self.config.cluster), len(self.members.running))
+
+    async def stop(self) -> None:
+        for watch in self._watches:
+            await watch.cancel()
+        if self._committing or self.sync.pending():
+            await self._wait_committed(5.0)
+        if self._lease is not None:
+            await self._lease.stop()  # revoked: the others see this node leave at once
+        await self.peers.stop()
+        await self.relay.stop()
+        await self.etcd.close()
+
+    # -- this node's shards, for the relay -----------------------------------------
+
+    def shard_started(self, link) -> None:
+        slot = self.config.ring_pairs() - 1
+        self.relay.shard_restarted(link.index, link.rings_for(slot))
+
+    def shard_lost(self, link) -> None:
+        self.relay.shard_lost(link.index)
+
+    async def _take_number(self) -> int:
+        """This node's number (1..63), kept in etcd for ever: ids of its clients'
+        channels carry it over the inter-node link."""
+        key = self.layout.number(self.name)
+        while True:
+            kv = await self.etcd.get(key)
+            if kv is not None:
+                return int(kv.value)
+            counter = await self.etcd.get(self.layout.next_number)
+            number = int(counter.value) if counter is not None else 1
+            if number >= 64:
+                raise ClusterError("a cluster has at most 63 nodes")
+            result = await self.etcd.txn(
+                [Compare.create_revision(key, "=", 0),
+                 Compare.mod_revision(self.layout.next_number, "=",
+                                      counter.mod_revision if counter else 0)],
+                [Op.put(key, str(number).encode()),
+                 Op.put(self.layout.next_number, str(number + 1).encode())])
+            if result.succeeded:
+                return number
+
+    async def _shared_secret(self) -> bytes:
+        """The inter-node link's secret, made by the first node (never logged)."""
+        made = secrets.token_hex(32).encode()
+        await self.etcd.txn([Compare.create_revision(self.layout.secret, "=", 0)],
+                            [Op.put(self.layout.secret, made)])
+        kv = await self.etcd.get(self.layout.secret)
+        return kv.value
+
+    async def _register(self) -> None:
+        self._lease = await Lease.grant(self.etcd, self.config.cluster_lease_ttl,
+                                        self._lease_lost)
+        await self.etcd.put(self.layout.node(self.name), _encode_info(self.info),
+                            lease=self._lease.id)
+        self.members.joined(self.info)
+
+    def _lease_lost(self) -> None:
+        """etcd has (or may have) dropped this node: register again when it answers."""
+        log.error("lost this node's registration in etcd; registering again")
+        self._lease = None
+        self._unavailable()
+        self._spawn(self._register_again())
+
+    async def _register_again(self) -> None:
+        while True:
+            try:
+                await self._register()
+                return
+            except (EtcdUnavailable, EtcdError):
+                await asyncio.sleep(1.0)
+
+    # -- the catalogue -------------------------------------------------------------
+
+    def record(self, change) -> None:
+        """A change made here (Gateway._changed), for this turn's transaction."""
+        self.sync.record(change)
+        if not self._commit_soon:
+            self._commit_soon = True
+            self._loop.call_soon(self._start_commit)
+
+    def refusal(self) -> AMQPError | None:
+        """Why the catalogue cannot change now (etcd unreachable), else None."""
+        if self.available:
+            return None
+        return AMQPError(spec.INTERNAL_ERROR, "timeout_waiting_for_leader: the cluster's "
+                         "metadata store (etcd) is unreachable; retry once it is back")
+
+    def caught_up(self) -> bool:
+        return not self._committing and not self.sync.pending() and not self._commit_soon
+
+    def request(self, make, callback: Callable) -> None:
+        """Call `callback(outcome)` once the changes made so far are in etcd: None,
+        CONFLICT (another node's change won: the catalogue is etcd's again), or the
+        AMQPError to answer with."""
+        self._waiters.append(callback)
+        if not self._commit_soon and not self._committing:
+            self._commit_soon = True
+            self._loop.call_soon(self._start_commit)
+
+    def _start_commit(self) -> None:
+        self._commit_soon = False
+        if self._committing:
+            return  # the next one starts when this one ends
+        txn = self.sync.take_txn()
+        waiters, self._waiters = self._waiters, []
+        if not txn.compares:
+            for callback in waiters:
+                callback(None)
+            return
+        self._committing = True
+        self._spawn(self._commit(txn, waiters))
+
+    async def _commit(self, txn, waiters: list) -> None:
+        outcome: object = None
+        try:
+            result = await self.etcd.txn(
+                [Compare.mod_revision(key, "=", revision) for key, revision in txn.compares],
+                [Op.put(key, lay.encode(record)) for key, record in txn.puts.items()]
+                + [Op.delete(key) for key in txn.deletes])
+            if result.succeeded:
+                self.sync.committed(txn, result.revision)
+            else:
+                outcome = CONFLICT
+                self._undo_created(txn)
+                await self._reload()
+        except (EtcdUnavailable, EtcdError) as error:
+            log.error("cannot write the catalogue to etcd (%s)", error)
+            self._unavailable()
+            outcome = self.refusal()
+            self._undo_created(txn)
+        finally:
+            self._committing = False
+        for callback in waiters:
+            try:
+                callback(outcome)
+            except Exception:  # a channel's own error closes that channel, there
+                log.exception("a declaration's answer failed")
+        if self.sync.pending() or self._waiters:
+            self._start_commit()
+
+    def _undo_created(self, txn) -> None:
+        """Queues this turn created that etcd did not take: out of their shards."""
+        catalogue = self.gateway.catalogue
+        for key, record in txn.puts.items():
+            if type(record) is lay.QueueRecord and key not in self.sync.values:
+                meta = catalogue.queues_by_qid.get(record.definition.qid)
+                if meta is not None:
+                    self.gateway.shards[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
+
+    async def _wait_committed(self, timeout: float) -> None:
+        deadline = self._loop.time() + timeout
+        while not self.caught_up() and self._loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def _reload(self) -> None:
+        """Make the catalogue etcd's: what differs is replayed (puts, then removals)."""
+        kvs, revision = await self.etcd.range(self.layout.catalogue)
+        g = self.gateway
+        local = self.sync.local_records(c.snapshot(g.catalogue, g.access))
+        todo = self.sync.reload([(kv.key, kv.value, kv.mod_revision) for kv in kvs], revision,
+                                lay.decode, local)
+        self._replay(todo)
+
+    def _unavailable(self) -> None:
+        """etcd does not answer: serve what this node has, refuse changes to the
+        catalogue, and catch up once it answers again."""
+        self.available = False
+        if not self._recovering:
+            self._recovering = True
+            self._spawn(self._reload_when_back())
+
+    async def _reload_when_back(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(1.0)
+                try:
+                    await self._reload()
+                except (EtcdUnavailable, EtcdError):
+                    continue
+                if self._lease is not None:
+                    self.available = True
+                    log.warning("etcd is back: the catalogue is in step again")
+                    return
+        finally:
+            self._recovering = False
+
+    async def _compacted(self, revision: int) -> int:
+        await self._reload()
+        return self.sync.revision
+
+    async def _nodes_compacted(self, revision: int) -> int:
+        """The watch on the nodes missed what etcd compacted: read them again."""
+        nodes, now = await self.etcd.range(self.layout.nodes)
+        running = {info.name: info for info in map(_node_info, (kv.value for kv in nodes))}
+        for name in [n for n in self.members.running if n not in running]:
+            self._nodes_changed([_Gone(self.layout.node(name))], now)
+        for info in running.values():
+            if self.members.joined(info) and info.name != self.name:
+                self._adopt_links()
+                self.on_node_up(info)
+        return now
+
+    def _catalogue_changed(self, events, revision: int) -> None:
+        todo = []
+        for event in events:
+            kv = event.kv
+            change = self.sync.observe(kv.key, None if event.type == "DELETE" else kv.value,
+                                       kv.mod_revision, lay.decode)
+            if change is not None:
+                todo.append(change)
+        self.sync.revision = max(self.sync.revision, revision)
+        self._replay(todo)
+
+    def _replay(self, todo: list) -> None:
+        self.applying = True
+        try:
+            for change in todo:
+                try:
+                    self._apply(change)
+                except Exception:
+                    log.exception("could not apply a catalogue change from etcd: %r", change)
+        finally:
+            self.applying = False
+
+    def _apply(self, change) -> None:
+        g = self.gateway
+        catalogue = g.catalogue
+        kind = type(change)
+        if kind is c.QueuePut:
+            d = change.definition
+            vhost = catalogue.vhosts.get(d.spec.vhost)
+            if vhost is None:
+                return
+            existing = vhost.queues.get(d.spec.name)
+            if existing is not None:
+                if existing.qid == d.qid and existing.shard == d.shard:
+                    return
+                catalogue.forget_queue(existing)
+            c.apply(catalogue, g.access, g.registry.owner_of, change)
+            # This node's store keeps its own queues; etcd the others'.
+            if d.spec.stored and d.shard < self.members.local_shards:
+                catalogue.meta.put_queue(d)
+            self._adopt_links()
+            return
+        c.apply(catalogue, g.access, g.registry.owner_of, change)
+        if kind is c.BindingPut and isinstance(catalogue.meta, MetaStore):
+            vhost = catalogue.vhosts.get(change.definition.vhost)
+            exchange = vhost.exchanges.get(change.definition.source) if vhost else None
+            if exchange is not None and catalogue._durable_binding(
+                    vhost, exchange, (change.definition.destination_type,
+                                      change.definition.destination)):
+                catalogue.meta.put_binding(change.definition)
+
+    def _defaults(self) -> None:
+        """A new cluster: RabbitMQ's default vhost and user, made by the first node."""
+        g = self.gateway
+        g.catalogue.add_vhost(self.config.default_vhost)
+        g.access.ensure_default(self.config.default_user, self.config.default_pass,
+                                self.config.default_vhost)
+
+    async def _forget_own_transient(self) -> None:
+        """Queues that died with this node's last run: transient ones homed here."""
+        catalogue = self.gateway.catalogue
+        for meta in [m for m in catalogue.queues_by_qid.values()
+                     if not m.spec.stored and m.shard < self.members.local_shards]:
+            catalogue.forget_queue(meta)
+        if self.sync.pending():
+            await self._flush()
+
+    async def _flush(self) -> None:
+        done = self._loop.create_future()
+        self.request(None, lambda outcome: done.done() or done.set_result(outcome))
+        await done
+
+    # -- members -----------------------------------------------------------------
+
+    def _nodes_changed(self, events, revision: int) -> None:
+        for event in events:
+            name = lay.unq(event.kv.key[len(self.layout.nodes):])
+            if event.type == "DELETE":
+                if name == self.name:
+                    continue  # our lease lapsed: _lease_lost registers again
+                if self.members.left(name):
+                    log.warning("node %s is down", name)
+                    self._node_down(name)
+                    self.on_node_down(name)
+            else:
+                info = _node_info(event.kv.value)
+                if self.members.joined(info) and info.name != self.name:
+                    log.info("node %s is up", info.name)
+                    self._adopt_links()
+                    self.on_node_up(info)
+
+    def _node_down(self, name: str) -> None:
+        """What dies with a node: the exclusive queues its connections owned (each
+        home node deletes its own), and its transient queues (the first running
+        node removes them from the catalogue)."""
+        catalogue = self.gateway.catalogue
+        owners = self.sync.owners_of_node(name)
+        for meta in list(catalogue.queues_by_qid.values()):
+            owner = meta.owner
+            if owner is not None and owner.id in owners \
+                    and meta.shard < self.members.local_shards:
+                catalogue.delete_queue(meta)
+        first = min(self.members.running, key=lambda n: self.members.running[n].number)
+        if first == self.name:
+            for meta in list(catalogue.queues_by_qid.values()):
+                if not meta.spec.stored and self.members.locate(meta.shard)[0] == name:
+                    catalogue.forget_queue(meta)
+
+    def _adopt_links(self) -> None:
+        """Links for shards of other nodes met since the last call."""
+        self.peers.adopt()
+
+    def homes(self) -> dict[str, int]:
+        """Queues per node, for placement."""
+        counts: dict[str, int] = {}
+        for meta in self.gateway.catalogue.queues_by_qid.values():
+            node = self.members.locate(meta.shard)[0]
+            counts[node] = counts.get(node, 0) + 1
+        return counts
+
+    def place(self, spec_) -> int:
+        """The shard index here of a new queue: its node by the locator, its shard
+        there by the queue's name (values.placement)."""
+        locator = spec_.arguments.get("x-queue-leader-locator",
+                                      self.config.queue_leader_locator)
+        node = self.members.place(spec_.vhost, spec_.name, locator, self.homes())
+        shard = placement(spec_.vhost, spec_.name, self.members.shards_on(node))
+        return self.members.shard_of(node, shard)
+
+    def node_of(self, meta: QueueMeta) -> str:
+        return self.members.locate(meta.shard)[0]
+
+    def _watch_failed(self, error: Exception) -> None:
+        if self.available:
+            log.error("lost the watch on etcd (%s); serving what this node has", error)
+        self._unavailable()
+
+    def _spawn(self, coroutine) -> None:
+        task = self._loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class _Gone:
+    """A node's registration found missing by a reload, as its watch event."""
+
+    type = "DELETE"
+
+    def __init__(self, key: bytes):
+        self.kv = KeyValue(key)
+
+
+def _encode_info(info: lay.NodeInfo) -> bytes:
+    return msgspec.json.encode(info)
+
+
+def _node_info(value: bytes) -> lay.NodeInfo:
+    return msgspec.json.decode(value, type=lay.NodeInfo)
+

@@ -1,0 +1,108 @@
+"""The links of one gateway process to the shards of the other nodes.
+
+Indexes past this node's shards stand for other nodes' shards (members.py).
+Each gets a link in the hub's list as soon as the catalogue names it: a
+RemoteLink over the PeerConnection to its node once that node has registered
+(its address is known), an Unreached one until then, which answers every
+request as a shard that is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl as _ssl
+from typing import Callable
+
+from warren.shards.records import Refusal, Reply
+
+from .members import Members
+from .remotelink import PeerConnection
+from .wire import Identity
+
+log = logging.getLogger("warren.cluster")
+
+
+class _Awake:
+    def awake(self) -> None:
+        pass
+
+
+class Unreached:
+    """A shard of a node this one has not reached yet: down."""
+
+    process = None
+    alive = False
+    flush_scheduled = False
+    lazy_acks = 0
+
+    def __init__(self, index: int):
+        self.index = index
+        self.events = _Awake()
+        self.credit: dict = {}
+        self.paused: set = set()
+        self.costs: dict = {}
+
+    def request(self, make: Callable, callback: Callable) -> None:
+        callback(Reply(0, Refusal.SHARD_DOWN))
+
+    def send(self, record, feeder=None, lazy: bool = False) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def poll(self) -> bool:
+        return False
+
+    def take_answers(self) -> None:
+        pass
+
+    def forget(self, conn) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+class Peers:
+    """`links`: the hub's list of links (ShardPool.links), extended here;
+    `on_events`, `on_lost`, `on_up` as for a RemoteLink."""
+
+    def __init__(self, members: Members, links: list, identity: Identity, secret: bytes,
+                 on_events: Callable, on_lost: Callable, on_up: Callable,
+                 ssl: _ssl.SSLContext | None = None):
+        self.members = members
+        self.links = links
+        self.identity = identity
+        self.secret = secret
+        self._callbacks = (on_events, on_lost, on_up)
+        self._ssl = ssl
+        self.connections: dict[str, PeerConnection] = {}
+
+    def adopt(self) -> None:
+        """Links for every index the members have given out, and a connection to
+        each node that has registered and has none yet."""
+        members = self.members
+        for name, info in members.known.items():
+            if name == members.me or name in self.connections:
+                continue
+            indices = [members.shard_of(name, shard) for shard in range(info.shards)]
+            self._extend()
+            host, _, port = info.link.rpartition(":")
+            peer = PeerConnection(host, int(port), self.secret, self.identity, indices,
+                                  *self._callbacks, ssl=self._ssl,
+                                  server_hostname=host if self._ssl else None)
+            for link in peer.links:
+                self.links[link.index] = link
+            self.connections[name] = peer
+            peer.start()
+        self._extend()
+
+    def _extend(self) -> None:
+        members = self.members
+        while len(self.links) < members.local_shards + len(members.remote):
+            self.links.append(Unreached(len(self.links)))
+
+    async def stop(self) -> None:
+        for peer in self.connections.values():
+            await peer.stop()
