@@ -1,0 +1,52 @@
+"""Three Warren nodes and a real etcd on loopback, as one broker (issue 54)."""
+
+from __future__ import annotations
+
+import pika
+import pytest
+
+from ..support.cluster import Cluster, wait_for
+
+pytestmark = [pytest.mark.run_once, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with Cluster(tmp_path_factory.mktemp("cluster")) as running:
+        yield running
+    for node in running.nodes:
+        assert "Traceback" not in node.log_text(), node.log_text()
+
+
+def connect(node) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(node.url))
+
+
+def test_every_node_lists_every_node_running(cluster):
+    for node in cluster.nodes:
+        listed = node.api("nodes")
+        assert sorted(n["name"] for n in listed) == ["n1", "n2", "n3"]
+        assert all(n["running"] for n in listed)
+
+
+def test_a_message_published_through_one_node_is_consumed_through_another(cluster):
+    one, two = connect(cluster.nodes[0]), connect(cluster.nodes[1])
+    publisher, consumer = one.channel(), two.channel()
+    names = [f"spread-{i}" for i in range(6)]
+    for name in names:
+        publisher.queue_declare(name, durable=True)
+    homes = {q["name"]: q["node"] for q in cluster.nodes[2].api("queues") if q["name"] in names}
+    assert set(homes.values()) == {"n1", "n2", "n3"}  # balanced: every node has some
+    publisher.confirm_delivery()
+    for name in names:
+        publisher.basic_publish("", name, name.encode(), pika.BasicProperties(delivery_mode=2))
+    got = []
+    consumer.basic_qos(prefetch_count=10)
+    for name in names:
+        consumer.basic_consume(name, lambda ch, m, p, body: (got.append(body),
+                                                             ch.basic_ack(m.delivery_tag)))
+    wait_for(lambda: two.process_data_events(0.05) or len(got) == len(names), 10,
+             "every message consumed")
+    assert sorted(got) == sorted(n.encode() for n in names)
+    one.close()
+    two.close()

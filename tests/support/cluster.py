@@ -1,0 +1,98 @@
+"""A Warren cluster for end-to-end tests: a real etcd (tests/support/etcd.py) and
+real `warren serve` nodes joined to it, each on free loopback ports with its
+own data directory. Nodes stop, start again on the same data, or die by
+kill -9; etcd stops and starts the same way."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+from .broker import RunningBroker, free_port
+from .etcd import EtcdServer, etcd_or_skip
+
+
+class Node(RunningBroker):
+    """One node: a RunningBroker joined to the cluster under `name`."""
+
+    def __init__(self, folder: Path, name: str, endpoint: str, shards: int = 1,
+                 lease_ttl: int = 2, extra: list[str] | None = None):
+        self.name = name
+        self.link_port = free_port()
+        super().__init__(folder / name, shards=shards, management=True, gateways=1,
+                         extra_args=["--cluster", endpoint, "--node-name", name,
+                                     "--cluster-port", str(self.link_port),
+                                     "--cluster-lease-ttl", str(lease_ttl),
+                                     "--cluster-prefix", "/test", *(extra or [])])
+
+    def api(self, path: str, method: str = "GET", body=None, user: str = "guest:guest"):
+        """The management API's JSON answer (None for an empty one)."""
+        request = urllib.request.Request(self.http_url + "/api/" + path, method=method,
+                                         data=None if body is None else json.dumps(body).encode())
+        request.add_header("Authorization", "Basic " + _base64(user))
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            text = answer.read()
+        return json.loads(text) if text else None
+
+    def kill(self) -> None:
+        """kill -9, as a crash."""
+        self.process.kill()
+        self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+        self.log.close()
+
+    def running_nodes(self) -> set[str]:
+        return {n["name"] for n in self.api("nodes") if n["running"]}
+
+
+class Cluster:
+    def __init__(self, folder: Path, size: int = 3, shards: int = 1, lease_ttl: int = 2,
+                 extra: list[str] | None = None):
+        self.folder = folder
+        self.etcd: EtcdServer = etcd_or_skip(str(folder / "etcd"))
+        self.nodes = [Node(folder, f"n{i + 1}", self.etcd.endpoint, shards, lease_ttl, extra)
+                      for i in range(size)]
+
+    def start(self) -> "Cluster":
+        self.etcd.start()
+        for node in self.nodes:
+            node.start()
+        wait_for(lambda: all(len(n.running_nodes()) == len(self.nodes) for n in self.nodes),
+                 30, "every node sees every other running")
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                node.stop()
+        self.etcd.cleanup()
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
+    """Until `condition()` is true (returned), or fail saying `what` never happened."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            result = condition()
+            if result:
+                return result
+        except Exception as error:  # a node restarting: its API answers later
+            last_error = error
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout} s (last error: {last_error!r})")
+
+
+def _base64(text: str) -> str:
+    import base64
+    return base64.b64encode(text.encode()).decode()
