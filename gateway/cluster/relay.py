@@ -17,7 +17,9 @@ the relay holds no more than the senders' credit lets them send. When a
 sender's connection drops, what its consumers and basic.gets held goes back to
 the queues (ReleaseHolders), as when a channel closes. When a shard dies or
 runs again, the root calls shard_lost / shard_restarted, and every sender hears
-it (SHARD_DOWN / SHARD_UP).
+it (SHARD_DOWN / SHARD_UP); until a sender acknowledges the SHARD_DOWN, its
+COMMANDS for that shard were sent before it knew, and are dropped, so they
+cannot reach the restarted shard and skew the count of its Progress.
 """
 
 from __future__ import annotations
@@ -161,8 +163,8 @@ class Relay:
             raise wire.WireError(f"a frame for shard {shard} of {len(self.links)}")
         records = decode_commands(payload)
         link = self.links[shard]
-        if not link.alive:
-            return  # the sender is told (SHARD_DOWN) and starts afresh once it is up
+        if not link.alive or shard in sender.told_down:
+            return  # sent before the sender heard that the shard died: it failed there
         node, slot, holders = sender.key[0], self.slot, sender.holders
         for record in records:
             kind = type(record)
@@ -232,6 +234,9 @@ class _Sender(asyncio.Protocol):
         self.open = False
         self.holders: set[int] = set()  # mapped ids of its consumers and basic.get channels
         self.batches: dict[int, int] = {}  # shard -> its frames forwarded since it was up
+        # Shards it was told are down and has not acknowledged yet: its COMMANDS for
+        # them were sent before it knew, and would count in the next start's Progress.
+        self.told_down: set[int] = set()
         self._out: dict[int, list] = {}  # shard -> events to send this turn
         self._flush_scheduled = False
         self._reader = wire.FrameReader()
@@ -258,9 +263,12 @@ class _Sender(asyncio.Protocol):
                 if got is None:
                     return
                 if self.open:
-                    if got.kind != wire.COMMANDS:
+                    if got.kind == wire.COMMANDS:
+                        self.relay.commands(self, got.shard, got.payload)
+                    elif got.kind == wire.SHARD_DOWN:
+                        self.told_down.discard(got.shard)
+                    else:
                         raise wire.WireError(f"a frame of kind {got.kind} from a gateway")
-                    self.relay.commands(self, got.shard, got.payload)
                 else:
                     self._login(got)
         except Exception as error:  # a broken frame or batch: the link cannot go on
@@ -313,6 +321,8 @@ class _Sender(asyncio.Protocol):
     def control(self, kind: int, shard: int) -> None:
         """SHARD_DOWN / SHARD_UP, behind the events already queued."""
         self.flush()
+        if kind == wire.SHARD_DOWN:
+            self.told_down.add(shard)
         if self._transport is not None:
             self._transport.write(wire.frame(kind, shard))
 

@@ -388,6 +388,7 @@ class PeerConnection:
             link.receive(got.payload)
         elif got.kind == wire.SHARD_DOWN:
             link.down()
+            self.write([[wire.frame(wire.SHARD_DOWN, got.shard)]])  # heard: see relay.py
         elif got.kind == wire.SHARD_UP:
             link.up()
         else:

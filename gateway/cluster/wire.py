@@ -6,7 +6,8 @@ fixed header (payload length u32, kind u8, shard u16, big-endian) and a
 payload. Once the link is open, A sends COMMANDS (one encoded batch of shard
 records for one shard, as a ring record carries them) and B sends EVENTS (the
 same, the other way) and SHARD_DOWN / SHARD_UP (a shard of B died, or runs
-again).
+again). A answers a SHARD_DOWN with one of its own: B then knows that A's
+COMMANDS for that shard from there on were sent knowing it (relay.py).
 
 The handshake proves to each side that the other knows the cluster's secret,
 which never crosses the wire: B sends HELLO (a random nonce), A answers LOGIN

@@ -228,13 +228,21 @@ def test_a_shards_death_and_return_reach_the_remote_links(shard):
             await a.ask(create_queue)
             end = shard.ends[SLOT]
             relay.shard_lost(0)
+            assert relay.senders[(NODE, 1)].told_down == {0}
             await until(lambda: a.lost == 1)
             assert (await a.ask(r.Sync)).refused == r.Refusal.SHARD_DOWN
             b = connect(2)  # a gateway that connects meanwhile hears it is down
             await until(lambda: b.up == 1 and b.lost == 1)
+            # each acknowledged it: what they send from now on, they send knowing it
+            await until(lambda: all(not sender.told_down for sender in relay.senders.values()))
             relay.shard_restarted(0, r.RingPair(end.commands.spec(), end.events.spec()))
             await until(lambda: a.up == 2 and b.up == 2)
             assert (await a.ask(lambda req: r.QueueStatus(req, QID))).refused == r.Refusal.NONE
+            publisher = Connection()  # the counts of frames start afresh on both sides
+            for _ in range(200):
+                a.link.send(r.Publish([QID], "", "remote", b"\x00\x00", b"m", False), publisher)
+            await until(lambda: publisher.told == ["hold", "release"])
+            assert a.link.credit[publisher] == r.PUBLISH_CREDIT
 
     asyncio.run(scenario())
 
