@@ -129,6 +129,10 @@ def test_a_remote_queue_is_made_published_to_consumed_and_settled(shard):
         async with relayed(shard) as (relay, connect):
             a = connect(1)
             await until(lambda: a.link.alive)
+            for transport in (a.peer._transport, relay.senders[(NODE, 1)]._transport):
+                sock = transport.get_extra_info("socket")  # a vanished node is noticed
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) > 0
             assert (await a.ask(create_queue)).refused == r.Refusal.NONE
             # 200 transient publishes in one turn, confirmed: 150 credit runs out
             publisher, channel = Connection(), made_by(1, 2)
