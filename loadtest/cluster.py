@@ -140,6 +140,7 @@ COLUMNS = [("published_per_s", "pub/s", "{:,.0f}"), ("consumed_per_s", "cons/s",
            ("e2e_p50_ms", "e2e p50", "{:.2f}"), ("e2e_p99_ms", "e2e p99", "{:.2f}"),
            ("confirm_p99_ms", "conf p99", "{:.2f}"), ("broker_cores_avg", "brk cores", "{:.2f}"),
            ("broker_cpu_us_per_msg", "brk µs/msg", "{:.1f}"),
+           ("left_in_queues_at_end", "left", "{:,}"),
            ("other_cores_avg", "others' cores", "{:.2f}")]
 HOP_COLUMNS = [("published_per_s", "pub/s"), ("consumed_per_s", "cons/s"),
                ("broker_cpu_us_per_msg", "µs/msg"), ("e2e_p99_ms", "e2e p99")]

@@ -139,7 +139,7 @@ def test_tables_have_a_line_per_row_with_its_figures():
     lines = cluster.format_rows(rows).splitlines()
     assert len(lines) == 2 + len(rows)
     assert lines[2].split() == ["transient-autoack", "rabbitmq", "1->2", "2,000", "1,500",
-                                "1.00", "4.00", "-", "0.10", "50.0", "0.25", "ok"]
+                                "1.00", "4.00", "-", "0.10", "50.0", "0", "0.25", "ok"]
     assert lines[4].endswith("error: exit status 3")
     hop = cluster.hop_cost(rows[0], rows[1])
     assert cluster.format_hops([hop]).splitlines()[2].split() == [
