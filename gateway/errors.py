@@ -33,6 +33,13 @@ def exchange_name(vhost: str, name: str) -> str:
     return f"exchange '{name}' in vhost '{vhost}'"
 
 
+def home_node_down(node: str, vhost: str, queue: str) -> AMQPError:
+    """A queue of a cluster's node that is down or out of reach: RabbitMQ's 404
+    for any command on it (a declaration with other arguments too)."""
+    return AMQPError(spec.NOT_FOUND, f"home node '{node}' of durable queue '{queue}' in vhost "
+                     f"'{vhost}' is down or inaccessible")
+
+
 def refusal_error(refused: int, vhost: str, queue: str) -> AMQPError:
     """A shard's refusal (shards.records.Refusal) in RabbitMQ's words."""
     what = queue_name(vhost, queue)

@@ -363,10 +363,10 @@ class Etcd:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.timeout if timeout is None else timeout)
         body = msgspec.json.encode(request)
-        count = len(self.endpoints)
+        count, first = len(self.endpoints), self._current
         failures: list[str] = []
         for attempt in range(count):
-            index = (self._current + attempt) % count
+            index = (first + attempt) % count
             url = self.endpoints[index] + path
             left = deadline - loop.time()
             if left <= 0:

@@ -69,8 +69,6 @@ class ClusterNode:
         self._lease: Lease | None = None
         self._watches: list = []
         self._tasks: set[asyncio.Task] = set()
-        self.on_node_up: Callable[[lay.NodeInfo], None] = lambda info: None
-        self.on_node_down: Callable[[str], None] = lambda name: None
 
     # -- start and stop ------------------------------------------------------------
 
@@ -105,8 +103,8 @@ class ClusterNode:
                                f"--cluster-port") from None
         link_address = self.config.advertise or f"{self.config.bind}:{self.relay.port}"
         self.peers = Peers(self.members, g.shards.links, Identity(self.name, self.number, g.index),
-                           self.secret, g._on_events, g._shard_lost, lambda link: None,
-                           ssl=client_tls)
+                           self.secret, g._on_events, g._shard_lost, g.remote_up,
+                           g.down_shards.add, ssl=client_tls)
         nodes, revision = await self.etcd.range(self.layout.nodes)
         for kv in nodes:
             self.members.joined(_node_info(kv.value))
@@ -114,6 +112,7 @@ class ClusterNode:
                                  management, self.members.local_shards, time.time())
         await self._register()
         await self._reload()
+        self._declare_own_queues()
         self._adopt_links()
         await self._forget_own_transient()
         if not any(self.layout.kind_of(k) == "vhost" for k in self.sync.values):
@@ -209,12 +208,13 @@ class ClusterNode:
             self._commit_soon = True
             self._loop.call_soon(self._start_commit)
 
-    def refusal(self) -> AMQPError | None:
-        """Why the catalogue cannot change now (etcd unreachable), else None."""
+    def refusal(self, doing: str = "change the catalogue") -> AMQPError | None:
+        """Why the catalogue cannot change now (etcd unreachable), else None: as
+        RabbitMQ's nodes answer when their metadata store has no quorum."""
         if self.available:
             return None
-        return AMQPError(spec.INTERNAL_ERROR, "timeout_waiting_for_leader: the cluster's "
-                         "metadata store (etcd) is unreachable; retry once it is back")
+        return AMQPError(spec.INTERNAL_ERROR, f"Could not {doing} on node '{self.name}' "
+                         "because the metadata store operation timed out")
 
     def caught_up(self) -> bool:
         return not self._committing and not self.sync.pending() and not self._commit_soon
@@ -328,7 +328,6 @@ class ClusterNode:
         for info in running.values():
             if self.members.joined(info) and info.name != self.name:
                 self._adopt_links()
-                self.on_node_up(info)
         return now
 
     def _catalogue_changed(self, events, revision: int) -> None:
@@ -382,6 +381,18 @@ class ClusterNode:
                                       change.definition.destination)):
                 catalogue.meta.put_binding(change.definition)
 
+    def _declare_own_queues(self) -> None:
+        """The durable queues etcd homes on this node, declared to their shards
+        again: one this node's store lacks (its data directory was wiped, or it
+        stopped before the shard committed the queue) starts empty, where
+        commands to it would otherwise find no queue; the others ignore it."""
+        g = self.gateway
+        for meta in g.catalogue.queues_by_qid.values():
+            if meta.shard < self.members.local_shards and meta.spec.stored:
+                link = g.shards[meta.shard]
+                link.send(r.CreateQueue(0, meta.qid, meta.spec, meta.effective))
+                link.send(r.ConfigureQueue(meta.qid, meta.effective))
+
     def _defaults(self) -> None:
         """A new cluster: RabbitMQ's default vhost and user, made by the first node."""
         g = self.gateway
@@ -413,14 +424,22 @@ class ClusterNode:
                     continue  # our lease lapsed: _lease_lost registers again
                 if self.members.left(name):
                     log.warning("node %s is down", name)
-                    self._node_down(name)
-                    self.on_node_down(name)
+                    # What died with it is removed only if it stays gone and out of
+                    # reach: an etcd that paused past every lease drops them all.
+                    self._loop.call_later(self.config.cluster_lease_ttl, self._still_down,
+                                          name)
             else:
                 info = _node_info(event.kv.value)
                 if self.members.joined(info) and info.name != self.name:
                     log.info("node %s is up", info.name)
                     self._adopt_links()
-                    self.on_node_up(info)
+
+    def _still_down(self, name: str) -> None:
+        peer = self.peers.connections.get(name)
+        if name in self.members.running or (peer is not None and any(
+                link.alive for link in peer.links)):
+            return
+        self._node_down(name)
 
     def _node_down(self, name: str) -> None:
         """What dies with a node: the exclusive queues its connections owned (each

@@ -35,8 +35,9 @@ class Unreached:
     flush_scheduled = False
     lazy_acks = 0
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, node: str):
         self.index = index
+        self.node = node
         self.events = _Awake()
         self.credit: dict = {}
         self.paused: set = set()
@@ -70,12 +71,13 @@ class Peers:
 
     def __init__(self, members: Members, links: list, identity: Identity, secret: bytes,
                  on_events: Callable, on_lost: Callable, on_up: Callable,
-                 ssl: _ssl.SSLContext | None = None):
+                 down: Callable[[int], None], ssl: _ssl.SSLContext | None = None):
         self.members = members
         self.links = links
         self.identity = identity
         self.secret = secret
         self._callbacks = (on_events, on_lost, on_up)
+        self._down = down
         self._ssl = ssl
         self.connections: dict[str, PeerConnection] = {}
 
@@ -93,6 +95,7 @@ class Peers:
                                   *self._callbacks, ssl=self._ssl,
                                   server_hostname=host if self._ssl else None)
             for link in peer.links:
+                link.node = name  # (a down link's queues answer 404 naming it)
                 self.links[link.index] = link
             self.connections[name] = peer
             peer.start()
@@ -101,7 +104,9 @@ class Peers:
     def _extend(self) -> None:
         members = self.members
         while len(self.links) < members.local_shards + len(members.remote):
-            self.links.append(Unreached(len(self.links)))
+            index = len(self.links)
+            self.links.append(Unreached(index, members.locate(index)[0]))
+            self._down(index)
 
     async def stop(self) -> None:
         for peer in self.connections.values():

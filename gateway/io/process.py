@@ -46,6 +46,7 @@ class Gateway:
         self.followers: Any = None  # gateway 0 with others: node/gateways.Gateways
         self.leader: Any = None  # any other gateway: its link to gateway 0 (node/worker.py)
         self.cluster: Any = None  # gateway 0 of a node in a cluster: cluster/node.py
+        self.down_shards: set[int] = set()  # shards of other nodes out of reach
         self.data_dir = os.path.abspath(config.data_dir)
         # Counts the changes of the catalogue, users and permissions: a route a
         # channel remembers (publishing.Route) holds while it stays.
@@ -332,6 +333,14 @@ class Gateway:
         self.dispatcher.shard_lost(link, local)
         if local and self.cluster is not None:
             self.cluster.shard_lost(link)
+        if not local:  # publishes to its queues are unroutable until it is back
+            self.down_shards.add(link.index)
+            self.epoch += 1
+
+    def remote_up(self, link) -> None:
+        """A shard of another node is in reach again."""
+        self.down_shards.discard(link.index)
+        self.epoch += 1
         if self.followers is not None:
             self.followers.shard_down(link.index)
 

@@ -13,7 +13,7 @@ from ..amqp import spec
 from ..broker import rules
 from ..broker.exchange import EXCHANGE, QUEUE, Exchange
 from ..broker.peermessages import AskReplyConsumer, Forward
-from ..errors import AMQPError, exchange_name, refusal_error
+from ..errors import AMQPError, exchange_name, queue_name, refusal_error
 from ..values import QueueMeta, server_generated_name
 from . import replyto
 from .ports import CONFLICT
@@ -64,10 +64,11 @@ class Declaring:
         # its own ring: this channel's publishes on ours must reach the shard first.
         self.request(self.state.link(meta), lambda req: r.QueueStatus(req, meta.qid), forward)
 
-    def _writable(self) -> None:
-        """In a cluster, a change of the catalogue needs etcd."""
+    def _writable(self, doing: str) -> None:
+        """In a cluster, a change of the catalogue needs etcd (`doing`: "declare
+        queue 'q' in vhost '/'", for the refusal's text)."""
         cluster = self.broker.cluster
-        if cluster is not None and (refusal := cluster.refusal()) is not None:
+        if cluster is not None and (refusal := cluster.refusal(doing)) is not None:
             raise refusal
 
     def _reply_seen(self, method, nowait: bool = False,
@@ -105,7 +106,7 @@ class Declaring:
                 raise AMQPError(spec.NOT_FOUND, f"no {exchange_name(vhost.name, name)}")
             return self.state.reply(m.ExchangeDeclareOk(), method.nowait)
         self.state.allow("configure", "exchange", name)
-        self._writable()
+        self._writable(f"declare {exchange_name(vhost.name, name)}")
         self.broker.declare_exchange(Exchange(
             vhost.name, name, method.type, method.durable, method.auto_delete, method.internal,
             method.arguments), self.state.allow)
@@ -121,7 +122,7 @@ class Declaring:
         self.state.allow("configure", "exchange", name)
         exchange = self.state.vhost.exchanges.get(name)
         if exchange is not None:
-            self._writable()
+            self._writable(f"delete {exchange_name(self.state.vhost.name, name)}")
             if method.if_unused and exchange.bindings:
                 raise AMQPError(spec.PRECONDITION_FAILED,
                                 f"{exchange_name(self.state.vhost.name, name)} in use")
@@ -157,8 +158,9 @@ class Declaring:
         source, target = self.broker.binding_ends(self.state.vhost.name, source_name,
                                                   destination)
         if destination[0] == QUEUE:
+            self.state.link(target)  # (404 while its node is down)
             self.state.check_exclusive(target)
-        self._writable()
+        self._writable(f"bind to {exchange_name(self.state.vhost.name, source_name)}")
         self.broker.bind(source, destination, routing_key, arguments)
 
     def _unbind(self, source_name: str, destination: tuple, routing_key: str,
@@ -174,8 +176,9 @@ class Declaring:
                 or not source.has_binding(destination, routing_key, arguments)):
             return
         if isinstance(target, QueueMeta):
+            self.state.link(target)  # (404 while its node is down)
             self.state.check_exclusive(target)
-        self._writable()
+        self._writable(f"unbind from {exchange_name(vhost.name, source_name)}")
         self.broker.unbind(source, destination, routing_key, arguments)
 
     # -- queues ----------------------------------------------------------------
@@ -200,9 +203,10 @@ class Declaring:
         self.state.allow("configure", "queue", name)
         existing = vhost.queues.get(name)
         if existing is not None:
+            self.state.link(existing)  # 404 while its node is down, before any 406
             self.state.check_exclusive(existing, redeclared_exclusive=method.exclusive)
         else:
-            self._writable()
+            self._writable(f"declare {queue_name(vhost.name, name)}")
         meta, created = self.broker.declare_queue(
             queue, self.conn if method.exclusive else None, server_named, self.state.allow)
         if not created:
@@ -283,7 +287,7 @@ class Declaring:
             return self.state.reply(m.QueueDeleteOk(message_count=0), method.nowait)
         self.state.check_exclusive(meta)
         self.state.allow("configure", "queue", meta.spec.name)
-        self._writable()
+        self._writable(f"delete {queue_name(meta.spec.vhost, meta.spec.name)}")
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:

@@ -67,7 +67,7 @@ class ClusterCatalogue(Peer, Protocol):
 
     def caught_up(self) -> bool: ...
 
-    def refusal(self) -> AMQPError | None:
+    def refusal(self, doing: str) -> AMQPError | None:
         """Why the catalogue cannot change now, else None."""
 
 
@@ -83,6 +83,7 @@ class Broker(Protocol):
     leader: Peer | None  # another gateway's link to gateway 0 (Forward)
     followers: Followers | None  # gateway 0 with others
     cluster: ClusterCatalogue | None  # gateway 0 of a node in a cluster
+    down_shards: set[int]  # shards of other nodes out of reach: no route to their queues
 
     # ids and holders: a channel or consumer the shards' events come back to
     def new_id(self) -> int: ...

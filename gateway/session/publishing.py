@@ -270,6 +270,11 @@ class Publishing:
             targets = self.broker.route(vhost, exchange, routing_key, headers)
             for key in also:  # CC / BCC routing keys
                 targets = _union(targets, self.broker.route(vhost, exchange, key, headers))
+        if self.broker.down_shards and targets:
+            # A queue on a node that is down counts as no route, as in RabbitMQ; a
+            # remembered route is made again when a node goes or comes (epoch).
+            down = self.broker.down_shards
+            targets = [meta for meta in targets if meta.shard not in down]
         try:
             persistent = _persistent(properties)
         except PropertiesError as error:

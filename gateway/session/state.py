@@ -9,7 +9,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ..amqp import frames, hotpath, spec
-from ..errors import AMQPError, queue_name
+from ..errors import AMQPError, home_node_down, queue_name
 from ..values import QueueMeta
 from . import prefetch
 from .assembly import Assembler
@@ -186,4 +186,8 @@ class ChannelState:
         self.broker.access.check(self.conn.user, self.vhost.name, access, kind, name)
 
     def link(self, meta: QueueMeta) -> Shard:
-        return self.broker.link(meta.shard)
+        """The queue's shard; 404 when it is on a node that is out of reach."""
+        link = self.broker.link(meta.shard)
+        if not link.alive and (node := getattr(link, "node", None)) is not None:
+            raise home_node_down(node, meta.spec.vhost, meta.spec.name)
+        return link
