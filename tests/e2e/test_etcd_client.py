@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import time
 
 import pytest
@@ -260,10 +261,10 @@ def test_a_watch_from_a_compacted_revision_reloads_and_goes_on(etcd_server):
         state: dict[bytes, bytes] = {}
 
         async def reload(revision):
-            reloads.append(revision)
             kvs, at = await etcd.range(b"/c/")
             state.clear()
             state.update((kv.key, kv.value) for kv in kvs)
+            reloads.append(revision)
             return at
 
         try:
@@ -332,3 +333,33 @@ def test_the_next_endpoint_serves_when_one_is_down(etcd_server):
             await etcd.close()
 
     run(scenario())
+
+
+def test_a_hung_endpoint_costs_a_read_its_share_and_a_write_its_answer(etcd_server):
+    """A member that takes connections but never answers: a read moves on to
+    the next endpoint within the deadline; a write, which may have been applied,
+    is not sent again but fails, and the next call starts at the next endpoint."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel completes connections nobody reads
+        hung = f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+        async def scenario():
+            etcd = Etcd([hung, etcd_server.endpoint], timeout=2.0)
+            try:
+                began = time.monotonic()
+                assert await etcd.get(b"k") is None
+                assert 0.9 <= time.monotonic() - began < 2.5  # half the deadline on the hung one
+                written = Etcd([hung, etcd_server.endpoint], timeout=1.0)
+                try:
+                    with pytest.raises(EtcdUnavailable):
+                        await written.put(b"k", b"v")
+                    assert await etcd.get(b"k") is None  # not sent to the live endpoint
+                    revision = await written.put(b"k", b"v")  # starts at the next one
+                    assert (await etcd.get(b"k")).mod_revision == revision
+                finally:
+                    await written.close()
+            finally:
+                await etcd.close()
+
+        run(scenario())
