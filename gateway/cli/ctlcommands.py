@@ -28,7 +28,8 @@ LISTS = {
     "vhosts": (["name", "description", "limits"], False),
     "permissions": (["user", "vhost", "configure", "write", "read"], False),
     "policies": (["vhost", "name", "pattern", "apply-to", "priority", "definition"], True),
-    "nodes": (["name", "type", "mem_used", "mem_limit", "disk_free", "disk_free_limit"], False),
+    "nodes": (["name", "type", "running", "mem_used", "mem_limit", "disk_free", "disk_free_limit"],
+              False),
     "vhost_limits": (["vhost", "value"], True),
     "user_limits": (["user", "value"], False),
 }
