@@ -128,9 +128,9 @@ def hop_cost(cross: dict[str, Any], local: dict[str, Any]) -> dict[str, Any]:
     is missing or the run failed)."""
     ratios: dict[str, Any] = {"type": "hop", "scenario": cross["scenario"],
                               "broker": cross["broker"]}
+    ok = cross["status"] == local["status"] == "ok"
     for key in ("published_per_s", "consumed_per_s", "broker_cpu_us_per_msg", "e2e_p99_ms"):
         a, b = cross.get(key), local.get(key)
-        ok = cross["status"] == local["status"] == "ok"
         ratios[key] = a / b if ok and isinstance(a, (int, float)) and b else None
     return ratios
 
@@ -361,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 measured[placement] = row
             hops.append(hop_cost(measured[PLACEMENTS[0][0]], measured[PLACEMENTS[1][0]]))
+            print_json(hops[-1])
     finally:
         cluster.stop()
     print()
