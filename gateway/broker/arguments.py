@@ -84,6 +84,11 @@ QUEUE_ARGUMENTS = {
     "x-single-active-consumer": _boolean,
     "x-consumer-timeout": _integer(1),
     "x-delivery-limit": _integer(-1),
+    # The node a queue goes to in a cluster (cluster/members.py)
+    "x-queue-leader-locator": _one_of(("client-local", "balanced"),
+                                      "\"unsupported queue leader locator '{value}'\""),
+    "x-queue-master-locator": _one_of(("client-local", "min-masters", "random"),
+                                      "\"unsupported queue master locator '{value}'\""),
 }
 EXCHANGE_ARGUMENTS = {
     "alternate-exchange": _string,

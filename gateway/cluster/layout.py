@@ -163,4 +163,4 @@ def unq(part: bytes) -> str:
 
 def _arguments_digest(arguments: dict) -> str:
     """Binding arguments in a key: a digest of their canonical form."""
-    return xxhash.xxh64_hexdigest(arguments_key(arguments)) if arguments else "-"
+    return xxhash.xxh64_hexdigest(arguments_key(arguments).encode()) if arguments else "-"

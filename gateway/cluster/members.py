@@ -10,11 +10,11 @@ a dense list that the hot path walks with no gaps.
 
 from __future__ import annotations
 
+import random
+
 import xxhash
 
 from .layout import NodeInfo
-
-LOCATORS = ("client-local", "balanced")
 
 
 class Members:
@@ -74,11 +74,14 @@ class Members:
 
     def place(self, vhost: str, name: str, locator: str, homes: dict[str, int]) -> str:
         """The node a new queue goes to. `client-local`: this node (its declaring
-        client's); `balanced`: the running node with the fewest queues (`homes`:
-        node -> queues it has), ties broken by the queue's name so that queues
-        declared at once through several nodes spread as well."""
+        client's); `random`: any running node; `balanced` (or RabbitMQ's older
+        `min-masters`): the running node with the fewest queues (`homes`: node ->
+        queues it has), ties broken by the queue's name so that queues declared at
+        once through several nodes spread as well."""
         if locator == "client-local" or len(self.running) <= 1:
             return self.me
+        if locator == "random":
+            return random.choice(sorted(self.running))
         fewest = min(homes.get(n, 0) for n in self.running)
         tied = sorted(n for n in self.running if homes.get(n, 0) == fewest)
         return tied[xxhash.xxh64_intdigest(f"{vhost}\0{name}".encode()) % len(tied)]

@@ -473,8 +473,9 @@ class ClusterNode:
     def place(self, spec_) -> int:
         """The shard index here of a new queue: its node by the locator, its shard
         there by the queue's name (values.placement)."""
-        locator = spec_.arguments.get("x-queue-leader-locator",
-                                      self.config.queue_leader_locator)
+        arguments = spec_.arguments
+        locator = arguments.get("x-queue-leader-locator") or arguments.get(
+            "x-queue-master-locator") or self.config.queue_leader_locator
         node = self.members.place(spec_.vhost, spec_.name, locator, self.homes())
         shard = placement(spec_.vhost, spec_.name, self.members.shards_on(node))
         return self.members.shard_of(node, shard)
