@@ -372,6 +372,13 @@ class ClusterNode:
                 catalogue.meta.put_queue(d)
             self._adopt_links()
             return
+        if kind is c.QueueForgotten:
+            meta = catalogue.queues_by_qid.get(change.qid)
+            if meta is not None and meta.shard < self.members.local_shards:
+                # Gone from the cluster (deleted through another node, which told
+                # the shard too, or removed while this node was cut off): out of
+                # the shard as well, so nothing is left behind there.
+                g.shards[meta.shard].send(r.DeleteQueue(0, meta.qid, False, False))
         c.apply(catalogue, g.access, g.registry.owner_of, change)
         if kind is c.BindingPut and isinstance(catalogue.meta, MetaStore):
             vhost = catalogue.vhosts.get(change.definition.vhost)
@@ -424,6 +431,7 @@ class ClusterNode:
                     continue  # our lease lapsed: _lease_lost registers again
                 if self.members.left(name):
                     log.warning("node %s is down", name)
+                    self.peers.lost(name)
                     # What died with it is removed only if it stays gone and out of
                     # reach: an etcd that paused past every lease drops them all.
                     self._loop.call_later(self.config.cluster_lease_ttl, self._still_down,

@@ -61,6 +61,13 @@ class Unreached:
     def forget(self, conn) -> None:
         pass
 
+    def lost(self, name: str) -> None:
+        """etcd says node `name` is down: its links go down now, not when TCP
+        notices (a cut link sends nothing), and the connection tries again."""
+        peer = self.connections.get(name)
+        if peer is not None:
+            peer.reconnect()
+
     async def stop(self) -> None:
         pass
 
@@ -86,7 +93,11 @@ class Peers:
         each node that has registered and has none yet."""
         members = self.members
         for name, info in members.known.items():
-            if name == members.me or name in self.connections:
+            if name in self.connections:
+                if name in members.running:
+                    self.connections[name].retry_now()
+                continue
+            if name == members.me:
                 continue
             indices = [members.shard_of(name, shard) for shard in range(info.shards)]
             self._extend()
@@ -107,6 +118,13 @@ class Peers:
             index = len(self.links)
             self.links.append(Unreached(index, members.locate(index)[0]))
             self._down(index)
+
+    def lost(self, name: str) -> None:
+        """etcd says node `name` is down: its links go down now, not when TCP
+        notices (a cut link sends nothing), and the connection tries again."""
+        peer = self.connections.get(name)
+        if peer is not None:
+            peer.reconnect()
 
     async def stop(self) -> None:
         for peer in self.connections.values():

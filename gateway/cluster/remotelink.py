@@ -315,6 +315,7 @@ class PeerConnection:
         self._task: asyncio.Task | None = None
         self._attempt: _PeerProtocol | None = None
         self._stopping = False
+        self._wake = asyncio.Event()  # retry_now() cuts the back-off short
         self._logged = ""  # the last trouble logged: the same again is not
 
     def start(self) -> None:
@@ -362,8 +363,12 @@ class PeerConnection:
                 if not self._stopping:
                     self._trouble(f"link to {self.host}:{self.port} lost: {protocol.why}")
             if not self._stopping:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                    delay = RETRY_FIRST  # its node registered again: try now
+                except asyncio.TimeoutError:
+                    delay = min(delay * 2, RETRY_MAX)
+                self._wake.clear()
 
     def _trouble(self, text: str) -> None:
         if text != self._logged:
@@ -377,6 +382,18 @@ class PeerConnection:
         self.writable = True
         for link in self.links:
             link.up()
+
+    def retry_now(self) -> None:
+        """Its node is up again (etcd says): open the connection without waiting
+        out the back-off."""
+        self._wake.set()
+
+    def reconnect(self) -> None:
+        """Its node is down, etcd says: the links go down now (a link cut off
+        sends nothing to notice), the connection is dropped and opened again."""
+        if self._transport is not None:
+            self._transport.abort()  # the protocol's connection_lost follows
+            self._lost()
 
     def _lost(self) -> None:
         self._transport = None

@@ -16,7 +16,7 @@ from ..amqp.properties import (
     decode_properties,
     encode_properties,
 )
-from ..errors import AMQPError, queue_name, refusal_error
+from ..errors import AMQPError, queue_name
 from ..values import QueueMeta, server_generated_name
 from . import prefetch, replyto
 from .assembly import BASIC_CLASS
@@ -130,7 +130,7 @@ class Consuming:
         def answered(reply: r.Reply) -> None:
             if reply.refused:
                 self._forget_consumer(consumer)
-                raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
+                raise self.state.refusal(reply.refused, meta)
             self.state.reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
 
         self.request(link, lambda req: r.Consume(
@@ -293,7 +293,7 @@ class Consuming:
 
         def answered(reply: r.GetReply) -> None:
             if reply.refused:
-                raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
+                raise self.state.refusal(reply.refused, meta)
             totals = self.totals
             if reply.seq == 0:
                 totals.get_empty += 1

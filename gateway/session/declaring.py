@@ -13,7 +13,7 @@ from ..amqp import spec
 from ..broker import rules
 from ..broker.exchange import EXCHANGE, QUEUE, Exchange
 from ..broker.peermessages import AskReplyConsumer, Forward
-from ..errors import AMQPError, exchange_name, queue_name, refusal_error
+from ..errors import AMQPError, exchange_name, queue_name
 from ..values import QueueMeta, server_generated_name
 from . import replyto
 from .ports import CONFLICT
@@ -244,7 +244,7 @@ class Declaring:
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
-                raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
+                raise self.state.refusal(reply.refused, meta)
             self.state.send(m.QueueDeclareOk(queue=meta.spec.name, message_count=reply.message_count,
                                        consumer_count=reply.consumer_count))
 
@@ -274,7 +274,7 @@ class Declaring:
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
-                raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
+                raise self.state.refusal(reply.refused, meta)
             self.state.reply(m.QueuePurgeOk(message_count=reply.message_count), method.nowait)
 
         self.request(self.state.link(meta), lambda req: r.PurgeQueue(req, meta.qid), answered)
@@ -291,7 +291,7 @@ class Declaring:
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:
-                raise refusal_error(reply.refused, meta.spec.vhost, meta.spec.name)
+                raise self.state.refusal(reply.refused, meta)
             self.broker.forget_queue(meta)
             self._reply_seen(m.QueueDeleteOk(message_count=reply.message_count), method.nowait)
 

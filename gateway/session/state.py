@@ -8,8 +8,10 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from warren.shards.records import Refusal
+
 from ..amqp import frames, hotpath, spec
-from ..errors import AMQPError, home_node_down, queue_name
+from ..errors import AMQPError, home_node_down, queue_name, refusal_error
 from ..values import QueueMeta
 from . import prefetch
 from .assembly import Assembler
@@ -184,6 +186,14 @@ class ChannelState:
     def allow(self, access: str, kind: str, name: str) -> None:
         """403 unless this connection's user has `access` to the resource."""
         self.broker.access.check(self.conn.user, self.vhost.name, access, kind, name)
+
+    def refusal(self, refused: int, meta: QueueMeta) -> AMQPError:
+        """A shard's refusal of a command on `meta`, in RabbitMQ's words: a queue
+        whose node went out of reach meanwhile answers as one already out."""
+        link = self.broker.link(meta.shard)
+        if refused == Refusal.SHARD_DOWN and (node := getattr(link, "node", None)) is not None:
+            return home_node_down(node, meta.spec.vhost, meta.spec.name)
+        return refusal_error(refused, meta.spec.vhost, meta.spec.name)
 
     def link(self, meta: QueueMeta) -> Shard:
         """The queue's shard; 404 when it is on a node that is out of reach."""

@@ -63,8 +63,11 @@ class PortTaken(RuntimeError):
 
 class RunningBroker:
     def __init__(self, data_dir: Path, shards: int = 2, extra_args: list[str] | None = None,
-                 management: bool = False, gateways: int | None = None, preexec_fn=None):
+                 management: bool = False, gateways: int | None = None, preexec_fn=None,
+                 host: str = "127.0.0.1", prefix: list[str] | None = None):
         self.data_dir = data_dir
+        self.host = host  # where its listeners are (a test's network namespace has its own)
+        self.prefix = prefix or []  # before the command: `ip netns exec NAME`, say
         self.preexec_fn = preexec_fn  # run in the broker's process before it starts
         self.gateways = GATEWAYS if gateways is None else gateways
         # The management listener is off unless a test asks for it (on a free port),
@@ -89,7 +92,8 @@ class RunningBroker:
     def _start(self, timeout: float) -> "RunningBroker":
         self.log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "warren.gateway.cli.main", "serve", "--port", "0", "--data",
+            [*self.prefix, sys.executable, "-m", "warren.gateway.cli.main", "serve", "--port", "0",
+             "--bind", self.host, "--management-bind", self.host, "--data",
              str(self.data_dir), "--shards", str(self.shards), "--management-port",
              str(self.management_port), "--gateways", str(self.gateways), *self.extra_args],
             stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT, preexec_fn=self.preexec_fn,
@@ -128,7 +132,7 @@ class RunningBroker:
                        if not line.startswith(f"Warren gateway {index} on")]
 
     def gateway_url(self, index: int) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.gateway_port(index)}/%2F"
+        return f"amqp://guest:guest@{self.host}:{self.gateway_port(index)}/%2F"
 
     def listener_port(self, scheme: str, timeout: float = 10.0) -> int:
         """The port of another listener (amqps, http) from the lines the broker
@@ -150,11 +154,11 @@ class RunningBroker:
     @property
     def http_url(self) -> str:
         """The management API's base URL (once the broker printed it)."""
-        return f"http://127.0.0.1:{self.listener_port('http')}"
+        return f"http://{self.host}:{self.listener_port('http')}"
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+        return f"amqp://guest:guest@{self.host}:{self.port}/%2F"
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

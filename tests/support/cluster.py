@@ -18,14 +18,19 @@ class Node(RunningBroker):
     """One node: a RunningBroker joined to the cluster under `name`."""
 
     def __init__(self, folder: Path, name: str, endpoint: str, shards: int = 1,
-                 lease_ttl: int = 2, extra: list[str] | None = None):
+                 lease_ttl: int = 2, extra: list[str] | None = None, host: str = "127.0.0.1",
+                 prefix: list[str] | None = None):
         self.name = name
         self.link_port = free_port()
         super().__init__(folder / name, shards=shards, management=True, gateways=1,
+                         host=host, prefix=prefix,
                          extra_args=["--cluster", endpoint, "--node-name", name,
                                      "--cluster-port", str(self.link_port),
                                      "--cluster-lease-ttl", str(lease_ttl),
-                                     "--cluster-prefix", "/test", *(extra or [])])
+                                     "--cluster-prefix", "/test",
+                                     # guest logs in over a namespace's link too
+                                     *(["--loopback-users", ""] if host != "127.0.0.1" else []),
+                                     *(extra or [])])
 
     def api(self, path: str, method: str = "GET", body=None, user: str = "guest:guest"):
         """The management API's JSON answer (None for an empty one)."""
@@ -51,11 +56,19 @@ class Node(RunningBroker):
 
 class Cluster:
     def __init__(self, folder: Path, size: int = 3, shards: int = 1, lease_ttl: int = 2,
-                 extra: list[str] | None = None):
+                 extra: list[str] | None = None, namespace=None):
+        """With `namespace` (support/netns.py), the last node runs inside it and the
+        others, and etcd, on the host's end of its link."""
         self.folder = folder
-        self.etcd: EtcdServer = etcd_or_skip(str(folder / "etcd"))
-        self.nodes = [Node(folder, f"n{i + 1}", self.etcd.endpoint, shards, lease_ttl, extra)
-                      for i in range(size)]
+        host = namespace.host_ip if namespace is not None else "127.0.0.1"
+        self.etcd: EtcdServer = etcd_or_skip(str(folder / "etcd"),
+                                             also=host if namespace is not None else "")
+        endpoint = f"http://{host}:{self.etcd.client_port}"
+        self.nodes = [Node(folder, f"n{i + 1}", endpoint, shards, lease_ttl, extra, host)
+                      for i in range(size - (namespace is not None))]
+        if namespace is not None:
+            self.nodes.append(Node(folder, f"n{size}", endpoint, shards, lease_ttl, extra,
+                                   namespace.inside_ip, namespace.prefix))
 
     def start(self) -> "Cluster":
         self.etcd.start()

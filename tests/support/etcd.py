@@ -35,7 +35,8 @@ def binary() -> str | None:
 class EtcdServer:
     """One etcd member: `start()` runs it and waits until it is healthy."""
 
-    def __init__(self, executable: str, folder: str | None = None, extra: Sequence[str] = ()):
+    def __init__(self, executable: str, folder: str | None = None, extra: Sequence[str] = (),
+                 also: str = ""):
         self.executable = executable
         self.extra = list(extra)  # more flags, such as a shorter progress notification interval
         self._owned = folder is None
@@ -44,13 +45,15 @@ class EtcdServer:
         self.client_port = free_port()
         self.peer_port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.client_port}"
+        # `also`: one more address to serve clients on (a test's network namespace's)
+        self.also = f"http://{also}:{self.client_port}" if also else ""
         self.process: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
         peer = f"http://127.0.0.1:{self.peer_port}"
         return [self.executable, "--name", "warren-test",
                 "--data-dir", os.path.join(self.folder, "data"),
-                "--listen-client-urls", self.endpoint,
+                "--listen-client-urls", ",".join(filter(None, (self.endpoint, self.also))),
                 "--advertise-client-urls", self.endpoint,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"warren-test={peer}",
@@ -131,13 +134,14 @@ class EtcdServer:
         self.cleanup()
 
 
-def etcd_or_skip(folder: str | None = None, extra: Sequence[str] = ()) -> EtcdServer:
+def etcd_or_skip(folder: str | None = None, extra: Sequence[str] = (),
+                 also: str = "") -> EtcdServer:
     """An EtcdServer, not started; the test is skipped, saying why, without etcd."""
     found = binary()
     if found is None:
         pytest.skip("no etcd: /usr/bin/etcd is missing and apt could not download "
                     "Debian's etcd-server package")
-    return EtcdServer(found, folder, extra)
+    return EtcdServer(found, folder, extra, also)
 
 
 @pytest.fixture(name="etcd_server")
