@@ -259,8 +259,13 @@ def test_without_etcd_nodes_serve_what_they_have_refuse_changes_and_catch_up(clu
         assert raised.value.reply_text == (
             "INTERNAL_ERROR - Could not declare queue 'while-etcd-is-down' in vhost '/' on "
             "node 'n1' because the metadata store operation timed out")
+        # the management API's changes are refused too, not kept on one node
+        with pytest.raises(urllib.error.HTTPError):
+            n2.api("vhosts/while-etcd-is-down", "PUT", {})
         for node in cluster.nodes:
             assert "while-etcd-is-down" not in homes(node), node.name
+            assert "while-etcd-is-down" not in {v["name"] for v in node.api("vhosts")}, \
+                node.name
         for i, publisher in enumerate(connections):  # the others' connections go on
             round_trip(publisher, connections[(i + 2) % 3], queues["n3"])
     finally:
