@@ -26,7 +26,9 @@ _names = itertools.count(1)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with Cluster(tmp_path_factory.mktemp("cluster")) as running:
+    # No node dies here: a long lease keeps a slow etcd on a busy machine from
+    # dropping one (and its catalogue changes refused until it registers again).
+    with Cluster(tmp_path_factory.mktemp("cluster"), lease_ttl=10) as running:
         yield running
     for node in running.nodes:
         assert "Traceback" not in node.log_text(), node.log_text()
