@@ -512,3 +512,25 @@ def test_publisher_confirms_across_nodes(cluster):
     with connect(n2) as connection:
         assert count_on(connection, plenty) == 50
         assert count_on(connection, full) == 1
+
+
+def test_a_consumer_on_another_node_times_out_and_its_message_goes_back(cluster):
+    """The quorum queue's delivery acknowledgement timeout, with the consumer on
+    another node: basic.cancel, and the message redelivered."""
+    n1, n2, n3 = cluster.nodes
+    q = unique("timeout-qq")
+    declare_on(n1, q, durable=True, arguments={"x-queue-type": "quorum"})
+    cancels, held = [], []
+    with connect(n2) as consumer, connect(n3) as other:
+        ch = consumer.channel()
+        ch.add_on_cancel_callback(lambda frame: cancels.append(frame.method.consumer_tag))
+        tag = ch.basic_consume(q, lambda c, method, p, body: held.append(body),
+                               arguments={"x-consumer-timeout": 300})
+        publisher = other.channel()
+        publisher.confirm_delivery()
+        publisher.basic_publish("", q, b"held too long")
+        wait_for(lambda: consumer.process_data_events(0.02) or cancels, 10,
+                 "the consumer cancelled on its timeout")
+        assert (cancels, held) == ([tag], [b"held too long"]) and ch.is_open
+        method, _, body = wait_for(lambda: got_one(publisher, q), 10, "the message back")
+    assert (body, method.redelivered) == (b"held too long", True)
