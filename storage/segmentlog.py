@@ -1,12 +1,9 @@
 """A stream's append-only log: a directory of segment files named by the offset
 of their first record (`00000000000000000000.seg`), each with an index (`.idx`).
-
-A record: a mark (3 bytes), flags (1), payload length (4), offset (8), timestamp
-in ms (8), the xxh3-64 of all the rest (8), then on a chunk's first record the
-segment's synced length when it was written (8), then the payload. A chunk is
-what one flush wrote to one segment (RabbitMQ's osiris chunk): `reader("last")`
-starts at the last. Timestamps never go back (a clock stepping back stores the
-previous one), so segments and index entries are in time order too.
+Its records (storage/segmentrecord.py) are checksummed, and chunked by flush:
+`reader("last")` starts at the last chunk. Timestamps never go back (a clock
+stepping back stores the previous one), so segments and index entries are in
+time order too.
 
 The index has an entry every INDEX_RECORDS records or INDEX_BYTES bytes: offset,
 timestamp, position, its chunk's first offset, the synced length then, and their
@@ -21,7 +18,8 @@ an intact record out of sequence or an older segment cut short; the first broken
 record after it is a torn tail (a flush the crash cut short, never confirmed),
 cut off. A flipped bit in the last synced chunk with nothing written after it
 reads as a torn tail: telling them apart would cost a second sync per commit.
-Other records are checked as they are read.
+Other records are checked as they are read, from the files (pread, through a
+small buffer per reader), never from a copy in memory.
 """
 
 from __future__ import annotations
@@ -31,23 +29,18 @@ import os
 import struct
 import time
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import xxhash
 
-MARK = b"\xa7WS"
-CHUNK = 1  # flag: a chunk's first record, followed by the synced length
-_HEAD = struct.Struct("<3sBIQq")  # mark, flags, payload length, offset, timestamp
-_DIGEST = 8
-HEAD_SIZE = _HEAD.size + _DIGEST
-_SYNCED = struct.Struct("<Q")
+from .segmentrecord import CHUNK, HEAD_SIZE, SYNCED_SIZE, Record, encode, parse, scan, synced_beyond
+
 _ENTRY = struct.Struct("<QqQQQ")  # offset, timestamp, position, chunk, synced
-ENTRY_SIZE = _ENTRY.size + _DIGEST
+ENTRY_SIZE = _ENTRY.size + 8  # and its xxh3-64
 INDEX_RECORDS = 512
 INDEX_BYTES = 64 << 10
-READ_AHEAD = 64 << 10  # a reader's buffer; a scan reads a larger one
-_SCAN_READ = 1 << 20
+READ_AHEAD = 64 << 10  # a reader's buffer
 _NAME_DIGITS = 20
 
 
@@ -68,66 +61,6 @@ class Stats(NamedTuple):
     last_offset: int  # first_offset - 1 when the log keeps nothing
     durable_offset: int
     messages: int
-
-
-class _Record(NamedTuple):
-    flags: int
-    offset: int
-    timestamp: int
-    synced: int
-    start: int  # the payload's, in the bytes parsed
-    end: int
-
-
-def _parse(data: bytes | memoryview, at: int) -> _Record | int | None:
-    """The intact record at `at`; None if it is not one; or, if `data` ends
-    within it, how many bytes from `at` it needs."""
-    if len(data) - at < HEAD_SIZE:
-        return HEAD_SIZE
-    mark, flags, length, offset, timestamp = _HEAD.unpack_from(data, at)
-    if mark != MARK or flags & ~CHUNK:
-        return None
-    start = at + HEAD_SIZE + (_SYNCED.size if flags & CHUNK else 0)
-    end = start + length
-    if end > len(data):
-        return end - at
-    view = memoryview(data)
-    hasher = xxhash.xxh3_64(view[at:at + _HEAD.size])
-    hasher.update(view[at + HEAD_SIZE:end])
-    if hasher.digest() != view[at + _HEAD.size:at + HEAD_SIZE]:
-        return None
-    synced = _SYNCED.unpack_from(data, at + HEAD_SIZE)[0] if flags & CHUNK else 0
-    return _Record(flags, offset, timestamp, synced, start, end)
-
-
-def _encode(into: bytearray, payload: bytes, offset: int, timestamp: int,
-            synced: int | None) -> None:
-    """Append a record to `into`; `synced` given makes it a chunk's first."""
-    head = _HEAD.pack(MARK, 0 if synced is None else CHUNK, len(payload), offset, timestamp)
-    extra = b"" if synced is None else _SYNCED.pack(synced)
-    hasher = xxhash.xxh3_64(head)
-    hasher.update(extra)
-    hasher.update(payload)
-    into += b"".join((head, hasher.digest(), extra, payload))
-
-
-def _scan(fd: int, start: int, end: int) -> Iterator[tuple[int, _Record, int]]:
-    """(position, record, its end) of the intact records from `start`, up to
-    `end` or the first that is not."""
-    data, at, position = b"", start, start  # at: the file position of data[0]
-    fresh = False  # data was read from position: a record it cannot hold is cut short
-    while position < end:
-        found = _parse(data, position - at)
-        if isinstance(found, int):
-            if fresh or position + found > end:
-                return
-            data = os.pread(fd, min(max(_SCAN_READ, found), end - position), position)
-            at, fresh = position, True
-            continue
-        if found is None:
-            return
-        yield position, found, at + found.end
-        position, fresh = at + found.end, False
 
 
 class _Index:
@@ -266,7 +199,7 @@ class SegmentLog:
                                                                          segment.base)
         index.cut(keep - 1)
         end, timestamp = start, index.timestamps[-1] if index else 0
-        for position, record, end in _scan(segment.fd, start, size):
+        for position, record, end in scan(segment.fd, start, size):
             if record.offset != expected or record.timestamp < timestamp:
                 raise SegmentLogDamaged(
                     f"stream segment {segment.path} is damaged: the record at byte {position} "
@@ -282,7 +215,7 @@ class SegmentLog:
                           old_synced[row] if same else -1)
             expected, timestamp = record.offset + 1, record.timestamp
         if end < size:
-            synced = max(synced, _synced_beyond(segment.fd, end, size)) if newest else size
+            synced = max(synced, synced_beyond(segment.fd, end, size)) if newest else size
             if end < synced:
                 raise SegmentLogDamaged(
                     f"stream segment {segment.path} is damaged at byte {end} (offset {expected})"
@@ -341,7 +274,7 @@ class SegmentLog:
         OSError (a full disk) what was not written stays buffered."""
         while self._pending:
             segment = self._segments[-1] if self._segments else None
-            if segment is None or segment.size and segment.size + HEAD_SIZE + _SYNCED.size \
+            if segment is None or segment.size and segment.size + HEAD_SIZE + SYNCED_SIZE \
                     + len(self._pending[0][0]) > self.max_segment_bytes:
                 if segment is not None:
                     self._seal(segment)
@@ -360,7 +293,7 @@ class SegmentLog:
             position = segment.size + len(data)
             if data and position + HEAD_SIZE + len(payload) > self.max_segment_bytes:
                 break
-            _encode(data, payload, offset, timestamp, None if data else segment.synced)
+            encode(data, payload, offset, timestamp, None if data else segment.synced)
             if index.due(offset, position, self._index_records, self._index_bytes):
                 index.add(offset, timestamp, position, self._flushed, segment.synced)
             offset += 1
@@ -399,22 +332,33 @@ class SegmentLog:
         return segment
 
     def sync(self) -> None:
-        """Flush, and make everything written durable (the shard's group commit)."""
+        """Flush, and make everything written durable."""
+        point = self.sync_point()
+        point.run()
+        self.synced(point)
+
+    def sync_point(self) -> SyncPoint:
+        """Flush, and what makes it durable: the shard's group commit runs it in
+        its committer thread, then hands it back to `synced`."""
         self.flush()
         newest = self._segments[-1] if self._segments else None
-        if newest is not None and newest.synced < newest.size:
-            os.fdatasync(newest.fd)
-            newest.synced = newest.size
-        self._sync_directory()
-        self._durable, self._durable_chunk = self._flushed - 1, self._flushed_chunk
+        due = newest is not None and newest.synced < newest.size
+        point = SyncPoint(os.dup(newest.fd) if newest and due else None,
+                          self.path if self._directory_dirty else None, newest,
+                          newest.size if newest else 0, self._flushed - 1, self._flushed_chunk)
+        self._directory_dirty = False
+        return point
+
+    def synced(self, point: SyncPoint) -> None:
+        """`point` has run: what it covers is durable (confirms may go out)."""
+        if point.segment is not None:
+            point.segment.synced = max(point.segment.synced, point.size)
+        if point.offset > self._durable:
+            self._durable, self._durable_chunk = point.offset, point.chunk
 
     def _sync_directory(self) -> None:
         if self._directory_dirty:
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)  # the segments created or deleted
-            finally:
-                os.close(fd)
+            _fsync_directory(self.path)
             self._directory_dirty = False
 
     def apply_retention(self, max_bytes: int | None = None, max_age_ms: int | None = None,
@@ -478,7 +422,7 @@ class SegmentLog:
         segment = kept[number]
         index = self._index(segment)
         row = max(0, bisect.bisect_left(index.timestamps, timestamp) - 1)
-        for _, record, _ in _scan(segment.fd, index.positions[row], segment.size):
+        for _, record, _ in scan(segment.fd, index.positions[row], segment.size):
             if record.timestamp >= timestamp:
                 return record.offset
         raise SegmentLogDamaged(f"stream segment {segment.path} is damaged after offset "
@@ -518,26 +462,31 @@ class SegmentLog:
         self._bases.clear()
 
 
-def _synced_beyond(fd: int, start: int, end: int) -> int:
-    """The largest synced length an intact chunk between `start` and `end` claims
-    (0 if none): the bytes before it were durable, so a broken record there is
-    damage, not a torn tail."""
-    found = 0
-    at = start
-    while at < end:
-        data = os.pread(fd, min(_SCAN_READ, end - at), at)
-        if len(data) < len(MARK):
-            break
-        hit = data.find(MARK)
-        while hit >= 0:
-            record = _parse(data, hit)
-            if isinstance(record, int) and at + hit + record <= end:
-                record = _parse(os.pread(fd, record, at + hit), 0)
-            if isinstance(record, _Record) and record.flags & CHUNK:
-                found = max(found, record.synced)
-            hit = data.find(MARK, hit + 1)
-        at += len(data) - len(MARK) + 1  # a mark across the edge is found in the next read
-    return found
+class SyncPoint(NamedTuple):
+    """A sync to run once, in any thread: it touches only its own descriptor."""
+    fd: int | None  # a duplicate of the newest segment's, if it has bytes to sync
+    directory: str | None  # to sync: segments were created
+    segment: _Segment | None
+    size: int
+    offset: int
+    chunk: int | None
+
+    def run(self) -> None:
+        if self.fd is not None:
+            try:
+                os.fdatasync(self.fd)
+            finally:
+                os.close(self.fd)
+        if self.directory is not None:
+            _fsync_directory(self.directory)
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)  # the segments created or deleted
+    finally:
+        os.close(fd)
 
 
 class Reader:
@@ -584,11 +533,11 @@ class Reader:
             self._at += 1
         return found
 
-    def _record(self, segment: _Segment) -> tuple[_Record, bytes]:
+    def _record(self, segment: _Segment) -> tuple[Record, bytes]:
         """The record at the reader's position, and the bytes it was parsed in."""
         for _ in range(2):
-            found = _parse(self._data, self._position - self._data_at)
-            if isinstance(found, _Record) and found.offset == self._at:
+            found = parse(self._data, self._position - self._data_at)
+            if isinstance(found, Record) and found.offset == self._at:
                 return found, self._data
             if not isinstance(found, int) or self._position + found > segment.size:
                 break

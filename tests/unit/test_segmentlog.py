@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from warren.storage import segmentlog
-from warren.storage.segmentlog import HEAD_SIZE, SegmentLog, SegmentLogDamaged
+from warren.storage import segmentlog, segmentrecord
+from warren.storage.segmentlog import SegmentLog, SegmentLogDamaged
+from warren.storage.segmentrecord import HEAD_SIZE
 
 SMALL = dict(max_segment_bytes=600, index_records=4, index_bytes=200)
 
@@ -54,6 +56,40 @@ def test_offsets_run_from_zero_and_readers_see_only_what_is_synced(tmp_path):
     log.sync()
     assert reader.read() == [(3, 12, b"d")]
     assert segment_files(tmp_path / "s") == ["00000000000000000000.seg"]
+    log.close()
+
+
+def test_a_sync_runs_in_another_thread_while_appends_go_on(tmp_path, monkeypatch):
+    """The shard's committer thread runs the sync point; the records appended
+    meanwhile are not covered by it."""
+    synced = []
+    real_sync, real_fsync = os.fdatasync, os.fsync
+    monkeypatch.setattr(segmentlog.os, "fdatasync", lambda fd: synced.append(
+        os.readlink(f"/proc/self/fd/{fd}")) or real_sync(fd))
+    monkeypatch.setattr(segmentlog.os, "fsync", lambda fd: synced.append(
+        os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    log = SegmentLog.open(str(tmp_path / "s"))
+    reader = log.reader("first")
+    log.append_many([b"a", b"b"], 1)
+    point = log.sync_point()
+    log.append(b"c", 2)
+    log.flush()
+    assert synced == []
+    thread = threading.Thread(target=point.run)
+    thread.start()
+    thread.join(10)
+    # The segment, and the directory that now holds it.
+    assert synced == [str(tmp_path / "s" / "00000000000000000000.seg"), str(tmp_path / "s")]
+    assert reader.read() == []  # durable, not yet known to be
+    log.synced(point)
+    assert log.durable_offset == 1
+    assert [r[0] for r in reader.read()] == [0, 1]
+    again = log.sync_point()
+    again.run()
+    log.synced(again)
+    log.synced(point)  # late or twice: never moves back
+    assert (log.durable_offset, [r[0] for r in reader.read()]) == (2, [2])
+    assert log.sync_point().fd is None  # nothing left to sync
     log.close()
 
 
@@ -200,7 +236,7 @@ def test_a_seek_or_an_open_reads_one_index_step_not_the_log(tmp_path, monkeypatc
     assert log.stats().bytes > 600_000
     step = 4096 + HEAD_SIZE + 8 + size  # the most an index step holds
     monkeypatch.setattr(segmentlog, "READ_AHEAD", step + HEAD_SIZE + 8 + size)
-    monkeypatch.setattr(segmentlog, "_SCAN_READ", step + HEAD_SIZE + 8 + size)
+    monkeypatch.setattr(segmentrecord, "SCAN_READ", step + HEAD_SIZE + 8 + size)
     counter = PreadCounter(monkeypatch)
     for start in (4321, ("timestamp", 43210), "first", "last"):
         counter.total = 0
@@ -309,7 +345,7 @@ def test_an_intact_record_out_of_sequence_is_damage(tmp_path):
     log.sync()
     log.close()
     stray = bytearray()
-    segmentlog._encode(stray, b"c", 7, 5, None)  # offset 7 where 2 belongs
+    segmentrecord.encode(stray, b"c", 7, 5, None)  # offset 7 where 2 belongs
     with open(path / segment_files(path)[0], "ab") as file:
         file.write(stray)
     with pytest.raises(SegmentLogDamaged, match="has offset 7"):
