@@ -116,7 +116,7 @@ class _Segment:
         self.base = base
         self.path = os.path.join(directory, f"{base:0{_NAME_DIGITS}d}.seg")
         self.index_path = self.path[:-4] + ".idx"
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | flags, 0o600)
+        self.fd = os.open(self.path, os.O_CLOEXEC | flags, 0o600)
         self.size = 0  # bytes flushed
         self.synced = 0  # bytes made durable
         self.last = base - 1  # the last record's offset
@@ -132,8 +132,9 @@ class SegmentLog:
     is durable."""
 
     def __init__(self, path: str, max_segment_bytes: int, index_records: int,
-                 index_bytes: int) -> None:
+                 index_bytes: int, readonly: bool) -> None:
         self.path = path
+        self.readonly = readonly
         self.max_segment_bytes = max_segment_bytes
         self._index_records = index_records
         self._index_bytes = index_bytes
@@ -150,18 +151,22 @@ class SegmentLog:
 
     @classmethod
     def open(cls, path: str, max_segment_bytes: int = 500_000_000,
-             index_records: int = INDEX_RECORDS, index_bytes: int = INDEX_BYTES) -> SegmentLog:
-        os.makedirs(path, exist_ok=True)
-        log = cls(path, max_segment_bytes, index_records, index_bytes)
+             index_records: int = INDEX_RECORDS, index_bytes: int = INDEX_BYTES,
+             readonly: bool = False) -> SegmentLog:
+        """Open (and recover) the log at `path`; `readonly` writes nothing, not
+        even the cut of a torn tail (`warren inspect` beside a running broker)."""
+        if not readonly:
+            os.makedirs(path, exist_ok=True)
+        log = cls(path, max_segment_bytes, index_records, index_bytes, readonly)
         names = set(os.listdir(path))
         bases = sorted(int(name[:-4]) for name in names if name.endswith(".seg")
                        and len(name) == _NAME_DIGITS + 4 and name[:-4].isdigit())
         for name in names:  # an index whose segment retention removed first
-            if name.endswith(".idx") and f"{name[:-4]}.seg" not in names:
+            if name.endswith(".idx") and f"{name[:-4]}.seg" not in names and not readonly:
                 os.unlink(os.path.join(path, name))
         try:
             for number, base in enumerate(bases):
-                segment = _Segment(path, base, 0)
+                segment = _Segment(path, base, os.O_RDONLY if readonly else os.O_RDWR)
                 log._segments.append(segment)
                 log._bases.append(base)
                 log._recover(segment, newest=number == len(bases) - 1)
@@ -183,9 +188,13 @@ class SegmentLog:
 
     def _recover(self, segment: _Segment, newest: bool) -> None:
         size = os.fstat(segment.fd).st_size
-        index_fd = os.open(segment.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        segment.index_fd = index_fd
-        stored = os.pread(index_fd, os.fstat(index_fd).st_size, 0)
+        index_fd = None
+        if self.readonly:
+            stored = _read_file(segment.index_path)
+        else:
+            index_fd = segment.index_fd = os.open(
+                segment.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            stored = os.pread(index_fd, os.fstat(index_fd).st_size, 0)
         index = _Index.load(stored, segment.base, size)
         positions, old_synced = index.positions[:], index.synced[:]
         # Records before the last length known synced were written whole: check from
@@ -222,14 +231,15 @@ class SegmentLog:
                     ": the record there fails its checksum or is cut short, and " + (
                         f"the segment was synced to byte {synced}" if newest
                         else "only the newest segment may end in a torn write"))
-            os.ftruncate(segment.fd, end)  # a torn tail: never synced, never confirmed
-        if newest:
+            if not self.readonly:
+                os.ftruncate(segment.fd, end)  # a torn tail: never synced, never confirmed
+        if newest and not self.readonly:
             os.fdatasync(segment.fd)  # what a killed process left in the page cache
         for row in range(keep - 1, len(index)):
             if index.synced[row] < 0:
                 index.synced[row] = end  # an entry rebuilt: synced from now on
         rebuilt = b"".join(index.packed(row) for row in range(len(index)))
-        if rebuilt != stored:
+        if rebuilt != stored and index_fd is not None:
             os.ftruncate(index_fd, 0)
             os.pwrite(index_fd, rebuilt, 0)
             os.fdatasync(index_fd)
@@ -237,7 +247,7 @@ class SegmentLog:
         segment.last, segment.last_timestamp, segment.last_chunk = expected - 1, timestamp, chunk
         if newest:
             segment.index = index
-        else:
+        elif index_fd is not None:
             os.close(index_fd)
             segment.index_fd = None  # (an older segment's index is read when a seek needs it)
 
@@ -272,6 +282,8 @@ class SegmentLog:
     def flush(self) -> None:
         """Write what is buffered: one write per segment it reaches. After an
         OSError (a full disk) what was not written stays buffered."""
+        if self.readonly and self._pending:
+            raise PermissionError(f"stream log {self.path} is open read-only")
         while self._pending:
             segment = self._segments[-1] if self._segments else None
             if segment is None or segment.size and segment.size + HEAD_SIZE + SYNCED_SIZE \
@@ -323,7 +335,7 @@ class SegmentLog:
         self._durable, self._durable_chunk = segment.last, segment.last_chunk
 
     def _create(self, base: int) -> _Segment:
-        segment = _Segment(self.path, base, os.O_CREAT | os.O_EXCL)
+        segment = _Segment(self.path, base, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         segment.index_fd = os.open(segment.index_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC
                                    | os.O_CLOEXEC, 0o600)
         segment.index, self._directory_dirty = _Index(), True
@@ -366,6 +378,8 @@ class SegmentLog:
         """Delete the oldest segments while the log holds more than `max_bytes`
         or their newest record is older than `max_age_ms`; never the newest
         segment. What was deleted, oldest first."""
+        if self.readonly:
+            raise PermissionError(f"stream log {self.path} is open read-only")
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         total = sum(segment.size for segment in self._segments)
         dropped: list[SegmentInfo] = []
@@ -433,8 +447,7 @@ class SegmentLog:
         few hundred kB for a full segment, once per seek into it)."""
         if segment.index is not None:
             return segment.index
-        with open(segment.index_path, "rb") as file:
-            return _Index.load(file.read(), segment.base, segment.size)
+        return _Index.load(_read_file(segment.index_path), segment.base, segment.size)
 
     def _locate(self, offset: int) -> tuple[_Segment, int, int]:
         """The segment holding `offset`, and the position and offset of the index
@@ -449,7 +462,8 @@ class SegmentLog:
     def close(self) -> None:
         """Sync and close (the files are closed even if the sync fails)."""
         try:
-            self.sync()
+            if not self.readonly:
+                self.sync()
         finally:
             self._close_files()
 
@@ -460,6 +474,16 @@ class SegmentLog:
                 os.close(segment.index_fd)
         self._segments.clear()
         self._bases.clear()
+
+
+def _read_file(path: str) -> bytes:
+    """A file's bytes; none if it is missing (an index a read-only open rebuilds
+    in memory)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except FileNotFoundError:
+        return b""
 
 
 class SyncPoint(NamedTuple):

@@ -371,6 +371,33 @@ def test_a_full_segment_is_synced_before_the_next_exists(tmp_path, monkeypatch):
     log.close()
 
 
+def test_a_read_only_open_reads_a_crashed_log_and_writes_nothing(tmp_path):
+    path = tmp_path / "s"
+    log = SegmentLog.open(str(path), **SMALL)
+    for offset in range(30):
+        log.append(payload(offset, 30), offset)
+    log.sync()
+    synced = os.path.getsize(path / segment_files(path)[-1])
+    log.append_many([payload(o, 30) for o in range(30, 34)], 40)
+    log.flush()
+    crash_copy(path, tmp_path / "c", synced, 0.5, b"garbage")
+    log.close()
+    crashed = tmp_path / "c"
+    os.unlink(crashed / (segment_files(crashed)[0][:-4] + ".idx"))
+    before = {name: (crashed / name).read_bytes() for name in os.listdir(crashed)}
+    log = SegmentLog.open(str(crashed), readonly=True, **SMALL)
+    assert [r[0] for r in read_all(log)] == list(range(log.next_offset))
+    assert read_all(log, 3)[0] == (3, 3, payload(3, 30))
+    assert 30 <= log.next_offset < 34
+    log.append(b"x", 50)
+    with pytest.raises(PermissionError):
+        log.flush()
+    with pytest.raises(PermissionError):
+        log.apply_retention(max_bytes=0)
+    log.close()
+    assert {name: (crashed / name).read_bytes() for name in os.listdir(crashed)} == before
+
+
 @pytest.mark.parametrize("where, back", [("newest", 90), ("older", 20)])
 def test_damage_before_the_tail_is_reported(tmp_path, where, back):
     """In the newest segment, a record that a later chunk says was synced; in an
