@@ -85,8 +85,6 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def gateway_count(self) -> int:
         """Gateway processes accepting clients: as given, else one per two CPUs (one
         on two cores or fewer), at most MAX_GATEWAYS - 1."""
-        if self.cluster:  # a node of a cluster serves its clients in its root alone
-            return 1
         return self.gateways or min(MAX_GATEWAYS - 1, max(1, (os.cpu_count() or 1) // 2))
 
     def ring_pairs(self) -> int:
@@ -287,9 +285,6 @@ def check(config: Config) -> None:
         fail("log_file_rotation_count", "must be 0 or more files")
     if config.stats_interval <= 0:
         fail("stats_interval", "must be positive")
-    if config.cluster and config.gateways > 1:
-        fail("gateways", "must be 0 or 1 in a cluster: a node serves its clients in one "
-                         "process")
     if not -1 <= config.cluster_port <= 65535:
         fail("cluster_port", "must be a port number, 0-65535, or -1")
     if config.cluster_lease_ttl < 2:

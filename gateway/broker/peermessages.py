@@ -169,10 +169,24 @@ class LoginWait(_Message, tag=22):
     throttled: bool  # the root throttles the address (now)
 
 
+class ClusterView(_Message, tag=23):
+    """In a cluster, what a gateway needs to reach other nodes' shards
+    (cluster/peers.py): this node, the link's secret, every node met (name, link
+    address, shards), which run, and what each shard index past this node's own
+    stands for (node, shard there), in the root's order."""
+
+    node: str
+    number: int
+    secret: bytes
+    nodes: list[tuple[str, str, int]]
+    running: list[str]
+    remote: list[tuple[str, int]]
+
+
 Message = Union[Admit, Admitted, ChannelCount, Serving, Changes, Applied, Forward, Answer,
                 ConnectionClosed, ListConnections, Connections, CloseConnection, Reply,
                 AskReplyConsumer, ReplyConsumer, ReplyOutcome, LoginTurn, LoginFailed,
-                LoginWait]
+                LoginWait, ClusterView]
 decode_message = msgspec.msgpack.Decoder(Message).decode
 encode = msgspec.msgpack.Encoder().encode
 

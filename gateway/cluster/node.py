@@ -32,7 +32,7 @@ from ..values import QueueMeta, placement
 from . import layout as lay
 from .etcd import Compare, Etcd, EtcdError, EtcdUnavailable, KeyValue, Lease, Op
 from .members import Members
-from .peers import Peers
+from .peers import Peers, view_of
 from .relay import Relay
 from .sync import CatalogueSync
 from .wire import Identity
@@ -65,6 +65,7 @@ class ClusterNode:
         self._commit_soon = False
         self._committing = False
         self._recovering = False
+        self._told = None  # the view the other gateway processes have
         self._waiters: list[Callable] = []  # answer once the next transaction is in
         self._lease: Lease | None = None
         self._watches: list = []
@@ -342,6 +343,7 @@ class ClusterNode:
         self._replay(todo)
 
     def _replay(self, todo: list) -> None:
+        self._adopt_links()  # indexes the changes name, made by observe()
         self.applying = True
         try:
             for change in todo:
@@ -467,8 +469,24 @@ class ClusterNode:
                     catalogue.forget_queue(meta)
 
     def _adopt_links(self) -> None:
-        """Links for shards of other nodes met since the last call."""
+        """Links for shards of other nodes met since the last call, here and in the
+        node's other gateway processes."""
         self.peers.adopt()
+        self._tell_gateways()
+
+    def view(self):
+        return view_of(self.members, self.number, self.secret)
+
+    def _tell_gateways(self) -> None:
+        """The other gateway processes hear of shard indexes and nodes before any
+        change that names them (the control link keeps the order)."""
+        followers = self.gateway.followers
+        if followers is None:
+            return
+        view = self.view()
+        if view != self._told:
+            self._told = view
+            followers.broadcast(view)
 
     def homes(self) -> dict[str, int]:
         """Queues per node, for placement."""
@@ -486,7 +504,9 @@ class ClusterNode:
             "x-queue-master-locator") or self.config.queue_leader_locator
         node = self.members.place(spec_.vhost, spec_.name, locator, self.homes())
         shard = placement(spec_.vhost, spec_.name, self.members.shards_on(node))
-        return self.members.shard_of(node, shard)
+        index = self.members.shard_of(node, shard)
+        self._adopt_links()
+        return index
 
     def node_of(self, meta: QueueMeta) -> str:
         return self.members.locate(meta.shard)[0]

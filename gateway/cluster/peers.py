@@ -15,6 +15,7 @@ from typing import Callable
 
 from warren.shards.records import Refusal, Reply
 
+from ..broker.peermessages import ClusterView
 from .members import Members
 from .remotelink import PeerConnection
 from .wire import Identity
@@ -70,6 +71,41 @@ class Unreached:
 
     async def stop(self) -> None:
         pass
+
+
+def view_of(members: Members, number: int, secret: bytes):
+    """The root's view for the other gateway processes (peermessages.ClusterView)."""
+    return ClusterView(members.me, number, secret,
+                       [(n, info.link, info.shards) for n, info in sorted(members.known.items())],
+                       sorted(members.running), list(members.remote))
+
+
+def take_view(gateway, peers: Peers | None, view: ClusterView) -> Peers:
+    """Another gateway process: the root's view applied, its links made (the first
+    view) or extended."""
+    if peers is None:
+        members = Members(view.node, gateway.shards.count)
+        peers = Peers(members, gateway.shards.links, Identity(view.node, view.number,
+                                                              gateway.index),
+                      view.secret, gateway._on_events, gateway._shard_lost, gateway.remote_up,
+                      gateway.down_shards.add, ssl=client_tls(gateway.config))
+    for name in peers.members.adopt_view(view.nodes, view.running, view.remote):
+        peers.lost(name)
+    peers.adopt()
+    return peers
+
+
+def client_tls(config) -> _ssl.SSLContext | None:
+    """The link's client side uses TLS where the node has a certificate; the
+    shared secret authenticates the node, a CA bundle (if given) its certificate."""
+    if not config.tls_certfile:
+        return None
+    context = _ssl.create_default_context(cafile=config.tls_cafile or None)
+    context.check_hostname = False
+    if not config.tls_cafile:
+        context.verify_mode = _ssl.CERT_NONE
+    context.load_cert_chain(config.tls_certfile, config.tls_keyfile)
+    return context
 
 
 class Peers:

@@ -331,18 +331,19 @@ class Gateway:
     def _shard_lost(self, link: ShardLink) -> None:
         local = link.index < self.shards.count
         self.dispatcher.shard_lost(link, local)
-        if local and self.cluster is not None:
-            self.cluster.shard_lost(link)
         if not local:  # publishes to its queues are unroutable until it is back
             self.down_shards.add(link.index)
             self.epoch += 1
+            return
+        if self.cluster is not None:
+            self.cluster.shard_lost(link)
+        if self.followers is not None:
+            self.followers.shard_down(link.index)
 
     def remote_up(self, link) -> None:
         """A shard of another node is in reach again."""
         self.down_shards.discard(link.index)
         self.epoch += 1
-        if self.followers is not None:
-            self.followers.shard_down(link.index)
 
     # -- to the shards -------------------------------------------------------------
 

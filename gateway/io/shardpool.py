@@ -42,6 +42,10 @@ class ShardPool:
     def __iter__(self):
         return iter(self.links)
 
+    def local(self) -> list:
+        """This node's shards' links (in a cluster, other nodes' follow them)."""
+        return self.links[:self.count]
+
     def start(self) -> None:
         for index in range(self.count):
             self.links.append(self._start(index))

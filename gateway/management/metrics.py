@@ -250,7 +250,7 @@ class BrokerCollector(Collector):
         yield written
         rings = GaugeMetricFamily("warren_shard_ring_used_bytes",
                                   "Bytes waiting in a shard ring", labels=["shard", "ring"])
-        for link in gateway.shards:
+        for link in gateway.shards.local():
             if link.alive:
                 for ring_name in ("commands", "events"):
                     ring = getattr(link, ring_name)

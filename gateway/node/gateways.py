@@ -162,6 +162,11 @@ class Followers:
         for link in self.links.values():
             link.send(message)
 
+    def broadcast(self, message) -> None:
+        """A message for every gateway, ahead of the changes not sent yet."""
+        for link in self.links.values():
+            link.send(message)
+
     def caught_up(self) -> bool:
         return not self._pending and all(seq >= self.seq for seq in self.applied.values())
 
@@ -364,7 +369,7 @@ class Followers:
             opened += [handover, handover_theirs]
             # A shard waiting to be restarted has no rings (those it had are closed).
             rings = [link.rings_for(index) if link.alive else None
-                     for link in self.gateway.shards]
+                     for link in self.gateway.shards.local()]
             spec = FollowerSpec(index, msgspec.to_builtins(self.gateway.config),
                                 theirs.fileno(), handover_theirs.fileno(), rings)
             fds = {theirs.fileno(), handover_theirs.fileno()}
@@ -390,6 +395,8 @@ class Followers:
         if self.stopping:  # stop() closed the links before this one was made
             link.close()
         self.flush()  # what is pending belongs to the snapshot
+        if self.gateway.cluster is not None:  # the other nodes' shards the snapshot names
+            link.send(self.gateway.cluster.view())
         link.send(Changes(self.seq, changes.snapshot(self.gateway.catalogue, self.gateway.access)))
         ExitWatch(loop, process, lambda: self._exited(index, process))
         loop.call_later(STABLE, self._stable, index, process)
@@ -451,14 +458,15 @@ class Followers:
                       "in %.1f s", index, returncode, failures, delay)
         # The shards drop what it held (its consumers' messages are requeued) and
         # reset its rings before a new process attaches to them.
-        left = [len(self.gateway.shards.links)]
+        local = self.gateway.shards.local()  # (other nodes' relays release theirs)
+        left = [len(local)]
 
         def released(_reply) -> None:
             left[0] -= 1
             if left[0] == 0 and not self.stopping:
                 asyncio.get_running_loop().call_later(delay, self._restart, index)
 
-        for shard in self.gateway.shards:
+        for shard in local:
             shard.request(lambda req: r.GatewayLost(req, index), released)
         self.gateway.shards.send()
 

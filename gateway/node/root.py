@@ -162,18 +162,12 @@ async def join_cluster(gateway: Gateway, settings: Config, amqp: str,
     """Make this node one of the cluster's (cluster/node.py); the link between
     the nodes uses TLS where the AMQP listener does."""
     from ..cluster.node import ClusterError, ClusterNode
+    from ..cluster.peers import client_tls
     cluster = ClusterNode(gateway, settings)
     gateway.cluster = cluster
     gateway.catalogue.place = cluster.place
-    client_tls = None
-    if tls is not None:
-        client_tls = ssl.create_default_context(cafile=settings.tls_cafile or None)
-        client_tls.check_hostname = False
-        if not settings.tls_cafile:
-            client_tls.verify_mode = ssl.CERT_NONE  # the shared secret authenticates
-        client_tls.load_cert_chain(settings.tls_certfile, settings.tls_keyfile)
     try:
-        await cluster.start(amqp, management, tls, client_tls)
+        await cluster.start(amqp, management, tls, client_tls(settings))
     except ClusterError as error:
         await gateway.stop()
         raise StartupError(str(error)) from None

@@ -33,6 +33,7 @@ from ..broker.peermessages import (
     ChannelCount,
     Client,
     CloseConnection,
+    ClusterView,
     ConnectionClosed,
     Connections,
     ListConnections,
@@ -64,6 +65,9 @@ class Leader:
         self._lost = lost
         self._waiters: dict = {}
         self._next_req = 0
+        self.peers = None  # in a cluster: the links to other nodes' shards
+        self.view: ClusterView | None = None  # the last one the root sent
+        self.started = False  # the shards' links are here: other nodes' go after them
         self.link = ControlLink(self._message, lost.set)
 
     def request(self, make, answered) -> None:
@@ -73,6 +77,12 @@ class Leader:
         self._next_req += 1
         self._waiters[self._next_req] = answered
         self.link.send(make(self._next_req))
+
+    def take_view(self) -> None:
+        """(Imported here: a lone node's gateways never need the cluster.)"""
+        from ..cluster.peers import take_view
+        if self.view is not None:
+            self.peers = take_view(self.gateway, self.peers, self.view)
 
     def connection_closed(self, conn) -> None:
         """A client's connection closed: gateway 0 stops counting it and deletes its
@@ -108,6 +118,10 @@ class Leader:
             answered = self._waiters.pop(message.req, None)
             if answered is not None:
                 answered(message)
+        elif kind is ClusterView:
+            self.view = message
+            if self.started:
+                self.take_view()
         elif kind is Reply:
             self.gateway.deliver_reply(message)
         elif kind is ReplyOutcome:
@@ -165,6 +179,8 @@ async def serve(spec: FollowerSpec) -> None:
     await loop.connect_accepted_socket(lambda: leader.link,
                                        sock=socket.socket(fileno=spec.control_fd))
     await gateway.start(spec.rings)
+    leader.started = True
+    leader.take_view()
     tls = tls_context(settings) if settings.tls_enabled else None
     handover = Handover(socket.socket(fileno=spec.handover_fd))
     loop.add_reader(spec.handover_fd, take_handed, gateway, handover, tls)

@@ -10,9 +10,11 @@ from ..support.cluster import Cluster, wait_for
 pytestmark = [pytest.mark.run_once, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with Cluster(tmp_path_factory.mktemp("cluster")) as running:
+@pytest.fixture(scope="module", params=[1, 2], ids=["gateways1", "gateways2"])
+def cluster(tmp_path_factory, request):
+    """Three nodes, each with one gateway process, then each with two (whose
+    links to the other nodes are their own)."""
+    with Cluster(tmp_path_factory.mktemp("cluster"), gateways=request.param) as running:
         yield running
     for node in running.nodes:
         assert "Traceback" not in node.log_text(), node.log_text()

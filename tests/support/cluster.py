@@ -19,10 +19,10 @@ class Node(RunningBroker):
 
     def __init__(self, folder: Path, name: str, endpoint: str, shards: int = 1,
                  lease_ttl: int = 2, extra: list[str] | None = None, host: str = "127.0.0.1",
-                 prefix: list[str] | None = None):
+                 prefix: list[str] | None = None, gateways: int = 1):
         self.name = name
         self.link_port = free_port()
-        super().__init__(folder / name, shards=shards, management=True, gateways=1,
+        super().__init__(folder / name, shards=shards, management=True, gateways=gateways,
                          host=host, prefix=prefix,
                          extra_args=["--cluster", endpoint, "--node-name", name,
                                      "--cluster-port", str(self.link_port),
@@ -56,7 +56,7 @@ class Node(RunningBroker):
 
 class Cluster:
     def __init__(self, folder: Path, size: int = 3, shards: int = 1, lease_ttl: int = 2,
-                 extra: list[str] | None = None, namespace=None):
+                 extra: list[str] | None = None, namespace=None, gateways: int = 1):
         """With `namespace` (support/netns.py), the last node runs inside it and the
         others, and etcd, on the host's end of its link."""
         self.folder = folder
@@ -64,7 +64,8 @@ class Cluster:
         self.etcd: EtcdServer = etcd_or_skip(str(folder / "etcd"),
                                              also=host if namespace is not None else "")
         endpoint = f"http://{host}:{self.etcd.client_port}"
-        self.nodes = [Node(folder, f"n{i + 1}", endpoint, shards, lease_ttl, extra, host)
+        self.nodes = [Node(folder, f"n{i + 1}", endpoint, shards, lease_ttl, extra, host,
+                           gateways=gateways)
                       for i in range(size - (namespace is not None))]
         if namespace is not None:
             self.nodes.append(Node(folder, f"n{size}", endpoint, shards, lease_ttl, extra,
