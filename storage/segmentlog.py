@@ -41,6 +41,9 @@ ENTRY_SIZE = _ENTRY.size + 8  # and its xxh3-64
 INDEX_RECORDS = 512
 INDEX_BYTES = 64 << 10
 READ_AHEAD = 64 << 10  # a reader's buffer
+# Older segments' descriptors kept open for readers, the least recently used closed
+# first: a long stream of small segments would otherwise hold thousands.
+OPEN_SEGMENTS = 16
 _NAME_DIGITS = 20
 
 
@@ -116,7 +119,7 @@ class _Segment:
         self.base = base
         self.path = os.path.join(directory, f"{base:0{_NAME_DIGITS}d}.seg")
         self.index_path = self.path[:-4] + ".idx"
-        self.fd = os.open(self.path, os.O_CLOEXEC | flags, 0o600)
+        self.fd = os.open(self.path, os.O_CLOEXEC | flags, 0o600)  # -1: closed (_fd opens it)
         self.size = 0  # bytes flushed
         self.synced = 0  # bytes made durable
         self.last = base - 1  # the last record's offset
@@ -148,6 +151,7 @@ class SegmentLog:
         self._flushed_chunk: int | None = None
         self._timestamp = 0  # the last timestamp given out
         self._directory_dirty = False
+        self._opened: dict[int, _Segment] = {}  # older segments with a descriptor, by use
 
     @classmethod
     def open(cls, path: str, max_segment_bytes: int = 500_000_000,
@@ -247,9 +251,12 @@ class SegmentLog:
         segment.last, segment.last_timestamp, segment.last_chunk = expected - 1, timestamp, chunk
         if newest:
             segment.index = index
-        elif index_fd is not None:
+            return
+        if index_fd is not None:
             os.close(index_fd)
             segment.index_fd = None  # (an older segment's index is read when a seek needs it)
+        os.close(segment.fd)
+        segment.fd = -1
 
     @property
     def next_offset(self) -> int:
@@ -341,6 +348,8 @@ class SegmentLog:
         segment.index, self._directory_dirty = _Index(), True
         self._segments.append(segment)
         self._bases.append(base)
+        if len(self._segments) > 1:
+            self._fd(self._segments[-2])  # among the older segments' descriptors now
         return segment
 
     def sync(self) -> None:
@@ -390,7 +399,9 @@ class SegmentLog:
                 break
             os.unlink(oldest.path)
             os.unlink(oldest.index_path)
-            os.close(oldest.fd)
+            if oldest.fd >= 0:
+                os.close(oldest.fd)
+            self._opened.pop(oldest.base, None)
             del self._segments[0], self._bases[0]
             total -= oldest.size
             dropped.append(SegmentInfo(oldest.base, oldest.last, oldest.size))
@@ -436,7 +447,7 @@ class SegmentLog:
         segment = kept[number]
         index = self._index(segment)
         row = max(0, bisect.bisect_left(index.timestamps, timestamp) - 1)
-        for _, record, _ in scan(segment.fd, index.positions[row], segment.size):
+        for _, record, _ in scan(self._fd(segment), index.positions[row], segment.size):
             if record.timestamp >= timestamp:
                 return record.offset
         raise SegmentLogDamaged(f"stream segment {segment.path} is damaged after offset "
@@ -469,11 +480,28 @@ class SegmentLog:
 
     def _close_files(self) -> None:
         for segment in self._segments:
-            os.close(segment.fd)
+            if segment.fd >= 0:
+                os.close(segment.fd)
             if segment.index_fd is not None:
                 os.close(segment.index_fd)
         self._segments.clear()
         self._bases.clear()
+        self._opened.clear()
+
+    def _fd(self, segment: _Segment) -> int:
+        """A segment's descriptor: the newest's stays open, an older one is
+        opened when read (and joins the most recently used)."""
+        if segment is self._segments[-1]:
+            return segment.fd
+        if segment.fd < 0:
+            segment.fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+        self._opened.pop(segment.base, None)
+        self._opened[segment.base] = segment
+        if len(self._opened) > OPEN_SEGMENTS:
+            unused = self._opened.pop(next(iter(self._opened)))
+            os.close(unused.fd)
+            unused.fd = -1
+        return segment.fd
 
 
 def _read_file(path: str) -> bytes:
@@ -565,7 +593,7 @@ class Reader:
                 return found, self._data
             if not isinstance(found, int) or self._position + found > segment.size:
                 break
-            self._data, self._data_at = os.pread(segment.fd, max(READ_AHEAD, found),
+            self._data, self._data_at = os.pread(self._log._fd(segment), max(READ_AHEAD, found),
                                                  self._position), self._position
         raise SegmentLogDamaged(
             f"stream segment {segment.path} is damaged at byte {self._position} (offset "

@@ -252,6 +252,31 @@ def test_a_seek_or_an_open_reads_one_index_step_not_the_log(tmp_path, monkeypatc
     log.close()
 
 
+def test_a_stream_of_many_segments_holds_few_descriptors(tmp_path):
+    path = tmp_path / "s"
+
+    def held() -> int:
+        return sum(os.readlink(f"/proc/self/fd/{fd}").startswith(str(path))
+                   for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+
+    log = SegmentLog.open(str(path), max_segment_bytes=200)
+    log.append_many([payload(o, 50) for o in range(200)], 1)  # two records a segment
+    log.sync()
+    assert len(log.segments()) == 100
+    assert held() <= segmentlog.OPEN_SEGMENTS + 2  # and the newest's index
+    assert [r[0] for r in read_all(log)] == list(range(200))
+    assert held() <= segmentlog.OPEN_SEGMENTS + 2
+    log.close()
+    log = SegmentLog.open(str(path), max_segment_bytes=200)
+    assert held() == 2
+    readers = [log.reader(offset) for offset in range(0, 200, 9)]
+    assert [reader.read(1)[0][0] for reader in readers] == list(range(0, 200, 9))
+    assert held() <= segmentlog.OPEN_SEGMENTS + 2
+    assert [r[0] for r in readers[0].read(1000)] == list(range(1, 200))  # reopened as read
+    log.close()
+    assert held() == 0
+
+
 def test_an_index_lost_or_torn_is_rebuilt_from_its_segment(tmp_path):
     path = tmp_path / "s"
     log = SegmentLog.open(str(path), **SMALL)
