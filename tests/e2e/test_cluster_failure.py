@@ -261,6 +261,8 @@ def test_without_etcd_nodes_serve_what_they_have_refuse_changes_and_catch_up(clu
         # the management API's changes are refused too, not kept on one node
         with pytest.raises(urllib.error.HTTPError):
             n2.api("vhosts/while-etcd-is-down", "PUT", {})
+        with pytest.raises(urllib.error.HTTPError):
+            n3.api("queues/%2F/while-etcd-is-down", "PUT", {"durable": True})
         for node in cluster.nodes:
             assert "while-etcd-is-down" not in homes(node), node.name
             assert "while-etcd-is-down" not in {v["name"] for v in node.api("vhosts")}, \
