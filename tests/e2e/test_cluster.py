@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import ssl
+
 import pika
 import pytest
 
@@ -52,3 +55,28 @@ def test_a_message_published_through_one_node_is_consumed_through_another(cluste
     assert sorted(got) == sorted(n.encode() for n in names)
     one.close()
     two.close()
+
+
+def test_the_link_between_nodes_is_tls_where_the_nodes_have_a_certificate(tmp_path, certificate):
+    cert, key = certificate
+    tls = ["--tls-certfile", str(cert), "--tls-keyfile", str(key), "--tls-port", "0"]
+    with Cluster(tmp_path, size=2, extra=tls) as running:
+        one, two = running.nodes
+        # The link's port speaks TLS (the shared secret is proven inside it) ...
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        with socket.create_connection(("127.0.0.1", two.link_port), timeout=5) as raw, \
+                context.wrap_socket(raw) as wrapped:
+            assert wrapped.version() is not None
+        # ... and carries the nodes' traffic.
+        with connect(one) as publisher_connection, connect(two) as consumer_connection:
+            publisher = publisher_connection.channel()
+            publisher.queue_declare("over-tls", arguments={"x-queue-leader-locator": "client-local"})
+            publisher.confirm_delivery()
+            publisher.basic_publish("", "over-tls", b"sealed")
+            got = wait_for(lambda: consumer_connection.channel().basic_get("over-tls",
+                                                                           auto_ack=True)[2],
+                           10, "the message through the other node")
+            assert got == b"sealed"
+    for node in running.nodes:
+        assert "Traceback" not in node.log_text(), node.log_text()
