@@ -40,6 +40,7 @@ from .wire import Identity
 log = logging.getLogger("warren")
 
 START_WAIT = 60.0  # seconds a starting node waits for etcd before giving up
+SEEN_WAIT = 2.0  # seconds a change waits for the other nodes to apply it, at most
 CONFLICT = "conflict"  # a transaction lost to another node's change: run the command again
 
 
@@ -66,6 +67,7 @@ class ClusterNode:
         self._committing = False
         self._recovering = False
         self._told = None  # the view the other gateway processes have
+        self._seen_waiters: list[tuple[int, Callable[[], None]]] = []  # when_seen's
         self._waiters: list[Callable] = []  # answer once the next transaction is in
         self._lease: Lease | None = None
         self._watches: list = []
@@ -102,6 +104,7 @@ class ClusterNode:
                                f"{self.config.link_port()} for the other nodes "
                                f"({error.strerror}): pick another port with "
                                f"--cluster-port") from None
+        self.relay.when_seen = self.when_seen
         link_address = self.config.advertise or f"{self.config.bind}:{self.relay.port}"
         self.peers = Peers(self.members, g.shards.links, Identity(self.name, self.number, g.index),
                            self.secret, g._on_events, g._shard_lost, g.remote_up,
@@ -251,6 +254,7 @@ class ClusterNode:
                 + [Op.delete(key) for key in txn.deletes])
             if result.succeeded:
                 self.sync.committed(txn, result.revision)
+                await self._seen_everywhere(result.revision)
             else:
                 outcome = CONFLICT
                 self._undo_created(txn)
@@ -269,6 +273,29 @@ class ClusterNode:
                 log.exception("a declaration's answer failed")
         if self.sync.pending() or self._waiters:
             self._start_commit()
+
+    async def _seen_everywhere(self, revision: int) -> None:
+        """Until every other running node's catalogue has applied `revision` (asked
+        over the link: a node out of reach is not waited for), so a client told
+        -ok here finds the change through any node next. Bounded: a node that
+        cannot keep up is a slow node, not a stopped cluster."""
+        asked = []
+        for name in self.members.running:
+            peer = self.peers.connections.get(name)
+            if peer is None or name == self.name:
+                continue
+            done = self._loop.create_future()
+            if peer.ask_seen(revision, lambda done=done: done.done() or done.set_result(None)):
+                asked.append(done)
+        if asked:
+            await asyncio.wait(asked, timeout=SEEN_WAIT)
+
+    def when_seen(self, revision: int, then: Callable[[], None]) -> None:
+        """Another node asks: `then()` once the catalogue here is at `revision`."""
+        if self.sync.revision >= revision:
+            then()
+        else:
+            self._seen_waiters.append((revision, then))
 
     def _undo_created(self, txn) -> None:
         """Queues this turn created that etcd did not take: out of their shards."""
@@ -292,6 +319,7 @@ class ClusterNode:
         todo = self.sync.reload([(kv.key, kv.value, kv.mod_revision) for kv in kvs], revision,
                                 lay.decode, local)
         self._replay(todo)
+        self._release_seen()
 
     def _unavailable(self) -> None:
         """etcd does not answer: serve what this node has, refuse changes to the
@@ -341,6 +369,16 @@ class ClusterNode:
                 todo.append(change)
         self.sync.revision = max(self.sync.revision, revision)
         self._replay(todo)
+        self._release_seen()
+
+    def _release_seen(self) -> None:
+        """Answer the other nodes waiting for a revision the catalogue is at now."""
+        if self._seen_waiters:
+            at = self.sync.revision
+            ready = [then for wanted, then in self._seen_waiters if wanted <= at]
+            self._seen_waiters = [w for w in self._seen_waiters if w[0] > at]
+            for then in ready:
+                then()
 
     def _replay(self, todo: list) -> None:
         self._adopt_links()  # indexes the changes name, made by observe()

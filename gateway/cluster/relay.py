@@ -77,6 +77,9 @@ class Relay:
         self._costs: list[dict] = [{} for _ in rings]  # per shard: the costs senders know
         self._server: asyncio.Server | None = None
         self._stopping = False
+        # when_seen(revision, then): `then()` once the catalogue is at `revision`
+        # (the node's; a relay alone, as in its tests, is at every revision)
+        self.when_seen = lambda revision, then: then()
         self.port = 0
 
     async def start(self, host: str, port: int) -> None:
@@ -183,6 +186,14 @@ class Relay:
         count = sender.batches[shard] = sender.batches.get(shard, 0) + 1
         link.request(Sync, partial(self._worked_through, sender, shard, count))
 
+    def seen(self, sender: _Sender, revision: int) -> None:
+        """Tell the sender once this node's catalogue has applied `revision`."""
+        def answer() -> None:
+            if sender.open and sender._transport is not None:
+                sender.flush()
+                sender._transport.write(wire.revision_frame(wire.SEEN, revision))
+        self.when_seen(revision, answer)
+
     def _answer(self, sender: _Sender, shard: int, req: int, reply) -> None:
         if sender.open:
             sender.queue(shard, [msgspec.structs.replace(reply, req=req)])
@@ -267,6 +278,8 @@ class _Sender(asyncio.Protocol):
                         self.relay.commands(self, got.shard, got.payload)
                     elif got.kind == wire.SHARD_DOWN:
                         self.told_down.discard(got.shard)
+                    elif got.kind == wire.SEEN_ASK:
+                        self.relay.seen(self, wire.revision_of(got))
                     else:
                         raise wire.WireError(f"a frame of kind {got.kind} from a gateway")
                 else:

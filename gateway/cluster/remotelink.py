@@ -316,6 +316,7 @@ class PeerConnection:
         self._attempt: _PeerProtocol | None = None
         self._stopping = False
         self._wake = asyncio.Event()  # retry_now() cuts the back-off short
+        self._seen_waiters: list[tuple[int, Callable[[], None]]] = []  # ask_seen's
         self._logged = ""  # the last trouble logged: the same again is not
 
     def start(self) -> None:
@@ -397,11 +398,30 @@ class PeerConnection:
 
     def _lost(self) -> None:
         self._transport = None
+        waiters, self._seen_waiters = self._seen_waiters, []
+        for _, then in waiters:  # a node out of reach is waited for no longer
+            then()
         self.writable = True
         for link in self.links:
             link.down()
 
+    def ask_seen(self, revision: int, then: Callable[[], None]) -> bool:
+        """Ask the node to say when its catalogue has applied `revision`; False
+        (and nothing asked) while the connection is not open."""
+        if self._transport is None:
+            return False
+        self._seen_waiters.append((revision, then))
+        self._transport.write(wire.revision_frame(wire.SEEN_ASK, revision))
+        return True
+
     def _frame(self, got: wire.Frame) -> None:
+        if got.kind == wire.SEEN:
+            revision = wire.revision_of(got)
+            ready = [then for at, then in self._seen_waiters if at <= revision]
+            self._seen_waiters = [w for w in self._seen_waiters if w[0] > revision]
+            for then in ready:
+                then()
+            return
         if got.shard >= len(self.links):
             raise wire.WireError(f"a frame for shard {got.shard} of {len(self.links)}")
         link = self.links[got.shard]

@@ -7,7 +7,10 @@ payload. Once the link is open, A sends COMMANDS (one encoded batch of shard
 records for one shard, as a ring record carries them) and B sends EVENTS (the
 same, the other way) and SHARD_DOWN / SHARD_UP (a shard of B died, or runs
 again). A answers a SHARD_DOWN with one of its own: B then knows that A's
-COMMANDS for that shard from there on were sent knowing it (relay.py).
+COMMANDS for that shard from there on were sent knowing it (relay.py). A may
+send SEEN_ASK (an etcd revision, 8 bytes): B answers SEEN with the same once its
+catalogue has applied that revision, so a change is answered only once every
+node has it (cluster/node.py).
 
 The handshake proves to each side that the other knows the cluster's secret,
 which never crosses the wire: B sends HELLO (a random nonce), A answers LOGIN
@@ -34,8 +37,9 @@ from warren.shards.records import MAX_GATEWAYS, Deliver, GetReply, Publish
 
 from ..config import MAX_MESSAGE_SIZE_LIMIT
 
-HELLO, LOGIN, WELCOME, COMMANDS, EVENTS, SHARD_DOWN, SHARD_UP = range(1, 8)
-KINDS = frozenset((HELLO, LOGIN, WELCOME, COMMANDS, EVENTS, SHARD_DOWN, SHARD_UP))
+HELLO, LOGIN, WELCOME, COMMANDS, EVENTS, SHARD_DOWN, SHARD_UP, SEEN_ASK, SEEN = range(1, 10)
+KINDS = frozenset((HELLO, LOGIN, WELCOME, COMMANDS, EVENTS, SHARD_DOWN, SHARD_UP, SEEN_ASK,
+                   SEEN))
 VERSION = 1  # of this wire; a peer of another is refused in the handshake
 
 _header = struct.Struct("!IBH")
@@ -79,6 +83,20 @@ class Identity(NamedTuple):
 
 def frame(kind: int, shard: int = 0, payload: bytes = b"") -> bytes:
     return _header.pack(len(payload), kind, shard) + payload
+
+
+_revision = struct.Struct("!Q")
+
+
+def revision_frame(kind: int, revision: int) -> bytes:
+    """SEEN_ASK or SEEN for an etcd revision."""
+    return frame(kind, 0, _revision.pack(revision))
+
+
+def revision_of(got: Frame) -> int:
+    if len(got.payload) != _revision.size:
+        raise WireError(f"a revision of {len(got.payload)} bytes")
+    return _revision.unpack(got.payload)[0]
 
 
 def batch_frames(kind: int, shard: int, records: list) -> list:

@@ -69,7 +69,7 @@ def test_a_frame_at_the_limit_is_read():
     assert reader.next_frame() == wire.Frame(wire.COMMANDS, 0, b"y" * 10)
 
 
-@pytest.mark.parametrize("kind", [0, 8, 255])
+@pytest.mark.parametrize("kind", [0, max(wire.KINDS) + 1, 255])
 def test_a_frame_of_no_kind_is_refused(kind):
     reader = wire.FrameReader()
     reader.receive_data(wire.frame(kind, 0, b""))
@@ -256,3 +256,12 @@ def test_any_batch_comes_back_whole_in_frames_within_the_limit(sizes):
     for batch in batches:
         content = sum(len(p.body) + len(p.properties) for p in batch if type(p) is r.Publish)
         assert content <= limit or len(batch) == 1
+
+
+def test_a_revision_asked_comes_back_as_it_went():
+    reader = wire.FrameReader()
+    reader.receive_data(wire.revision_frame(wire.SEEN_ASK, 2**40 + 7))
+    got = reader.next_frame()
+    assert got.kind == wire.SEEN_ASK and wire.revision_of(got) == 2**40 + 7
+    with pytest.raises(wire.WireError, match="revision"):
+        wire.revision_of(wire.Frame(wire.SEEN, 0, b"\0" * 3))
