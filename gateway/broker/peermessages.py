@@ -172,13 +172,13 @@ class LoginWait(_Message, tag=22):
 class ClusterView(_Message, tag=23):
     """In a cluster, what a gateway needs to reach other nodes' shards
     (cluster/peers.py): this node, the link's secret, every node met (name, link
-    address, shards), which run, and what each shard index past this node's own
+    address, shards, number), which run, and what each shard index past this node's own
     stands for (node, shard there), in the root's order."""
 
     node: str
     number: int
     secret: bytes
-    nodes: list[tuple[str, str, int]]
+    nodes: list[tuple[str, str, int, int]]
     running: list[str]
     remote: list[tuple[str, int]]
 

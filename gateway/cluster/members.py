@@ -70,14 +70,14 @@ class Members:
     def name_of_number(self, number: int) -> str | None:
         return next((n for n, info in self.known.items() if info.number == number), None)
 
-    def adopt_view(self, nodes: list[tuple[str, str, int]], running: list[str],
+    def adopt_view(self, nodes: list[tuple[str, str, int, int]], running: list[str],
                    remote: list[tuple[str, int]]) -> list[str]:
         """Another gateway process of this node: the root's view, as is (the
         indexes must be the root's). The nodes that stopped running, returned."""
-        for name, link, shards in nodes:
+        for name, link, shards, number in nodes:
             known = self.known.get(name)
-            if known is None or (known.link, known.shards) != (link, shards):
-                self.known[name] = NodeInfo(name, 0, link, "", "", shards, 0.0)
+            if known is None or (known.link, known.shards, known.number) != (link, shards, number):
+                self.known[name] = NodeInfo(name, number, link, "", "", shards, 0.0)
         stopped = [name for name in self.running if name not in running]
         self.running = {name: self.known[name] for name in running if name in self.known}
         for node, shard in remote[len(self.remote):]:

@@ -105,10 +105,12 @@ class ClusterNode:
                                f"({error.strerror}): pick another port with "
                                f"--cluster-port") from None
         self.relay.when_seen = self.when_seen
+        self.relay.on_reply = self._reply_here
         link_address = self.config.advertise or f"{self.config.bind}:{self.relay.port}"
         self.peers = Peers(self.members, g.shards.links, Identity(self.name, self.number, g.index),
                            self.secret, g._on_events, g._shard_lost, g.remote_up,
                            g.down_shards.add, ssl=client_tls)
+        g.node_number, g.peers = self.number, self.peers
         nodes, revision = await self.etcd.range(self.layout.nodes)
         for kv in nodes:
             self.members.joined(_node_info(kv.value))
@@ -142,6 +144,15 @@ class ClusterNode:
         await self.peers.stop()
         await self.relay.stop()
         await self.etcd.close()
+
+    def _reply_here(self, reply) -> None:
+        """A direct reply from another node to a reply-to address of this one's:
+        to the gateway process whose channel it names."""
+        g = self.gateway
+        if reply.gateway == g.index:
+            g.deliver_reply(reply)
+        elif g.followers is not None:
+            g.followers.pass_reply(reply)
 
     # -- this node's shards, for the relay -----------------------------------------
 
@@ -254,6 +265,7 @@ class ClusterNode:
                 + [Op.delete(key) for key in txn.deletes])
             if result.succeeded:
                 self.sync.committed(txn, result.revision)
+                await self._created_in_shards(txn)
                 await self._seen_everywhere(result.revision)
             else:
                 outcome = CONFLICT
@@ -273,6 +285,21 @@ class ClusterNode:
                 log.exception("a declaration's answer failed")
         if self.sync.pending() or self._waiters:
             self._start_commit()
+
+    async def _created_in_shards(self, txn) -> None:
+        """Until the shards of the queues this turn created have them: a command
+        through another node reaches the shard by another path (its own link, or
+        its own ring), which nothing orders behind this node's CreateQueue."""
+        waits = []
+        for record in txn.puts.values():
+            if type(record) is lay.QueueRecord:
+                link = self.gateway.shards[self.members.shard_of(record.node,
+                                                                 record.definition.shard)]
+                done = self._loop.create_future()
+                link.request(r.Sync, lambda _reply, done=done: done.done() or done.set_result(None))
+                waits.append(done)
+        if waits:
+            await asyncio.wait(waits, timeout=SEEN_WAIT)
 
     async def _seen_everywhere(self, revision: int) -> None:
         """Until every other running node's catalogue has applied `revision` (asked
@@ -367,7 +394,11 @@ class ClusterNode:
                                        kv.mod_revision, lay.decode)
             if change is not None:
                 todo.append(change)
-        self.sync.revision = max(self.sync.revision, revision)
+        # Applied up to the last event's revision: a response's header may be ahead
+        # of events still to come; only an empty one (a progress notification)
+        # says that nothing up to its revision is left.
+        at = events[-1].kv.mod_revision if events else revision
+        self.sync.revision = max(self.sync.revision, at)
         self._replay(todo)
         self._release_seen()
 
@@ -456,10 +487,14 @@ class ClusterNode:
         if self.sync.pending():
             await self._flush()
 
-    async def _flush(self) -> None:
+    async def committed(self) -> object:
+        """Once the changes made so far are in etcd: `request`'s outcome."""
         done = self._loop.create_future()
         self.request(None, lambda outcome: done.done() or done.set_result(outcome))
-        await done
+        return await done
+
+    async def _flush(self) -> None:
+        await self.committed()
 
     # -- members -----------------------------------------------------------------
 
@@ -538,7 +573,10 @@ class ClusterNode:
         """The shard index here of a new queue: its node by the locator, its shard
         there by the queue's name (values.placement)."""
         arguments = spec_.arguments
-        locator = arguments.get("x-queue-leader-locator") or arguments.get(
+        # An exclusive queue lives and dies with its connection: on its node, as
+        # RabbitMQ places it whatever the locator.
+        locator = "client-local" if spec_.exclusive else arguments.get(
+            "x-queue-leader-locator") or arguments.get(
             "x-queue-master-locator") or self.config.queue_leader_locator
         node = self.members.place(spec_.vhost, spec_.name, locator, self.homes())
         shard = placement(spec_.vhost, spec_.name, self.members.shards_on(node))

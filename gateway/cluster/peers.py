@@ -15,7 +15,7 @@ from typing import Callable
 
 from warren.shards.records import Refusal, Reply
 
-from ..broker.peermessages import ClusterView
+from ..broker.peermessages import ClusterView, encode
 from .members import Members
 from .remotelink import PeerConnection
 from .wire import Identity
@@ -62,13 +62,6 @@ class Unreached:
     def forget(self, conn) -> None:
         pass
 
-    def lost(self, name: str) -> None:
-        """etcd says node `name` is down: its links go down now, not when TCP
-        notices (a cut link sends nothing), and the connection tries again."""
-        peer = self.connections.get(name)
-        if peer is not None:
-            peer.reconnect()
-
     async def stop(self) -> None:
         pass
 
@@ -76,7 +69,8 @@ class Unreached:
 def view_of(members: Members, number: int, secret: bytes):
     """The root's view for the other gateway processes (peermessages.ClusterView)."""
     return ClusterView(members.me, number, secret,
-                       [(n, info.link, info.shards) for n, info in sorted(members.known.items())],
+                       [(n, info.link, info.shards, info.number)
+                        for n, info in sorted(members.known.items())],
                        sorted(members.running), list(members.remote))
 
 
@@ -92,6 +86,7 @@ def take_view(gateway, peers: Peers | None, view: ClusterView) -> Peers:
     for name in peers.members.adopt_view(view.nodes, view.running, view.remote):
         peers.lost(name)
     peers.adopt()
+    gateway.node_number, gateway.peers = view.number, peers
     return peers
 
 
@@ -154,6 +149,12 @@ class Peers:
             index = len(self.links)
             self.links.append(Unreached(index, members.locate(index)[0]))
             self._down(index)
+
+    def send_reply(self, number: int, reply) -> bool:
+        """A direct reply to a reply-to address of node `number`: over its link."""
+        name = self.members.name_of_number(number)
+        peer = self.connections.get(name) if name is not None else None
+        return peer is not None and peer.send_reply(encode(reply))
 
     def lost(self, name: str) -> None:
         """etcd says node `name` is down: its links go down now, not when TCP

@@ -51,6 +51,7 @@ from warren.shards.records import (
     Sync,
 )
 
+from ..broker.peermessages import decode_message
 from ..io.shardpool import ShardLink
 from . import idmap, wire
 from .remotelink import keep_alive
@@ -80,6 +81,8 @@ class Relay:
         # when_seen(revision, then): `then()` once the catalogue is at `revision`
         # (the node's; a relay alone, as in its tests, is at every revision)
         self.when_seen = lambda revision, then: then()
+        # on_reply(reply): a direct reply to one of this node's reply-to addresses
+        self.on_reply = lambda reply: None
         self.port = 0
 
     async def start(self, host: str, port: int) -> None:
@@ -280,6 +283,8 @@ class _Sender(asyncio.Protocol):
                         self.told_down.discard(got.shard)
                     elif got.kind == wire.SEEN_ASK:
                         self.relay.seen(self, wire.revision_of(got))
+                    elif got.kind == wire.REPLY:
+                        self.relay.on_reply(decode_message(got.payload))
                     else:
                         raise wire.WireError(f"a frame of kind {got.kind} from a gateway")
                 else:

@@ -405,6 +405,14 @@ class PeerConnection:
         for link in self.links:
             link.down()
 
+    def send_reply(self, payload: bytes) -> bool:
+        """A direct reply for the node (an encoded peermessages.Reply); False while
+        the connection is not open."""
+        if self._transport is None:
+            return False
+        self._transport.write(wire.frame(wire.REPLY, 0, payload))
+        return True
+
     def ask_seen(self, revision: int, then: Callable[[], None]) -> bool:
         """Ask the node to say when its catalogue has applied `revision`; False
         (and nothing asked) while the connection is not open."""

@@ -10,7 +10,8 @@ again). A answers a SHARD_DOWN with one of its own: B then knows that A's
 COMMANDS for that shard from there on were sent knowing it (relay.py). A may
 send SEEN_ASK (an etcd revision, 8 bytes): B answers SEEN with the same once its
 catalogue has applied that revision, so a change is answered only once every
-node has it (cluster/node.py).
+node has it (cluster/node.py); and REPLY, a direct reply to a reply-to address
+of B's (a peermessages.Reply).
 
 The handshake proves to each side that the other knows the cluster's secret,
 which never crosses the wire: B sends HELLO (a random nonce), A answers LOGIN
@@ -37,9 +38,10 @@ from warren.shards.records import MAX_GATEWAYS, Deliver, GetReply, Publish
 
 from ..config import MAX_MESSAGE_SIZE_LIMIT
 
-HELLO, LOGIN, WELCOME, COMMANDS, EVENTS, SHARD_DOWN, SHARD_UP, SEEN_ASK, SEEN = range(1, 10)
+HELLO, LOGIN, WELCOME, COMMANDS, EVENTS, SHARD_DOWN, SHARD_UP, SEEN_ASK, SEEN, REPLY = \
+    range(1, 11)
 KINDS = frozenset((HELLO, LOGIN, WELCOME, COMMANDS, EVENTS, SHARD_DOWN, SHARD_UP, SEEN_ASK,
-                   SEEN))
+                   SEEN, REPLY))
 VERSION = 1  # of this wire; a peer of another is refused in the handshake
 
 _header = struct.Struct("!IBH")

@@ -47,6 +47,8 @@ class Gateway:
         self.leader: Any = None  # any other gateway: its link to gateway 0 (node/worker.py)
         self.cluster: Any = None  # gateway 0 of a node in a cluster: cluster/node.py
         self.down_shards: set[int] = set()  # shards of other nodes out of reach
+        self.node_number = 0  # this node's number in a cluster
+        self.peers: Any = None  # in a cluster: the links to other nodes (cluster/peers.py)
         self.data_dir = os.path.abspath(config.data_dir)
         # Counts the changes of the catalogue, users and permissions: a route a
         # channel remembers (publishing.Route) holds while it stays.
@@ -161,8 +163,11 @@ class Gateway:
             self.cluster.record(change)
 
     def _to_shard(self, shard: int, record) -> None:
-        # A change replayed from etcd was told to its shards by the node that made it.
-        if self.cluster is None or not self.cluster.applying:
+        # A change replayed from etcd was told to its shards by the node that made it,
+        # except a policy's effect on a queue declared here meanwhile, which that node
+        # did not know yet: this node configures its own queues again.
+        if self.cluster is None or not self.cluster.applying or (
+                type(record) is r.ConfigureQueue and shard < self.shards.count):
             self.shards[shard].send(record)
 
     def _vhost_deleted(self, vhost) -> None:
@@ -217,6 +222,15 @@ class Gateway:
         gateway is not running. With `origin` (the publishing channel's id), the
         channel hears back whether it was delivered (`reply_outcome`)."""
         index = replyto.gateway_of(routing_key)
+        node = replyto.node_of(routing_key)
+        if node and node != self.node_number and index is not None and self.peers is not None:
+            # Another node's: there over the link, taken for delivered (what became
+            # of it does not come back across nodes).
+            sent = self.peers.send_reply(node, Reply(index, exchange, routing_key, properties,
+                                                     body))
+            if sent and origin:
+                self._loop.call_soon(self.reply_outcome, ReplyOutcome(origin, ask, False))
+            return sent
         if index is None or index == self.index:
             return False
         reply = Reply(index, exchange, routing_key, properties, body, origin, ask)

@@ -60,6 +60,13 @@ HANDLERS = {
 }
 
 
+# Routes whose PUT, POST and DELETE change the catalogue (but for what they do
+# with messages: get, purge, publish).
+CATALOGUE = {"vhosts", "users", "permissions", "policies", "definitions", "vhost_limits",
+             "user_limits", "cluster_name", "queues", "exchanges", "bindings"}
+MESSAGES = ("get", "contents", "publish")
+
+
 class Management:
     def __init__(self, gateway, listeners: list[dict] | None = None):
         self.gateway = gateway
@@ -97,7 +104,18 @@ class Management:
                 return Response(200, headers=allow)
             raise HTTPError(405, "", "", allow) from None  # as RabbitMQ's: no body
         await login.authenticate(self.gateway.access, request)
+        cluster = self.gateway.cluster
+        if cluster is not None and name in CATALOGUE and parts[-1] not in MESSAGES \
+                and request.method in ("PUT", "POST", "DELETE"):
+            refusal = cluster.refusal()
+            if refusal is not None:
+                raise HTTPError(503, "service_unavailable", refusal.detail)
         response = await HANDLERS[name](self, request, parts[2:])
+        if cluster is not None and not cluster.caught_up():
+            # answered once etcd has it, as a client's declaration is
+            outcome = await cluster.committed()
+            if isinstance(outcome, AMQPError):
+                raise HTTPError(503, "service_unavailable", outcome.detail)
         if self.gateway.followers is not None:  # what it changed is on every gateway first
             await self.gateway.followers.applied_everywhere()
         return response

@@ -46,7 +46,9 @@ async def queues(management, request: Request, rest: list[str]) -> Response:
         await management.shard_request(meta, lambda req: r.PurgeQueue(req, meta.qid))
         return Response(204)
     if request.method == "GET":
-        if meta is None:
+        cluster = management.gateway.cluster
+        # RabbitMQ lists a queue whose home node is down, but does not find it by name
+        if meta is None or (cluster is not None and not cluster.members.is_up(meta.shard)):
             raise not_found()
         figures = await management.sampler.queue_figures()
         queue = _queue(management, meta, figures.get(meta.qid))

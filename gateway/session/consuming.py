@@ -191,7 +191,8 @@ class Consuming:
         if tag in self.consumers:
             raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         self.state.reply_consumer = tag
-        self.state.reply_key, self.state.reply_address = replyto.new_address(self.broker.index)
+        self.state.reply_key, self.state.reply_address = replyto.new_address(self.broker.index,
+                                                                               self.broker.node_number)
         self.broker.add_reply_channel(self.state.reply_key, self.state)
         self.state.reply(m.BasicConsumeOk(consumer_tag=tag), method.nowait)
 

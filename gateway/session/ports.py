@@ -84,6 +84,7 @@ class Broker(Protocol):
     followers: Followers | None  # gateway 0 with others
     cluster: ClusterCatalogue | None  # gateway 0 of a node in a cluster
     down_shards: set[int]  # shards of other nodes out of reach: no route to their queues
+    node_number: int  # this node's in a cluster (0: a node alone)
 
     # ids and holders: a channel or consumer the shards' events come back to
     def new_id(self) -> int: ...

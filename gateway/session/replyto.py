@@ -19,10 +19,12 @@ def is_reply_queue(name: str) -> bool:
     return name == REPLY_QUEUE or name.startswith(_PREFIX)
 
 
-def new_address(gateway: int = 0) -> tuple[str, str]:
+def new_address(gateway: int = 0, node: int = 0) -> tuple[str, str]:
     """(key, reply-to address) for a channel's reply consumer on gateway process
-    `gateway`: the key names it, so a reply published on another gateway finds it."""
-    key = f"{gateway}.{secrets.token_urlsafe(18)}"
+    `gateway` (of node number `node` in a cluster): the key names them, so a
+    reply published on another gateway or node finds it."""
+    token = secrets.token_urlsafe(18)  # (base64url: never a '.')
+    key = f"{gateway}.{token}" if not node else f"{node}.{gateway}.{token}"
     return key, _PREFIX + key
 
 
@@ -32,5 +34,13 @@ def key_of(address: str) -> str | None:
 
 def gateway_of(address: str) -> int | None:
     """The gateway process whose channel a reply-to address names, if any."""
-    number = (key_of(address) or "").split(".", 1)[0]
+    parts = (key_of(address) or "").split(".")
+    number = parts[-2] if len(parts) >= 2 else ""
     return int(number) if number.isdigit() else None
+
+
+def node_of(address: str) -> int:
+    """The cluster node number a reply-to address names (0: this node's, or a node
+    alone)."""
+    parts = (key_of(address) or "").split(".")
+    return int(parts[0]) if len(parts) == 3 and parts[0].isdigit() else 0

@@ -18,7 +18,7 @@ class Node(RunningBroker):
     """One node: a RunningBroker joined to the cluster under `name`."""
 
     def __init__(self, folder: Path, name: str, endpoint: str, shards: int = 1,
-                 lease_ttl: int = 2, extra: list[str] | None = None, host: str = "127.0.0.1",
+                 lease_ttl: int = 3, extra: list[str] | None = None, host: str = "127.0.0.1",
                  prefix: list[str] | None = None, gateways: int = 1):
         self.name = name
         self.link_port = free_port()
@@ -55,7 +55,7 @@ class Node(RunningBroker):
 
 
 class Cluster:
-    def __init__(self, folder: Path, size: int = 3, shards: int = 1, lease_ttl: int = 2,
+    def __init__(self, folder: Path, size: int = 3, shards: int = 1, lease_ttl: int = 3,
                  extra: list[str] | None = None, namespace=None, gateways: int = 1):
         """With `namespace` (support/netns.py), the last node runs inside it and the
         others, and etcd, on the host's end of its link."""

@@ -185,3 +185,14 @@ def test_shard_indexes_of_other_nodes_follow_this_nodes_shards_densely():
     assert members.shard_of("n9", 0) == 5  # a node not met yet: the next index
     assert members.locate(5) == ("n9", 0)
     assert not members.is_up(5) and members.is_up(3)
+
+
+def test_a_reply_to_address_names_its_node_in_a_cluster_and_its_gateway_always():
+    from warren.gateway.session import replyto
+
+    key, address = replyto.new_address(3)
+    assert (replyto.gateway_of(address), replyto.node_of(address)) == (3, 0)
+    key, address = replyto.new_address(2, node=17)
+    assert (replyto.gateway_of(address), replyto.node_of(address)) == (2, 17)
+    assert replyto.key_of(address) == key
+    assert replyto.node_of("amq.rabbitmq.reply-to") == 0
