@@ -1,6 +1,7 @@
 """`python3 -m warren.loadtest.cluster --external-client PATH`: amqp-perf across the nodes
-of a cluster, its publishers on one node and its consumers on another, against a RabbitMQ
-cluster of three nodes started for the occasion.
+of a cluster, its publishers on one node and its consumers on another, on a RabbitMQ
+cluster and a Warren cluster of three nodes each, started for the occasion one after the
+other.
 
 For each scenario (the bench's transient-autoack, persistent-confirm and fanout-4x4:
 amqp-perf's transient-autoack, durable-confirm and fanout4) and each placement it runs
@@ -296,6 +297,80 @@ class RabbitCluster:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+class WarrenCluster:
+    """Warren nodes joined into one cluster on a private etcd (Debian's etcd-server),
+    each node with one shard and one gateway process (three nodes share the 2 cores
+    of the machine this was made on), queues placed as RabbitMQ places them by
+    default (client-local), so the two clusters carry the same traffic."""
+
+    label = "warren"
+
+    def __init__(self, amqp_ports: list[int], start_timeout: float = 60.0):
+        etcd = shutil.which("etcd") or "/usr/bin/etcd"
+        if not os.path.exists(etcd):
+            raise RuntimeError("no etcd: apt-get install etcd-server")
+        self.tmp = Path(tempfile.mkdtemp(prefix="warren-bench-cluster-"))
+        self.urls = [f"amqp://guest:guest@127.0.0.1:{port}/%2F" for port in amqp_ports]
+        self.processes: list[subprocess.Popen] = []
+        self.logs: list = []
+        client, peer = free_port(), free_port()
+        endpoint = f"http://127.0.0.1:{client}"
+        try:
+            self._spawn([etcd, "--name", "bench", "--data-dir", str(self.tmp / "etcd"),
+                         "--listen-client-urls", endpoint, "--advertise-client-urls", endpoint,
+                         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                         "--initial-cluster", f"bench=http://127.0.0.1:{peer}",
+                         "--log-level", "warn"], "etcd")
+            if not wait_for_port(client, start_timeout, lambda: self.processes[0].poll() is None):
+                raise RuntimeError(f"etcd did not open port {client}; logs under {self.tmp}")
+            for number, port in enumerate(amqp_ports, 1):
+                self._spawn([sys.executable, "-m", "warren.gateway.cli.main", "serve",
+                             "--cluster", endpoint, "--node-name", f"bench{number}",
+                             "--port", str(port), "--cluster-port", str(free_port()),
+                             "--management-port", "0", "--data", str(self.tmp / f"n{number}"),
+                             "--shards", "1", "--gateways", "1",
+                             "--queue-leader-locator", "client-local"], f"n{number}")
+            for process, port in zip(self.processes[1:], amqp_ports):
+                if not wait_for_port(port, start_timeout, lambda p=process: p.poll() is None):
+                    raise RuntimeError(f"a Warren node did not open port {port}; logs under "
+                                       f"{self.tmp}")
+            for url in self.urls:
+                _wait_amqp(url, 60.0)
+        except BaseException:
+            self.stop()
+            raise
+        log(f"# started a Warren cluster of {len(self.urls)} nodes on AMQP ports "
+            f"{', '.join(map(str, amqp_ports))} (pids {', '.join(map(str, self.pids()))})")
+
+    def _spawn(self, argv: list[str], name: str) -> None:
+        self.logs.append(open(self.tmp / f"{name}.log", "ab"))
+        self.processes.append(subprocess.Popen(argv, stdout=self.logs[-1],
+                                               stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, start_new_session=True))
+
+    def pids(self) -> list[int]:
+        """The nodes' roots (their shards are in their trees) and etcd: the cluster's
+        coordination is part of its cost, as Erlang's distribution is RabbitMQ's."""
+        return [process.pid for process in self.processes]
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):  # the nodes, then etcd
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        for file in self.logs:
+            file.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+BROKERS = {"rabbitmq": RabbitCluster, "warren": WarrenCluster}
+
+
 def _wait_amqp(url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -321,6 +396,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds measured per scenario and placement (default 10)")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="messages/s of each publisher (default 0: as fast as it can)")
+    parser.add_argument("--brokers", default="rabbitmq,warren",
+                        help="the clusters to measure, one after the other: rabbitmq, warren "
+                             "(default both)")
     parser.add_argument("--ports", default=None,
                         help="the nodes' AMQP ports, comma-separated (default: three free ones)")
     parser.add_argument("--dist-ports", default=None,
@@ -337,6 +415,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if len(options.ports) < 2 or len(options.dist_ports) != len(options.ports):
         parser.error("give two or more --ports and as many --dist-ports")
     options.epmd_port = options.epmd_port or free_port()
+    options.brokers = [name.strip() for name in options.brokers.split(",") if name.strip()]
+    unknown = [name for name in options.brokers if name not in BROKERS]
+    if unknown:
+        parser.error(f"unknown broker {', '.join(unknown)}: rabbitmq or warren")
     return options
 
 
@@ -346,24 +428,26 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{options.external_client} has no --consumer-url: it cannot put its consumers "
             "on another node")
         return 2
-    cluster = RabbitCluster(options.ports, options.dist_ports, options.epmd_port)
     rows: list[dict[str, Any]] = []
     hops: list[dict[str, Any]] = []
-    try:
-        for scenario in options.scenarios:
-            measured = {}
-            for placement, publisher, consumer in PLACEMENTS:
-                log(f"# {scenario} {placement}")
-                row = measure(options.external_client, scenario, cluster.urls[publisher],
-                              cluster.urls[consumer], cluster.pids(), options.duration,
-                              rate=options.rate, broker=cluster.label, placement=placement)
-                print_json(row)
-                rows.append(row)
-                measured[placement] = row
-            hops.append(hop_cost(measured[PLACEMENTS[0][0]], measured[PLACEMENTS[1][0]]))
-            print_json(hops[-1])
-    finally:
-        cluster.stop()
+    for broker in options.brokers:
+        cluster = (RabbitCluster(options.ports, options.dist_ports, options.epmd_port)
+                   if broker == "rabbitmq" else WarrenCluster(options.ports))
+        try:
+            for scenario in options.scenarios:
+                measured = {}
+                for placement, publisher, consumer in PLACEMENTS:
+                    log(f"# {cluster.label} {scenario} {placement}")
+                    row = measure(options.external_client, scenario, cluster.urls[publisher],
+                                  cluster.urls[consumer], cluster.pids(), options.duration,
+                                  rate=options.rate, broker=cluster.label, placement=placement)
+                    print_json(row)
+                    rows.append(row)
+                    measured[placement] = row
+                hops.append(hop_cost(measured[PLACEMENTS[0][0]], measured[PLACEMENTS[1][0]]))
+                print_json(hops[-1])
+        finally:
+            cluster.stop()
     print()
     print(format_rows(rows))
     print()
