@@ -38,6 +38,12 @@ function meter(fraction, alarm) {
 }
 
 function nodeDetails(n) {
+  if (n.mem_limit === undefined) {  // another node of the cluster: what this node knows of it
+    return h("div", {"data-node": n.name}, h("h3", {}, n.name), details([
+      ["Running", n.running ? "yes" : "no"],
+      ...(n.running ? [["Uptime", fmtDuration(n.uptime)]] : []),
+      ...(n.shards !== undefined ? [["Shards", fmtNum(n.shards)]] : [])]));
+  }
   const alarmText = on => on ? h("span", {class: "alarm-text"}, "ALARM: publishers blocked")
     : h("span", {}, "no alarm");
   const memory = h("div", {}, h("h3", {}, "Memory"), meter(n.mem_used / n.mem_limit, n.mem_alarm),
