@@ -26,6 +26,7 @@ from . import records as r
 from .message import Message
 from .model import Queue
 from .queue import ram_size
+from .streams import Streams, stream_path
 
 log = logging.getLogger("warren.shard")
 
@@ -38,14 +39,15 @@ CHECKPOINT_BYTES = 16 << 20
 
 
 class PendingCommit:
-    """The writes of one commit, on their way to the stores."""
+    """The writes of one commit, on their way to the stores and stream logs."""
 
     __slots__ = ("batches", "written", "ok", "sizes", "refused", "error", "checkpoint",
-                 "checkpointed", "checkpoint_refused", "appended", "full")
+                 "checkpointed", "checkpoint_refused", "appended", "full", "stream_points")
 
     def __init__(self, batches: dict, written: list, ok: bool = True,
-                 checkpoint: list | None = None):
+                 checkpoint: list | None = None, stream_points: list | None = None):
         self.batches = batches
+        self.stream_points = stream_points or []  # (qid, SyncPoint) of streams appended to
         self.written = written  # (qid, message) whose content leaves RAM once checkpointed
         self.ok = ok
         self.sizes: list[int] = []  # records per store append (one sync each)
@@ -76,6 +78,8 @@ class Persister:
         # Some stored message's content is not in RAM (recovered, or evicted at a
         # checkpoint): deliveries may need it read back (fill). Never cleared.
         self.content_out = False
+        # Stream queues: segment logs beside the stores, synced by the same commits.
+        self.streams = Streams()
 
     # -- recovery --------------------------------------------------------------
 
@@ -97,8 +101,12 @@ class Persister:
                 self.checkpoint_at = now  # the checkpoint the opening could not make
                 self._checkpoint_now = True
             for qid, stored in stored_queues.items():
-                queue = Queue(r.CreateQueue(0, qid, stored.spec, stored.arguments))
                 self._store_of[qid] = store
+                if stored.spec.queue_type == "stream":
+                    self.streams.open(r.CreateQueue(0, qid, stored.spec, stored.arguments),
+                                      stream_path(store.path, qid))
+                    continue
+                queue = Queue(r.CreateQueue(0, qid, stored.spec, stored.arguments))
                 found = store.recover(qid) if pending is None else store.recover_over(
                     qid, pending)
                 for seq, delivered, delivery_count, acquired, rich, *journaled in found:
@@ -141,6 +149,12 @@ class Persister:
         self._batch(queue.qid).put_queue(queue.qid, StoredQueue(queue.spec, queue.arguments))
         self._checkpoint_now = True
 
+    def create_stream(self, cmd: r.CreateQueue) -> None:
+        self._store_of[cmd.qid] = self.home
+        self._batch(cmd.qid).put_queue(cmd.qid, StoredQueue(cmd.spec, cmd.arguments))
+        self._checkpoint_now = True
+        self.streams.open(cmd, stream_path(self.home.path, cmd.qid))
+
     def delete_queue(self, qid: int) -> None:
         if qid in self._store_of:
             self._batch(qid).delete_queue(qid)
@@ -178,7 +192,7 @@ class Persister:
         # Asked twice a loop turn: with no batch open, no generator is made.
         return bool(self.open_batches and any(not batch.is_empty()
                                               for batch in self.open_batches.values())) \
-            or (now is not None and self._checkpoint_due(now))
+            or bool(self.streams.dirty) or (now is not None and self._checkpoint_due(now))
 
     def _checkpoint_due(self, now: float) -> bool:
         return self.checkpoint_at is not None and (
@@ -200,9 +214,11 @@ class Persister:
             return PendingCommit({}, [], ok=False)
         checkpoint = self._checkpoint_now or self._checkpoint_due(now) \
             or self.retry_at is not None  # a checkpoint refused: it comes first now
+        points, flushed = self.streams.sync_points() if self.streams.dirty else ([], True)
         pending = PendingCommit({store: batch for store, batch in self.open_batches.items()
-                                 if not batch.is_empty()}, self._written,
-                                checkpoint=list(self.stores.values()) if checkpoint else None)
+                                 if not batch.is_empty()}, self._written, ok=flushed,
+                                checkpoint=list(self.stores.values()) if checkpoint else None,
+                                stream_points=points)
         self.open_batches = {}
         self._batch_of = {}
         self._written = []
@@ -211,8 +227,21 @@ class Persister:
 
     @staticmethod
     def run_commit(pending: "PendingCommit") -> None:
-        """One journal append (one sync) per store, then the checkpoint if asked.
-        Touches only `pending` and the stores, so it may run in the committer thread."""
+        """One journal append (one sync) per store, the checkpoint if asked, then
+        one sync per stream appended to. Touches only `pending`, the stores and the
+        streams' sync points, so it may run in the committer thread."""
+        Persister._run_stores(pending)
+        for _qid, point, records in pending.stream_points:
+            try:
+                point.run()
+            except OSError as error:
+                pending.full = f"a stream log's sync failed ({error}): nacking its publishes"
+                pending.ok = False
+                continue
+            pending.sizes.append(records)
+
+    @staticmethod
+    def _run_stores(pending: "PendingCommit") -> None:
         for store, batch in pending.batches.items():
             try:
                 pending.appended += store.append(batch)
@@ -261,6 +290,8 @@ class Persister:
         messages kept in RAM) until there is room."""
         if pending.error is not None:
             raise pending.error
+        if pending.stream_points:
+            self.streams.synced(pending.stream_points, pending.ok)
         if pending.full is not None:  # once, not every second while the disk is full
             if not self.refusals:
                 log.error("%s (tried again every %.0f s, said again once it succeeds)",
@@ -338,6 +369,7 @@ class Persister:
             store.drop_mapped_pages()
 
     def close(self) -> None:
+        self.streams.close()
         for store in self.stores.values():
             store.close()
 

@@ -121,7 +121,11 @@ class Consume(_Record, tag=6):
     prefetch: int  # per-consumer unacked limit, 0 = unlimited
     credit: int  # initial link credit granted by the gateway
     priority: int = 0
-    timeout_ms: int = 0  # consumer timeout (quorum queues; 0: none)
+    timeout_ms: int = 0  # consumer timeout (quorum queues and streams; 0: none)
+    # A stream consumer's start: "first" | "last" | "next" | "offset" | "timestamp"
+    # ("" for other queues), and the offset or the time in ms it names.
+    stream_from: str = ""
+    stream_at: int = 0
 
 
 class Cancel(_Record, tag=7):
@@ -275,8 +279,10 @@ class QueueInfoReply(_Record, tag=59):
     messages: int = 0  # records written by them
 
 
+# A stream's row adds its log's segments and bytes on disk (shards/streams.py).
 QUEUE_INFO_FIELDS = ("qid", "ready", "unacked", "consumers", "ram_bytes", "published",
-                     "delivered", "redelivered", "acked", "rejected", "expired", "dead_lettered")
+                     "delivered", "redelivered", "acked", "rejected", "expired", "dead_lettered",
+                     "segments", "disk_bytes")
 
 
 class ConsumerCancelled(_Record, tag=53):

@@ -39,6 +39,7 @@ from .records import (
     gateway_of,
 )
 from .stats import StatsLog
+from .streams import TIMER as STREAMS_TIMER
 from .timers import TimerHeap
 
 Outbox = build.twin(PureOutbox, "warren.shards._outbox", "Outbox")
@@ -90,6 +91,10 @@ class Shard:
         self.behind: set[int] = set()
         self.paced = gateways > 1
         self.costs: dict[int, int] = {}  # qid -> publish cost above 1 the gateways were told
+        # Stream queues live beside the queues (shards/streams.py): only commands
+        # for a qid that is not a queue's look there, so queues pay nothing for them.
+        self.streams = persister.streams
+        self.streams.bind(self.outbox, self.timers)
 
     def take_events(self) -> list[list]:
         """This turn's events but confirms, per gateway, with stored content read back."""
@@ -126,7 +131,8 @@ class Shard:
         if self.commits.gathering:
             return True
         persister = self.persister
-        if not persister.open_batches and persister.checkpoint_at is None:
+        if not persister.open_batches and persister.checkpoint_at is None \
+                and not self.streams.dirty:
             return False  # every turn of a transient load: no call into the persister
         return persister.writes_due(now)
 
@@ -191,6 +197,8 @@ class Shard:
         for key in self.timers.due(now):
             queue = self.queues.get(key) if type(key) is int else None
             if queue is None:
+                if key == STREAMS_TIMER:
+                    self.streams.tick(now)
                 continue
             deadline = queue.next_deadline()  # the timer may be early (timers.py)
             if deadline is not None and deadline <= now:
@@ -251,6 +259,8 @@ class Shard:
             for qid in cmd.qids:
                 queue = self.queues.get(qid)
                 if queue is None:
+                    if qid in self.streams.streams:
+                        self.streams.publish(qid, cmd)
                     continue
                 if queue.straight and queue.consumers:
                     # What _apply does with the one Deliver of the queue's short way
@@ -271,7 +281,12 @@ class Shard:
             if cmd.confirm_channel:
                 self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted)
         elif kind is CreateQueue:
-            if cmd.qid not in self.queues:
+            if cmd.spec.queue_type == "stream":
+                if cmd.qid not in self.streams.streams:
+                    self.persister.create_stream(cmd)
+                    self.stats.event("queue_declared", vhost=cmd.spec.vhost,
+                                     queue=cmd.spec.name, durable=True)
+            elif cmd.qid not in self.queues:
                 queue = self.queues[cmd.qid] = Queue(cmd)
                 if queue.stored:
                     self.persister.create_queue(queue)
@@ -286,10 +301,14 @@ class Shard:
                 queue = self.queues.get(qid)
                 if queue is not None:
                     self._apply(queue, cmd, now)
+                elif qid in self.streams.streams:
+                    self.streams.apply(qid, cmd, now)
         elif kind is QueueInfo:
-            wanted = cmd.qids or list(self.queues)
+            wanted = cmd.qids or list(self.queues) + list(self.streams.streams)
             self.outbox.add(QueueInfoReply(cmd.req, [
-                _queue_figures(self.queues[qid]) for qid in wanted if qid in self.queues],
+                _queue_figures(self.queues[qid]) if qid in self.queues
+                else self.streams.figures(qid) for qid in wanted
+                if qid in self.queues or qid in self.streams.streams],
                 self.commits.fsyncs, self.commits.messages))
         elif kind is Stop:
             self.running = False
@@ -302,7 +321,10 @@ class Shard:
         else:
             queue = self.queues.get(cmd.qid)
             if queue is None:
-                self._missing_queue(cmd)
+                if cmd.qid in self.streams.streams:
+                    self._stream_command(cmd, now)
+                else:
+                    self._missing_queue(cmd)
                 return
             if kind is Consume or kind is Get:
                 self.holder_queues.setdefault(cmd.holder, set()).add(cmd.qid)
@@ -313,6 +335,20 @@ class Shard:
                 self.stats.event("consumer_cancelled", vhost=queue.spec.vhost,
                                  queue=queue.spec.name)
             self._apply(queue, cmd, now)
+
+    def _stream_command(self, cmd, now: float) -> None:
+        kind = type(cmd)
+        spec = self.streams.streams[cmd.qid].spec
+        if kind is Consume:
+            self.holder_queues.setdefault(cmd.holder, set()).add(cmd.qid)
+            self.stats.event("consumer_added", vhost=spec.vhost, queue=spec.name,
+                             consumer_tag=cmd.tag, timeout_ms=cmd.timeout_ms)
+        elif kind is Cancel:
+            self.stats.event("consumer_cancelled", vhost=spec.vhost, queue=spec.name)
+        self.streams.apply(cmd.qid, cmd, now)
+        if cmd.qid not in self.streams.streams:  # deleted
+            self.persister.delete_queue(cmd.qid)
+            self.stats.event("queue_deleted", vhost=spec.vhost, queue=spec.name)
 
     def reprice(self) -> None:
         """After a turn: tell the gateways what publishing into each queue that had

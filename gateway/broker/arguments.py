@@ -7,11 +7,13 @@ from __future__ import annotations
 import datetime
 import decimal
 
+from warren.shards.stream import parse_max_age
+
 from ..amqp import spec
 from ..errors import AMQPError
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
-QUEUE_TYPES = ("classic", "quorum")
+QUEUE_TYPES = ("classic", "quorum", "stream")
 MAX_PRIORITY = 255
 
 
@@ -65,6 +67,14 @@ def _one_of(choices: tuple[str, ...], error: str):
     return check
 
 
+def _max_age(value) -> str | None:
+    if isinstance(value, bytes):
+        return "{unacceptable_type,binary}"
+    if not isinstance(value, str):
+        return f"{{unacceptable_type,{type_name(value)}}}"
+    return None if parse_max_age(value) is not None else "invalid_max_age"
+
+
 def _boolean(value) -> str | None:
     return None if isinstance(value, bool) else f"{{unacceptable_type,{type_name(value)}}}"
 
@@ -84,11 +94,24 @@ QUEUE_ARGUMENTS = {
     "x-single-active-consumer": _boolean,
     "x-consumer-timeout": _integer(1),
     "x-delivery-limit": _integer(-1),
+    "x-max-age": _max_age,
+    "x-stream-max-segment-size-bytes": _integer(0),
     # The node a queue goes to in a cluster (cluster/members.py)
     "x-queue-leader-locator": _one_of(("client-local", "balanced"),
                                       "\"unsupported queue leader locator '{value}'\""),
     "x-queue-master-locator": _one_of(("client-local", "min-masters", "random"),
                                       "\"unsupported queue master locator '{value}'\""),
+}
+# Arguments each queue type refuses (RabbitMQ's capabilities), named in its texts.
+STREAM_ONLY = ("x-max-age", "x-stream-max-segment-size-bytes")
+UNSUPPORTED = {
+    "classic": STREAM_ONLY,
+    "quorum": STREAM_ONLY,
+    "stream": ("x-expires", "x-message-ttl", "x-dead-letter-exchange",
+               "x-dead-letter-routing-key", "x-max-length", "x-overflow", "x-max-priority",
+               "x-single-active-consumer", "x-queue-mode", "x-delivery-limit",
+               "x-max-in-memory-length", "x-max-in-memory-bytes",
+               "x-quorum-initial-group-size"),
 }
 EXCHANGE_ARGUMENTS = {
     "alternate-exchange": _string,
@@ -99,20 +122,28 @@ _EXCHANGE_NAMES = ("x-dead-letter-exchange", "alternate-exchange")
 
 def check_queue_type(arguments: dict, durable: bool, exclusive: bool, auto_delete: bool,
                      what: str) -> None:
-    """Quorum queues are durable, neither exclusive nor auto-delete (RabbitMQ's
-    refusals, checked in its order); streams are not supported yet."""
+    """Quorum queues and streams are durable, neither exclusive nor auto-delete,
+    and each type refuses the arguments it has no use for (RabbitMQ's refusals,
+    in its order: for a stream, the arguments' values, those it refuses in the
+    order declared, then its properties)."""
     kind = arguments.get("x-queue-type", "classic")
     if kind == "stream":
-        raise AMQPError(spec.PRECONDITION_FAILED,
-                        f"invalid arg 'x-queue-type' for {what}: stream queues are not "
-                        "supported by Warren yet")
-    if kind != "quorum":
+        validate(arguments, QUEUE_ARGUMENTS, what)
+    if kind not in ("quorum", "stream"):
         return
     refusals = ((auto_delete, True, "auto-delete"), (exclusive, True, "exclusive-owner"),
                 (durable, False, "non-durable"))
     for flag, value, name in refusals:
         if flag == value:
             raise AMQPError(spec.PRECONDITION_FAILED, f"invalid property '{name}' for {what}")
+
+
+def _refuse_unsupported(arguments: dict, kind: str, what: str) -> None:
+    refused = UNSUPPORTED.get(kind, ())
+    for name in arguments:
+        if name in refused:
+            raise AMQPError(spec.PRECONDITION_FAILED,
+                            f"invalid arg '{name}' for {what} of queue type rabbit_{kind}_queue")
 
 
 def exchange_named(arguments: dict, name: str, what: str) -> str | None:
@@ -141,6 +172,8 @@ def validate(arguments: dict, known: dict, what: str) -> None:
         raise AMQPError(spec.PRECONDITION_FAILED,
                         f"invalid arg 'x-dead-letter-routing-key' for {what}: "
                         "routing_key_but_no_dlx_defined")
+    if known is QUEUE_ARGUMENTS:
+        _refuse_unsupported(arguments, arguments.get("x-queue-type", "classic"), what)
 
 
 def assert_equivalent(received: dict, current: dict, known: dict, what: str) -> None:

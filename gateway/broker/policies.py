@@ -21,11 +21,13 @@ QUEUE_KEYS = {
     "dead-letter-routing-key": "x-dead-letter-routing-key",
     "consumer-timeout": "x-consumer-timeout",
     "delivery-limit": "x-delivery-limit",
+    "max-age": "x-max-age",
+    "stream-max-segment-size-bytes": "x-stream-max-segment-size-bytes",
 }
 LOWER_WINS = {"message-ttl", "expires", "max-length", "max-length-bytes", "consumer-timeout",
-              "delivery-limit"}
+              "delivery-limit", "stream-max-segment-size-bytes"}
 EXCHANGE_KEYS = {"alternate-exchange": "alternate-exchange"}
-APPLY_TO = ("all", "queues", "classic_queues", "quorum_queues", "exchanges")
+APPLY_TO = ("all", "queues", "classic_queues", "quorum_queues", "streams", "exchanges")
 _CHECKS = {**arguments.QUEUE_ARGUMENTS, **arguments.EXCHANGE_ARGUMENTS}
 
 
@@ -58,6 +60,8 @@ def exchanges_named(definition: dict) -> list[str]:
 def _applies(apply_to: str, kind: str, queue_type: str) -> bool:
     if kind == "exchange":
         return apply_to in ("all", "exchanges")
+    if queue_type == "stream":
+        return apply_to in ("all", "queues", "streams")
     return apply_to in ("all", "queues") or apply_to == f"{queue_type}_queues"
 
 
@@ -83,6 +87,9 @@ def queue_arguments(declared: dict, policy: PolicyDef | None) -> dict:
             effective[argument] = value
         elif key in LOWER_WINS:
             effective[argument] = min(declared[argument], value)
+        elif key == "max-age":  # the shorter age wins, as RabbitMQ's streams take it
+            effective[argument] = min(declared[argument], value,
+                                      key=lambda age: arguments.parse_max_age(age) or 0)
     return effective
 
 

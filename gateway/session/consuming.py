@@ -4,6 +4,7 @@ basic.get and the settling of deliveries (ack, nack, reject, recover)."""
 
 from __future__ import annotations
 
+import datetime
 from typing import TYPE_CHECKING, Callable
 
 from warren.shards import records as r
@@ -108,6 +109,9 @@ class Consuming:
             return self._consume_replies(method)
         meta = self.state.queue_named(method.queue)
         self.state.allow("read", "queue", meta.spec.name)
+        stream_from, stream_at = "", 0
+        if meta.spec.queue_type == "stream":
+            stream_from, stream_at = self._stream_start(method, meta)
         tag = method.consumer_tag or server_generated_name("amq.ctag-")
         if tag in self.consumers or tag == self.state.reply_consumer:
             raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
@@ -135,11 +139,24 @@ class Consuming:
 
         self.request(link, lambda req: r.Consume(
             req, meta.qid, holder, self.id, tag, method.no_ack, method.exclusive,
-            self.state.consumer_prefetch, consumer.credit, priority, timeout_ms), answered)
+            self.state.consumer_prefetch, consumer.credit, priority, timeout_ms, stream_from,
+            stream_at), answered)
         self._deal_credit()
 
+    def _stream_start(self, method: m.BasicConsume, meta: QueueMeta) -> tuple[str, int]:
+        """A stream consumer's refusals (RabbitMQ's, in its order) and where it
+        starts: Consume's stream_from and stream_at."""
+        what = queue_name(meta.spec.vhost, meta.spec.name)
+        if method.no_ack:
+            raise AMQPError(spec.NOT_IMPLEMENTED,
+                            f"automatic acknowledgement not supported by stream queues {what}")
+        if not self.state.consumer_prefetch:
+            raise AMQPError(spec.PRECONDITION_FAILED,
+                            f"consumer prefetch count is not set for '{what}'")
+        return stream_start(method.arguments.get("x-stream-offset", "next"))
+
     def _consumer_timeout(self, method: m.BasicConsume, meta: QueueMeta) -> int:
-        """The consumer timeout in ms (quorum queues only; classic ones have none):
+        """The consumer timeout in ms (quorum queues and streams; classic ones have none):
         the consumer's x-consumer-timeout, else min(queue argument, policy), else
         the broker's consumer_timeout (RabbitMQ 4.3's precedence)."""
         own = method.arguments.get("x-consumer-timeout")
@@ -147,7 +164,7 @@ class Consuming:
             raise AMQPError(spec.PRECONDITION_FAILED,
                             f"invalid arg 'x-consumer-timeout' for "
                             f"{queue_name(meta.spec.vhost, meta.spec.name)}")
-        if meta.spec.queue_type != "quorum" or method.no_ack:
+        if meta.spec.queue_type not in ("quorum", "stream") or method.no_ack:
             return 0
         if own is not None:
             return own
@@ -290,6 +307,9 @@ class Consuming:
     def basic_get(self, method: m.BasicGet) -> None:
         meta = self.state.queue_named(method.queue)
         self.state.allow("read", "queue", meta.spec.name)
+        if meta.spec.queue_type == "stream":
+            raise AMQPError(spec.NOT_IMPLEMENTED, "basic.get not supported by stream queues "
+                            f"{queue_name(meta.spec.vhost, meta.spec.name)}")
         link = self.state.link(meta)
 
         def answered(reply: r.GetReply) -> None:
@@ -381,15 +401,30 @@ class Consuming:
     def basic_nack(self, method: m.BasicNack) -> None:
         # A nack with requeue is not a failed delivery (RabbitMQ 4.3 counting).
         outcome = r.SETTLE_RETURN if method.requeue else r.SETTLE_DISCARD
-        self._settle(self.unacked.take(method.delivery_tag, method.multiple), outcome)
+        taken = self.unacked.take(method.delivery_tag, method.multiple)
+        self._refuse_stream_settle(taken)
+        self._settle(taken, outcome)
 
     def basic_reject(self, method: m.BasicReject) -> None:
         outcome = r.SETTLE_REQUEUE if method.requeue else r.SETTLE_DISCARD
-        self._settle(self.unacked.take(method.delivery_tag, False), outcome)
+        taken = self.unacked.take(method.delivery_tag, False)
+        self._refuse_stream_settle(taken)
+        self._settle(taken, outcome)
+
+    def _refuse_stream_settle(self, taken: list[tuple[int, Delivery]]) -> None:
+        """A stream removes nothing, so it takes no nack or reject (RabbitMQ's 540)."""
+        for _tag, delivery in taken:
+            consumer = self.by_holder.get(delivery.holder)
+            if consumer is not None and consumer.meta.spec.queue_type == "stream":
+                raise AMQPError(spec.NOT_IMPLEMENTED,
+                                "basic.nack and basic.reject not supported by stream queues "
+                                f"{queue_name(consumer.meta.spec.vhost, consumer.meta.spec.name)}")
 
     def basic_recover(self, method) -> None:
         if not method.requeue:
             raise AMQPError(spec.NOT_IMPLEMENTED, "requeue=false")
+        if any(c.meta.spec.queue_type == "stream" for c in self.consumers.values()):
+            raise internal_error()  # RabbitMQ's stream queue fails it so
         self.settle_now(self.unacked.take_all(), r.SETTLE_REQUEUE)
         if type(method) is m.BasicRecover:
             self.state.send(m.BasicRecoverOk())
@@ -413,3 +448,25 @@ def _with_delivery_count(properties: bytes, count: int) -> bytes:
         return properties
     props.headers = {**(props.headers or {}), "x-delivery-count": count}
     return encode_properties(props)
+
+
+def internal_error() -> AMQPError:
+    """RabbitMQ's answer where its channel crashes: 541, the bare name as text."""
+    error = AMQPError(spec.INTERNAL_ERROR, "")
+    error.text = "INTERNAL_ERROR"
+    return error
+
+
+def stream_start(offset) -> tuple[str, int]:
+    """Where a stream consumer's x-stream-offset starts it: ("first" | "last" |
+    "next", 0), ("offset", n) or ("timestamp", ms; the argument is AMQP's
+    seconds). Another value gets RabbitMQ's answer, a crashed channel's 541."""
+    if isinstance(offset, bytes):
+        offset = offset.decode("utf-8", "replace")
+    if isinstance(offset, str) and offset in ("first", "last", "next"):
+        return offset, 0
+    if isinstance(offset, int) and not isinstance(offset, bool):
+        return "offset", max(offset, 0)
+    if isinstance(offset, datetime.datetime):
+        return "timestamp", int(offset.timestamp()) * 1000
+    raise internal_error()

@@ -271,6 +271,9 @@ class Declaring:
     def queue_purge(self, method: m.QueuePurge) -> None:
         meta = self.state.queue_named(method.queue)
         self.state.allow("read", "queue", meta.spec.name)
+        if meta.spec.queue_type == "stream":
+            raise AMQPError(spec.NOT_IMPLEMENTED, "queue.purge not supported by stream queues "
+                            f"{queue_name(meta.spec.vhost, meta.spec.name)}")
 
         def answered(reply: r.Reply) -> None:
             if reply.refused:

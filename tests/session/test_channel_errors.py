@@ -177,12 +177,12 @@ def test_quorum_queue_properties_are_checked_in_rabbitmqs_order(session, flags, 
                     406, "PRECONDITION_FAILED - " + text.format(q=name))
 
 
-def test_stream_queues_and_a_changed_queue_type_are_refused(session):
+def test_stream_arguments_and_a_changed_queue_type_are_refused(session):
     name = unique("s")
-    session.refused(m.QueueDeclare(queue=name, durable=True,
-                                   arguments={"x-queue-type": "stream"}), 406,
-                    f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{name}' in "
-                    "vhost '/': stream queues are not supported by Warren yet")
+    session.refused(m.QueueDeclare(queue=name, durable=True, arguments={
+        "x-queue-type": "stream", "x-message-ttl": 5}), 406,
+        f"PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue '{name}' in "
+        "vhost '/' of queue type rabbit_stream_queue")
     name = unique("qq")
     session.ok(m.QueueDeclare(queue=name, durable=True, arguments={"x-queue-type": "quorum"}),
                m.QueueDeclareOk)
