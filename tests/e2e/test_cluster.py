@@ -80,3 +80,17 @@ def test_the_link_between_nodes_is_tls_where_the_nodes_have_a_certificate(tmp_pa
             assert got == b"sealed"
     for node in running.nodes:
         assert "Traceback" not in node.log_text(), node.log_text()
+
+
+def test_a_queue_declared_through_one_node_is_there_at_once_through_the_others(cluster):
+    """declare-ok is sent once every running node has the queue: the very next
+    command, on a connection to another node already open, finds it."""
+    connections = [connect(node) for node in cluster.nodes]
+    channels = [c.channel() for c in connections]
+    for i in range(30):
+        name = f"at-once-{i}"
+        channels[i % 3].queue_declare(name)
+        for other in (channels[(i + 1) % 3], channels[(i + 2) % 3]):
+            assert other.queue_declare(name, passive=True).method.queue == name
+    for connection in connections:
+        connection.close()
