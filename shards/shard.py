@@ -95,6 +95,7 @@ class Shard:
         # for a qid that is not a queue's look there, so queues pay nothing for them.
         self.streams = persister.streams
         self.streams.bind(self.outbox, self.timers)
+        stats.streams = self.streams
 
     def take_events(self) -> list[list]:
         """This turn's events but confirms, per gateway, with stored content read back."""

@@ -11,7 +11,9 @@ Record schema, version 1 (every record has "v", "type", "ts" in unix seconds
 and "shard"):
 * queue_stats: vhost, queue, queue_type, cumulative counters (published,
   published_bytes, delivered, redelivered, acked, rejected, requeued, expired,
-  dead_lettered, timeouts) and gauges (ready, unacked, consumers, ram_bytes).
+  dead_lettered, timeouts) and gauges (ready, unacked, consumers, ram_bytes). A
+  stream's: its appends as published, its reads as delivered, its log's records
+  as ready, and the gauges segments and disk_bytes.
 * shard_stats: fsyncs and messages (cumulative), fsync_batch (histogram of
   messages per fsync in this interval, keyed by power-of-two upper bound),
   confirm_latency_ms (p50, p90, p99, max of this interval).
@@ -49,6 +51,7 @@ class StatsLog:
         self._encode = msgspec.json.Encoder().encode
         self._lines: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self.next_at = 0.0  # when tick() next writes (the loop asks before calling it)
+        self.streams = None  # the shard's Streams (shards/streams.py), logged with its queues
         self._writer = threading.Thread(target=self._write_lines, name=f"stats-{shard}",
                                         daemon=True)
         self._writer.start()
@@ -68,6 +71,9 @@ class StatsLog:
             return
         self.next_at = now + self.interval
         wall = time.time()
+        if self.streams is not None:
+            for stream in self.streams.streams.values():
+                self._put(self._stream_record(wall, stream))
         for q in queues:
             counters = q.counters
             record = {"v": SCHEMA_VERSION, "type": "queue_stats", "ts": wall,
@@ -83,6 +89,17 @@ class StatsLog:
                    "fsyncs": commits.fsyncs, "messages": commits.messages,
                    "fsync_batch": {str(k): v for k, v in sorted(batches.items())},
                    "confirm_latency_ms": _percentiles(latencies)})
+
+    def _stream_record(self, wall: float, stream) -> dict:
+        stats = stream.log.stats()
+        record = {"v": SCHEMA_VERSION, "type": "queue_stats", "ts": wall, "shard": self.shard,
+                  "vhost": stream.spec.vhost, "queue": stream.spec.name, "queue_type": "stream"}
+        record.update(dict.fromkeys(_COUNTERS, 0))
+        record.update(published=stream.appended, published_bytes=stream.appended_bytes,
+                      delivered=stream.read, ready=stats.messages, unacked=0,
+                      consumers=len(stream.core.consumers), ram_bytes=0,
+                      segments=stats.segments, disk_bytes=stats.bytes)
+        return record
 
     def close(self) -> None:
         self._lines.put(None)

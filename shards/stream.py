@@ -115,8 +115,9 @@ class StreamQueue:
                 effects.append(Reply(cmd.req, Refusal.EXCLUSIVE_USE))
                 return effects
             self.consumers[cmd.holder] = StreamConsumer(cmd)
-            effects.append(Attach(cmd.holder, cmd.stream_from or "next", cmd.stream_at))
+            # consume-ok ahead of the deliveries the attach feeds, as RabbitMQ sends them
             effects.append(Reply(cmd.req, consumer_count=len(self.consumers)))
+            effects.append(Attach(cmd.holder, cmd.stream_from or "next", cmd.stream_at))
         elif kind is Cancel:
             if self.consumers.pop(cmd.holder, None) is not None:
                 effects.append(Detach(cmd.holder))
@@ -151,9 +152,9 @@ class StreamQueue:
                 self._feed(consumer, effects)
         return effects
 
-    def fed(self, holder: int, offsets: list[int], wanted: int, now: float) -> None:
-        """The shell delivered these offsets (fewer than `wanted`: it has caught
-        up with the durable end, and waits for the next `synced`)."""
+    def fed(self, holder: int, offsets: list[int], now: float) -> None:
+        """The shell delivered these offsets (fewer than its Feed asked for once
+        it has caught up with the durable end: the next `synced` feeds it on)."""
         consumer = self.consumers.get(holder)
         if consumer is None:
             return

@@ -40,7 +40,7 @@ class Stream:
     """One stream: its log, its core, its consumers' readers and its retention."""
 
     __slots__ = ("qid", "spec", "log", "core", "readers", "max_bytes", "max_age_ms",
-                 "retain_at", "appended", "read")
+                 "retain_at", "appended", "appended_bytes", "read")
 
     def __init__(self, qid: int, spec, arguments: dict, path: str):
         self.qid = qid
@@ -50,8 +50,9 @@ class Stream:
         self.core = StreamQueue(qid, self.log.durable_offset)
         self.readers: dict = {}
         self.configure(arguments)
-        self.retain_at = 0.0
-        self.appended = 0  # records, for the statistics
+        self.retain_at = 0.0  # (monotonic) when its age is checked next
+        self.appended = 0  # records and their bodies' bytes, for the statistics
+        self.appended_bytes = 0
         self.read = 0
 
     def configure(self, arguments: dict) -> None:
@@ -85,7 +86,6 @@ class Streams:
         self.dirty: set[int] = set()  # appended to since the last sync point
         self.outbox = None
         self.timers = None
-        self._last: tuple[object, bytes, bytes] | None = None  # (publish, properties, body)
 
     def bind(self, outbox, timers) -> None:
         self.outbox = outbox
@@ -104,6 +104,7 @@ class Streams:
                                    _with_offset(cmd.properties, offset), cmd.body)),
                           int(time.time() * 1000))
         stream.appended += 1
+        stream.appended_bytes += len(cmd.body)
         self.dirty.add(qid)
 
     def apply(self, qid: int, cmd, now: float) -> None:
@@ -129,8 +130,7 @@ class Streams:
         if self.timers is None:
             return
         deadlines = [d for s in self.streams.values() if (d := s.core.next_deadline()) is not None]
-        if any(s.max_age_ms is not None for s in self.streams.values()):
-            deadlines.append(time.monotonic() + RETAIN_EVERY)
+        deadlines += [s.retain_at for s in self.streams.values() if s.max_age_ms is not None]
         self.timers.schedule(TIMER, min(deadlines, default=None))
 
     def _effects(self, stream: Stream, effects: list) -> None:
@@ -166,7 +166,7 @@ class Streams:
             outbox.add(Deliver(holder, qid, offset, False, exchange, routing_key, properties,
                                body))
         stream.read += len(records)
-        stream.core.fed(holder, [record[0] for record in records], count, time.monotonic())
+        stream.core.fed(holder, [record[0] for record in records], time.monotonic())
         if len(records) == min(count, FEED_RECORDS) and count > FEED_RECORDS:
             self._feed(stream, holder, count - FEED_RECORDS)
 
@@ -220,12 +220,12 @@ class Streams:
 
     def figures(self, qid: int) -> list[int]:
         """QueueInfoReply's row (records.QUEUE_INFO_FIELDS): a stream's messages
-        are what its log keeps, its unacked what its consumers hold."""
+        are what its log keeps, all ready (reading removes none), as RabbitMQ
+        counts them; delivered, what its consumers read."""
         stream = self.streams[qid]
         stats = stream.log.stats()
-        consumers = stream.core.consumers.values()
-        return [qid, stats.messages, sum(len(c.unacked) for c in consumers), len(consumers), 0,
-                stream.appended, stream.read, 0, 0, 0, 0, 0, stats.segments, stats.bytes]
+        return [qid, stats.messages, 0, len(stream.core.consumers), 0, stream.appended,
+                stream.read, 0, 0, 0, 0, 0, stats.segments, stats.bytes]
 
     def close(self) -> None:
         for stream in self.streams.values():

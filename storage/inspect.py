@@ -5,7 +5,8 @@ Environments are opened read-only as ordinary LMDB readers, so this works on a
 stopped broker and beside a running one without blocking its writers. A shard
 store's journal is read too: what it holds beyond LMDB's last checkpoint (the
 last fraction of a second of a running shard's commits, or a crashed shard's)
-is shown as the shard will apply it.
+is shown as the shard will apply it. A stream's log is opened read-only (no cut
+of a torn tail) and shown as its segments.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from . import journal
 from .metastore import QueueDef
 from .recovery import Survey
 from .sealed import unseal
+from .segmentlog import SegmentLog
 from .shardstore import DELIVERED, StoredMessage, _Mark, applied_of, beyond, journal_path
 
 _key = struct.Struct(">QQ")
@@ -143,12 +145,30 @@ def _queues(data_dir: str) -> tuple[list[str], list[dict], dict[int, _ShardView]
             shards[int(suffix)] = _ShardView(path)
     rows = []
     for d in sorted(defs, key=lambda d: (d.spec.vhost, d.spec.name)):
-        view = shards.get(d.shard)
-        count, size = view.counts(d.qid) if view else (0, 0)
-        rows.append({"vhost": d.spec.vhost, "name": d.spec.name, "shard": d.shard, "qid": d.qid,
-                     "durable": d.spec.durable, "auto_delete": d.spec.auto_delete,
-                     "arguments": d.spec.arguments, "messages": count, "bytes": size})
+        row = {"vhost": d.spec.vhost, "name": d.spec.name, "shard": d.shard, "qid": d.qid,
+               "durable": d.spec.durable, "auto_delete": d.spec.auto_delete,
+               "arguments": d.spec.arguments}
+        if d.spec.arguments.get("x-queue-type") == "stream":
+            row.update(_stream(data_dir, d.qid))
+        else:
+            view = shards.get(d.shard)
+            row["messages"], row["bytes"] = view.counts(d.qid) if view else (0, 0)
+        rows.append(row)
     return vhosts, rows, shards
+
+
+def _stream(data_dir: str, qid: int) -> dict:
+    """A stream's figures and segments, from its log in whichever store holds it."""
+    for path in glob.glob(os.path.join(data_dir, "shard-*", "streams", str(qid))):
+        log = SegmentLog.open(path, readonly=True)
+        try:
+            stats = log.stats()
+            return {"messages": stats.messages, "bytes": stats.bytes,
+                    "first_offset": stats.first_offset, "last_offset": stats.last_offset,
+                    "segments": [info._asdict() for info in log.segments()]}
+        finally:
+            log.close()
+    return {"messages": 0, "bytes": 0, "segments": []}
 
 
 def _properties(raw: bytes) -> dict:
@@ -218,6 +238,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warren inspect: no durable queue '{args.queue}' in vhost '{args.vhost}'",
                   file=sys.stderr)
             return 1
+        if "segments" in row:  # a stream: its segments
+            if args.json:
+                print(json.dumps({"queue": row}))
+            else:
+                print(_table([row], ["vhost", "name", "shard", "messages", "bytes",
+                                     "first_offset", "last_offset"]))
+                print()
+                print(_table(row["segments"], ["first_offset", "last_offset", "bytes"]))
+            return 0
         view = shards.get(row["shard"])
         messages = []
         for seq, stored, mark in (view.first(row["qid"], args.limit) if view else []):

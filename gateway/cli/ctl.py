@@ -121,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     policy.add_argument("definition", type=_json_object,
                         help="JSON object, e.g. '{\"max-length\": 100}'")
     policy.add_argument("--apply-to", default="all", help="what it applies to",
-                        choices=["queues", "classic_queues", "quorum_queues", "exchanges", "all"])
+                        choices=["queues", "classic_queues", "quorum_queues", "streams", "exchanges",
+                                 "all"])
     policy.add_argument("--priority", type=int, default=0,
                         help="the highest-priority matching policy wins (default 0)")
     command("clear-policy", "remove a policy from --vhost").add_argument(
@@ -186,7 +187,7 @@ DECLARE = {
                                                                   "default": True}),
         ("auto_delete", "deleted when its last consumer goes (default false)",
          {"type": _boolean, "default": False}),
-        ("queue_type", "classic or quorum (sets x-queue-type)", {}), _ARGUMENTS]),
+        ("queue_type", "classic, quorum or stream (sets x-queue-type)", {}), _ARGUMENTS]),
     "exchange": ("declare an exchange in --vhost", [
         _NAME, ("type", "direct, fanout, topic or headers", {"required": True}),
         ("durable", "survives a restart (default true)", {"type": _boolean, "default": True}),
@@ -212,7 +213,8 @@ DECLARE = {
          {"type": _json_object, "required": True}),
         ("priority", "the highest-priority matching policy wins (default 0)",
          {"type": int, "default": 0}),
-        ("apply_to", "queues, classic_queues, quorum_queues, exchanges or all (default)",
+        ("apply_to", "queues, classic_queues, quorum_queues, streams, exchanges or all "
+                     "(default)",
          {"default": "all"})]),
     "vhost_limit": ("set a limit of --vhost", [
         ("name", "max-connections or max-queues", {"required": True}),

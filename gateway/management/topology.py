@@ -92,7 +92,7 @@ def _queue(management, meta, figure: dict | None) -> dict:
     figure = figure or {}
     ready, unacked = figure.get("ready", 0), figure.get("unacked", 0)
     policy = meta.policy
-    return {
+    shown = {
         "name": meta.spec.name, "vhost": meta.spec.vhost, "durable": meta.spec.durable,
         "auto_delete": meta.spec.auto_delete, "exclusive": meta.spec.exclusive,
         "arguments": meta.spec.arguments, "type": meta.spec.queue_type,
@@ -109,6 +109,10 @@ def _queue(management, meta, figure: dict | None) -> dict:
         "exclusive_consumer_tag": None,
         "message_stats": shapes.message_stats([figure]) if figure else {},
     }
+    if meta.spec.queue_type == "stream":  # its log's segments and their bytes on disk
+        shown["segments"] = figure.get("segments", 0)
+        shown["disk_bytes"] = figure.get("disk_bytes", 0)
+    return shown
 
 
 # -- exchanges and bindings -----------------------------------------------------------------

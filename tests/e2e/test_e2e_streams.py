@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import os
 import signal
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -22,6 +25,7 @@ from ..support.broker import RunningBroker, wait_until
 from .test_e2e_basic import connect, shard_pids
 from .test_e2e_durability import wait_until_gone
 from .test_e2e_routing import unique
+from .test_management_api import call
 
 STREAM = {"x-queue-type": "stream"}
 
@@ -314,6 +318,35 @@ def test_retention_by_age(broker):
     publish(ch, queue, [b"late"])
     wait_until(lambda: first_offset(conn, queue) == 20, timeout=15)
     assert read(conn, queue, 1) == [(20, b"late")]
+
+
+# -- management and warren inspect -------------------------------------------------------
+
+
+def test_management_and_inspect_show_a_streams_segments(tmp_path):
+    broker = RunningBroker(tmp_path / "data", shards=2, management=True).start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        queue = stream(ch, **{"x-stream-max-segment-size-bytes": 1000})
+        publish(ch, queue, [b"." * 300] * 10)
+        shown = wait_until(lambda: (lambda q: q.get("messages") == 10 and q)(
+            call(broker, "GET", f"/api/queues/%2F/{queue}")[1]))
+        assert shown["type"] == "stream" and shown["messages_ready"] == 10
+        assert shown["segments"] >= 3 and shown["disk_bytes"] > 3000
+        inspected = subprocess.run(
+            [sys.executable, "-m", "warren.gateway.cli.main", "inspect", "--json", "--queue",
+             queue, str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
+        row = json.loads(inspected.stdout)["queue"]
+        assert (row["messages"], row["first_offset"], row["last_offset"]) == (10, 0, 9)
+        assert len(row["segments"]) == shown["segments"]
+        assert sum(segment["bytes"] for segment in row["segments"]) == shown["disk_bytes"]
+        verified = subprocess.run(
+            [sys.executable, "-m", "warren.gateway.cli.main", "inspect", "--verify",
+             str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
+        assert verified.returncode == 0, verified.stdout
+    finally:
+        broker.stop()
 
 
 # -- kill -9 --------------------------------------------------------------------------

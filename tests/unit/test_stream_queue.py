@@ -43,7 +43,7 @@ class Shell:
                 offsets = list(range(start, min(start + effect.count, self.durable + 1)))
                 self.positions[effect.holder] = start + len(offsets)
                 self.delivered[effect.holder] += offsets
-                self.core.fed(effect.holder, offsets, effect.count, self.now)
+                self.core.fed(effect.holder, offsets, self.now)
             elif type(effect) is Detach:
                 self.positions.pop(effect.holder)
             else:
@@ -173,4 +173,4 @@ def test_every_consumer_reads_its_offsets_in_order_within_its_credit(ops):
 def test_attach_names_where_the_reader_starts(start):
     core = StreamQueue(QID)
     effects = core.apply(consume(1, start=start, at=5), 0.0)
-    assert effects[0] == Attach(1, start, 5)
+    assert effects == [r.Reply(1, consumer_count=1), Attach(1, start, 5)]

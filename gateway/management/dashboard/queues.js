@@ -111,6 +111,8 @@ export function queueView(vhost, name) {
       ["Total", fmtNum(q.messages ?? 0), "messages"],
       ["Consumers", fmtNum(q.consumers ?? 0), "consumers"],
       ["Message bytes in memory", fmtBytes(q.message_bytes_ram)],
+      ...(q.type === "stream" ? [["Segments", fmtNum(q.segments ?? 0), "segments"],
+        ["Bytes on disk", fmtBytes(q.disk_bytes)]] : []),
       ["Arguments", fmtJSON(q.arguments)],
       ["Effective policy", fmtJSON(q.effective_policy_definition)]]));
     const [found, all] = await Promise.all([api("consumers/" + enc(vhost)),
