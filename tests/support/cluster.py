@@ -61,8 +61,7 @@ class Cluster:
         others, and etcd, on the host's end of its link."""
         self.folder = folder
         host = namespace.host_ip if namespace is not None else "127.0.0.1"
-        self.etcd: EtcdServer = etcd_or_skip(str(folder / "etcd"),
-                                             also=host if namespace is not None else "")
+        self.etcd: EtcdServer = etcd_or_skip(also=host if namespace is not None else "")
         endpoint = f"http://{host}:{self.etcd.client_port}"
         self.nodes = [Node(folder, f"n{i + 1}", endpoint, shards, lease_ttl, extra, host,
                            gateways=gateways)

@@ -40,7 +40,10 @@ class EtcdServer:
         self.executable = executable
         self.extra = list(extra)  # more flags, such as a shorter progress notification interval
         self._owned = folder is None
-        self.folder = folder or tempfile.mkdtemp(prefix="warren-etcd-")
+        # Its own folder in RAM where there is one: a busy test machine's disk made
+        # etcd's fsyncs slow enough to let leases lapse.
+        self.folder = folder or tempfile.mkdtemp(
+            prefix="warren-etcd-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         os.makedirs(self.folder, exist_ok=True)
         self.client_port = free_port()
         self.peer_port = free_port()
