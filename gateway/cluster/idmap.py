@@ -35,6 +35,9 @@ _TO_HOLDER = frozenset((Deliver, ConsumerCancelled, ConsumerTimedOut))
 _TO_ALL = frozenset((Alarm, QueueDeleted))
 
 
+_SQUARE = MAX_GATEWAYS * MAX_GATEWAYS
+
+
 def to_local(ident: int, node: int, slot: int) -> int:
     """The id on the relay's node for id `ident` of node `node`."""
     return (ident * MAX_GATEWAYS + node) * MAX_GATEWAYS + slot
@@ -42,7 +45,7 @@ def to_local(ident: int, node: int, slot: int) -> int:
 
 def to_remote(ident: int) -> int:
     """The id as its node made it."""
-    return ident // (MAX_GATEWAYS * MAX_GATEWAYS)
+    return ident // _SQUARE
 
 
 def sender_of(ident: int) -> tuple[int, int]:
@@ -80,13 +83,22 @@ def route_events(events: list, senders) -> dict:
     senders, the events for every gateway (alarms, a queue's deletion) to each of
     `senders`. What concerns no sender now is left out."""
     out: dict = {}
+    run_holder, run = 0, None  # deliveries come in runs to one consumer: one lookup a run
     for event in events:
         kind = type(event)
-        if kind in _TO_HOLDER:
-            key = sender_of(event.holder)
+        if kind is Deliver and event.holder == run_holder:
+            event.holder = run_holder // _SQUARE
+            run.append(event)
+        elif kind in _TO_HOLDER:
+            holder = event.holder
+            key = sender_of(holder)
             if key in senders:
-                event.holder = to_remote(event.holder)
-                out.setdefault(key, []).append(event)
+                event.holder = holder // _SQUARE
+                run = out.setdefault(key, [])
+                run.append(event)
+                run_holder = holder if kind is Deliver else 0
+            else:
+                run_holder = 0
         elif kind is Confirmed or kind is Rejected:
             split: dict = {}
             for channel, seq in zip(event.channels, event.seqs):
