@@ -50,9 +50,9 @@ class Attach(NamedTuple):
 
 
 class Feed(NamedTuple):
-    """Deliver up to `count` durable records from this consumer's reader."""
+    """Deliver up to `wanted` durable records from this consumer's reader."""
     holder: int
-    count: int
+    wanted: int
 
 
 class Detach(NamedTuple):

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import time
+from typing import Any
 
 import msgspec
 
@@ -84,8 +85,8 @@ class Streams:
     def __init__(self) -> None:
         self.streams: dict[int, Stream] = {}
         self.dirty: set[int] = set()  # appended to since the last sync point
-        self.outbox = None
-        self.timers = None
+        self.outbox: Any = None  # the shard's Outbox and TimerHeap, once bound
+        self.timers: Any = None
 
     def bind(self, outbox, timers) -> None:
         self.outbox = outbox
@@ -137,7 +138,7 @@ class Streams:
         for effect in effects:
             kind = type(effect)
             if kind is Feed:
-                self._feed(stream, effect.holder, effect.count)
+                self._feed(stream, effect.holder, effect.wanted)
             elif kind is Attach:
                 start = effect.start
                 if start == "offset":
@@ -153,22 +154,22 @@ class Streams:
             else:
                 self.outbox.add(effect)
 
-    def _feed(self, stream: Stream, holder: int, count: int) -> None:
+    def _feed(self, stream: Stream, holder: int, wanted: int) -> None:
+        """Deliver up to `wanted` records from the consumer's reader: fewer once it
+        has read everything durable (the next sync feeds it on)."""
         reader = stream.readers.get(holder)
-        if reader is None:
-            return
-        records = reader.read(min(count, FEED_RECORDS), FEED_BYTES)
-        if not records:
-            return
         outbox, qid = self.outbox, stream.qid
-        for offset, _timestamp, payload in records:
-            exchange, routing_key, properties, body = _decode(payload)
-            outbox.add(Deliver(holder, qid, offset, False, exchange, routing_key, properties,
-                               body))
-        stream.read += len(records)
-        stream.core.fed(holder, [record[0] for record in records], time.monotonic())
-        if len(records) == min(count, FEED_RECORDS) and count > FEED_RECORDS:
-            self._feed(stream, holder, count - FEED_RECORDS)
+        while reader is not None and wanted > 0:
+            records = reader.read(min(wanted, FEED_RECORDS), FEED_BYTES)
+            if not records:
+                return
+            for offset, _timestamp, payload in records:
+                exchange, routing_key, properties, body = _decode(payload)
+                outbox.add(Deliver(holder, qid, offset, False, exchange, routing_key,
+                                   properties, body))
+            stream.read += len(records)
+            stream.core.fed(holder, [record[0] for record in records], time.monotonic())
+            wanted -= len(records)
 
     def _drop(self, stream: Stream) -> None:
         del self.streams[stream.qid]

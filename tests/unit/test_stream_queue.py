@@ -40,7 +40,7 @@ class Shell:
                 self.run(self.core.attached(effect.holder))
             elif type(effect) is Feed:
                 start = self.positions[effect.holder]
-                offsets = list(range(start, min(start + effect.count, self.durable + 1)))
+                offsets = list(range(start, min(start + effect.wanted, self.durable + 1)))
                 self.positions[effect.holder] = start + len(offsets)
                 self.delivered[effect.holder] += offsets
                 self.core.fed(effect.holder, offsets, self.now)

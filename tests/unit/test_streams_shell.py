@@ -131,3 +131,4 @@ def test_the_statistics_log_a_streams_appends_and_reads(tmp_path):
         record = next(json.loads(line) for line in lines if '"queue_stats"' in line)
     assert (record["queue_type"], record["published"], record["published_bytes"],
             record["delivered"], record["ready"], record["segments"]) == ("stream", 1, 3, 1, 1, 1)
+
