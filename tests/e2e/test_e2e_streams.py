@@ -320,6 +320,47 @@ def test_retention_by_age(broker):
     assert read(conn, queue, 1) == [(20, b"late")]
 
 
+def test_a_deleted_stream_declared_again_starts_empty(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    queue = stream(ch)
+    publish(ch, queue, [b"a", b"b"])
+    consumer = conn.channel()
+    consumer.basic_qos(prefetch_count=5)
+    cancelled = []
+    consumer.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    tag = consumer.basic_consume(queue, lambda *a: None, arguments={"x-stream-offset": "first"})
+    ch.queue_delete(queue)
+    wait_until(lambda: conn.process_data_events(0.02) or cancelled)
+    assert cancelled == [tag]
+    stream(ch, queue)
+    publish(ch, queue, [b"c"])
+    assert read(conn, queue, 2) == [(0, b"c")]
+
+
+def test_a_restarted_shard_serves_its_streams_again(fresh_broker):
+    broker = fresh_broker.start()
+    conn = connect(broker)
+    ch = conn.channel()
+    queues = [stream(ch) for _ in range(4)]  # on both shards
+    for queue in queues:
+        publish(ch, queue, [b"before"])
+    for pid in shard_pids(broker):
+        os.kill(pid, signal.SIGKILL)
+    for queue in queues:  # each once its shard is back (until then: 404, crashed)
+        wait_until(lambda queue=queue: _published(broker, queue, b"after"), timeout=30)
+    for queue in queues:
+        assert read(connect(broker), queue, 2) == [(0, b"before"), (1, b"after")]
+
+
+def _published(broker, queue: str, body: bytes) -> bool:
+    try:
+        publish(connect(broker).channel(), queue, [body])
+    except pika.exceptions.AMQPError:
+        return False
+    return True
+
+
 # -- management and warren inspect -------------------------------------------------------
 
 
