@@ -7,8 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 HERE = Path(__file__).resolve().parent
+
+# No per-example deadline: on a shared 2-core machine running the suite in three
+# workers, one example's first call (imports, a cold cache) can take a second,
+# and a deadline then fails a test for the machine's load, not for Warren.
+settings.register_profile("warren", deadline=None)
+settings.load_profile("warren")
 KINDS = ("unit", "session", "e2e")
 
 
