@@ -535,8 +535,9 @@ class ClusterNode:
             if owner is not None and owner.id in owners \
                     and meta.shard < self.members.local_shards:
                 catalogue.delete_queue(meta)
-        first = min(self.members.running, key=lambda n: self.members.running[n].number)
-        if first == self.name:
+        running = self.members.running
+        first = min(running, key=lambda n: running[n].number) if running else None
+        if first == self.name:  # (none while this node's own lease is being renewed)
             for meta in list(catalogue.queues_by_qid.values()):
                 if not meta.spec.stored and self.members.locate(meta.shard)[0] == name:
                     catalogue.forget_queue(meta)
