@@ -172,6 +172,12 @@ class Persister:
                 batch.mark_rich(qid, msg.seq)
             self._written.append((qid, msg))
 
+    def append(self, qid: int, publish: r.Publish) -> None:
+        """A publish into a stream. Its store's batch opens (empty), so that the
+        shard, which asks only whether a batch is open, sees commit work."""
+        self._batch(qid)
+        self.streams.publish(qid, publish)
+
     def remove(self, qid: int, seqs: list[int]) -> None:
         batch = self._batch(qid)
         for seq in seqs:

@@ -132,8 +132,7 @@ class Shard:
         if self.commits.gathering:
             return True
         persister = self.persister
-        if not persister.open_batches and persister.checkpoint_at is None \
-                and not self.streams.dirty:
+        if not persister.open_batches and persister.checkpoint_at is None:
             return False  # every turn of a transient load: no call into the persister
         return persister.writes_due(now)
 
@@ -261,7 +260,7 @@ class Shard:
                 queue = self.queues.get(qid)
                 if queue is None:
                     if qid in self.streams.streams:
-                        self.streams.publish(qid, cmd)
+                        self.persister.append(qid, cmd)
                     continue
                 if queue.straight and queue.consumers:
                     # What _apply does with the one Deliver of the queue's short way
