@@ -163,6 +163,13 @@ class StreamQueue:
             consumer.unacked[offset] = now
         self.delivered += len(offsets)
 
+    def lost(self, holder: int) -> list:
+        """This consumer's reader cannot go on (the log is damaged where it
+        reads): it is cancelled."""
+        if self.consumers.pop(holder, None) is None:
+            return []
+        return [Detach(holder), ConsumerCancelled(holder, self.qid)]
+
     def tick(self, now: float) -> list:
         """Consumers whose oldest unacked record is older than their timeout:
         ConsumerTimedOut (the gateway cancels them, or closes their channel)."""

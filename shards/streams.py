@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from warren.gateway.amqp.properties import PropertiesError, decode_properties, encode_properties
-from warren.storage.segmentlog import SegmentLog, SyncPoint
+from warren.storage.segmentlog import SegmentLog, SegmentLogDamaged, SyncPoint
 
 from .records import ConfigureQueue, CreateQueue, Deliver, QueueStatus, Reply
 from .stream import Attach, Detach, Drop, Feed, StreamQueue, parse_max_age
@@ -160,7 +160,14 @@ class Streams:
         reader = stream.readers.get(holder)
         outbox, qid = self.outbox, stream.qid
         while reader is not None and wanted > 0:
-            records = reader.read(min(wanted, FEED_RECORDS), FEED_BYTES)
+            try:
+                records = reader.read(min(wanted, FEED_RECORDS), FEED_BYTES)
+            except SegmentLogDamaged:
+                # the rest of the stream and its other readers go on
+                log.exception("stream %s: cancelling a consumer that cannot read on",
+                              stream.spec.name)
+                self._effects(stream, stream.core.lost(holder))
+                return
             if not records:
                 return
             for offset, _timestamp, payload in records:

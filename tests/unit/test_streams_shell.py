@@ -132,3 +132,22 @@ def test_the_statistics_log_a_streams_appends_and_reads(tmp_path):
     assert (record["queue_type"], record["published"], record["published_bytes"],
             record["delivered"], record["ready"], record["segments"]) == ("stream", 1, 3, 1, 1, 1)
 
+
+
+def test_a_consumer_reading_into_damage_is_cancelled_and_the_shard_goes_on(tmp_path):
+    streams, outbox = make(tmp_path)
+    for body in (b"first", b"second"):
+        publish(streams, body)
+        commit(streams)
+    segment = os.path.join(stream_path(str(tmp_path), QID), "0" * 20 + ".seg")
+    with open(segment, "r+b") as file:  # a bit of the first record's payload flips
+        data = file.read()
+        at = data.index(b"first")
+        file.seek(at)
+        file.write(b"F")
+    consume(streams, 1)
+    assert r.ConsumerCancelled(1, QID) in outbox.events and 1 not in streams.streams[QID].readers
+    assert not streams.streams[QID].core.consumers
+    publish(streams, b"third")
+    commit(streams)
+    assert streams.figures(QID)[1] == 3
