@@ -390,6 +390,22 @@ def test_management_and_inspect_show_a_streams_segments(tmp_path):
         broker.stop()
 
 
+def test_a_policy_sets_a_streams_retention(tmp_path):
+    broker = RunningBroker(tmp_path / "data", shards=2, management=True).start()
+    try:
+        ch = connect(broker).channel()
+        queue = stream(ch, **{"x-stream-max-segment-size-bytes": 1000})
+        assert call(broker, "PUT", "/api/policies/%2F/retention", {
+            "pattern": f"^{queue}$", "apply-to": "streams",
+            "definition": {"max-length-bytes": 2500}})[0] == 201
+        publish(ch, queue, [b"." * 300] * 30)
+        shown = wait_until(lambda: (lambda q: 0 < q.get("messages", 0) < 30 and q)(
+            call(broker, "GET", f"/api/queues/%2F/{queue}")[1]))
+        assert shown["policy"] == "retention" and shown["disk_bytes"] <= 2500 + 1000
+    finally:
+        broker.stop()
+
+
 # -- kill -9 --------------------------------------------------------------------------
 
 
