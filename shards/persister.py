@@ -240,6 +240,8 @@ class Persister:
         for _qid, point, records in pending.stream_points:
             try:
                 point.run()
+            except FileNotFoundError:  # the stream was deleted meanwhile: nothing to keep
+                continue
             except OSError as error:
                 pending.full = f"a stream log's sync failed ({error}): nacking its publishes"
                 pending.ok = False

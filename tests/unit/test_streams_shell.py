@@ -10,10 +10,12 @@ import os
 
 from warren.gateway.amqp.properties import BasicProperties, decode_properties, encode_properties
 from warren.shards import records as r
+from warren.shards.persister import Persister
 from warren.shards.stats import StatsLog
 from warren.shards.streams import Streams, stream_path
 from warren.shards.timers import TimerHeap
 from warren.storage.queuespec import QueueSpec
+from warren.storage.shardstore import ShardStore
 
 QID = 3
 
@@ -151,3 +153,19 @@ def test_a_consumer_reading_into_damage_is_cancelled_and_the_shard_goes_on(tmp_p
     publish(streams, b"third")
     commit(streams)
     assert streams.figures(QID)[1] == 3
+
+
+def test_a_stream_deleted_while_its_sync_waits_fails_no_commit(tmp_path):
+    persister = Persister({0: ShardStore(str(tmp_path / "shard-0"))}, 0)
+    persister.streams.bind(Outbox(), TimerHeap())
+    args = {"x-queue-type": "stream"}
+    persister.create_stream(r.CreateQueue(0, QID, QueueSpec("/", "s", True, False, False, args),
+                                          args))
+    persister.commit(lambda *a: None)
+    persister.append(QID, r.Publish([QID], "", "s", encode_properties(BasicProperties()), b"x",
+                                    True))
+    pending = persister.begin_commit()  # a segment was created: its directory is synced too
+    persister.streams.apply(QID, r.DeleteQueue(1, QID, False, False), 0.0)
+    Persister.run_commit(pending)
+    assert pending.ok
+    persister.close()
