@@ -19,6 +19,7 @@ class ConsumerInfo(msgspec.Struct, frozen=True):
     timed_out: bool  # cancelled by its timeout, listed until its deliveries are settled
     timeout_ms: int  # its consumer timeout, 0 when none
     arguments: dict
+    holder: int = 0  # its id, which a stream's figures name its offset by
 
 
 class ChannelInfo(msgspec.Struct, frozen=True):

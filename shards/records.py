@@ -279,7 +279,8 @@ class QueueInfoReply(_Record, tag=59):
     messages: int = 0  # records written by them
 
 
-# A stream's row adds its log's segments and bytes on disk (shards/streams.py).
+# A stream's row adds its log's segments and bytes on disk, then (consumer id,
+# offset it reads next) for each of its consumers (shards/streams.py).
 QUEUE_INFO_FIELDS = ("qid", "ready", "unacked", "consumers", "ram_bytes", "published",
                      "delivered", "redelivered", "acked", "rejected", "expired", "dead_lettered",
                      "segments", "disk_bytes")

@@ -229,11 +229,15 @@ class Streams:
     def figures(self, qid: int) -> list[int]:
         """QueueInfoReply's row (records.QUEUE_INFO_FIELDS): a stream's messages
         are what its log keeps, all ready (reading removes none), as RabbitMQ
-        counts them; delivered, what its consumers read."""
+        counts them; delivered, what its consumers read; then each consumer and
+        the offset it reads next."""
         stream = self.streams[qid]
         stats = stream.log.stats()
-        return [qid, stats.messages, 0, len(stream.core.consumers), 0, stream.appended,
-                stream.read, 0, 0, 0, 0, 0, stats.segments, stats.bytes]
+        row = [qid, stats.messages, 0, len(stream.core.consumers), 0, stream.appended,
+               stream.read, 0, 0, 0, 0, 0, stats.segments, stats.bytes]
+        for holder, reader in stream.readers.items():
+            row += (holder, reader.offset)
+        return row
 
     def close(self) -> None:
         for stream in self.streams.values():

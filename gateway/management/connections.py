@@ -65,7 +65,23 @@ async def channels(management, request: Request, rest: list[str]) -> Response:
 
 async def consumers(management, request: Request, rest: list[str]) -> Response:
     vhost = rest[0] if rest else None
-    return listed(request, [
-        shapes.consumer(c, ch, consumer) for c in management.snapshots(request)
-        if vhost is None or c.vhost == vhost
-        for ch in c.channels for consumer in ch.consumers])
+    found = [(c, ch, consumer) for c in management.snapshots(request)
+             if vhost is None or c.vhost == vhost
+             for ch in c.channels for consumer in ch.consumers]
+    offsets = await _stream_offsets(management, [consumer for _, _, consumer in found])
+    return listed(request, [shapes.consumer(c, ch, consumer, offsets.get(consumer.holder))
+                            for c, ch, consumer in found])
+
+
+async def _stream_offsets(management, consumers) -> dict[int, int]:
+    """The offset each stream consumer reads next, by its id; asked of the shards
+    only when a consumer reads a stream."""
+    vhosts = management.gateway.catalogue.vhosts
+    if not any((meta := vhosts[c.vhost].queues.get(c.queue)) is not None
+               and meta.spec.queue_type == "stream"
+               for c in consumers if c.vhost in vhosts):
+        return {}
+    offsets: dict[int, int] = {}
+    for figure in (await management.sampler.queue_figures()).values():
+        offsets.update(figure.get("stream_offsets", {}))
+    return offsets

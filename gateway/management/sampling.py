@@ -59,6 +59,9 @@ class Sampler:
             self.shard_fsyncs[index] = (reply.fsyncs, reply.messages)
             for entry in reply.queues:
                 values = dict(zip(r.QUEUE_INFO_FIELDS, entry))
+                if len(entry) > len(r.QUEUE_INFO_FIELDS):  # a stream's consumers' offsets
+                    pairs = entry[len(r.QUEUE_INFO_FIELDS):]
+                    values["stream_offsets"] = dict(zip(pairs[::2], pairs[1::2]))
                 figures[values["qid"]] = values
         return figures
 

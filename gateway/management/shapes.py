@@ -105,14 +105,20 @@ def channel(conn: ConnectionInfo, ch: ChannelInfo) -> dict:
             "state": "closing" if ch.closing else "running"}
 
 
-def consumer(conn: ConnectionInfo, ch: ChannelInfo, c: ConsumerInfo) -> dict:
-    return {"consumer_tag": c.tag, "queue": {"name": c.queue, "vhost": c.vhost},
+def consumer(conn: ConnectionInfo, ch: ChannelInfo, c: ConsumerInfo,
+             stream_offset: int | None = None) -> dict:
+    """A consumer as RabbitMQ shows it; a stream's consumer with the offset it
+    reads next."""
+    shown = {"consumer_tag": c.tag, "queue": {"name": c.queue, "vhost": c.vhost},
             "channel_details": _channel_details(conn, ch),
             "ack_required": c.ack_required, "prefetch_count": c.prefetch_count,
             "exclusive": c.exclusive,
             "active": not c.timed_out, "activity_status": "timed_out" if c.timed_out else "up",
             "status": "timed_out" if c.timed_out else "active",
             "consumer_timeout": c.timeout_ms or None, "arguments": jsonable(c.arguments)}
+    if stream_offset is not None:
+        shown["stream_offset"] = stream_offset
+    return shown
 
 
 def jsonable(value):

@@ -116,7 +116,8 @@ class Channel(ChannelState):
                 tag=c.tag, vhost=c.meta.spec.vhost, queue=c.meta.spec.name,
                 ack_required=not c.no_ack,
                 prefetch_count=c.prefetch, exclusive=c.exclusive, timed_out=timed_out,
-                timeout_ms=c.timeout_ms, arguments=c.arguments) for c, timed_out in consumers),
+                timeout_ms=c.timeout_ms, arguments=c.arguments, holder=c.holder)
+                for c, timed_out in consumers),
             consumer_count=len(self.consumers) + (1 if self.reply_consumer else 0),
             messages_unacknowledged=len(self.unacked),
             messages_unconfirmed=self.confirms.outstanding if self.confirms else 0,

@@ -375,6 +375,14 @@ def test_management_and_inspect_show_a_streams_segments(tmp_path):
             call(broker, "GET", f"/api/queues/%2F/{queue}")[1]))
         assert shown["type"] == "stream" and shown["messages_ready"] == 10
         assert shown["segments"] >= 3 and shown["disk_bytes"] > 3000
+        consumer = conn.channel()
+        consumer.basic_qos(prefetch_count=3)  # no acks: it reads 3, offset 3 next
+        consumer.basic_consume(queue, lambda *a: None, consumer_tag="reader",
+                               arguments={"x-stream-offset": "first"})
+        listed = wait_until(lambda: conn.process_data_events(0.02) or (lambda cs: [
+            c for c in cs if c["consumer_tag"] == "reader" and c.get("stream_offset") == 3])(
+            call(broker, "GET", "/api/consumers")[1]))
+        assert listed[0]["queue"]["name"] == queue
         inspected = subprocess.run(
             [sys.executable, "-m", "warren.gateway.cli.main", "inspect", "--json", "--queue",
              queue, str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
