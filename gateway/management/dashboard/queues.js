@@ -56,6 +56,7 @@ export function queueView(vhost, name) {
                        c.channel_details?.connection_name ?? "")},
     {label: "Ack", value: c => (c.ack_required ? "manual" : "auto")},
     {label: "Prefetch", value: c => c.prefetch_count, numeric: true},
+    {label: "Offset", value: c => c.stream_offset, numeric: true},
     {label: "Status", value: c => c.activity_status ?? ""}], {empty: "No consumers."});
   const bindings = dataTable("queue-bindings", bindingColumns(), {empty: "No bindings."});
   const messages = h("div", {id: "messages"});
