@@ -196,3 +196,21 @@ def test_a_reply_to_address_names_its_node_in_a_cluster_and_its_gateway_always()
     assert (replyto.gateway_of(address), replyto.node_of(address)) == (2, 17)
     assert replyto.key_of(address) == key
     assert replyto.node_of("amq.rabbitmq.reply-to") == 0
+
+
+def test_another_gateway_process_takes_the_roots_indexes_as_they_are():
+    root = Members("n1", 2)
+    root.joined(info("n3", 3, shards=1))
+    root.shard_of("n9", 4)  # a node met through a queue before it registered
+    root.joined(info("n2", 2, shards=2))
+    view = ([(n, i.link, i.shards, i.number) for n, i in root.known.items()],
+            list(root.running), list(root.remote))
+    worker = Members("n1", 2)
+    assert worker.adopt_view(*view) == []
+    assert worker.remote == root.remote
+    assert [worker.locate(i) for i in range(2, 2 + len(root.remote))] == root.remote
+    assert worker.name_of_number(2) == "n2"
+    root.left("n3")
+    stopped = worker.adopt_view([(n, i.link, i.shards, i.number) for n, i in root.known.items()],
+                                list(root.running), list(root.remote))
+    assert stopped == ["n3"] and "n3" not in worker.running
