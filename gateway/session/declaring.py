@@ -83,11 +83,14 @@ class Declaring:
         if cluster is not None and not cluster.caught_up():
             def committed(outcome) -> None:
                 if outcome is None or (outcome == CONFLICT and again is None):
-                    return self._reply_seen(method, nowait)
-                if outcome == CONFLICT:
-                    return again()
-                raise outcome
-            return self.request(cluster, lambda req: None, committed)
+                    self._reply_seen(method, nowait)
+                elif outcome == CONFLICT:
+                    assert again is not None
+                    again()
+                else:
+                    raise outcome
+            self.request(cluster, lambda req: None, committed)
+            return
         followers = self.broker.followers
         if followers is None or followers.caught_up():
             return self.state.reply(method, nowait)

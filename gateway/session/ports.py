@@ -42,6 +42,7 @@ class Shard(Peer, Protocol):
     """The link to one shard process."""
 
     index: int
+    alive: bool  # False while its process (or, in a cluster, its node) is out of reach
     lazy_acks: int  # acks sent lazily and not yet flushed (consuming._room_left)
 
     def send(self, record: object, feeder: object = None, lazy: bool = False) -> None: ...
