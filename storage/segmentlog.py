@@ -586,8 +586,10 @@ class Reader:
         return found
 
     def _record(self, segment: _Segment) -> tuple[Record, bytes]:
-        """The record at the reader's position, and the bytes it was parsed in."""
-        for _ in range(2):
+        """The record at the reader's position, and the bytes it was parsed in:
+        read at most twice, once for its head (the buffer may end before it) and
+        once for all of it (a record larger than the buffer)."""
+        for _ in range(3):
             found = parse(self._data, self._position - self._data_at)
             if isinstance(found, Record) and found.offset == self._at:
                 return found, self._data

@@ -288,6 +288,15 @@ def test_aio_pika_reads_a_stream_from_an_offset(broker):
     assert seen == [(i, b"%d" % i) for i in range(2, 6)]
 
 
+def test_large_records_are_read_whole(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    queue = stream(ch)
+    bodies = [bytes([i]) * size for i, size in enumerate((200 << 10, 10, 1_500_000, 70_000))]
+    publish(ch, queue, bodies)
+    assert read(conn, queue, 4, prefetch=2) == list(enumerate(bodies))
+
+
 # -- retention ------------------------------------------------------------------------
 
 

@@ -169,3 +169,12 @@ def test_a_stream_deleted_while_its_sync_waits_fails_no_commit(tmp_path):
     Persister.run_commit(pending)
     assert pending.ok
     persister.close()
+
+
+def test_a_feed_goes_on_past_a_read_cut_short_by_its_bytes(tmp_path):
+    streams, outbox = make(tmp_path)
+    consume(streams, 1)
+    for _ in range(3):
+        publish(streams, b"." * (600 << 10))  # two of them exceed a read's bytes
+    commit(streams)
+    assert [seq for _, seq, _, _ in delivered(outbox)] == [0, 1, 2]
