@@ -133,7 +133,8 @@ HELP = {
     "memory_limit": "message content in RAM before publishers are blocked, bytes "
                     "(-1: 40%% of the machine's memory)",
     "disk_free_limit": "free disk below which publishers are blocked, bytes",
-    "consumer_timeout": "default delivery acknowledgement timeout of quorum queues, ms",
+    "consumer_timeout": "default delivery acknowledgement timeout of quorum queues and "
+                        "streams, ms",
     "log_dir": "directory of the shards' statistics logs (default DATA/logs)",
     "log_level": "operator log level: debug, info, warning, error or critical",
     "log_file": "operator log file, rotated by size (-: standard error)",

@@ -83,7 +83,8 @@ def route_events(events: list, senders) -> dict:
     senders, the events for every gateway (alarms, a queue's deletion) to each of
     `senders`. What concerns no sender now is left out."""
     out: dict = {}
-    run_holder, run = 0, None  # deliveries come in runs to one consumer: one lookup a run
+    # deliveries come in runs to one consumer: one lookup a run
+    run_holder, run = 0, []
     for event in events:
         kind = type(event)
         if kind is Deliver and event.holder == run_holder:

@@ -64,9 +64,9 @@ class CatalogueSync:
             self.queue_keys[change.definition.qid] = key
             self._pending[key] = record
         elif kind is c.QueueForgotten:
-            key = self.queue_keys.pop(change.qid, None)
-            if key is not None:
-                self._pending[key] = None
+            forgotten = self.queue_keys.pop(change.qid, None)
+            if forgotten is not None:
+                self._pending[forgotten] = None
         elif kind in _PUTS:
             self._pending[self.layout.key_of(change)] = change
         else:
