@@ -51,7 +51,9 @@ class CatalogueSync:
         # Connections of other nodes owning exclusive queues: id here -> (id there, node)
         self.foreign: dict[int, tuple[int, str]] = {}
         self._foreign_ids: dict[tuple[int, str], int] = {}
-        self._pending: dict[bytes, object | None] = {}  # key -> record to put, None: delete
+        # key -> (record to put, None: delete; the key's revision when this node
+        # changed it: another node's change seen meanwhile must fail the compare)
+        self._pending: dict[bytes, tuple[object | None, int]] = {}
 
     # -- this node's changes ------------------------------------------------------
 
@@ -62,15 +64,20 @@ class CatalogueSync:
             record = self._queue_record(change)
             key = self.layout.key_of(record)
             self.queue_keys[change.definition.qid] = key
-            self._pending[key] = record
+            self._write(key, record)
         elif kind is c.QueueForgotten:
             forgotten = self.queue_keys.pop(change.qid, None)
             if forgotten is not None:
-                self._pending[forgotten] = None
+                self._write(forgotten, None)
         elif kind in _PUTS:
-            self._pending[self.layout.key_of(change)] = change
+            self._write(self.layout.key_of(change), change)
         else:
-            self._pending[self.layout.key_of(change)] = None
+            self._write(self.layout.key_of(change), None)
+
+    def _write(self, key: bytes, record) -> None:
+        earlier = self._pending.get(key)
+        base = earlier[1] if earlier is not None else self.revisions.get(key, 0)
+        self._pending[key] = (record, base)
 
     def pending(self) -> bool:
         return bool(self._pending)
@@ -78,10 +85,10 @@ class CatalogueSync:
     def take_txn(self) -> Txn:
         pending, self._pending = self._pending, {}
         txn = Txn()
-        for key, record in pending.items():
-            if record is None and key not in self.values:
+        for key, (record, base) in pending.items():
+            if record is None and not base:
                 continue  # made and removed in one turn, or never stored: nothing to do
-            txn.compares.append((key, self.revisions.get(key, 0)))
+            txn.compares.append((key, base))
             if record is None:
                 txn.deletes.append(key)
             else:

@@ -27,6 +27,8 @@ from .test_e2e_durability import wait_until_gone
 from .test_e2e_routing import unique
 from .test_management_api import call
 
+pytestmark = pytest.mark.slow  # started first, so the workers finish together
+
 STREAM = {"x-queue-type": "stream"}
 
 

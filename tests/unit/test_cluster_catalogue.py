@@ -214,3 +214,16 @@ def test_another_gateway_process_takes_the_roots_indexes_as_they_are():
     stopped = worker.adopt_view([(n, i.link, i.shards, i.number) for n, i in root.known.items()],
                                 list(root.running), list(root.remote))
     assert stopped == ["n3"] and "n3" not in worker.running
+
+
+def test_another_nodes_write_seen_between_a_change_and_its_transaction_fails_the_compare():
+    """The race two nodes declaring one queue at once run: this node made its
+    queue, then saw the other's before its own transaction went out. The compare
+    is with what this node knew when it changed the key, so etcd refuses it."""
+    here, _ = sync_of("n1")
+    there, _ = sync_of("n2")
+    here.record(queue_put("q", 0, qid=1))
+    there.record(queue_put("q", 0, qid=2))
+    key, theirs = next(iter(there.take_txn().puts.items()))
+    here.observe(key, lay.encode(theirs), 7, lay.decode)
+    assert dict(here.take_txn().compares)[key] == 0
