@@ -129,5 +129,6 @@ def test_management_guesses_wait_while_others_log_in(broker):
     assert status(right) == 200
     assert time.monotonic() - began > 3.5
     # one after another: 0.25, 0.25 + 0.5, 0.75 + 1 s
-    assert ("HTTP access denied: user 'guest' - invalid credentials "
-            "(from 127.0.0.3, answered in 1.75s)") in broker.log_text()
+    # (the loop's timers are as precise as a loaded machine lets them be: 1.74 s seen)
+    assert re.search(r"HTTP access denied: user 'guest' - invalid credentials "
+                     r"\(from 127\.0\.0\.3, answered in 1\.7\ds\)", broker.log_text())
