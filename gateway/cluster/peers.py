@@ -17,15 +17,10 @@ from warren.shards.records import Refusal, Reply
 
 from ..broker.peermessages import ClusterView, encode
 from .members import Members
-from .remotelink import PeerConnection
+from .remotelink import Awake, PeerConnection
 from .wire import Identity
 
 log = logging.getLogger("warren.cluster")
-
-
-class _Awake:
-    def awake(self) -> None:
-        pass
 
 
 class Unreached:
@@ -39,7 +34,7 @@ class Unreached:
     def __init__(self, index: int, node: str):
         self.index = index
         self.node = node
-        self.events = _Awake()
+        self.events = Awake()
         self.credit: dict = {}
         self.paused: set = set()
         self.costs: dict = {}

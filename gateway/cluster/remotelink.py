@@ -67,7 +67,7 @@ def keep_alive(transport: asyncio.BaseTransport) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKNOWLEDGED_MS)
 
 
-class _Awake:
+class Awake:
     """A remote link's events come on the socket, never on a doorbell to arm."""
 
     def awake(self) -> None:
@@ -88,7 +88,7 @@ class RemoteLink:
         self._on_lost = on_lost  # (link) -> None
         self._on_up = on_up  # (link) -> None
         self._loop = asyncio.get_running_loop()
-        self.events = _Awake()
+        self.events = Awake()
         self.alive = False
         self.flush_scheduled = False
         self._lazy_until: asyncio.TimerHandle | None = None
