@@ -1,0 +1,488 @@
+"""A replica group's data path as two pure state machines: the `Leader` (one per
+group this node leads) numbers the queue's journal records into entries, streams
+them to the followers and keeps the commit index; a `Follower` (one per group this
+node follows) fences old epochs, applies entries in index order and acknowledges
+what it holds durably. Calls in, values out; no I/O and no clock: the shell (the
+shard) passes the time in, carries the values over the inter-node link, writes
+the in-sync set to etcd and feeds the answers back (docs/architecture.md).
+
+Consensus stays in etcd: the epoch is the election's revision and the in-sync set
+is written by the leader only, fenced. So unlike Raft there are no votes here:
+the commit index is the lowest durable index over the in-sync set (the leader
+included), defined only while that set is a majority of the members, and a
+follower leaves the set (an etcd write) before the leader commits without it.
+
+Each entry keeps the epoch whose leader created it, and each side keeps where
+each of its epochs starts. Entries are created by one leader per epoch, in order,
+so two logs holding an entry of the same epoch at the same index are equal up to
+it (Raft's log matching): a follower's (last epoch, last index) tells the leader
+whether its log is a prefix of the leader's. Otherwise (a tail of a deposed
+leader's epoch), or when it needs entries no longer kept in RAM, the follower is
+caught up by a snapshot of the leader's store, and only once it is out of the
+in-sync set: an in-sync member never clears what it holds."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+
+class Entry(NamedTuple):
+    """One batch of the queue's journal records."""
+    epoch: int  # the epoch whose leader created it
+    records: object  # opaque here: the shell's journal records
+    size: int  # bytes, for the bounds
+
+
+class Limits(NamedTuple):
+    """The bounds and timeouts of a group's replication."""
+    keep_entries: int = 10_000  # entries kept in RAM for followers that lag
+    keep_bytes: int = 64 << 20
+    in_flight: int = 4 << 20  # bytes sent to a follower and not yet acknowledged
+    silence: float = 10.0  # seconds a lagging follower stays in sync without catching up
+    max_lag: int = 5_000  # entries a follower may lag and stay in sync
+    retry: float = 5.0  # seconds without an answer before what is in flight goes again
+
+
+# Leader -> follower, carried by the shell.
+class Send(NamedTuple):
+    """Entries first_index.. for a follower, fenced by the leader's epoch."""
+    node: str
+    epoch: int
+    first_index: int
+    entries: list[Entry]
+
+
+class Snapshot(NamedTuple):
+    """The follower needs the leader's store: the shell reads it as of some index,
+    calls `snapshot_started(node, index)`, and sends it in chunks (the follower's
+    `snapshot_chunk` then `snapshot_end`) ahead of any later Send to that node."""
+    node: str
+    epoch: int
+
+
+# Follower -> leader, or to its own shell (Apply, Clear).
+class Hello(NamedTuple):
+    """What the follower holds: its whole log (last epoch and index) and what of it
+    is durable. Sent on every (re)connect, and to every new leader."""
+    epoch: int
+    last_epoch: int
+    last_index: int
+    durable: int
+
+
+class Apply(NamedTuple):
+    """Write these records to the store, in this order."""
+    records: object
+
+
+class Clear(NamedTuple):
+    """A snapshot begins: drop the queue's rows, and mark the store as holding no
+    log until the snapshot's end (a crash mid-snapshot must not recover a half)."""
+
+
+class Ack(NamedTuple):
+    """The follower holds every entry up to `upto` durably."""
+    epoch: int
+    upto: int
+
+
+class Refused(NamedTuple):
+    """Entries of an epoch older than the newest this follower has seen."""
+    epoch: int  # the newest seen: the sender is deposed
+
+
+class Resend(NamedTuple):
+    """A gap: the follower needs the entries from `from_index`."""
+    epoch: int
+    from_index: int
+
+
+class Reset(NamedTuple):
+    """The follower's log diverges from the leader's: it needs a snapshot."""
+    epoch: int
+
+
+class _History:
+    """Where each epoch's entries start in a log, and the entries kept in RAM."""
+
+    def __init__(self, starts: Iterable[tuple[int, int]], last_index: int,
+                 kept: Sequence[Entry], limits: Limits):
+        self.starts = list(starts)  # (epoch, first index), oldest first
+        self.last_index = last_index
+        self.kept: deque[Entry] = deque(kept)  # entries up to last_index
+        self.kept_bytes = sum(e.size for e in kept)
+        self.limits = limits
+
+    @property
+    def first_kept(self) -> int:
+        return self.last_index - len(self.kept) + 1
+
+    @property
+    def last_epoch(self) -> int:
+        return self.epoch_at(self.last_index) or 0
+
+    def epoch_at(self, index: int) -> int | None:
+        """The epoch of the entry at `index`; None if this log does not know it."""
+        found = None
+        for epoch, start in self.starts:
+            if start > index:
+                break
+            found = epoch
+        return found
+
+    def append(self, entry: Entry) -> None:
+        self.last_index += 1
+        if not self.starts or self.starts[-1][0] != entry.epoch:
+            self.starts.append((entry.epoch, self.last_index))
+        self.kept.append(entry)
+        self.kept_bytes += entry.size
+        self.trim(0)
+
+    def trim(self, upto: int) -> None:
+        """Forget the kept entries up to `upto`, and the oldest beyond the bounds."""
+        while self.kept and (self.first_kept <= upto or len(self.kept) > self.limits.keep_entries
+                             or self.kept_bytes > self.limits.keep_bytes):
+            self.kept_bytes -= self.kept.popleft().size
+
+    def entry(self, index: int) -> Entry:
+        return self.kept[index - self.first_kept]
+
+
+# A follower's state at the leader.
+LOST = "lost"  # no link, or not said hello yet
+STREAM = "stream"  # its log is a prefix of ours: entries go
+WANT = "want"  # needs a snapshot, once out of the in-sync set
+LOADING = "loading"  # a snapshot was asked for, not started yet
+
+
+class _Peer:
+    def __init__(self, now: float):
+        self.state = LOST
+        self.durable = 0  # the highest index it acknowledged in this epoch
+        self.sent = 0  # the highest index sent
+        self.floor = 0  # what a retry goes back to: its durable index or its snapshot's
+        self.in_flight: deque[tuple[int, int]] = deque()  # (last index, bytes) per Send
+        self.in_flight_bytes = 0
+        self.greet = False  # matched by a hello: an empty Send tells it so
+        self.heard_at = now  # its last answer, for the retry
+        self.caught_up_at = now  # when it last held everything, for the in-sync set
+
+    def rewind(self, to: int) -> None:
+        self.sent = to
+        self.in_flight.clear()
+        self.in_flight_bytes = 0
+
+
+class Leader:
+    """The leader of one replica group in one epoch."""
+
+    def __init__(self, group: str, epoch: int, members: Iterable[str], isr: Iterable[str],
+                 me: str, last_index: int, *, durable: int | None = None,
+                 history: Iterable[tuple[int, int]] = (), kept: Sequence[Entry] = (),
+                 now: float = 0.0, limits: Limits = Limits()):
+        """`last_index`: what our store holds, `durable` of it (all by default);
+        `history`: where each epoch's entries start in it; `kept`: its last entries."""
+        self.group = group
+        self.epoch = epoch
+        self.members = frozenset(members)
+        self.isr = frozenset(isr) | {me}  # as written in etcd
+        self.me = me
+        self.limits = limits
+        self.log = _History(history, last_index, kept, limits)
+        self.log.starts.append((epoch, last_index + 1))
+        self.durable = last_index if durable is None else durable  # of our own store
+        self.commit_index = 0
+        self.deposed = False  # a newer epoch was seen: nothing more is sent or committed
+        self.now = now
+        self.pending: frozenset[str] | None = None  # the in-sync set being written
+        self.peers = {node: _Peer(now) for node in self.members - {me}}
+        self._moved = False
+
+    @property
+    def last_index(self) -> int:
+        return self.log.last_index
+
+    def append(self, records: object, size: int) -> int:
+        for peer in self.peers.values():
+            if peer.durable >= self.log.last_index:
+                peer.caught_up_at = self.now
+        self.log.append(Entry(self.epoch, records, size))
+        return self.log.last_index
+
+    def take_sends(self) -> list[Send | Snapshot]:
+        out: list[Send | Snapshot] = []
+        if self.deposed:
+            return out
+        for node, peer in self.peers.items():
+            if peer.state == STREAM and (peer.sent < self.log.last_index or peer.greet):
+                if peer.sent + 1 < self.log.first_kept:
+                    peer.state = WANT  # behind the kept entries
+                else:
+                    send = self._batch(node, peer)
+                    if send is not None:
+                        out.append(send)
+            if peer.state == WANT and node not in self.isr and self.pending is None:
+                peer.state = LOADING
+                out.append(Snapshot(node, self.epoch))
+        return out
+
+    def _batch(self, node: str, peer: _Peer) -> Send | None:
+        entries: list[Entry] = []
+        size = 0
+        index = peer.sent + 1
+        while index <= self.log.last_index:
+            entry = self.log.entry(index)
+            # at least one entry when nothing is in flight, however large
+            if peer.in_flight_bytes + size + entry.size > self.limits.in_flight and (
+                    peer.in_flight_bytes or entries):
+                break
+            entries.append(entry)
+            size += entry.size
+            index += 1
+        if not entries and not peer.greet:
+            return None
+        peer.greet = False
+        send = Send(node, self.epoch, peer.sent + 1, entries)
+        peer.sent = index - 1
+        peer.in_flight.append((peer.sent, size))
+        peer.in_flight_bytes += size
+        return send
+
+    def durable_here(self, index: int) -> None:
+        self.durable = max(self.durable, index)
+        self._advance()
+
+    def hello(self, node: str, epoch: int, last_epoch: int, last_index: int,
+              durable: int) -> None:
+        """A follower (re)connects: stream from its last index if its log is a
+        prefix of ours and what follows is still kept, else snapshot it."""
+        peer = self.peers.get(node)
+        if epoch > self.epoch:
+            self.deposed = True
+        if peer is None or epoch < self.epoch or self.deposed:
+            return
+        peer.heard_at = self.now
+        if self._prefix(last_epoch, last_index) and last_index + 1 >= self.log.first_kept:
+            peer.state = STREAM
+            peer.durable = peer.floor = durable
+            peer.rewind(last_index)
+            peer.greet = True
+            self._caught_up(peer)
+            self._advance()
+        else:
+            peer.state = WANT
+            peer.durable = 0
+
+    def _prefix(self, last_epoch: int, last_index: int) -> bool:
+        if last_index == 0:
+            return True
+        return last_index <= self.log.last_index and self.log.epoch_at(last_index) == last_epoch
+
+    def snapshot_started(self, node: str, index: int) -> int | None:
+        """The shell read our store as of `index` (best our last index: entries
+        before the kept ones mean another snapshot) for this follower: entries go
+        from index + 1, behind the snapshot's chunks. Returns the epoch of our entry
+        at `index` for `snapshot_end`; None: no snapshot is wanted any more."""
+        peer = self.peers[node]
+        if peer.state != LOADING or self.deposed:
+            return None
+        peer.state = STREAM
+        peer.durable = 0
+        peer.floor = index  # acks below it are of the log the snapshot replaced
+        peer.rewind(index)
+        peer.heard_at = self.now
+        return self.log.epoch_at(index) or 0
+
+    def acked(self, node: str, epoch: int, index: int) -> None:
+        peer = self.peers.get(node)
+        if epoch != self.epoch or peer is None or peer.state != STREAM:
+            return  # stale, or of a log we have not matched yet
+        peer.heard_at = self.now
+        if index > peer.durable and index >= peer.floor:
+            peer.durable = peer.floor = index
+            peer.sent = max(peer.sent, index)
+            while peer.in_flight and peer.in_flight[0][0] <= index:
+                peer.in_flight_bytes -= peer.in_flight.popleft()[1]
+            self._caught_up(peer)
+            self._advance()
+            self.log.trim(min(p.durable for p in self.peers.values()))
+
+    def resend(self, node: str, epoch: int, from_index: int) -> None:
+        peer = self.peers.get(node)
+        if epoch == self.epoch and peer is not None and peer.state == STREAM:
+            peer.heard_at = self.now
+            if from_index - 1 < peer.floor:
+                peer.state = WANT  # it lost what we matched (a snapshot that did not arrive)
+            else:
+                peer.rewind(min(peer.sent, from_index - 1))
+
+    def reset(self, node: str, epoch: int) -> None:
+        peer = self.peers.get(node)
+        if epoch == self.epoch and peer is not None:
+            peer.state = WANT
+
+    def refused(self, node: str, epoch: int) -> None:
+        if epoch > self.epoch:
+            self.deposed = True
+
+    def follower_lost(self, node: str) -> None:
+        peer = self.peers.get(node)
+        if peer is not None:
+            peer.state = LOST
+            peer.rewind(peer.sent)
+            peer.caught_up_at = -math.inf  # out of the in-sync set as soon as it lags
+
+    def tick(self, now: float) -> None:
+        """Send again what a follower has not answered for `retry` seconds."""
+        self.now = now
+        for peer in self.peers.values():
+            self._caught_up(peer)
+            if peer.in_flight and now - peer.heard_at > self.limits.retry:
+                peer.heard_at = now
+                peer.rewind(peer.floor)
+
+    def _caught_up(self, peer: _Peer) -> None:
+        if peer.state == STREAM and peer.durable >= self.log.last_index:
+            peer.caught_up_at = self.now
+
+    def isr_proposal(self, now: float) -> frozenset[str] | None:
+        """The in-sync set as it should be (None: as it is, or a write is under
+        way). The shell writes it to etcd, fenced by the epoch, then calls
+        `isr_written` with what etcd holds (this, or the old set if it failed)."""
+        self.tick(now)
+        if self.deposed or self.pending is not None:
+            return None
+        wanted = {self.me}
+        for node, peer in self.peers.items():
+            lag = self.log.last_index - peer.durable
+            if node in self.isr:
+                out = (peer.state in (WANT, LOADING) or (peer.state == STREAM and lag > self.limits.max_lag)
+                       or (lag > 0 and now - peer.caught_up_at > self.limits.silence))
+            else:
+                out = peer.state != STREAM or lag > 0
+            if not out:
+                wanted.add(node)
+        if wanted == self.isr:
+            return None
+        self.pending = frozenset(wanted)
+        return self.pending
+
+    def isr_written(self, nodes: Iterable[str]) -> None:
+        self.isr = frozenset(nodes) | {self.me}
+        self.pending = None
+        self._advance()
+
+    def _advance(self) -> None:
+        if self.deposed or 2 * len(self.isr) <= len(self.members):
+            return
+        # a member being added counts already: it held everything when proposed
+        held = [self.durable] + [self.peers[n].durable
+                                 for n in self.isr | (self.pending or frozenset())
+                                 if n in self.peers]
+        index = min(held)
+        if index > self.commit_index:
+            self.commit_index = index
+            self._moved = True
+
+    def take_committed(self) -> int | None:
+        """The commit index, if it moved since the last call."""
+        if not self._moved:
+            return None
+        self._moved = False
+        return self.commit_index
+
+
+class Follower:
+    """This node's replica of one group: it follows whoever leads."""
+
+    def __init__(self, group: str, me: str, last_epoch: int, last_index: int, *,
+                 history: Iterable[tuple[int, int]] | None = None, limits: Limits = Limits()):
+        self.group = group
+        self.me = me
+        self.epoch = last_epoch  # the newest seen
+        if history is None:
+            history = [(last_epoch, last_index)] if last_index else []
+        self.log = _History(history, last_index, (), limits)
+        self.durable_index = last_index
+        self.loading: int | None = None  # the index of the snapshot being loaded
+        # the epoch whose leader matched our log (a Send or a snapshot taken): only
+        # then are our acks of its log, not of a tail it will replace
+        self.matched = 0
+
+    def hello(self, epoch: int) -> Hello:
+        """Say what we hold to the leader of `epoch` (from etcd): older epochs are
+        refused from now on."""
+        self.epoch = max(self.epoch, epoch)
+        if self.loading is not None:
+            return Hello(self.epoch, 0, 0, 0)
+        return Hello(self.epoch, self.log.last_epoch, self.log.last_index, self.durable_index)
+
+    def entries(self, epoch: int, first_index: int,
+                entries: Sequence[Entry]) -> list[Apply | Ack | Refused | Resend | Reset]:
+        if epoch < self.epoch:
+            return [Refused(self.epoch)]
+        self.epoch = epoch
+        if self.loading is not None:
+            return []  # behind a snapshot that did not end: it comes again
+        if first_index > self.log.last_index + 1:
+            return [Resend(epoch, self.log.last_index + 1)]
+        out: list[Apply | Ack | Refused | Resend | Reset] = []
+        for index, entry in enumerate(entries, first_index):
+            if index <= self.log.last_index:
+                held = self.log.epoch_at(index)
+                if held is not None and held != entry.epoch:
+                    self.matched = 0
+                    out.append(Reset(epoch))  # a tail the leader does not have
+                    return out
+                continue  # a duplicate
+            self.log.append(entry)
+            out.append(Apply(entry.records))
+        self.matched = epoch
+        if not out:
+            out.append(Ack(epoch, self.durable_index))  # our ack may have been lost
+        return out
+
+    def durable(self, index: int) -> list[Ack]:
+        """The shell's group commit made everything applied up to `index` durable."""
+        if self.loading is not None or index <= self.durable_index:
+            return []
+        self.durable_index = min(index, self.log.last_index)
+        if self.matched != self.epoch:
+            return []
+        return [Ack(self.epoch, self.durable_index)]
+
+    def snapshot_chunk(self, epoch: int, index: int,
+                       records: object) -> list[Clear | Apply | Refused]:
+        if epoch < self.epoch:
+            return [Refused(self.epoch)]
+        self.epoch = epoch
+        out: list[Clear | Apply | Refused] = []
+        if self.loading != index:
+            self.loading = index
+            self.log = _History([], 0, (), self.log.limits)
+            self.durable_index = 0
+            out.append(Clear())
+        out.append(Apply(records))
+        return out
+
+    def snapshot_end(self, epoch: int, index: int, last_epoch: int) -> list[Refused]:
+        """The snapshot as of `index` (its entry there of `last_epoch`) is loaded;
+        the shell's next group commit makes it durable (then `durable`)."""
+        if epoch < self.epoch:
+            return [Refused(self.epoch)]
+        if self.loading == index:
+            self.loading = None
+            self.matched = epoch
+            self.log = _History([(last_epoch, index)], index, (), self.log.limits)
+        return []
+
+    def lead(self, epoch: int, members: Iterable[str], isr: Iterable[str], now: float,
+             limits: Limits | None = None) -> Leader:
+        """This node won the election of `epoch`: lead from what we hold, the kept
+        entries included, so followers just behind need no snapshot."""
+        return Leader(self.group, epoch, members, isr, self.me, self.log.last_index,
+                      durable=self.durable_index, history=self.log.starts, kept=list(self.log.kept),
+                      now=now, limits=limits or self.log.limits)
