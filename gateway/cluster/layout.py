@@ -13,6 +13,8 @@ Under the cluster's prefix (`/warren` unless configured):
     numbers/NAME                   a node's number, kept for ever
     next-number                    the next number to give a node
     secret                         the link's shared secret, unless configured
+    groups/V/NAME/leader           a replica group's leader (Leader), under its lease
+    groups/V/NAME/isr              its in-sync members (InSync), written by the leader
 
 Names are percent-encoded, so a '/' in a queue name cannot reach another key. A
 catalogue value is the change record that puts the object (broker/changes.py),
@@ -54,6 +56,20 @@ class NodeInfo(msgspec.Struct):
     management: str  # host:port of its management API ("" if none)
     shards: int
     started: float  # seconds since the epoch
+
+
+class Leader(msgspec.Struct):
+    """A replica group's leader; the key's create_revision is its epoch."""
+
+    node: str
+
+
+class InSync(msgspec.Struct):
+    """A replica group's in-sync members, as the leader of `epoch` wrote them
+    (epoch 0: the group's creation, every member)."""
+
+    nodes: list[str]
+    epoch: int
 
 
 Record = c.VHostPut | c.UserPut | c.PermissionPut | c.PolicyPut | c.ExchangePut | \
@@ -124,6 +140,29 @@ class Layout:
     def queue_key(self, vhost: str, name: str) -> bytes:
         return self.key("queue", vhost, name)
 
+    @property
+    def groups(self) -> bytes:
+        return self.prefix + b"/groups/"
+
+    def group_key(self, vhost: str, name: str) -> bytes:
+        """The base of a replica group's keys (its `leader` and `isr` follow)."""
+        return self.groups + _q(vhost) + b"/" + _q(name) + b"/"
+
+    def group_leader(self, vhost: str, name: str) -> bytes:
+        return self.group_key(vhost, name) + b"leader"
+
+    def group_isr(self, vhost: str, name: str) -> bytes:
+        return self.group_key(vhost, name) + b"isr"
+
+    def group_of(self, key: bytes) -> tuple[str, str, str] | None:
+        """(vhost, name, "leader" or "isr") of a group's key, None for any other."""
+        if not key.startswith(self.groups):
+            return None
+        parts = key[len(self.groups):].split(b"/")
+        if len(parts) != 3 or parts[2] not in (b"leader", b"isr"):
+            return None
+        return unq(parts[0]), unq(parts[1]), parts[2].decode()
+
 
 def encode(record) -> bytes:
     return _encoder.encode(record)
@@ -131,6 +170,18 @@ def encode(record) -> bytes:
 
 def decode(value: bytes):
     return _decoder.decode(value)
+
+
+def encode_group(value: Leader | InSync) -> bytes:
+    return msgspec.json.encode(value)
+
+
+def decode_leader(value: bytes) -> Leader:
+    return msgspec.json.decode(value, type=Leader)
+
+
+def decode_in_sync(value: bytes) -> InSync:
+    return msgspec.json.decode(value, type=InSync)
 
 
 def removal(layout: Layout, key: bytes, record):
