@@ -359,7 +359,8 @@ class Leader:
         for node, peer in self.peers.items():
             lag = self.log.last_index - peer.durable
             if node in self.isr:
-                out = (peer.state in (WANT, LOADING) or (peer.state == STREAM and lag > self.limits.max_lag)
+                out = (peer.state in (WANT, LOADING)
+                       or (peer.state == STREAM and lag > self.limits.max_lag)
                        or (lag > 0 and now - peer.caught_up_at > self.limits.silence))
             else:
                 out = peer.state != STREAM or lag > 0

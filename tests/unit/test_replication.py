@@ -119,6 +119,7 @@ class Group(RuleBasedStateMachine):
         if moved is not None:
             store = self.stores[self.address]
             assert moved >= self.commit_in_epoch, "the commit index went back"
+            assert 2 * len(self.leader.isr) > len(NODES), "a commit without a majority"
             self.commit_in_epoch = moved
             if moved > len(self.committed):
                 assert store[:len(self.committed)] == self.committed, "a commit was replaced"
@@ -278,7 +279,6 @@ class Group(RuleBasedStateMachine):
         if leader.commit_index:
             for node in leader.isr:
                 assert len(self.held(node)) >= leader.commit_index
-            assert 2 * len(leader.isr) > len(NODES)
 
     @invariant()
     def memory_bounded(self):
@@ -378,3 +378,22 @@ def test_a_slow_follower_gets_at_most_the_budget_in_flight():
     assert leader.take_sends() == []
     leader.acked("b", 1, 2)
     assert [s.first_index for s in leader.take_sends()] == [3]
+
+
+def test_a_follower_behind_the_kept_entries_is_snapshot_and_rejoins():
+    leader = Leader("g", 1, NODES, {"a", "b"}, "a", 0, limits=LIMITS)
+    for n in range(10):
+        leader.append(n, 1)
+    leader.durable_here(10)
+    leader.hello("c", 1, 0, 0, 0)  # entry 1 is no longer kept
+    assert leader.take_sends() == [Snapshot("c", 1)]
+    assert leader.snapshot_started("c", 10) == 1
+    follower = Follower("g", "c", 0, 0, limits=LIMITS)
+    follower.hello(1)
+    follower.snapshot_chunk(1, 10, list(range(10)))
+    follower.snapshot_end(1, 10, 1)
+    leader.append(10, 1)
+    followers = {"c": follower}
+    settle(leader, followers)
+    assert follower.log.last_index == 11
+    assert leader.isr_proposal(0.0) == {"a", "b", "c"}
