@@ -149,7 +149,9 @@ class Elections:
 
     async def create_group(self, vhost: str, name: str, members: Collection[str]) -> bool:
         """Writes a new group's first in-sync set (every member, epoch 0); False
-        if the group exists. Retries until etcd answers."""
+        if the group exists (as after a retry of a write etcd had applied before
+        its answer was lost: either way, the group is there). Retries until etcd
+        answers."""
         view = self._view((vhost, name))
         compares, success = g.creation(view, members)
         result = await _retrying(lambda: self.etcd.txn(compares, success))
@@ -159,6 +161,8 @@ class Elections:
         return result.succeeded
 
     async def delete_group(self, vhost: str, name: str) -> None:
+        """Deletes both keys: its leader is told it is deposed. Retries until
+        etcd answers."""
         view = self._view((vhost, name))
         await _retrying(lambda: self.etcd.txn([], [Op.delete(view.leader_key),
                                                    Op.delete(view.isr_key)]))
