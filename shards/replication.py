@@ -48,10 +48,12 @@ class Limits(NamedTuple):
 
 # Leader -> follower, carried by the shell.
 class Send(NamedTuple):
-    """Entries first_index.. for a follower, fenced by the leader's epoch."""
+    """Entries first_index.. for a follower, fenced by the leader's epoch, and the
+    epoch of our entry before them (0: unknown) for the follower to match."""
     node: str
     epoch: int
     first_index: int
+    prev_epoch: int
     entries: list[Entry]
 
 
@@ -245,7 +247,7 @@ class Leader:
         if not entries and not peer.greet:
             return None
         peer.greet = False
-        send = Send(node, self.epoch, peer.sent + 1, entries)
+        send = Send(node, self.epoch, peer.sent + 1, self.log.epoch_at(peer.sent) or 0, entries)
         peer.sent = index - 1
         peer.in_flight.append((peer.sent, size))
         peer.in_flight_bytes += size
@@ -417,12 +419,14 @@ class Follower:
         """Say what we hold to the leader of `epoch` (from etcd): older epochs are
         refused from now on."""
         self.epoch = max(self.epoch, epoch)
-        if self.loading is not None:
-            return Hello(self.epoch, 0, 0, 0)
+        self.loading = None  # a snapshot cut off: our store holds no log (Clear)
         return Hello(self.epoch, self.log.last_epoch, self.log.last_index, self.durable_index)
 
-    def entries(self, epoch: int, first_index: int,
+    def entries(self, epoch: int, first_index: int, prev_epoch: int,
                 entries: Sequence[Entry]) -> list[Apply | Ack | Refused | Resend | Reset]:
+        """A Send: apply what continues our log. Each entry is checked against the
+        one before it (Raft's log matching), so a stale or duplicated Send cannot
+        graft the leader's entries onto a tail it does not have."""
         if epoch < self.epoch:
             return [Refused(self.epoch)]
         self.epoch = epoch
@@ -430,13 +434,15 @@ class Follower:
             return []  # behind a snapshot that did not end: it comes again
         if first_index > self.log.last_index + 1:
             return [Resend(epoch, self.log.last_index + 1)]
+        if not self._matches(first_index - 1, prev_epoch):
+            self.matched = 0
+            return [Reset(epoch)]  # a tail the leader does not have
         out: list[Apply | Ack | Refused | Resend | Reset] = []
         for index, entry in enumerate(entries, first_index):
             if index <= self.log.last_index:
-                held = self.log.epoch_at(index)
-                if held is not None and held != entry.epoch:
+                if not self._matches(index, entry.epoch):
                     self.matched = 0
-                    out.append(Reset(epoch))  # a tail the leader does not have
+                    out.append(Reset(epoch))
                     return out
                 continue  # a duplicate
             self.log.append(entry)
@@ -445,6 +451,11 @@ class Follower:
         if not out:
             out.append(Ack(epoch, self.durable_index))  # our ack may have been lost
         return out
+
+    def _matches(self, index: int, epoch: int) -> bool:
+        """Whether our entry at `index` is of `epoch`, or either is unknown."""
+        held = self.log.epoch_at(index) if 0 < index <= self.log.last_index else None
+        return held is None or not epoch or held == epoch
 
     def durable(self, index: int) -> list[Ack]:
         """The shell's group commit made everything applied up to `index` durable."""
