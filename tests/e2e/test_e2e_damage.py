@@ -86,6 +86,7 @@ def counts(broker) -> dict[str, int]:
     return found
 
 
+@pytest.mark.shard_side  # a store's damage, before any client
 def test_truncated_store_refuses_start_until_quarantined(tmp_path):
     data = tmp_path / "data"
     fill(data)
@@ -125,6 +126,7 @@ def test_truncated_store_refuses_start_until_quarantined(tmp_path):
     broker.stop()
 
 
+@pytest.mark.shard_side  # a store's damage, before any client
 def test_garbage_inside_a_record_refuses_start(tmp_path):
     data = tmp_path / "data"
     fill(data)
@@ -143,6 +145,7 @@ def test_garbage_inside_a_record_refuses_start(tmp_path):
     assert "messages records fail their checksum" in checked.stdout
 
 
+@pytest.mark.shard_side  # a store's damage, before any client
 def test_missing_meta_refuses_start_until_rebuilt(tmp_path):
     data = tmp_path / "data"
     fill(data)
@@ -172,6 +175,7 @@ def test_missing_meta_refuses_start_until_rebuilt(tmp_path):
         broker.stop()
 
 
+@pytest.mark.shard_side  # a store's damage, before any client
 def test_damaged_meta_refuses_start_until_rebuilt(tmp_path):
     data = tmp_path / "data"
     fill(data)
@@ -190,6 +194,7 @@ def test_damaged_meta_refuses_start_until_rebuilt(tmp_path):
     assert verify(data).returncode == 0
 
 
+@pytest.mark.shard_side  # a store's damage, before any client
 def test_read_only_data_dir_refuses_start(tmp_path):
     with mounted_tmpfs(tmp_path / "ro", "64m") as mount:
         data = mount / "data"
@@ -290,6 +295,7 @@ def wait_gone(pids: set[int]) -> None:
                message="(the broker's processes are still running)")
 
 
+@pytest.mark.shard_side  # a store's damage, before any client
 def test_a_data_directory_of_an_earlier_warren_is_upgraded_not_called_damaged(tmp_path):
     data = tmp_path / "data"
     fill(data)
@@ -312,6 +318,7 @@ def test_a_data_directory_of_an_earlier_warren_is_upgraded_not_called_damaged(tm
     assert verify(data).returncode == 0
 
 
+@pytest.mark.shard_side  # a store's damage, before any client
 def test_a_data_directory_of_format_2_keeps_its_queues_and_messages(tmp_path):
     """Format 2 wrote a queue's fields one by one in both stores: the upgrade rewrites
     those records as queue specs; its messages are read as they are."""

@@ -99,6 +99,7 @@ def test_a_taken_port_is_named_with_its_option(tmp_path, taken_port, certificate
 # -- data directory -----------------------------------------------------------------
 
 
+@pytest.mark.shard_side  # the data directory, before any gateway serves
 def test_a_file_where_the_data_directory_should_be(tmp_path):
     in_the_way = tmp_path / "file"
     in_the_way.write_text("not a directory")
@@ -110,6 +111,7 @@ def test_a_file_where_the_data_directory_should_be(tmp_path):
 
 
 @needs_file_modes
+@pytest.mark.shard_side  # the data directory, before any gateway serves
 def test_a_read_only_data_directory(tmp_path):
     parent = tmp_path / "read-only"
     (parent / "data").mkdir(parents=True)
@@ -126,6 +128,7 @@ def test_a_read_only_data_directory(tmp_path):
         (parent / "data").chmod(0o755)
 
 
+@pytest.mark.shard_side  # the data directory, before any gateway serves
 def test_a_store_that_cannot_be_opened(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -134,6 +137,7 @@ def test_a_store_that_cannot_be_opened(tmp_path):
     assert_failed_cleanly(*result, data, f"cannot open the stores in {data}", "--data")
 
 
+@pytest.mark.shard_side  # the data directory, before any gateway serves
 def test_a_data_directory_in_use_by_another_warren(tmp_path):
     data = tmp_path / "data"
     first = RunningBroker(data, shards=1).start()
