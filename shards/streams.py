@@ -255,18 +255,48 @@ def stream_path(store_path: str, qid: int) -> str:
     return os.path.join(store_path, "streams", str(qid))
 
 
-# The codec writes an int in the 32-bit range as 'I'; RabbitMQ's header is a long
-# ('l'): the header is written with a mark of a long's range, then the offset put in.
-_MARK = 1 << 62
-_MARKED = b"\x0fx-stream-offsetl" + _MARK.to_bytes(8, "big", signed=True)
+# The header as the codec would write it, but as a long ('l', RabbitMQ's type):
+# the codec writes an int in the 32-bit range as 'I'.
+_ENTRY = b"\x0fx-stream-offsetl"
+_CONTINUED, _CONTENT_TYPE, _CONTENT_ENCODING, _HEADERS = 0x0001, 0x8000, 0x4000, 0x2000
 
 
 def _with_offset(properties: bytes, offset: int) -> bytes:
-    """The publisher's properties with the x-stream-offset header (a long)."""
+    """The publisher's raw properties with the x-stream-offset header (a long),
+    spliced into the bytes: the headers table is the third property, and an entry
+    appended to it needs only the table's length changed. Decoding and encoding
+    every publish's properties cost more than the rest of its append."""
+    entry = _ENTRY + offset.to_bytes(8, "big", signed=True)
+    size = len(properties)
+    if size < 2 or b"x-stream-offset" in properties:
+        return _with_offset_decoded(properties, entry)
+    flags = int.from_bytes(properties[:2], "big")
+    if flags & _CONTINUED:
+        return _with_offset_decoded(properties, entry)
+    at = 2
+    if flags & _CONTENT_TYPE:
+        at += 1 + properties[at] if at < size else size + 1
+    if flags & _CONTENT_ENCODING:
+        at += 1 + properties[at] if at < size else size + 1
+    if not flags & _HEADERS:
+        if at > size:
+            return properties
+        return ((flags | _HEADERS).to_bytes(2, "big") + properties[2:at]
+                + len(entry).to_bytes(4, "big") + entry + properties[at:])
+    end = at + 4 + int.from_bytes(properties[at:at + 4], "big")
+    if at + 4 > size or end > size:
+        return properties  # malformed: kept as it came, as decoding would
+    return (properties[:at] + (end - at - 4 + len(entry)).to_bytes(4, "big")
+            + properties[at + 4:end] + entry + properties[end:])
+
+
+def _with_offset_decoded(properties: bytes, entry: bytes) -> bytes:
+    """The header put in by decoding: a table that has it already gets it replaced."""
     try:
         props = decode_properties(properties)
     except PropertiesError:
         return properties
-    props.headers = {**(props.headers or {}), "x-stream-offset": _MARK}
-    return encode_properties(props).replace(
-        _MARKED, _MARKED[:-8] + offset.to_bytes(8, "big", signed=True), 1)
+    mark = 1 << 62  # a long's range, replaced by the offset once encoded
+    props.headers = {**(props.headers or {}), "x-stream-offset": mark}
+    marked = _ENTRY + mark.to_bytes(8, "big", signed=True)
+    return encode_properties(props).replace(marked, entry, 1)

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import os
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from warren.gateway.amqp.properties import BasicProperties, decode_properties, encode_properties
 from warren.shards import records as r
 from warren.shards.persister import Persister
 from warren.shards.stats import StatsLog
-from warren.shards.streams import Streams, stream_path
+from warren.shards.streams import Streams, _with_offset, stream_path
 from warren.shards.timers import TimerHeap
 from warren.storage.queuespec import QueueSpec
 from warren.storage.shardstore import ShardStore
@@ -178,3 +181,30 @@ def test_a_feed_goes_on_past_a_read_cut_short_by_its_bytes(tmp_path):
         publish(streams, b"." * (600 << 10))  # two of them exceed a read's bytes
     commit(streams)
     assert [seq for _, seq, _, _ in delivered(outbox)] == [0, 1, 2]
+
+
+short = st.one_of(st.none(), st.text(max_size=20))
+header_values = st.one_of(st.integers(-2**31, 2**31 - 1), st.text(max_size=10), st.booleans())
+
+
+@given(content_type=short, content_encoding=short,
+       headers=st.one_of(st.none(), st.dictionaries(
+           st.text(min_size=1, max_size=12), header_values, max_size=4)),
+       delivery_mode=st.one_of(st.none(), st.sampled_from([1, 2])), message_id=short,
+       offset=st.integers(0, 2**62))
+def test_the_offset_header_spliced_into_raw_properties_is_what_decoding_would_give(
+        content_type, content_encoding, headers, delivery_mode, message_id, offset):
+    props = BasicProperties(content_type=content_type, content_encoding=content_encoding,
+                            headers=headers, delivery_mode=delivery_mode,
+                            message_id=message_id)
+    spliced = decode_properties(_with_offset(encode_properties(props), offset))
+    assert spliced.headers == {**(headers or {}), "x-stream-offset": offset}
+    assert (spliced.content_type, spliced.content_encoding, spliced.delivery_mode,
+            spliced.message_id) == (content_type, content_encoding, delivery_mode, message_id)
+
+
+def test_a_publisher_s_own_offset_header_is_replaced_and_malformed_properties_kept():
+    raw = encode_properties(BasicProperties(headers={"x-stream-offset": "mine", "a": 1}))
+    assert decode_properties(_with_offset(raw, 7)).headers == {"x-stream-offset": 7, "a": 1}
+    torn = encode_properties(BasicProperties(headers={"a": 1}))[:-2]
+    assert _with_offset(torn, 7) == torn
