@@ -44,6 +44,10 @@ READ_AHEAD = 64 << 10  # a reader's buffer
 # Older segments' descriptors kept open for readers, the least recently used closed
 # first: a long stream of small segments would otherwise hold thousands.
 OPEN_SEGMENTS = 16
+# The newest records read, shared by the readers near the head: ten consumers of a
+# stream parse and check each record once between them, not ten times.
+RECENT_RECORDS = 4096
+RECENT_BYTES = 4 << 20
 _NAME_DIGITS = 20
 
 
@@ -152,6 +156,7 @@ class SegmentLog:
         self._timestamp = 0  # the last timestamp given out
         self._directory_dirty = False
         self._opened: dict[int, _Segment] = {}  # older segments with a descriptor, by use
+        self._recent = _Recent()
 
     @classmethod
     def open(cls, path: str, max_segment_bytes: int = 500_000_000,
@@ -403,6 +408,7 @@ class SegmentLog:
                 os.close(oldest.fd)
             self._opened.pop(oldest.base, None)
             del self._segments[0], self._bases[0]
+            self._recent.forget_before(oldest.last + 1)
             total -= oldest.size
             dropped.append(SegmentInfo(oldest.base, oldest.last, oldest.size))
         if dropped:  # durable at once: a crash that brought back some would leave a gap
@@ -487,6 +493,7 @@ class SegmentLog:
         self._segments.clear()
         self._bases.clear()
         self._opened.clear()
+        self._recent = _Recent()
 
     def _fd(self, segment: _Segment) -> int:
         """A segment's descriptor: the newest's stays open, an older one is
@@ -541,6 +548,46 @@ def _fsync_directory(path: str) -> None:
         os.close(fd)
 
 
+class _Recent:
+    """The newest records readers took from the files, at consecutive offsets from
+    `first`: (offset, timestamp, payload), and beside each the segment and the
+    position after it. A read that starts past its end starts it again there (the
+    head moved on); one behind it leaves it alone, so a reader far back does not
+    push out what the others share."""
+
+    __slots__ = ("first", "records", "ends", "bytes")
+
+    def __init__(self) -> None:
+        self.first = 0
+        self.records: list[tuple[int, int, bytes]] = []
+        self.ends: list[tuple[_Segment, int]] = []
+        self.bytes = 0
+
+    def add(self, record: tuple[int, int, bytes], segment: _Segment, end: int) -> None:
+        records = self.records
+        if record[0] != self.first + len(records):
+            if record[0] < self.first + len(records):
+                return
+            self._drop(len(records))
+            self.first = record[0]
+        records.append(record)
+        self.ends.append((segment, end))
+        self.bytes += len(record[2])
+        if len(records) > 2 * RECENT_RECORDS or self.bytes > RECENT_BYTES:
+            self._drop(len(records) // 2)  # in halves: a list's front is dear to cut
+
+    def _drop(self, count: int) -> None:
+        self.bytes -= sum(len(record[2]) for record in self.records[:count])
+        del self.records[:count], self.ends[:count]
+        self.first += count
+
+    def forget_before(self, offset: int) -> None:
+        """Retention deleted the records before `offset`."""
+        self._drop(max(0, min(offset - self.first, len(self.records))))
+        if not self.records:
+            self.first = max(self.first, offset)
+
+
 class Reader:
     """Reads the log from an offset on, through a small buffer (pread from the
     segment files), up to the durable offset. Segments retention deletes under
@@ -562,10 +609,25 @@ class Reader:
         log = self._log
         found: list[tuple[int, int, bytes]] = []
         taken = 0
+        recent = log._recent
         while len(found) < max_records:
             self.offset = max(self.offset, log.first_offset)
             if self.offset > log.durable_offset:
                 break
+            at = self.offset - recent.first
+            if 0 <= at < len(recent.records):
+                shared = recent.records[at:at + max_records - len(found)]
+                size = sum(len(record[2]) for record in shared)
+                while len(shared) > 1 and taken + size > max_bytes:
+                    size -= len(shared.pop()[2])
+                if found and taken + size > max_bytes:
+                    break
+                found += shared
+                taken += size
+                self.offset = self._at = shared[-1][0] + 1
+                self._segment, self._position = recent.ends[at + len(shared) - 1]
+                self._data, self._data_at = b"", self._position
+                continue
             segment = self._segment
             if segment is None or segment.base < log.first_offset \
                     or self._position >= segment.size:  # a start, a segment deleted, one read
@@ -578,9 +640,11 @@ class Reader:
             if record.offset >= self.offset:
                 if found and taken + length > max_bytes:
                     break
-                found.append((record.offset, record.timestamp, data[record.start:record.end]))
+                read = (record.offset, record.timestamp, data[record.start:record.end])
+                found.append(read)
                 taken += length
                 self.offset = record.offset + 1
+                recent.add(read, segment, self._data_at + record.end)
             self._position = self._data_at + record.end
             self._at += 1
         return found

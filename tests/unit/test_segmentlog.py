@@ -9,6 +9,8 @@ import os
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from warren.storage import segmentlog, segmentrecord
 from warren.storage.segmentlog import SegmentLog
@@ -251,3 +253,50 @@ def test_a_stream_of_many_segments_holds_few_descriptors(tmp_path):
     assert [r[0] for r in readers[0].read(1000)] == list(range(1, 200))  # reopened as read
     log.close()
     assert held() == 0
+
+
+def test_readers_at_the_head_read_each_record_from_the_files_once(tmp_path, monkeypatch):
+    log = SegmentLog.open(str(tmp_path / "s"), **SMALL)
+    readers = [log.reader("next") for _ in range(10)]
+    counter = PreadCounter(monkeypatch)
+    for turn in range(30):
+        for offset in range(turn * 5, turn * 5 + 5):
+            log.append(payload(offset, 40), 1000 + offset)
+        log.sync()
+        for reader in readers:
+            assert [r[0] for r in reader.read(50)] == list(range(turn * 5, turn * 5 + 5))
+    written = sum(info.bytes for info in log.segments())
+    # One reader's pass (each pread may reach past what is durable yet), not ten.
+    assert counter.total < 2 * written  # ten readers parsing alone read it ten times
+    log.close()
+
+
+@settings(max_examples=60)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("append"), st.integers(1, 12), st.integers(1, 90)),
+    st.tuples(st.just("read"), st.integers(0, 4), st.integers(1, 9), st.integers(1, 400)),
+    st.tuples(st.just("reader"), st.sampled_from(["first", "last", "next", 0, 17, 40])),
+    st.tuples(st.just("retain"), st.integers(0, 2000))), max_size=40))
+def test_readers_sharing_the_newest_records_read_what_a_lone_reader_would(tmp_path_factory, ops):
+    log = SegmentLog.open(str(tmp_path_factory.mktemp("s") / "s"), **SMALL)
+    readers = [log.reader("first") for _ in range(2)]
+    for op in ops:
+        if op[0] == "append":
+            first = log.next_offset
+            for offset in range(first, first + op[1]):
+                log.append(payload(offset, op[2]), 1000 + offset)
+            log.sync()
+        elif op[0] == "reader":
+            readers.append(log.reader(op[1]))
+        elif op[0] == "retain":
+            log.apply_retention(max_bytes=op[1])
+        else:
+            reader = readers[op[1] % len(readers)]
+            start = max(reader.offset, log.first_offset)
+            got = reader.read(op[2], op[3])
+            offsets = [record[0] for record in got]
+            assert offsets == list(range(start, start + len(got)))
+            assert all(record[2] == payload(record[0], len(record[2])) for record in got)
+            assert len(got) == min(op[2], log.durable_offset + 1 - start) or \
+                sum(len(record[2]) for record in got) + 90 > op[3]
+    log.close()
