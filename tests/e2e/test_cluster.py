@@ -57,6 +57,35 @@ def test_a_message_published_through_one_node_is_consumed_through_another(cluste
     two.close()
 
 
+def test_streams_on_every_node_are_read_from_an_offset_through_another(cluster):
+    one, two = connect(cluster.nodes[0]), connect(cluster.nodes[1])
+    publisher, consumer = one.channel(), two.channel()
+    names = [f"log-{i}" for i in range(6)]
+    for name in names:
+        publisher.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+    homes = {q["name"]: q["node"] for q in cluster.nodes[2].api("queues") if q["name"] in names}
+    assert set(homes.values()) == {"n1", "n2", "n3"}
+    publisher.confirm_delivery()
+    for name in names:
+        for i in range(5):
+            publisher.basic_publish("", name, b"%s-%d" % (name.encode(), i),
+                                    pika.BasicProperties(delivery_mode=2))
+    got: dict[str, list] = {name: [] for name in names}
+    consumer.basic_qos(prefetch_count=10)
+    for name in names:  # from offset 2: the third record on
+        consumer.basic_consume(
+            name, lambda ch, m, p, body, name=name: (
+                got[name].append((p.headers["x-stream-offset"], body)),
+                ch.basic_ack(m.delivery_tag)),
+            arguments={"x-stream-offset": 2})
+    wait_for(lambda: two.process_data_events(0.05) or all(len(v) == 3 for v in got.values()),
+             10, "every stream read from offset 2")
+    for name in names:
+        assert got[name] == [(i, b"%s-%d" % (name.encode(), i)) for i in range(2, 5)]
+    one.close()
+    two.close()
+
+
 def test_the_link_between_nodes_is_tls_where_the_nodes_have_a_certificate(tmp_path, certificate):
     cert, key = certificate
     tls = ["--tls-certfile", str(cert), "--tls-keyfile", str(key), "--tls-port", "0"]
