@@ -304,38 +304,7 @@ def test_counter_resets_sum_the_segments(handmade):
     assert (top["queue"], top["peak_ready"]) == ("drops", 12)
 
 
-# -- 4. synthetic logs through the command line ---------------------------------------------
-
-def test_synthetic_logs_through_main(tmp_path, spark_session, capsys):
-    logs = tmp_path / "synth"
-    manifest = synth.generate(str(logs), records=2000, shards=2, queues=20, interval=1.0,
-                              bad=3, restarts=1)
-    assert manifest["records"] == 2000
-    assert len(list(logs.glob("shard-*.jsonl*"))) == 2
-    out = tmp_path / "report"
-    assert report.main([str(logs / "shard-*.jsonl*"), "--out", str(out), "--top", "5"]) == 0
-    printed = capsys.readouterr()
-    assert "2,000 records, 3 bad lines" in printed.out
-    # progress on stderr, one line per stage with the time since the start
-    assert re.search(r"^\[ *[0-9.]+ s\] reading logs\.\.\. 2 files", printed.err, re.M)
-    assert "computing latency percentiles" in printed.err
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["records"] == 2000
-    assert summary["bad_lines"] == 3
-    assert summary["records_by_type"] == manifest["records_by_type"]
-    queues = by_name(summary)
-    assert len(queues) == 20
-    for expected in manifest["queues"]:
-        q = queues[(expected["vhost"], expected["name"])]
-        for field in ("shard", "published", "delivered", "acked", "redelivered", "timeouts",
-                      "peak_ready"):
-            assert q[field] == expected[field], (expected["name"], field)
-    assert {s["shard"] for s in summary["shards"]} == {0, 1}
-    assert len(summary["top_backlog"]) <= 5
-    assert_outputs(out)
-
-
-# -- 5. the command line as a person runs it: quiet, unless --verbose ------------------------
+# -- 4. synthetic logs through the command line as a person runs it: quiet, unless --verbose --
 
 SPARK_NOISE = ("Using Spark's default log4j profile", "NativeCodeLoader", " WARN ",
                "WARNING: Using incubator modules", "Setting default log level")
@@ -343,7 +312,10 @@ SPARK_NOISE = ("Using Spark's default log4j profile", "NativeCodeLoader", " WARN
 
 def test_the_command_is_quiet_unless_verbose(tmp_path):
     logs = tmp_path / "synth"
-    synth.generate(str(logs), records=300, shards=2, queues=4, interval=1.0)
+    manifest = synth.generate(str(logs), records=2000, shards=2, queues=20, interval=1.0,
+                              bad=3, restarts=1)
+    assert manifest["records"] == 2000
+    assert len(list(logs.glob("shard-*.jsonl*"))) == 2
 
     def report_command(inputs: Path, out: str, *extra) -> subprocess.Popen:
         return subprocess.Popen(
@@ -358,16 +330,33 @@ def test_the_command_is_quiet_unless_verbose(tmp_path):
     # Both at once. Spark logs as it starts, so the verbose run needs no report: it is
     # given no input and stops once Spark is up (a second whole report took half
     # this test's time on a 2-core machine).
-    quiet_run = report_command(logs, "report")
+    quiet_run = report_command(logs / "shard-*.jsonl*", "report", "--top", "5")
     verbose_run = report_command(tmp_path / "no-such-logs", "verbose", "--verbose")
     quiet, verbose = finished(quiet_run), finished(verbose_run)
     assert quiet.returncode == 0, quiet.stderr
-    assert "300 records, 0 bad lines" in quiet.stdout
+    assert "2,000 records, 3 bad lines" in quiet.stdout
+    # progress on stderr, one line per stage with the time since the start
     stages = [line for line in quiet.stderr.splitlines() if line.strip()]
     assert stages and all(re.match(r"\[ *[0-9.]+ s\] ", line) for line in stages), quiet.stderr
+    assert re.search(r"^\[ *[0-9.]+ s\] reading logs\.\.\. 2 files", quiet.stderr, re.M)
+    assert "computing latency percentiles" in quiet.stderr
     for noise in SPARK_NOISE:
         assert noise not in quiet.stderr
-    assert_outputs(tmp_path / "report")
+    out = tmp_path / "report"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["records"] == 2000
+    assert summary["bad_lines"] == 3
+    assert summary["records_by_type"] == manifest["records_by_type"]
+    queues = by_name(summary)
+    assert len(queues) == 20
+    for expected in manifest["queues"]:
+        q = queues[(expected["vhost"], expected["name"])]
+        for field in ("shard", "published", "delivered", "acked", "redelivered", "timeouts",
+                      "peak_ready"):
+            assert q[field] == expected[field], (expected["name"], field)
+    assert {s["shard"] for s in summary["shards"]} == {0, 1}
+    assert len(summary["top_backlog"]) <= 5
+    assert_outputs(out)
 
     assert verbose.returncode == 2, verbose.stderr
     assert "error: no input matches" in verbose.stderr
