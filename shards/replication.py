@@ -60,7 +60,8 @@ class Send(NamedTuple):
 class Snapshot(NamedTuple):
     """The follower needs the leader's store: the shell reads it as of some index,
     calls `snapshot_started(node, index)`, and sends it in chunks (the follower's
-    `snapshot_chunk` then `snapshot_end`) ahead of any later Send to that node."""
+    `snapshot_chunk`, the first marked, then `snapshot_end`) ahead of any later
+    Send to that node; a newer Snapshot for the node replaces one under way."""
     node: str
     epoch: int
 
@@ -466,17 +467,21 @@ class Follower:
             return []
         return [Ack(self.epoch, self.durable_index)]
 
-    def snapshot_chunk(self, epoch: int, index: int,
+    def snapshot_chunk(self, epoch: int, index: int, first: bool,
                        records: object) -> list[Clear | Apply | Refused]:
+        """A chunk of the leader's store as of `index`; the first starts a load
+        afresh (a snapshot cut off and started again must not add up)."""
         if epoch < self.epoch:
             return [Refused(self.epoch)]
         self.epoch = epoch
         out: list[Clear | Apply | Refused] = []
-        if self.loading != index:
+        if first:
             self.loading = index
             self.log = _History([], 0, (), self.log.limits)
             self.durable_index = 0
             out.append(Clear())
+        elif self.loading != index:
+            return out  # of a snapshot given up
         out.append(Apply(records))
         return out
 

@@ -88,7 +88,8 @@ class Group(RuleBasedStateMachine):
         else:
             epoch, index, last_epoch, chunks = message  # a snapshot: its chunks, then its end
             if chunks:
-                effects = follower.snapshot_chunk(epoch, index, chunks[0])
+                first = len(chunks) == 2
+                effects = follower.snapshot_chunk(epoch, index, first, chunks[0])
                 self.net.append((node, sender, (epoch, index, last_epoch, chunks[1:])))
             else:
                 effects = follower.snapshot_end(epoch, index, last_epoch)
@@ -394,7 +395,7 @@ def test_a_divergent_follower_is_dropped_then_snapshot():
     assert leader.snapshot_started("b", 1) == 1
     follower = Follower("g", "b", 1, 2)
     follower.hello(2)
-    assert follower.snapshot_chunk(2, 1, ["x"]) == [Clear(), Apply(["x"])]
+    assert follower.snapshot_chunk(2, 1, True, ["x"]) == [Clear(), Apply(["x"])]
     assert follower.snapshot_end(2, 1, 1) == []
     assert follower.durable(1) == [Ack(2, 1)]
     leader.acked("b", 2, 1)
@@ -423,7 +424,7 @@ def test_a_follower_behind_the_kept_entries_is_snapshot_and_rejoins():
     assert leader.snapshot_started("c", 10) == 1
     follower = Follower("g", "c", 0, 0, limits=LIMITS)
     follower.hello(1)
-    follower.snapshot_chunk(1, 10, list(range(10)))
+    follower.snapshot_chunk(1, 10, True, list(range(10)))
     follower.snapshot_end(1, 10, 1)
     leader.append(10, 1)
     followers = {"c": follower}
@@ -450,6 +451,15 @@ def test_a_follower_acks_a_new_leader_only_once_it_matched_our_log():
     follower.durable(2)
     assert follower.hello(2) == Hello(2, 1, 3, 2)
     assert follower.durable(3) == []
-    assert follower.snapshot_chunk(2, 2, [0, 1]) == [Clear(), Apply([0, 1])]
+    assert follower.snapshot_chunk(2, 2, True, [0, 1]) == [Clear(), Apply([0, 1])]
     follower.snapshot_end(2, 2, 1)
     assert follower.durable(2) == [Ack(2, 2)]
+
+
+def test_a_chunk_of_a_snapshot_given_up_is_dropped():
+    follower = Follower("g", "b", 0, 0)
+    assert follower.snapshot_chunk(1, 7, True, [1]) == [Clear(), Apply([1])]
+    assert follower.snapshot_chunk(1, 9, True, [1, 2]) == [Clear(), Apply([1, 2])]
+    assert follower.snapshot_chunk(1, 7, False, [3]) == []
+    assert follower.snapshot_end(1, 7, 1) == []
+    assert follower.loading == 9
