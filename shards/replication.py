@@ -169,7 +169,7 @@ class _Peer:
         self.floor = 0  # what a retry goes back to: its durable index or its snapshot's
         self.in_flight: deque[tuple[int, int]] = deque()  # (last index, bytes) per Send
         self.in_flight_bytes = 0
-        self.greet = False  # matched by a hello: an empty Send tells it so
+        self.greet = False  # matched (a hello, a snapshot): a Send tells it so, if empty
         self.heard_at = now  # its last answer, for the retry
         self.caught_up_at = now  # when it last held everything, for the in-sync set
 
@@ -293,9 +293,10 @@ class Leader:
         if peer.state != LOADING or self.deposed:
             return None
         peer.state = STREAM
-        peer.durable = 0
+        peer.durable = -1  # nothing known until it acks the snapshot
         peer.floor = index  # acks below it are of the log the snapshot replaced
         peer.rewind(index)
+        peer.greet = True
         peer.heard_at = self.now
         return self.log.epoch_at(index) or 0
 
@@ -418,27 +419,30 @@ class Follower:
 
     def hello(self, epoch: int) -> Hello:
         """Say what we hold to the leader of `epoch` (from etcd): older epochs are
-        refused from now on."""
+        refused from now on. Mid-snapshot we hold no log."""
         self.epoch = max(self.epoch, epoch)
-        self.loading = None  # a snapshot cut off: our store holds no log (Clear)
         return Hello(self.epoch, self.log.last_epoch, self.log.last_index, self.durable_index)
 
-    def entries(self, epoch: int, first_index: int, prev_epoch: int,
-                entries: Sequence[Entry]) -> list[Apply | Ack | Refused | Resend | Reset]:
+    def entries(self, epoch: int, first_index: int, prev_epoch: int, entries: Sequence[Entry]
+                ) -> list[Clear | Apply | Ack | Refused | Resend | Reset]:
         """A Send: apply what continues our log. Each entry is checked against the
         one before it (Raft's log matching), so a stale or duplicated Send cannot
         graft the leader's entries onto a tail it does not have."""
         if epoch < self.epoch:
             return [Refused(self.epoch)]
         self.epoch = epoch
+        out: list[Clear | Apply | Ack | Refused | Resend | Reset] = []
         if self.loading is not None:
-            return []  # behind a snapshot that did not end: it comes again
+            if first_index != 1:
+                return out  # behind a snapshot under way
+            self.loading = None  # a snapshot cut off, and the leader streams from the start
+            out.append(Clear())
         if first_index > self.log.last_index + 1:
             return [Resend(epoch, self.log.last_index + 1)]
         if not self._matches(first_index - 1, prev_epoch):
             self.matched = 0
             return [Reset(epoch)]  # a tail the leader does not have
-        out: list[Apply | Ack | Refused | Resend | Reset] = []
+        cleared = len(out)
         for index, entry in enumerate(entries, first_index):
             if index <= self.log.last_index:
                 if not self._matches(index, entry.epoch):
@@ -449,7 +453,7 @@ class Follower:
             self.log.append(entry)
             out.append(Apply(entry.records))
         self.matched = epoch
-        if not out:
+        if len(out) == cleared:
             out.append(Ack(epoch, self.durable_index))  # our ack may have been lost
         return out
 
