@@ -82,8 +82,8 @@ class Apply(NamedTuple):
 
 
 class Clear(NamedTuple):
-    """A snapshot begins: drop the queue's rows, and mark the store as holding no
-    log until the snapshot's end (a crash mid-snapshot must not recover a half)."""
+    """Drop the queue's rows, and mark the store as holding no log until a
+    snapshot's end (a crash mid-snapshot must not recover a half)."""
 
 
 class Ack(NamedTuple):
@@ -204,10 +204,6 @@ class Leader:
         self.peers = {node: _Peer(now) for node in self.members - {me}}
         self._moved = False
 
-    @property
-    def last_index(self) -> int:
-        return self.log.last_index
-
     def append(self, records: object, size: int) -> int:
         for peer in self.peers.values():
             if peer.durable >= self.log.last_index:
@@ -268,7 +264,9 @@ class Leader:
         if peer is None or epoch < self.epoch or self.deposed:
             return
         peer.heard_at = self.now
-        if self._prefix(last_epoch, last_index) and last_index + 1 >= self.log.first_kept:
+        prefix = last_index == 0 or (last_index <= self.log.last_index
+                                     and self.log.epoch_at(last_index) == last_epoch)
+        if prefix and last_index + 1 >= self.log.first_kept:
             peer.state = STREAM
             peer.durable = peer.floor = durable
             peer.rewind(last_index)
@@ -278,11 +276,6 @@ class Leader:
         else:
             peer.state = WANT
             peer.durable = 0
-
-    def _prefix(self, last_epoch: int, last_index: int) -> bool:
-        if last_index == 0:
-            return True
-        return last_index <= self.log.last_index and self.log.epoch_at(last_index) == last_epoch
 
     def snapshot_started(self, node: str, index: int) -> int | None:
         """The shell read our store as of `index` (best our last index: entries
@@ -394,10 +387,8 @@ class Leader:
 
     def take_committed(self) -> int | None:
         """The commit index, if it moved since the last call."""
-        if not self._moved:
-            return None
-        self._moved = False
-        return self.commit_index
+        moved, self._moved = self._moved, False
+        return self.commit_index if moved else None
 
 
 class Follower:
