@@ -96,6 +96,7 @@ QUEUE_ARGUMENTS = {
     "x-delivery-limit": _integer(-1),
     "x-max-age": _max_age,
     "x-stream-max-segment-size-bytes": _integer(0),
+    "x-quorum-initial-group-size": _integer(1),  # capped at the nodes there are
     # The node a queue goes to in a cluster (cluster/members.py)
     "x-queue-leader-locator": _one_of(("client-local", "balanced"),
                                       "\"unsupported queue leader locator '{value}'\""),
@@ -105,7 +106,7 @@ QUEUE_ARGUMENTS = {
 # Arguments each queue type refuses (RabbitMQ's capabilities), named in its texts.
 STREAM_ONLY = ("x-max-age", "x-stream-max-segment-size-bytes")
 UNSUPPORTED = {
-    "classic": STREAM_ONLY,
+    "classic": STREAM_ONLY + ("x-quorum-initial-group-size",),
     "quorum": STREAM_ONLY,
     "stream": ("x-expires", "x-message-ttl", "x-dead-letter-exchange",
                "x-dead-letter-routing-key", "x-max-length", "x-overflow", "x-max-priority",
