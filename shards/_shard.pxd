@@ -11,7 +11,7 @@ from warren.shards._queue cimport Queue as TypedQueue
 @cython.final
 cdef class Shard:
     cdef dict __dict__
-    cdef public object index, persister, stats, commits, timers, streams
+    cdef public object index, persister, stats, commits, timers, streams, replicas
     cdef public TypedOutbox outbox
     cdef public dict queues, holder_queues, costs
     cdef public list lost

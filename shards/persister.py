@@ -20,7 +20,14 @@ import logging
 import time
 
 from warren.storage.journal import SHRINK_BELOW
-from warren.storage.shardstore import ShardStore, StoredMessage, StoredQueue, StoreFull, WriteBatch
+from warren.storage.shardstore import (
+    Position,
+    ShardStore,
+    StoredMessage,
+    StoredQueue,
+    StoreFull,
+    WriteBatch,
+)
 
 from . import records as r
 from .message import Message
@@ -29,6 +36,11 @@ from .queue import ram_size
 from .streams import Streams, stream_path
 
 log = logging.getLogger("warren.shard")
+
+# A replicated queue's journal records (shards/replicas.py), plain tuples led by
+# their kind: (PUT, seq, content, rich), (DELETE, seqs), (COUNTS, seq,
+# delivery_count, acquired), (DELIVERED, seq, rich), (DELIVERED_UPTO, seq).
+PUT, DELETE, COUNTS, DELIVERED, DELIVERED_UPTO = range(5)
 
 RETRY_AFTER = 1.0  # seconds before writes a full disk (or map) refused are tried again
 # A checkpoint is due this long after the first commit it would apply, or once the
@@ -80,6 +92,11 @@ class Persister:
         self.content_out = False
         # Stream queues: segment logs beside the stores, synced by the same commits.
         self.streams = Streams()
+        # Replicated queues (shards/replicas.py): their recovered rows by qid, and the
+        # qids led here, whose writes of a turn also become the turn's log entry.
+        self.replicas: dict[int, tuple[StoredQueue, Position]] = {}
+        self.replicated: set[int] = set()
+        self.entries: dict[int, list] = {}
 
     # -- recovery --------------------------------------------------------------
 
@@ -89,11 +106,14 @@ class Persister:
         expiration of their own need their properties read back. A store whose
         disk was too full to apply its journal at opening (`unapplied`) is read
         with the journal's commits on top, their messages' content kept in RAM
-        until a checkpoint takes them, as at any checkpoint."""
+        until a checkpoint takes them, as at any checkpoint. A replicated queue's
+        rows are no queue here: they wait in `replicas` for the shard to be told
+        its role (shards/replicas.py)."""
         queues = []
         for store in self.stores.values():
             pending = None if store.unapplied.is_empty() else store.unapplied
             stored_queues = store.queues()
+            positions = store.positions()
             if pending is not None:
                 for qid in pending.queue_deletes:
                     stored_queues.pop(qid, None)
@@ -105,32 +125,51 @@ class Persister:
                 if stored.spec.queue_type == "stream":
                     self.streams.open(r.CreateQueue(0, qid, stored.spec, stored.arguments),
                                       stream_path(store.path, qid))
-                    continue
-                queue = Queue(r.CreateQueue(0, qid, stored.spec, stored.arguments))
-                found = store.recover(qid) if pending is None else store.recover_over(
-                    qid, pending)
-                for seq, delivered, delivery_count, acquired, rich, *journaled in found:
-                    if journaled:  # (content,): in the journal only
-                        content = journaled[0]
-                        msg = queue.recovered_message(
-                            seq, delivered, content[2] if queue.tracked or rich else None,
-                            len(content[3]), now, delivery_count, acquired)
-                        msg.content = content
-                        queue.ram_bytes += ram_size(content)
-                        self._journaled.append((qid, msg))
-                        queue.enqueue_recovered(msg)
-                        continue
-                    self.content_out = True
-                    if queue.tracked or rich:
-                        content = store.read(qid, seq)
-                        msg = queue.recovered_message(seq, delivered, content.properties,
-                                                      len(content.body), now, delivery_count,
-                                                      acquired)
-                    else:  # of the queue's build, as every message in it
-                        msg = queue.recovered_message(seq, delivered, None, 0, now)
-                    queue.enqueue_recovered(msg)
-                queues.append(queue)
+                elif qid in positions:
+                    self.replicas[qid] = (stored, positions[qid])
+                else:
+                    queues.append(self._recover_queue(store, qid, stored, pending, now))
         return queues
+
+    def _recover_queue(self, store: ShardStore, qid: int, stored: StoredQueue,
+                       pending: WriteBatch | None, now: float, journaled: bool = True) -> Queue:
+        """One queue from its rows (with `pending` on top). `journaled`: the content
+        only `pending` holds is in the journal, and leaves RAM at its checkpoint."""
+        queue = Queue(r.CreateQueue(0, qid, stored.spec, stored.arguments))
+        found = store.recover(qid) if pending is None else store.recover_over(qid, pending)
+        for seq, delivered, delivery_count, acquired, rich, *kept in found:
+            if kept:  # (content,): in the journal only
+                content = kept[0]
+                msg = queue.recovered_message(
+                    seq, delivered, content[2] if queue.tracked or rich else None,
+                    len(content[3]), now, delivery_count, acquired)
+                msg.content = content
+                queue.ram_bytes += ram_size(content)
+                if journaled:
+                    self._journaled.append((qid, msg))
+                queue.enqueue_recovered(msg)
+                continue
+            self.content_out = True
+            if queue.tracked or rich:
+                content = store.read(qid, seq)
+                msg = queue.recovered_message(seq, delivered, content.properties,
+                                              len(content.body), now, delivery_count,
+                                              acquired)
+            else:  # of the queue's build, as every message in it
+                msg = queue.recovered_message(seq, delivered, None, 0, now)
+            queue.enqueue_recovered(msg)
+        return queue
+
+    def promote(self, qid: int, stored: StoredQueue, inflight: dict | None, now: float) -> Queue:
+        """A replica's queue, now led here, from its rows: the store's, the commit in
+        flight's (`inflight`: its batches by store) and this turn's on top. Content
+        not yet in the store stays in RAM until the message is settled."""
+        store = self._store_of.get(qid, self.home)
+        pending = WriteBatch()
+        for batch in (store.unapplied, (inflight or {}).get(store), self.open_batches.get(store)):
+            if batch is not None:
+                pending.merge(batch)
+        return self._recover_queue(store, qid, stored, pending, now, journaled=False)
 
     # -- this turn's writes ----------------------------------------------------
 
@@ -171,6 +210,9 @@ class Persister:
             if rich:
                 batch.mark_rich(qid, msg.seq)
             self._written.append((qid, msg))
+        if self.replicated and qid in self.replicated:
+            self._entry(qid).extend([(PUT, msg.seq, msg.content, rich) for msg in messages
+                                     if msg.content is not None])
 
     def append(self, qid: int, publish: r.Publish) -> None:
         """A publish into a stream. Its store's batch opens (empty), so that the
@@ -182,16 +224,73 @@ class Persister:
         batch = self._batch(qid)
         for seq in seqs:
             batch.delete_message(qid, seq)
+        if self.replicated and qid in self.replicated:
+            self._entry(qid).append((DELETE, list(seqs)))
 
     def update_counts(self, qid: int, seq: int, delivery_count: int, acquired: int) -> None:
         self._batch(qid).update_counts(qid, seq, delivery_count, acquired)
+        if self.replicated and qid in self.replicated:
+            self._entry(qid).append((COUNTS, seq, delivery_count, acquired))
 
     def mark_delivered(self, qid: int, seq: int, rich: bool = False,
                        in_order: bool = False) -> None:
         if in_order and not rich:  # the queue's one number, not a mark per message
             self._batch(qid).delivered_upto(qid, seq)
+            if self.replicated and qid in self.replicated:
+                self._entry(qid).append((DELIVERED_UPTO, seq))
         else:
             self._batch(qid).mark_delivered(qid, seq, rich)
+            if self.replicated and qid in self.replicated:
+                self._entry(qid).append((DELIVERED, seq, rich))
+
+    # -- replicated queues (shards/replicas.py) ----------------------------------
+
+    def _entry(self, qid: int) -> list:
+        records = self.entries.get(qid)
+        if records is None:
+            records = self.entries[qid] = []
+        return records
+
+    def apply(self, qid: int, records) -> None:
+        """Write a replica's records (an entry, or a snapshot's chunk) to its rows."""
+        batch = self._batch(qid)
+        for record in records:
+            kind = record[0]
+            if kind == PUT:
+                batch.put_message(qid, record[1], tuple(record[2]))
+                if record[3]:
+                    batch.mark_rich(qid, record[1])
+            elif kind == DELETE:
+                for seq in record[1]:
+                    batch.delete_message(qid, seq)
+            elif kind == COUNTS:
+                batch.update_counts(qid, record[1], record[2], record[3])
+            elif kind == DELIVERED_UPTO:
+                batch.delivered_upto(qid, record[1])
+            else:
+                batch.mark_delivered(qid, record[1], record[2])
+
+    def create_replica(self, cmd: r.CreateQueue, position: Position) -> None:
+        """A replica's queue record and its log's position, its rows to come."""
+        self._store_of[cmd.qid] = self.home
+        batch = self._batch(cmd.qid)
+        batch.put_queue(cmd.qid, StoredQueue(cmd.spec, cmd.arguments))
+        batch.set_position(cmd.qid, position)
+        self._checkpoint_now = True
+
+    def clear_replica(self, qid: int, stored: StoredQueue) -> None:
+        """Drop a replica's rows, keeping its record; its log is empty until set."""
+        batch = self._batch(qid)
+        batch.delete_queue(qid)
+        batch.put_queue(qid, stored)
+        batch.set_position(qid, Position([], 0))
+        self._checkpoint_now = True
+
+    def set_position(self, qid: int, position: Position) -> None:
+        self._batch(qid).set_position(qid, position)
+
+    def store_of(self, qid: int) -> ShardStore:
+        return self._store_of.get(qid, self.home)
 
     def has_writes(self, now: float | None = None) -> bool:
         """Writes to commit, or a checkpoint due (at `now`, if given)."""

@@ -212,6 +212,45 @@ class Sync(_Record, tag=18):
     req: int
 
 
+# --- replicated quorum queues (shards/replicas.py) ---------------------------
+
+ROLE_NONE = 0
+ROLE_FOLLOWER = 1
+ROLE_LEADER = 2
+
+
+class ReplicaRole(_Record, tag=19):
+    """The root: this shard's node (`me`) is the replica group's leader of `epoch`
+    (etcd's), a follower, or neither; `members` and `in_sync` as etcd holds them.
+    Sent again when the link to the leader reconnects: a follower says hello."""
+
+    qid: int
+    role: int  # ROLE_*
+    epoch: int
+    members: list[str]
+    in_sync: list[str]
+    me: str
+
+
+class ReplicaFrame(_Record, tag=20):
+    """A replication message for a group's shard on another node, carried unread:
+    as a command, one from node `node`; as an event, one to node `node`."""
+
+    qid: int
+    node: str
+    payload: bytes  # msgpack of one of shards/replicas.py's frames
+
+
+class InSyncWritten(_Record, tag=21):
+    """The root wrote (`ok`) or failed to write the in-sync set an InSyncProposal
+    asked for; `nodes` is what etcd holds now."""
+
+    qid: int
+    epoch: int
+    nodes: list[str]
+    ok: bool
+
+
 class Stop(_Record, tag=13):
     """Finish pending work, commit, and exit."""
 
@@ -377,10 +416,20 @@ class PublishCost(_Record, tag=62):
     cost: int
 
 
+class InSyncProposal(_Record, tag=63):
+    """A leader's wish for its group's in-sync set: the root writes it to etcd,
+    fenced by `epoch`, and answers with InSyncWritten."""
+
+    qid: int
+    epoch: int
+    nodes: list[str]
+
+
 Command = (
     CreateQueue | QueueStatus | DeleteQueue | PurgeQueue | Publish | Consume | Cancel
     | Get | Settle | Grant | ReleaseHolders | Stop | ConfigureQueue | QueueInfo | Renew
-    | GatewayLost | Sync
+    | GatewayLost | Sync | ReplicaRole | ReplicaFrame | InSyncWritten
 )
 Event = (Reply | Deliver | GetReply | ConsumerCancelled | Confirmed | Rejected | QueueDeleted
-         | Alarm | DeadLettered | QueueInfoReply | ConsumerTimedOut | Progress | PublishCost)
+         | Alarm | DeadLettered | QueueInfoReply | ConsumerTimedOut | Progress | PublishCost
+         | ReplicaFrame | InSyncProposal)

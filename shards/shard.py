@@ -27,17 +27,22 @@ from .records import (
     GatewayLost,
     Get,
     GetReply,
+    InSyncWritten,
     Publish,
     PublishCost,
     QueueInfo,
     QueueInfoReply,
     Refusal,
     ReleaseHolders,
+    ReplicaFrame,
+    ReplicaRole,
     Reply,
     Stop,
     Sync,
     gateway_of,
 )
+from .replicas import TIMER as REPLICAS_TIMER
+from .replicas import Replicas
 from .stats import StatsLog
 from .streams import TIMER as STREAMS_TIMER
 from .timers import TimerHeap
@@ -96,6 +101,10 @@ class Shard:
         self.streams = persister.streams
         self.streams.bind(self.outbox, self.timers)
         stats.streams = self.streams
+        # Replicated quorum queues (shards/replicas.py): a led one is a queue as any
+        # other, but for its confirms (tagged only while this shard leads a group)
+        # and the commits, which look there only while it has replica groups.
+        self.replicas = Replicas(self)
 
     def take_events(self) -> list[list]:
         """This turn's events but confirms, per gateway, with stored content read back."""
@@ -121,6 +130,7 @@ class Shard:
             self.handle(ReleaseHolders(holders), now)
         self.outbox.drop(cmd.gateway)
         self.commits.forget(cmd.gateway)
+        self.replicas.forget(cmd.gateway)
         for resource in sorted(self.alarms):  # for the gateway that replaces it
             self.outbox.add_to(cmd.gateway, Alarm(resource, True))
         self.outbox.origin = origin
@@ -141,8 +151,13 @@ class Shard:
         first): hand the writes gathered so far to the committer, with the confirms
         that must wait for them. Confirms of a turn that wrote nothing are returned
         to be sent at once."""
+        replicas = self.replicas.active()
+        if replicas:
+            self.replicas.begin_commit()
         if not self.persister.has_writes(now):
-            return self.commits.finished(self.commits.take(now), True, [], now)
+            commit = self.commits.take(now)
+            held = self.replicas.committed(commit, True) if replicas else []
+            return self.commits.finished(commit, True, [], now) + held
         committer.submit(self.commits.begin(now, self.persister.begin_commit()).writes)
         return []
 
@@ -155,6 +170,8 @@ class Shard:
     def commit_now(self, started: float | None = None) -> list:
         """Commit in this thread (no commit in flight) and return the confirms."""
         commit = self.commits.take(time.monotonic() if started is None else started)
+        if self.replicas.active():
+            self.replicas.begin_commit()
         commit.writes = self.persister.commit(self._evict)
         return self._committed(commit)
 
@@ -163,8 +180,9 @@ class Shard:
         self.stored_ok = commit.writes.ok
         self.timers.schedule(STORE_RETRY, self.persister.retry_at)
         self.timers.schedule(STORE_CHECKPOINT, self.persister.checkpoint_at)
+        held = self.replicas.committed(commit, commit.writes.ok) if self.replicas.active() else []
         return self.commits.finished(commit, commit.writes.ok, commit.writes.sizes,
-                                     time.monotonic())
+                                     time.monotonic()) + held
 
     def _evict(self, qid: int, msg) -> None:
         queue = self.queues.get(qid)
@@ -199,6 +217,8 @@ class Shard:
             if queue is None:
                 if key == STREAMS_TIMER:
                     self.streams.tick(now)
+                elif key == REPLICAS_TIMER:
+                    self.replicas.tick(now)
                 continue
             deadline = queue.next_deadline()  # the timer may be early (timers.py)
             if deadline is not None and deadline <= now:
@@ -279,6 +299,8 @@ class Shard:
                     if self.paced and queue.ready_count >= BEHIND_AT:
                         self.behind.add(self.outbox.origin)
             if cmd.confirm_channel:
+                if self.replicas.leaders:
+                    self.replicas.tag(cmd)
                 self.commits.confirm(cmd.confirm_channel, cmd.confirm_seq, accepted)
         elif kind is CreateQueue:
             if cmd.spec.queue_type == "stream":
@@ -286,6 +308,8 @@ class Shard:
                     self.persister.create_stream(cmd)
                     self.stats.event("queue_declared", vhost=cmd.spec.vhost,
                                      queue=cmd.spec.name, durable=True)
+            elif cmd.qid in self.replicas.followers:
+                self.replicas.create(cmd)
             elif cmd.qid not in self.queues:
                 queue = self.queues[cmd.qid] = Queue(cmd)
                 if queue.stored:
@@ -318,6 +342,8 @@ class Shard:
             if not 0 < cmd.gateway < self.outbox.gateways or cmd.gateway == self.outbox.origin:
                 raise ValueError(f"no gateway {cmd.gateway} to lose")
             self.lost.append((self.outbox.origin, cmd))
+        elif kind is ReplicaFrame or kind is ReplicaRole or kind is InSyncWritten:
+            self.replicas.handle(cmd, now)
         else:
             queue = self.queues.get(cmd.qid)
             if queue is None:

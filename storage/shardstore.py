@@ -8,6 +8,8 @@ cursor walks a queue in order. The databases:
                                  from the content tuple, which encodes the same)
     marks      qid + seq      -> (delivered, delivery_count, acquired_count, rich)
     delivered  qid            -> the highest seq of the queue delivered at least once
+    replicas   qid            -> Position: where a replicated queue's log stands (its
+                                 rows are a replica group's, served only by its leader)
     manifest   b"manifest"    -> Manifest (the store's format, written when it is
                                  created, and the last journal record applied)
 
@@ -81,6 +83,15 @@ DELIVERED = _Mark()  # the common mark, shared: its sealed value is encoded once
 _DELIVERED_VALUE = seal(msgspec.msgpack.encode(DELIVERED))
 
 
+class Position(msgspec.Struct, array_like=True):
+    """Where a replicated queue's log stands in this store (shards/replication.py):
+    where each epoch's entries start, (epoch, first index), and its last index.
+    Empty while a snapshot loads: a crash then recovers no half as a log."""
+
+    starts: list[tuple[int, int]]
+    last_index: int
+
+
 class _Logged(msgspec.Struct, array_like=True):
     """A WriteBatch as the journal holds it."""
 
@@ -90,6 +101,7 @@ class _Logged(msgspec.Struct, array_like=True):
     deletes: list[bytes]
     marks: list[tuple[bytes, _Mark]]
     delivered: list[tuple[int, int]]
+    positions: list[tuple[int, Position]] = []  # absent from journals written before it
 
 
 class JournalDamaged(Exception):
@@ -111,15 +123,18 @@ class WriteBatch:
         self.deletes: set[bytes] = set()
         self.marks: dict[bytes, _Mark] = {}
         self.delivered: dict[int, int] = {}  # qid -> highest seq delivered in order
+        self.positions: dict[int, Position] = {}
 
     def put_queue(self, qid: int, queue: StoredQueue) -> None:
-        self.queue_deletes.discard(qid)
+        """Write a queue's record. After its delete in the same batch (a replica's
+        rows cleared), the delete still drops the rows it had: the record comes back."""
         self.queue_puts[qid] = queue
 
     def delete_queue(self, qid: int) -> None:
         self.queue_puts.pop(qid, None)
         self.queue_deletes.add(qid)
         self.delivered.pop(qid, None)
+        self.positions.pop(qid, None)
         prefix = _qid.pack(qid)
         for pending in (self.puts, self.marks):
             for key in [k for k in pending if k.startswith(prefix)]:
@@ -154,6 +169,9 @@ class WriteBatch:
         if seq > self.delivered.get(qid, 0):
             self.delivered[qid] = seq
 
+    def set_position(self, qid: int, position: Position) -> None:
+        self.positions[qid] = position
+
     def mark_rich(self, qid: int, seq: int) -> None:
         self.marks[_key.pack(qid, seq)] = _Mark(delivered=False, rich=True)
 
@@ -177,11 +195,12 @@ class WriteBatch:
         self.marks.update(later.marks)
         for qid, seq in later.delivered.items():
             self.delivered_upto(qid, seq)
+        self.positions.update(later.positions)
 
     def logged(self) -> _Logged:
         return _Logged(list(self.queue_puts.items()), list(self.queue_deletes),
                        list(self.puts.items()), list(self.deletes), list(self.marks.items()),
-                       list(self.delivered.items()))
+                       list(self.delivered.items()), list(self.positions.items()))
 
     @classmethod
     def from_logged(cls, logged: _Logged) -> "WriteBatch":
@@ -193,32 +212,36 @@ class WriteBatch:
         batch.marks = {key: DELIVERED if mark == DELIVERED else mark
                        for key, mark in logged.marks}
         batch.delivered = dict(logged.delivered)
+        batch.positions = dict(logged.positions)
         return batch
 
     def __len__(self) -> int:
-        return len(self.puts) + len(self.deletes) + len(self.marks) + len(self.delivered)
+        return (len(self.puts) + len(self.deletes) + len(self.marks) + len(self.delivered)
+                + len(self.positions))
 
     def is_empty(self) -> bool:
         return not (self.queue_puts or self.queue_deletes or self.puts or self.deletes
-                    or self.marks or self.delivered)
+                    or self.marks or self.delivered or self.positions)
 
 
 class ShardStore:
     def __init__(self, path: str, map_size: int = 32 << 30):
         os.makedirs(path, exist_ok=True)
         self.path = path
-        self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=5, sync=True,
+        self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=6, sync=True,
                              metasync=True, readahead=False, meminit=False, max_readers=126)
         self._queues = self.env.open_db(b"queues")
         self._messages = self.env.open_db(b"messages")
         self._marks = self.env.open_db(b"marks")
         self._delivered = self.env.open_db(b"delivered")
+        self._replicas = self.env.open_db(b"replicas")
         self._manifest = self.env.open_db(b"manifest")
         self._encode = msgspec.msgpack.Encoder().encode
         self._queue_decoder = msgspec.msgpack.Decoder(StoredQueue)
         self._message_decoder = msgspec.msgpack.Decoder(StoredMessage)
         self._mark_decoder = msgspec.msgpack.Decoder(_Mark)
         self._seq_decoder = msgspec.msgpack.Decoder(int)
+        self._position_decoder = msgspec.msgpack.Decoder(Position)
         # (address, length) of LMDB's map, () if none
         self._mapping: tuple[int, int] | tuple[()] | None = None
         # The journal exists before the manifest says the store is running: from
@@ -316,6 +339,7 @@ class ShardStore:
                     self._delete_prefix(txn, self._messages, qid)
                     self._delete_prefix(txn, self._marks, qid)
                     txn.delete(_qid.pack(qid), db=self._delivered)
+                    txn.delete(_qid.pack(qid), db=self._replicas)
                 for qid, queue in batch.queue_puts.items():
                     txn.put(_qid.pack(qid), sealed(queue), db=self._queues)
                 for key, message in batch.puts.items():
@@ -328,6 +352,8 @@ class ShardStore:
                             db=self._marks)
                 for qid, seq in batch.delivered.items():
                     txn.put(_qid.pack(qid), sealed(seq), db=self._delivered)
+                for qid, position in batch.positions.items():
+                    txn.put(_qid.pack(qid), sealed(position), db=self._replicas)
                 txn.put(MANIFEST_KEY, manifest_value(applied, True), db=self._manifest)
         except lmdb.PanicError:  # the environment is unusable: the shard must start over
             raise
@@ -347,6 +373,16 @@ class ShardStore:
         with self.env.begin() as txn:
             return {_qid.unpack(k)[0]: self._queue_decoder.decode(unseal(v))
                     for k, v in txn.cursor(db=self._queues)}
+
+    def positions(self) -> dict[int, Position]:
+        """The replicated queues' log positions, the journal's unapplied ones on top."""
+        with self.env.begin() as txn:
+            found = {_qid.unpack(k)[0]: self._position_decoder.decode(unseal(v))
+                     for k, v in txn.cursor(db=self._replicas)}
+        for qid in self._unapplied.queue_deletes:
+            found.pop(qid, None)
+        found.update(self._unapplied.positions)
+        return found
 
     def recover(self, qid: int) -> Iterator[tuple[int, bool, int, int, bool]]:
         """(seq, delivered, delivery_count, acquired_count, rich) of a queue, in

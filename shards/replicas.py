@@ -1,0 +1,499 @@
+"""A shard's replicated quorum queues: the I/O shell around replication.py's cores,
+one `Leader` per group led here and one `Follower` per group followed here
+(docs/quorum-replication.md). The root says which (ReplicaRole), carries the
+frames between the groups' shards on the nodes (ReplicaFrame, msgpack it does not
+read) and writes the in-sync set to etcd (InSyncProposal, InSyncWritten).
+
+A led queue is a Queue that serves; the persister's writes of it in a turn
+(persister.py: PUT, DELETE, COUNTS, DELIVERED, DELIVERED_UPTO) become that turn's
+entry when its commit begins, and the confirms of the publishes into it wait
+until the commit index reaches that entry (behind them, every later confirm of
+their channels). A followed queue is rows only, written as the entries come and
+acknowledged once a commit made them durable. Each side keeps where its log
+stands (storage.shardstore.Position) in its rows' commit, so a restart finds it."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import msgspec
+
+from warren.storage.shardstore import Position, StoredQueue
+
+from .message import RichMessage
+from .persister import COUNTS, DELIVERED, PUT
+from .records import (
+    ROLE_FOLLOWER,
+    ROLE_LEADER,
+    Confirmed,
+    ConsumerCancelled,
+    CreateQueue,
+    InSyncProposal,
+    InSyncWritten,
+    Rejected,
+    ReplicaFrame,
+    ReplicaRole,
+    gateway_of,
+)
+from .replication import (
+    Ack,
+    Apply,
+    Clear,
+    Entry,
+    Follower,
+    Leader,
+    Limits,
+    Refused,
+    Resend,
+    Reset,
+    Send,
+    Snapshot,
+)
+
+log = logging.getLogger("warren.shard")
+
+TIMER = "replicas"  # the shard's timer key: retries, in-sync proposals, hellos again
+TICK = 0.5  # seconds between them
+CHUNK_BYTES = 1 << 20  # a snapshot's frame carries about this much content
+RECORD_BYTES = 16  # what a record costs beyond its content, for the entries' bounds
+
+# A frame's payload: msgpack [kind, ...] with the fields of replication.py's message.
+SEND, CHUNK, END, HELLO, ACK, REFUSED, RESEND, RESET = range(8)
+_TO_FOLLOWER = (SEND, CHUNK, END)
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+
+
+class Replicas:
+    """The shard's replica groups by qid. Bound to its shard, whose queues, outbox,
+    timers and persister it works with."""
+
+    def __init__(self, shard, limits: Limits = Limits()):
+        self.shard = shard
+        self.persister = shard.persister
+        self.limits = limits
+        self.leaders: dict[int, Leader] = {}
+        self.followers: dict[int, Follower] = {}
+        self.records: dict[int, StoredQueue] = {}  # a followed queue's record
+        self.members: dict[int, list[str]] = {}  # a followed group's, for its hellos
+        self.leader_node: dict[int, str] = {}  # where a follower's acks go
+        # Confirms into led queues: (channel, seq) -> [[qid, entry index or None]],
+        # the index set when their commit begins; `fresh` are those not set yet.
+        self.tags: dict[tuple[int, int], list[list]] = {}
+        self.fresh: list[tuple[int, int]] = []
+        # Confirms whose commit is durable here, in their order: [channel, seq,
+        # accepted, waits]; and how many of each channel's are among them.
+        self.held: deque[list] = deque()
+        self.channels: dict[int, int] = {}
+        self.applied: dict[int, int] = {}  # followed qid -> last index written this turn
+        self.inflight: tuple[dict, dict] | None = None  # (appended, applied) of the commit
+        self.carried: tuple[dict, dict] = ({}, {})  # of commits that failed: the next covers
+        for qid, (stored, position) in self.persister.replicas.items():
+            self.records[qid] = stored
+            last_epoch = position.starts[-1][0] if position.starts else 0
+            self.followers[qid] = Follower(qid, "", last_epoch, position.last_index,
+                                           history=position.starts, limits=limits)
+            if not position.last_index:  # a snapshot cut off by a crash: no half kept
+                self.persister.clear_replica(qid, stored)
+
+    def active(self) -> bool:
+        """Whether the commits have anything to do here."""
+        return bool(self.leaders or self.followers or self.tags or self.held)
+
+    # -- commands ----------------------------------------------------------------
+
+    def handle(self, cmd, now: float) -> None:
+        kind = type(cmd)
+        if kind is ReplicaFrame:
+            self._frame(cmd.qid, cmd.node, _decode(cmd.payload), now)
+        elif kind is ReplicaRole:
+            self._role(cmd, now)
+        elif kind is InSyncWritten:
+            leader = self.leaders.get(cmd.qid)
+            if leader is not None and leader.epoch == cmd.epoch:
+                leader.isr_written(cmd.nodes)
+                self._committed(leader)
+                self._sends(cmd.qid, leader)  # a snapshot waits for its follower to be out
+        self._schedule(now)
+
+    def create(self, cmd: CreateQueue) -> None:
+        """A followed queue's record (CreateQueue): its rows come with the entries."""
+        follower = self.followers[cmd.qid]
+        self.records[cmd.qid] = StoredQueue(cmd.spec, cmd.arguments)
+        self.persister.create_replica(cmd, _position(follower))
+
+    def _role(self, cmd: ReplicaRole, now: float) -> None:
+        qid = cmd.qid
+        if cmd.role == ROLE_LEADER:
+            self._lead(cmd, now)
+            return
+        if qid in self.leaders or (cmd.role == ROLE_FOLLOWER and qid in self.shard.queues):
+            self._depose(qid, cmd.me)
+        if cmd.role != ROLE_FOLLOWER:
+            self.followers.pop(qid, None)
+            return
+        follower = self.followers.get(qid)
+        if follower is None:
+            follower = self.followers[qid] = Follower(qid, cmd.me, 0, 0, limits=self.limits)
+        follower.me = cmd.me
+        self.members[qid] = cmd.members
+        self._hello(qid, follower, cmd.epoch)
+
+    def _hello(self, qid: int, follower: Follower, epoch: int) -> None:
+        """Say what we hold to every other member: the leader among them listens."""
+        hello = follower.hello(epoch)
+        payload = _encode((HELLO, *hello))
+        for node in self.members.get(qid, ()):
+            if node != follower.me:
+                self.shard.outbox.add(ReplicaFrame(qid, node, payload))
+
+    def _lead(self, cmd: ReplicaRole, now: float) -> None:
+        qid = cmd.qid
+        leader = self.leaders.get(qid)
+        if leader is not None and cmd.epoch <= leader.epoch:
+            return
+        if leader is not None:  # elected again: the same queue, a new epoch
+            self._append(qid, leader)
+            new = Leader(qid, cmd.epoch, cmd.members, cmd.in_sync, cmd.me, leader.log.last_index,
+                         durable=leader.durable, history=leader.log.starts,
+                         kept=list(leader.log.kept), now=now, limits=self.limits)
+        elif qid in self.shard.queues:  # declared here, and led from its start
+            new = Leader(qid, cmd.epoch, cmd.members, cmd.in_sync, cmd.me, 0, now=now,
+                         limits=self.limits)
+        elif qid in self.followers and qid in self.records:
+            follower = self.followers.pop(qid)
+            follower.me = cmd.me
+            new = follower.lead(cmd.epoch, cmd.members, cmd.in_sync, now, self.limits)
+            self._serve(qid, now)
+        else:
+            log.error("shard %d: told to lead queue %d, whose record it does not hold",
+                      self.shard.index, qid)
+            return
+        self.leaders[qid] = new
+        self.persister.replicated.add(qid)
+        self.persister.set_position(qid, _position(new))
+
+    def _serve(self, qid: int, now: float) -> None:
+        """A followed queue, led here now: its Queue from its rows (every unacked
+        message ready again, marked redelivered, its counts kept)."""
+        shard = self.shard
+        inflight = shard.commits.inflight
+        batches = inflight.writes.batches if inflight is not None else None
+        queue = self.persister.promote(qid, self.records.pop(qid), batches, now)
+        self.members.pop(qid, None)
+        self.leader_node.pop(qid, None)
+        self.applied.pop(qid, None)
+        shard.queues[qid] = queue
+        shard.ram_bytes += queue.ram_bytes
+        shard.timers.schedule(qid, queue.next_deadline())
+
+    def _depose(self, qid: int, me: str) -> None:
+        """No longer the leader: the Queue goes (its rows stay, a replica's), its
+        consumers are cancelled as a deleted queue's are, and the confirms that
+        wait for its entries are nacked."""
+        shard = self.shard
+        leader = self.leaders.pop(qid, None)
+        self.persister.replicated.discard(qid)
+        queue = shard.queues.pop(qid, None)
+        if leader is not None:
+            self._append(qid, leader)
+            follower = Follower(qid, me, leader.log.last_epoch, leader.log.last_index,
+                                history=leader.log.starts, limits=self.limits)
+            follower.durable_index = min(leader.durable, leader.log.last_index)
+        else:
+            follower = Follower(qid, me, 0, 0, limits=self.limits)
+        self.followers[qid] = follower
+        self.persister.set_position(qid, _position(follower))
+        if queue is not None:
+            self.records[qid] = StoredQueue(queue.spec, queue.arguments)
+            for holder in list(queue.consumers):
+                shard.outbox.add(ConsumerCancelled(holder, qid))
+            shard.timers.cancel(qid)
+            shard.ram_bytes -= queue.ram_bytes
+        for waits in self.tags.values():
+            if any(wait[0] == qid for wait in waits):
+                waits[:] = [[qid, -1]]  # nacked when its commit ends
+        for item in self.held:
+            if any(wait[0] == qid for wait in item[3]):
+                item[2] = False
+                item[3] = []
+        for record in self._release():
+            shard.outbox.add(record)
+
+    # -- frames --------------------------------------------------------------------
+
+    def _frame(self, qid: int, node: str, frame: list, now: float) -> None:
+        kind = frame[0]
+        leader = self.leaders.get(qid)
+        if leader is not None:
+            leader.now = now
+            if kind == HELLO:
+                leader.hello(node, *frame[1:])
+            elif kind == ACK:
+                leader.acked(node, *frame[1:])
+            elif kind == RESEND:
+                leader.resend(node, *frame[1:])
+            elif kind == RESET:
+                leader.reset(node, *frame[1:])
+            elif kind == REFUSED:
+                leader.refused(node, *frame[1:])
+            elif frame[1] > leader.epoch:  # entries of a newer leader: we are deposed
+                leader.refused(node, frame[1])
+            else:
+                self._send(qid, node, (REFUSED, leader.epoch))
+            self._committed(leader)
+            self._sends(qid, leader)
+            self._propose(qid, leader, now)
+            return
+        follower = self.followers.get(qid)
+        if follower is None or kind not in _TO_FOLLOWER:
+            return  # not ours, or for the leader we no longer are
+        if kind == SEND:
+            out = follower.entries(frame[1], frame[2], frame[3],
+                                   [Entry(*entry) for entry in frame[4]])
+        elif kind == CHUNK:
+            out = follower.snapshot_chunk(frame[1], frame[2], frame[3], frame[4])
+        else:
+            out = follower.snapshot_end(frame[1], frame[2], frame[3])
+        written = False
+        for step in out:
+            if type(step) is Apply:
+                self.persister.apply(qid, step.records)
+                written = True
+            elif type(step) is Clear:
+                self.persister.clear_replica(qid, self.records[qid])
+                written = True
+            else:
+                self._send(qid, node, _follower_frame(step))
+        if not (out and type(out[0]) is Refused):
+            self.leader_node[qid] = node
+        if written or kind == END:
+            self.persister.set_position(qid, _position(follower))
+            self.applied[qid] = follower.log.last_index
+
+    def _send(self, qid: int, node: str, frame: tuple) -> None:
+        self.shard.outbox.add(ReplicaFrame(qid, node, _encode(frame)))
+
+    def _sends(self, qid: int, leader: Leader) -> None:
+        """What the leader has for its followers, snapshots read from the queue."""
+        snapshots = False
+        for send in leader.take_sends():
+            if type(send) is Send:
+                self._send(qid, send.node, (SEND, send.epoch, send.first_index, send.prev_epoch,
+                                            [tuple(entry) for entry in send.entries]))
+            elif type(send) is Snapshot:
+                snapshots = self._snapshot(qid, leader, send.node) or snapshots
+        if snapshots:  # the entries after them, or an empty Send that lets it ack
+            self._sends(qid, leader)
+
+    def _snapshot(self, qid: int, leader: Leader, node: str) -> bool:
+        """The queue's rows as of the leader's last entry, in chunks. (Writes of this
+        turn not yet in an entry may be in them too: the entry that follows writes
+        them again, to the same end.)"""
+        queue = self.shard.queues[qid]
+        index = leader.log.last_index
+        last_epoch = leader.snapshot_started(node, index)
+        if last_epoch is None:
+            return False
+        handed = {seq for held in queue.holdings.values() for seq in held}
+        messages = [m for held in queue.holdings.values() for m in held.values()]
+        messages += list(queue.ready) + list(queue.returned)
+        messages = sorted((m for m in messages if m.stored), key=lambda m: m.seq)
+        store = self.persister.store_of(qid)
+        first = True
+        start = 0
+        while first or start < len(messages):
+            chunk, size = [], 0
+            while start < len(messages) and (size < CHUNK_BYTES or not chunk):
+                chunk.append(messages[start])
+                size += len(messages[start].content[3]) if messages[start].content else 0
+                start += 1
+            stored = store.read_many([(qid, m.seq) for m in chunk if m.content is None])
+            read = iter(stored)
+            records = []
+            for msg in chunk:
+                content = msg.content
+                if content is None:
+                    found = next(read)
+                    content = (found.exchange, found.routing_key, bytes(found.properties),
+                               bytes(found.body)) if found is not None else ("", "", b"", b"")
+                rich = type(msg) is RichMessage and not queue.tracked
+                records.append((PUT, msg.seq, content, rich))
+                counts = getattr(msg, "acquired", 0) or getattr(msg, "delivery_count", 0)
+                if counts:
+                    records.append((COUNTS, msg.seq, msg.delivery_count, msg.acquired))
+                elif msg.redelivered or msg.seq in handed:
+                    records.append((DELIVERED, msg.seq, rich))
+            self._send(qid, node, (CHUNK, leader.epoch, index, first, records))
+            first = False
+        self._send(qid, node, (END, leader.epoch, index, last_epoch))
+        return True
+
+    def _propose(self, qid: int, leader: Leader, now: float) -> None:
+        nodes = leader.isr_proposal(now)
+        if nodes is not None:
+            self.shard.outbox.add(InSyncProposal(qid, leader.epoch, sorted(nodes)))
+
+    # -- commits and confirms --------------------------------------------------------
+
+    def tag(self, cmd) -> None:
+        """A confirmed publish went into these queues: led ones hold its confirm."""
+        waits = [[qid, None] for qid in cmd.qids if qid in self.leaders]
+        if waits:
+            key = (cmd.confirm_channel, cmd.confirm_seq)
+            self.tags[key] = waits
+            self.fresh.append(key)
+
+    def begin_commit(self) -> None:
+        """A commit begins: this turn's writes of each led queue become its entry,
+        and the confirms of the turn learn which entry they wait for."""
+        appended, applied = self.carried
+        self.carried = ({}, {})
+        entries = self.persister.entries
+        if entries:
+            self.persister.entries = {}
+            for qid, records in entries.items():
+                leader = self.leaders.get(qid)
+                if leader is not None and records:
+                    appended[qid] = self._append_records(qid, leader, records)
+        for key in self.fresh:
+            for wait in self.tags.get(key, ()):
+                if wait[1] is None:
+                    leader = self.leaders.get(wait[0])
+                    wait[1] = leader.log.last_index if leader is not None else -1
+        self.fresh = []
+        if self.applied:
+            applied.update(self.applied)
+            self.applied = {}
+        self.inflight = (appended, applied)
+
+    def _append(self, qid: int, leader: Leader) -> None:
+        """This turn's writes of the queue, if any, as an entry now."""
+        records = self.persister.entries.pop(qid, None)
+        if records:
+            self._append_records(qid, leader, records)
+
+    def _append_records(self, qid: int, leader: Leader, records: list) -> int:
+        size = sum(RECORD_BYTES + (len(rec[2][2]) + len(rec[2][3]) if rec[0] == PUT else 0)
+                   for rec in records)
+        index = leader.append(records, size)
+        self.persister.set_position(qid, _position(leader))
+        self._sends(qid, leader)
+        return index
+
+    def committed(self, commit, ok: bool) -> list:
+        """A commit ended (durable if `ok`): the followers it made durable ack, the
+        leaders count it, and the confirms riding on it that wait for entries, or
+        behind such, are held (`commit.confirms` keeps the others). The confirms
+        released now, to send."""
+        appended, applied = self.inflight or ({}, {})
+        self.inflight = None
+        if not ok:
+            self.carried[0].update(appended)
+            self.carried[1].update(applied)
+        else:
+            for qid, index in applied.items():
+                self._durable(qid, index)
+            for qid, index in appended.items():
+                leader = self.leaders.get(qid)
+                if leader is not None:
+                    leader.durable_here(index)
+                    leader.take_committed()
+                else:
+                    self._durable(qid, index)
+        if self.tags or self.held:
+            kept = []
+            for confirm in commit.confirms:
+                channel, seq, accepted = confirm
+                waits = self.tags.pop((channel, seq), None)
+                if waits is None and channel not in self.channels:
+                    kept.append(confirm)
+                    continue
+                if not ok or (waits and any(wait[1] == -1 for wait in waits)):
+                    accepted, waits = False, []
+                self.held.append([channel, seq, accepted, waits or []])
+                self.channels[channel] = self.channels.get(channel, 0) + 1
+            commit.confirms = kept
+        return self._release()
+
+    def _durable(self, qid: int, index: int) -> None:
+        follower = self.followers.get(qid)
+        node = self.leader_node.get(qid)
+        if follower is not None:
+            for ack in follower.durable(index):
+                if node is not None:
+                    self._send(qid, node, (ACK, ack.epoch, ack.upto))
+
+    def _committed(self, leader: Leader) -> None:
+        if leader.take_committed() is not None:
+            for record in self._release():
+                self.shard.outbox.add(record)
+
+    def _release(self) -> list:
+        """The held confirms whose entries the commit index reached, in order."""
+        done: list[list] = []
+        leaders = self.leaders
+        while self.held:
+            item = self.held[0]
+            if any(wait[0] not in leaders or leaders[wait[0]].commit_index < wait[1]
+                   for wait in item[3]):
+                break
+            done.append(self.held.popleft())
+            left = self.channels[item[0]] - 1
+            if left:
+                self.channels[item[0]] = left
+            else:
+                del self.channels[item[0]]
+        if not done:
+            return []
+        out = []
+        for accepted, record in ((True, Confirmed), (False, Rejected)):
+            picked = [item for item in done if item[2] is accepted]
+            if picked:
+                out.append(record([item[0] for item in picked], [item[1] for item in picked]))
+        return out
+
+    def forget(self, gateway: int) -> None:
+        """A gateway died: its channels' confirms go to nobody."""
+        self.tags = {key: waits for key, waits in self.tags.items()
+                     if gateway_of(key[0]) != gateway}
+        self.held = deque(item for item in self.held if gateway_of(item[0]) != gateway)
+        self.channels = {channel: count for channel, count in self.channels.items()
+                         if gateway_of(channel) != gateway}
+
+    # -- time ----------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Retries and in-sync proposals of the leaders; hellos again from followers
+        no leader answered yet (it may have been told it leads after our hello)."""
+        for qid, leader in self.leaders.items():
+            self._propose(qid, leader, now)
+            self._sends(qid, leader)
+        for qid, follower in self.followers.items():
+            if follower.matched != follower.epoch and qid in self.members:
+                self._hello(qid, follower, follower.epoch)
+        self._schedule(now)
+
+    def _schedule(self, now: float) -> None:
+        wanted = self.leaders or any(f.matched != f.epoch and qid in self.members
+                                     for qid, f in self.followers.items())
+        self.shard.timers.schedule(TIMER, now + TICK if wanted else None)
+
+
+def _position(core: Leader | Follower) -> Position:
+    return Position([tuple(start) for start in core.log.starts], core.log.last_index)
+
+
+def _follower_frame(step) -> tuple:
+    kind = type(step)
+    if kind is Ack:
+        return (ACK, step.epoch, step.upto)
+    if kind is Refused:
+        return (REFUSED, step.epoch)
+    if kind is Resend:
+        return (RESEND, step.epoch, step.from_index)
+    if kind is Reset:
+        return (RESET, step.epoch)
+    raise ValueError(f"no frame for {step!r}")
