@@ -90,6 +90,7 @@ class Replicas:
         self.applied: dict[int, int] = {}  # followed qid -> last index written this turn
         self.inflight: tuple[dict, dict] | None = None  # (appended, applied) of the commit
         self.carried: tuple[dict, dict] = ({}, {})  # of commits that failed: the next covers
+        self.spill: list | None = None  # events of a commit's start or end (_emit)
         for qid, (stored, position) in self.persister.replicas.items():
             self.records[qid] = stored
             last_epoch = position.starts[-1][0] if position.starts else 0
@@ -147,7 +148,7 @@ class Replicas:
         payload = _encode((HELLO, *hello))
         for node in self.members.get(qid, ()):
             if node != follower.me:
-                self.shard.outbox.add(ReplicaFrame(qid, node, payload))
+                self._emit(ReplicaFrame(qid, node, payload))
 
     def _lead(self, cmd: ReplicaRole, now: float) -> None:
         qid = cmd.qid
@@ -220,7 +221,7 @@ class Replicas:
                 item[2] = False
                 item[3] = []
         for record in self._release():
-            shard.outbox.add(record)
+            self._emit(record)
 
     # -- frames --------------------------------------------------------------------
 
@@ -274,7 +275,7 @@ class Replicas:
             self.applied[qid] = follower.log.last_index
 
     def _send(self, qid: int, node: str, frame: tuple) -> None:
-        self.shard.outbox.add(ReplicaFrame(qid, node, _encode(frame)))
+        self._emit(ReplicaFrame(qid, node, _encode(frame)))
 
     def _sends(self, qid: int, leader: Leader) -> None:
         """What the leader has for its followers, snapshots read from the queue."""
@@ -334,7 +335,7 @@ class Replicas:
     def _propose(self, qid: int, leader: Leader, now: float) -> None:
         nodes = leader.isr_proposal(now)
         if nodes is not None:
-            self.shard.outbox.add(InSyncProposal(qid, leader.epoch, sorted(nodes)))
+            self._emit(InSyncProposal(qid, leader.epoch, sorted(nodes)))
 
     # -- commits and confirms --------------------------------------------------------
 
@@ -346,9 +347,19 @@ class Replicas:
             self.tags[key] = waits
             self.fresh.append(key)
 
-    def begin_commit(self) -> None:
+    def _emit(self, event) -> None:
+        """An event for the gateway (the root, for frames): with the commit's
+        confirms while a commit begins or ends, else with the turn's events."""
+        if self.spill is not None:
+            self.spill.append(event)
+        else:
+            self.shard.outbox.add(event)
+
+    def begin_commit(self) -> list:
         """A commit begins: this turn's writes of each led queue become its entry,
-        and the confirms of the turn learn which entry they wait for."""
+        and the confirms of the turn learn which entry they wait for. The frames
+        that carry the entries, to send now (not behind the next turn)."""
+        self.spill = []
         appended, applied = self.carried
         self.carried = ({}, {})
         entries = self.persister.entries
@@ -368,6 +379,8 @@ class Replicas:
             applied.update(self.applied)
             self.applied = {}
         self.inflight = (appended, applied)
+        out, self.spill = self.spill, None
+        return out
 
     def _append(self, qid: int, leader: Leader) -> None:
         """This turn's writes of the queue, if any, as an entry now."""
@@ -386,10 +399,11 @@ class Replicas:
     def committed(self, commit, ok: bool) -> list:
         """A commit ended (durable if `ok`): the followers it made durable ack, the
         leaders count it, and the confirms riding on it that wait for entries, or
-        behind such, are held (`commit.confirms` keeps the others). The confirms
-        released now, to send."""
+        behind such, are held (`commit.confirms` keeps the others). The acks and
+        the confirms released now, to send."""
         appended, applied = self.inflight or ({}, {})
         self.inflight = None
+        self.spill = []
         if not ok:
             self.carried[0].update(appended)
             self.carried[1].update(applied)
@@ -416,7 +430,8 @@ class Replicas:
                 self.held.append([channel, seq, accepted, waits or []])
                 self.channels[channel] = self.channels.get(channel, 0) + 1
             commit.confirms = kept
-        return self._release()
+        out, self.spill = self.spill, None
+        return out + self._release()
 
     def _durable(self, qid: int, index: int) -> None:
         follower = self.followers.get(qid)
@@ -429,7 +444,7 @@ class Replicas:
     def _committed(self, leader: Leader) -> None:
         if leader.take_committed() is not None:
             for record in self._release():
-                self.shard.outbox.add(record)
+                self._emit(record)
 
     def _release(self) -> list:
         """The held confirms whose entries the commit index reached, in order."""

@@ -152,14 +152,13 @@ class Shard:
         that must wait for them. Confirms of a turn that wrote nothing are returned
         to be sent at once."""
         replicas = self.replicas.active()
-        if replicas:
-            self.replicas.begin_commit()
+        frames = self.replicas.begin_commit() if replicas else []
         if not self.persister.has_writes(now):
             commit = self.commits.take(now)
             held = self.replicas.committed(commit, True) if replicas else []
-            return self.commits.finished(commit, True, [], now) + held
+            return self.commits.finished(commit, True, [], now) + held + frames
         committer.submit(self.commits.begin(now, self.persister.begin_commit()).writes)
-        return []
+        return frames
 
     def finish_commit(self) -> list:
         """The commit in flight is durable (or failed): its confirms, to send."""
@@ -170,10 +169,9 @@ class Shard:
     def commit_now(self, started: float | None = None) -> list:
         """Commit in this thread (no commit in flight) and return the confirms."""
         commit = self.commits.take(time.monotonic() if started is None else started)
-        if self.replicas.active():
-            self.replicas.begin_commit()
+        frames = self.replicas.begin_commit() if self.replicas.active() else []
         commit.writes = self.persister.commit(self._evict)
-        return self._committed(commit)
+        return self._committed(commit) + frames
 
     def _committed(self, commit: Commit) -> list:
         """After a commit: its confirms (nacks if it failed)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import tempfile
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from warren.shards.persister import Persister
 from warren.shards.replication import Limits
 from warren.shards.stats import StatsLog
 from warren.storage.queuespec import QueueSpec
-from warren.storage.shardstore import ShardStore
+from warren.storage.shardstore import Position, ShardStore, StoredQueue, WriteBatch, _Logged
 
 from ..support.twins import SHARDS
 
@@ -299,6 +300,71 @@ def test_a_wiped_follower_is_caught_up_by_a_snapshot(tmp_path, shard_class):
     assert a.confirmed[-1] == 6  # the snapshot's follower counts
     for node in group.nodes.values():
         node.close()
+
+
+def test_restarted_members_find_their_logs_and_serve_only_when_told(tmp_path, shard_class):
+    tmp = str(tmp_path)
+    group = make_group(tmp, shard_class)
+    a, b = group.nodes["a"], group.nodes["b"]
+    for seq in range(1, 4):
+        a.run(publish(seq, b"m%d" % seq))
+    group.pump()
+    b.close()
+    del group.nodes["b"]
+    for seq in range(4, 6):
+        a.run(publish(seq, b"m%d" % seq))
+    group.pump()
+    b = group.nodes["b"] = Node("b", tmp + "/b", shard_class)
+    assert QID not in b.shard.queues  # a replica's rows: no queue to serve
+    assert b.shard.replicas.followers[QID].log.last_index > 0
+    b.run(role(r.ROLE_FOLLOWER, 10, "b"))
+    group.pump()
+    assert rows(b) == rows(a) and len(rows(b)) == 5
+    assert a.confirmed == [1, 2, 3, 4, 5]
+    a.close()
+    a = group.nodes["a"] = Node("a", tmp + "/a", shard_class)
+    assert QID not in a.shard.queues
+    a.run(role(r.ROLE_LEADER, 20, "a"))
+    for name in ("b", "c"):
+        group.nodes[name].run(role(r.ROLE_FOLLOWER, 20, name))
+    group.pump()
+    assert a.shard.queues[QID].ready_count == 5
+    a.run(publish(6))
+    group.pump()
+    assert a.confirmed == [6]  # its log went on from where its store stood
+    assert rows(b) == rows(a) == rows(group.nodes["c"])
+    for node in group.nodes.values():
+        node.close()
+
+
+def test_a_journal_written_before_positions_reads_as_none(tmp_path):
+    store = ShardStore(str(tmp_path / "s"), 1 << 26)
+    batch = WriteBatch()
+    batch.put_queue(QID, StoredQueue(SPEC, SPEC.arguments))
+    logged = batch.logged()
+    old = msgspec.msgpack.encode(list(msgspec.structs.astuple(logged))[:-1])
+    assert WriteBatch.from_logged(msgspec.msgpack.decode(old, type=_Logged)).positions == {}
+    store.close()
+
+
+def test_a_cleared_replica_keeps_its_record_through_a_merge(tmp_path):
+    store = ShardStore(str(tmp_path / "s"), 1 << 26)
+    first = WriteBatch()
+    first.put_queue(QID, StoredQueue(SPEC, SPEC.arguments))
+    first.put_message(QID, 1, ("", "q", b"", b"x"))
+    first.set_position(QID, Position([(1, 1)], 1))
+    store.append(first)
+    clear = WriteBatch()
+    clear.delete_queue(QID)
+    clear.put_queue(QID, StoredQueue(SPEC, SPEC.arguments))
+    clear.set_position(QID, Position([], 0))
+    clear.put_message(QID, 2, ("", "q", b"", b"y"))
+    store.append(clear)  # merged into what the journal holds beyond LMDB
+    store.checkpoint()
+    assert list(store.queues()) == [QID]
+    assert [entry[0] for entry in store.recover(QID)] == [2]
+    assert store.positions() == {QID: Position([], 0)}
+    store.close()
 
 
 OPS = st.lists(st.one_of(
