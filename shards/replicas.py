@@ -125,11 +125,43 @@ class Replicas:
         self.records[cmd.qid] = StoredQueue(cmd.spec, cmd.arguments)
         self.persister.create_replica(cmd, _position(follower))
 
+    def deleted(self, qid: int) -> None:
+        """The queue was deleted (led here: its Queue is gone already): its group
+        goes, and the confirms that waited for it leave as the queue took them."""
+        self.persister.replicated.discard(qid)
+        self.persister.entries.pop(qid, None)
+        if self.leaders.pop(qid, None) is not None:
+            self._settle_waits(qid, None)
+        if self.followers.pop(qid, None) is not None:
+            self.persister.delete_queue(qid)
+        for table in (self.records, self.members, self.leader_node, self.applied):
+            table.pop(qid, None)
+
+    def _settle_waits(self, qid: int, accepted: bool | None) -> None:
+        """The confirms that wait for the queue's entries wait no more: nacked if
+        not `accepted`, else as the queue took them."""
+        for waits in self.tags.values():
+            if any(wait[0] == qid for wait in waits):
+                waits[:] = [[qid, -1]] if accepted is False else [  # -1: nacked
+                    wait for wait in waits if wait[0] != qid]
+        for item in self.held:
+            if any(wait[0] == qid for wait in item[3]):
+                if accepted is False:
+                    item[2] = False
+                    item[3] = []
+                else:
+                    item[3] = [wait for wait in item[3] if wait[0] != qid]
+        for record in self._release():
+            self._emit(record)
+
     def _role(self, cmd: ReplicaRole, now: float) -> None:
         qid = cmd.qid
         if cmd.role == ROLE_LEADER:
             self._lead(cmd, now)
             return
+        leader = self.leaders.get(qid)
+        if leader is not None and cmd.role == ROLE_FOLLOWER and cmd.epoch < leader.epoch:
+            return  # of an election before ours
         if qid in self.leaders or (cmd.role == ROLE_FOLLOWER and qid in self.shard.queues):
             self._depose(qid, cmd.me)
         if cmd.role != ROLE_FOLLOWER:
@@ -213,15 +245,7 @@ class Replicas:
                 shard.outbox.add(ConsumerCancelled(holder, qid))
             shard.timers.cancel(qid)
             shard.ram_bytes -= queue.ram_bytes
-        for waits in self.tags.values():
-            if any(wait[0] == qid for wait in waits):
-                waits[:] = [[qid, -1]]  # nacked when its commit ends
-        for item in self.held:
-            if any(wait[0] == qid for wait in item[3]):
-                item[2] = False
-                item[3] = []
-        for record in self._release():
-            self._emit(record)
+        self._settle_waits(qid, False)
 
     # -- frames --------------------------------------------------------------------
 

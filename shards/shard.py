@@ -23,6 +23,7 @@ from .records import (
     Consume,
     ConsumerTimedOut,
     CreateQueue,
+    DeleteQueue,
     Deliver,
     GatewayLost,
     Get,
@@ -347,6 +348,9 @@ class Shard:
             if queue is None:
                 if cmd.qid in self.streams.streams:
                     self._stream_command(cmd, now)
+                elif kind is DeleteQueue and cmd.qid in self.replicas.followers:
+                    self.replicas.deleted(cmd.qid)  # a member of the deleted queue's group
+                    self.outbox.add(Reply(cmd.req))
                 else:
                     self._missing_queue(cmd)
                 return
@@ -426,6 +430,8 @@ class Shard:
                 queue = self.queues.pop(effect.qid, None)
                 persister.delete_queue(effect.qid)
                 self.timers.cancel(effect.qid)
+                if self.replicas.leaders:
+                    self.replicas.deleted(effect.qid)
                 if queue is not None:
                     self.stats.event("queue_deleted", vhost=queue.spec.vhost, queue=queue.spec.name)
             else:

@@ -269,6 +269,29 @@ def test_a_deposed_leader_is_refused_and_nacks_what_it_held(group):
     assert [row[1][3] for row in rows(a)] == [b"new"]
 
 
+def test_a_deleted_queue_leaves_its_group_and_a_stale_role_is_ignored(group):
+    a, b, c = (group.nodes[n] for n in MEMBERS)
+    a.run(role(r.ROLE_FOLLOWER, 5, "a"))  # of an election before a's
+    assert QID in a.shard.queues
+    group.blocked = {"b", "c"}
+    a.run(publish(1))
+    group.pump()
+    assert a.confirmed == []
+    a.run(r.DeleteQueue(2, QID, False, False))
+    group.pump()
+    assert a.confirmed == [1]  # as a classic queue's: taken, then deleted
+    assert QID not in a.shard.replicas.leaders
+    for node in (b, c):
+        node.run(r.DeleteQueue(3, QID, False, False))
+    group.blocked = set()
+    group.pump()  # a's entry reaches nobody now
+    for node in (b, c):
+        assert r.Reply(3) in node.events
+        assert QID not in node.shard.replicas.followers
+    for node in (a, b, c):
+        assert rows(node) == [] and QID not in node.store.queues()
+
+
 def test_a_wiped_follower_is_caught_up_by_a_snapshot(tmp_path, shard_class):
     tmp = str(tmp_path)
     group = make_group(tmp, shard_class, Limits(keep_entries=2))
