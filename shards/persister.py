@@ -160,15 +160,15 @@ class Persister:
             queue.enqueue_recovered(msg)
         return queue
 
-    def promote(self, qid: int, stored: StoredQueue, inflight: dict | None, now: float) -> Queue:
-        """A replica's queue, now led here, from its rows: the store's, the commit in
-        flight's (`inflight`: its batches by store) and this turn's on top. Content
-        not yet in the store stays in RAM until the message is settled."""
+    def promote(self, qid: int, stored: StoredQueue, now: float) -> Queue:
+        """A replica's queue, now led here, from its rows (no commit in flight): the
+        store's, with this turn's on top. Content not yet in the store stays in RAM
+        until the message is settled."""
         store = self._store_of.get(qid, self.home)
         pending = WriteBatch()
-        for batch in (store.unapplied, (inflight or {}).get(store), self.open_batches.get(store)):
-            if batch is not None:
-                pending.merge(batch)
+        pending.merge(store.unapplied)
+        if store in self.open_batches:
+            pending.merge(self.open_batches[store])
         return self._recover_queue(store, qid, stored, pending, now, journaled=False)
 
     # -- this turn's writes ----------------------------------------------------

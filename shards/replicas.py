@@ -15,6 +15,7 @@ stands (storage.shardstore.Position) in its rows' commit, so a restart finds it.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 
 import msgspec
@@ -91,6 +92,7 @@ class Replicas:
         self.inflight: tuple[dict, dict] | None = None  # (appended, applied) of the commit
         self.carried: tuple[dict, dict] = ({}, {})  # of commits that failed: the next covers
         self.spill: list | None = None  # events of a commit's start or end (_emit)
+        self.deferred: dict[int, ReplicaRole] = {}  # promotions waiting for the commit
         for qid, (stored, position) in self.persister.replicas.items():
             self.records[qid] = stored
             last_epoch = position.starts[-1][0] if position.starts else 0
@@ -156,6 +158,7 @@ class Replicas:
 
     def _role(self, cmd: ReplicaRole, now: float) -> None:
         qid = cmd.qid
+        self.deferred.pop(qid, None)
         if cmd.role == ROLE_LEADER:
             self._lead(cmd, now)
             return
@@ -166,6 +169,8 @@ class Replicas:
             self._depose(qid, cmd.me)
         if cmd.role != ROLE_FOLLOWER:
             self.followers.pop(qid, None)
+            for table in (self.members, self.leader_node, self.applied):
+                table.pop(qid, None)
             return
         follower = self.followers.get(qid)
         if follower is None:
@@ -193,9 +198,14 @@ class Replicas:
                          durable=leader.durable, history=leader.log.starts,
                          kept=list(leader.log.kept), now=now, limits=self.limits)
         elif qid in self.shard.queues:  # declared here, and led from its start
+            self.followers.pop(qid, None)
             new = Leader(qid, cmd.epoch, cmd.members, cmd.in_sync, cmd.me, 0, now=now,
                          limits=self.limits)
         elif qid in self.followers and qid in self.records:
+            if self.shard.commits.inflight is not None:
+                # its rows are being written in the committer thread: once they are
+                self.deferred[qid] = cmd
+                return
             follower = self.followers.pop(qid)
             follower.me = cmd.me
             new = follower.lead(cmd.epoch, cmd.members, cmd.in_sync, now, self.limits)
@@ -204,6 +214,7 @@ class Replicas:
             log.error("shard %d: told to lead queue %d, whose record it does not hold",
                       self.shard.index, qid)
             return
+        log.info("shard %d: leads queue %d in epoch %d", self.shard.index, qid, cmd.epoch)
         self.leaders[qid] = new
         self.persister.replicated.add(qid)
         self.persister.set_position(qid, _position(new))
@@ -212,9 +223,7 @@ class Replicas:
         """A followed queue, led here now: its Queue from its rows (every unacked
         message ready again, marked redelivered, its counts kept)."""
         shard = self.shard
-        inflight = shard.commits.inflight
-        batches = inflight.writes.batches if inflight is not None else None
-        queue = self.persister.promote(qid, self.records.pop(qid), batches, now)
+        queue = self.persister.promote(qid, self.records.pop(qid), now)
         self.members.pop(qid, None)
         self.leader_node.pop(qid, None)
         self.applied.pop(qid, None)
@@ -239,10 +248,12 @@ class Replicas:
             follower = Follower(qid, me, 0, 0, limits=self.limits)
         self.followers[qid] = follower
         self.persister.set_position(qid, _position(follower))
+        if leader is not None:
+            log.info("shard %d: no longer leads queue %d", shard.index, qid)
         if queue is not None:
             self.records[qid] = StoredQueue(queue.spec, queue.arguments)
             for holder in list(queue.consumers):
-                shard.outbox.add(ConsumerCancelled(holder, qid))
+                self._emit(ConsumerCancelled(holder, qid))
             shard.timers.cancel(qid)
             shard.ram_bytes -= queue.ram_bytes
         self._settle_waits(qid, False)
@@ -273,8 +284,8 @@ class Replicas:
             self._propose(qid, leader, now)
             return
         follower = self.followers.get(qid)
-        if follower is None or kind not in _TO_FOLLOWER:
-            return  # not ours, or for the leader we no longer are
+        if follower is None or kind not in _TO_FOLLOWER or qid not in self.records:
+            return  # not ours, for the leader we no longer are, or before our record
         if kind == SEND:
             out = follower.entries(frame[1], frame[2], frame[3],
                                    [Entry(*entry) for entry in frame[4]])
@@ -428,6 +439,10 @@ class Replicas:
         appended, applied = self.inflight or ({}, {})
         self.inflight = None
         self.spill = []
+        if self.deferred:
+            deferred, self.deferred = self.deferred, {}
+            for cmd in deferred.values():
+                self._lead(cmd, time.monotonic())
         if not ok:
             self.carried[0].update(appended)
             self.carried[1].update(applied)

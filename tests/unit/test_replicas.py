@@ -241,6 +241,29 @@ def test_a_promoted_follower_serves_every_confirmed_message(tmp_path, shard_clas
         node.close()
 
 
+class Committer:
+    """The committer thread's place: the test runs the commit itself."""
+
+    def submit(self, pending) -> None:
+        self.pending = pending
+
+
+def test_a_promotion_waits_for_the_commit_in_flight(group):
+    a, b = group.nodes["a"], group.nodes["b"]
+    a.run(publish(1, b"in flight"))
+    for frame in a.take():
+        if frame.node == "b":
+            b.run(r.ReplicaFrame(frame.qid, "a", frame.payload))
+    committer = Committer()
+    assert b.shard.start_commit(committer, 0.0) == []
+    b.run(role(r.ROLE_LEADER, 20, "b"))
+    assert QID not in b.shard.queues  # its rows are being written
+    Persister.run_commit(committer.pending)
+    b.shard.finish_commit()
+    queue = b.shard.queues[QID]
+    assert queue.ready_count == 1 and b.shard.replicas.leaders[QID].epoch == 20
+
+
 def test_a_deposed_leader_is_refused_and_nacks_what_it_held(group):
     a, b, c = (group.nodes[n] for n in MEMBERS)
     a.run(r.Consume(2, QID, 40, 41, "t", False, False, 10, 100))
