@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 
 import msgspec
 
@@ -96,7 +97,7 @@ class Replicas:
         for qid, (stored, position) in self.persister.replicas.items():
             self.records[qid] = stored
             last_epoch = position.starts[-1][0] if position.starts else 0
-            self.followers[qid] = Follower(qid, "", last_epoch, position.last_index,
+            self.followers[qid] = Follower(str(qid), "", last_epoch, position.last_index,
                                            history=position.starts, limits=limits)
             if not position.last_index:  # a snapshot cut off by a crash: no half kept
                 self.persister.clear_replica(qid, stored)
@@ -174,7 +175,7 @@ class Replicas:
             return
         follower = self.followers.get(qid)
         if follower is None:
-            follower = self.followers[qid] = Follower(qid, cmd.me, 0, 0, limits=self.limits)
+            follower = self.followers[qid] = Follower(str(qid), cmd.me, 0, 0, limits=self.limits)
         follower.me = cmd.me
         self.members[qid] = cmd.members
         self._hello(qid, follower, cmd.epoch)
@@ -194,12 +195,13 @@ class Replicas:
             return
         if leader is not None:  # elected again: the same queue, a new epoch
             self._append(qid, leader)
-            new = Leader(qid, cmd.epoch, cmd.members, cmd.in_sync, cmd.me, leader.log.last_index,
-                         durable=leader.durable, history=leader.log.starts,
-                         kept=list(leader.log.kept), now=now, limits=self.limits)
+            new = Leader(str(qid), cmd.epoch, cmd.members, cmd.in_sync, cmd.me,
+                         leader.log.last_index, durable=leader.durable,
+                         history=leader.log.starts, kept=list(leader.log.kept), now=now,
+                         limits=self.limits)
         elif qid in self.shard.queues:  # declared here, and led from its start
             self.followers.pop(qid, None)
-            new = Leader(qid, cmd.epoch, cmd.members, cmd.in_sync, cmd.me, 0, now=now,
+            new = Leader(str(qid), cmd.epoch, cmd.members, cmd.in_sync, cmd.me, 0, now=now,
                          limits=self.limits)
         elif qid in self.followers and qid in self.records:
             if self.shard.commits.inflight is not None:
@@ -241,11 +243,11 @@ class Replicas:
         queue = shard.queues.pop(qid, None)
         if leader is not None:
             self._append(qid, leader)
-            follower = Follower(qid, me, leader.log.last_epoch, leader.log.last_index,
+            follower = Follower(str(qid), me, leader.log.last_epoch, leader.log.last_index,
                                 history=leader.log.starts, limits=self.limits)
             follower.durable_index = min(leader.durable, leader.log.last_index)
         else:
-            follower = Follower(qid, me, 0, 0, limits=self.limits)
+            follower = Follower(str(qid), me, 0, 0, limits=self.limits)
         self.followers[qid] = follower
         self.persister.set_position(qid, _position(follower))
         if leader is not None:
@@ -286,6 +288,7 @@ class Replicas:
         follower = self.followers.get(qid)
         if follower is None or kind not in _TO_FOLLOWER or qid not in self.records:
             return  # not ours, for the leader we no longer are, or before our record
+        out: Sequence[Clear | Apply | Ack | Refused | Resend | Reset]
         if kind == SEND:
             out = follower.entries(frame[1], frame[2], frame[3],
                                    [Entry(*entry) for entry in frame[4]])
@@ -341,14 +344,15 @@ class Replicas:
         first = True
         start = 0
         while first or start < len(messages):
-            chunk, size = [], 0
+            chunk: list = []
+            size = 0
             while start < len(messages) and (size < CHUNK_BYTES or not chunk):
                 chunk.append(messages[start])
                 size += len(messages[start].content[3]) if messages[start].content else 0
                 start += 1
             stored = store.read_many([(qid, m.seq) for m in chunk if m.content is None])
             read = iter(stored)
-            records = []
+            records: list[tuple] = []
             for msg in chunk:
                 content = msg.content
                 if content is None:
@@ -537,7 +541,7 @@ class Replicas:
 
 
 def _position(core: Leader | Follower) -> Position:
-    return Position([tuple(start) for start in core.log.starts], core.log.last_index)
+    return Position([(epoch, start) for epoch, start in core.log.starts], core.log.last_index)
 
 
 def _follower_frame(step) -> tuple:
