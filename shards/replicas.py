@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import msgspec
 
@@ -199,10 +199,13 @@ class Replicas:
                          leader.log.last_index, durable=leader.durable,
                          history=leader.log.starts, kept=list(leader.log.kept), now=now,
                          limits=self.limits)
-        elif qid in self.shard.queues:  # declared here, and led from its start
+        elif qid in self.shard.queues:  # a queue of this shard's, replicated from now on
             self.followers.pop(qid, None)
             new = Leader(str(qid), cmd.epoch, cmd.members, cmd.in_sync, cmd.me, 0, now=now,
                          limits=self.limits)
+            records = [record for chunk in self._rows(qid, CHUNK_BYTES) for record in chunk]
+            if records:  # what it holds already is the first entry
+                self.carried[0][qid] = self._append_records(qid, new, records)
         elif qid in self.followers and qid in self.records:
             if self.shard.commits.inflight is not None:
                 # its rows are being written in the committer thread: once they are
@@ -331,27 +334,34 @@ class Replicas:
         """The queue's rows as of the leader's last entry, in chunks. (Writes of this
         turn not yet in an entry may be in them too: the entry that follows writes
         them again, to the same end.)"""
-        queue = self.shard.queues[qid]
         index = leader.log.last_index
         last_epoch = leader.snapshot_started(node, index)
         if last_epoch is None:
             return False
+        for number, records in enumerate(self._rows(qid, CHUNK_BYTES)):
+            self._send(qid, node, (CHUNK, leader.epoch, index, number == 0, records))
+        self._send(qid, node, (END, leader.epoch, index, last_epoch))
+        return True
+
+    def _rows(self, qid: int, limit: int) -> Iterator[list[tuple]]:
+        """The led queue's rows as records, about `limit` bytes of content at a time
+        (at least one, maybe empty): its stored messages, their content read back
+        from the store where it left RAM, and their delivery marks."""
+        queue = self.shard.queues[qid]
         handed = {seq for held in queue.holdings.values() for seq in held}
         messages = [m for held in queue.holdings.values() for m in held.values()]
         messages += list(queue.ready) + list(queue.returned)
         messages = sorted((m for m in messages if m.stored), key=lambda m: m.seq)
         store = self.persister.store_of(qid)
-        first = True
         start = 0
-        while first or start < len(messages):
+        while True:
             chunk: list = []
             size = 0
-            while start < len(messages) and (size < CHUNK_BYTES or not chunk):
+            while start < len(messages) and (size < limit or not chunk):
                 chunk.append(messages[start])
                 size += len(messages[start].content[3]) if messages[start].content else 0
                 start += 1
-            stored = store.read_many([(qid, m.seq) for m in chunk if m.content is None])
-            read = iter(stored)
+            read = iter(store.read_many([(qid, m.seq) for m in chunk if m.content is None]))
             records: list[tuple] = []
             for msg in chunk:
                 content = msg.content
@@ -366,10 +376,9 @@ class Replicas:
                     records.append((COUNTS, msg.seq, msg.delivery_count, msg.acquired))
                 elif msg.redelivered or msg.seq in handed:
                     records.append((DELIVERED, msg.seq, rich))
-            self._send(qid, node, (CHUNK, leader.epoch, index, first, records))
-            first = False
-        self._send(qid, node, (END, leader.epoch, index, last_epoch))
-        return True
+            yield records
+            if start >= len(messages):
+                return
 
     def _propose(self, qid: int, leader: Leader, now: float) -> None:
         nodes = leader.isr_proposal(now)

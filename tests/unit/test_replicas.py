@@ -158,6 +158,42 @@ def shrink(group: Group, leader: str, now: float) -> None:
     group.pump()
 
 
+def test_a_queue_replicated_once_it_holds_messages_ships_them_first(tmp_path, shard_class):
+    nodes = [Node(name, f"{tmp_path}/{name}", shard_class) for name in MEMBERS]
+    a = nodes[0]
+    a.run(r.CreateQueue(1, QID, SPEC, SPEC.arguments))
+    for seq in range(1, 4):
+        a.run(publish(seq, b"m%d" % seq))
+    a.run(r.Get(2, QID, 60, False))
+    a.take()
+    assert a.confirmed == [1, 2, 3]  # not replicated yet: durable here is enough
+    a.run(role(r.ROLE_LEADER, 10, "a"))
+    for node in nodes[1:]:
+        node.run(r.CreateQueue(1, QID, SPEC, SPEC.arguments))
+        node.run(role(r.ROLE_FOLLOWER, 10, node.name))
+    group = Group(nodes)
+    group.pump()
+    assert len(rows(a)) == 3 and rows(a)[0][0][1]  # the one taken is marked delivered
+    assert rows(nodes[1]) == rows(a) == rows(nodes[2])
+    a.run(publish(4))
+    group.pump()
+    assert a.confirmed == [1, 2, 3, 4]
+    for node in nodes:
+        node.close()
+
+
+def test_nothing_is_gathered_for_queues_that_are_not_replicated(tmp_path, shard_class):
+    node = Node("a", f"{tmp_path}/a", shard_class)
+    node.run(r.CreateQueue(1, QID, SPEC, SPEC.arguments))
+    node.run(publish(1))
+    node.run(r.Get(2, QID, 60, False))
+    node.take()
+    node.run(r.Settle(QID, 60, [1], r.SETTLE_REQUEUE))
+    assert node.shard.persister.entries == {} and not node.shard.replicas.active()
+    assert node.take() == [] and node.confirmed == [1] and len(rows(node)) == 1
+    node.close()
+
+
 def test_a_confirm_waits_for_a_follower_and_the_in_sync_set(group):
     a = group.nodes["a"]
     group.blocked = {"b", "c"}
