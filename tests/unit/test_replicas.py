@@ -152,7 +152,7 @@ def shrink(group: Group, leader: str, now: float) -> None:
     """The leader's in-sync proposal after `now`, written as etcd would."""
     node = group.nodes[leader]
     node.shard.run_timers(now)
-    node.take()
+    group.waiting += [(leader, frame) for frame in node.take()]
     (proposal,) = group.proposals(leader)
     node.run(r.InSyncWritten(QID, proposal.epoch, proposal.nodes, True), now)
     group.pump()
@@ -485,6 +485,97 @@ def test_random_sequences_leave_the_same_rows_everywhere(ops):
             group.pump()
             expected = rows(a)
             assert rows(group.nodes["b"]) == expected == rows(group.nodes["c"])
+        finally:
+            for node in group.nodes.values():
+                node.close()
+
+
+FAULTS = st.lists(st.one_of(
+    st.tuples(st.just("publish"), st.just("")),
+    st.tuples(st.just("get"), st.just("")),
+    st.tuples(st.sampled_from(["ack", "requeue", "return"]), st.integers(0, 10)),
+    st.tuples(st.sampled_from(["pump", "tick"]), st.just("")),
+    st.tuples(st.sampled_from(["block", "failover", "wipe"]), st.sampled_from(MEMBERS))),
+    max_size=25)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=FAULTS)
+def test_failovers_and_wiped_followers_lose_no_confirmed_message(ops):
+    """Random publishes, settlements, blocked nodes, failovers to an in-sync member
+    and wiped followers: every confirmed message not acked is on the last leader,
+    and once the frames flow every member holds the same rows."""
+    outcomes = {"ack": r.SETTLE_ACK, "requeue": r.SETTLE_REQUEUE, "return": r.SETTLE_RETURN}
+    with tempfile.TemporaryDirectory() as tmp:
+        group = make_group(tmp, SHARDS[0].values[0])
+        leader, epoch, now = "a", 10, 0.0
+        bodies = itertools.count(1)
+        held: list[int] = []
+        acked: set[bytes] = set()
+        seq_bodies: dict[int, bytes] = {}
+        wiped = itertools.count(1)
+
+        def tick() -> None:
+            nonlocal now
+            now += 11.0
+            node = group.nodes[leader]
+            node.shard.run_timers(now)
+            group.waiting += [(leader, frame) for frame in node.take()]
+            for proposal in group.proposals(leader):
+                node.run(r.InSyncWritten(QID, proposal.epoch, proposal.nodes, True), now)
+            group.pump()
+
+        try:
+            for op, arg in ops:
+                node = group.nodes[leader]
+                if op == "publish":
+                    body = b"m%d" % next(bodies)
+                    node.run(publish(int(body[1:]), body))
+                elif op == "get":
+                    node.run(r.Get(9, QID, 60, False))
+                    for e in node.shard.take_events()[0]:
+                        if type(e) is r.GetReply and e.seq:
+                            held.append(e.seq)
+                            seq_bodies[e.seq] = e.body
+                        elif type(e) is not r.GetReply:
+                            node.events.append(e)
+                elif op in outcomes:
+                    if held:
+                        seq = held.pop(arg % len(held))
+                        node.run(r.Settle(QID, 60, [seq], outcomes[op]))
+                        if op == "ack":
+                            acked.add(seq_bodies[seq])
+                elif op == "pump":
+                    group.pump()
+                elif op == "tick":
+                    tick()
+                elif op == "block":
+                    group.blocked = {arg} if arg != leader else set()
+                elif op == "failover":
+                    isr = node.shard.replicas.leaders[QID].isr
+                    if arg == leader or arg not in isr:
+                        continue  # only an in-sync member may win
+                    epoch += 10
+                    leader, held = arg, []
+                    group.nodes[leader].run(role(r.ROLE_LEADER, epoch, leader, sorted(isr)))
+                    for name in MEMBERS:
+                        if name != leader:
+                            group.nodes[name].run(role(r.ROLE_FOLLOWER, epoch, name))
+                    group.pump()
+                elif arg != leader:  # wipe a follower's store
+                    group.nodes[arg].close()
+                    fresh = Node(arg, f"{tmp}/{arg}-{next(wiped)}", SHARDS[0].values[0])
+                    group.nodes[arg] = fresh
+                    fresh.run(r.CreateQueue(1, QID, SPEC, SPEC.arguments))
+                    fresh.run(role(r.ROLE_FOLLOWER, epoch, arg))
+            group.blocked = set()
+            group.pump()
+            tick()
+            tick()
+            confirmed = {b"m%d" % seq for node in group.nodes.values() for seq in node.confirmed}
+            kept = {row[1][3] for row in rows(group.nodes[leader])}
+            assert confirmed - acked <= kept
+            assert all(rows(node) == rows(group.nodes[leader]) for node in group.nodes.values())
         finally:
             for node in group.nodes.values():
                 node.close()
