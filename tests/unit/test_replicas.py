@@ -221,6 +221,23 @@ def test_a_confirm_waits_for_a_follower_and_the_in_sync_set(group):
     assert a.confirmed == [1, 2, 3]  # a and c
 
 
+def test_a_channels_confirms_stay_in_order_behind_a_held_one(group):
+    a = group.nodes["a"]
+    classic = QueueSpec("/", "classic", True, False, False, {})
+    a.run(r.CreateQueue(2, 6, classic, {}))
+    group.blocked = {"b", "c"}
+    a.run(publish(1))
+    a.run(r.Publish([6], "", "classic", b"\x00\x00", b"x", True, confirm_channel=CHANNEL,
+                    confirm_seq=2))
+    a.run(r.Publish([6], "", "classic", b"\x00\x00", b"y", True, confirm_channel=CHANNEL + 64,
+                    confirm_seq=50))  # another channel's: not held
+    group.pump()
+    assert a.confirmed == [50]
+    group.blocked = set()
+    group.pump()
+    assert a.confirmed == [50, 1, 2]
+
+
 def test_acks_and_counts_reach_the_followers(group):
     a = group.nodes["a"]
     for seq in range(1, 6):
@@ -495,16 +512,17 @@ FAULTS = st.lists(st.one_of(
     st.tuples(st.just("get"), st.just("")),
     st.tuples(st.sampled_from(["ack", "requeue", "return"]), st.integers(0, 10)),
     st.tuples(st.sampled_from(["pump", "tick"]), st.just("")),
-    st.tuples(st.sampled_from(["block", "failover", "wipe"]), st.sampled_from(MEMBERS))),
+    st.tuples(st.sampled_from(["block", "failover", "wipe", "restart"]),
+              st.sampled_from(MEMBERS))),
     max_size=25)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=FAULTS)
 def test_failovers_and_wiped_followers_lose_no_confirmed_message(ops):
-    """Random publishes, settlements, blocked nodes, failovers to an in-sync member
-    and wiped followers: every confirmed message not acked is on the last leader,
-    and once the frames flow every member holds the same rows."""
+    """Random publishes, settlements, blocked nodes, failovers to an in-sync member,
+    restarted and wiped followers: every confirmed message not acked is on the last
+    leader, and once the frames flow every member holds the same rows."""
     outcomes = {"ack": r.SETTLE_ACK, "requeue": r.SETTLE_REQUEUE, "return": r.SETTLE_RETURN}
     with tempfile.TemporaryDirectory() as tmp:
         group = make_group(tmp, SHARDS[0].values[0])
@@ -562,9 +580,12 @@ def test_failovers_and_wiped_followers_lose_no_confirmed_message(ops):
                         if name != leader:
                             group.nodes[name].run(role(r.ROLE_FOLLOWER, epoch, name))
                     group.pump()
-                elif arg != leader:  # wipe a follower's store
+                elif arg != leader:  # restart a follower, or wipe its store
+                    path = group.nodes[arg].path
                     group.nodes[arg].close()
-                    fresh = Node(arg, f"{tmp}/{arg}-{next(wiped)}", SHARDS[0].values[0])
+                    if op == "wipe":
+                        path = f"{tmp}/{arg}-{next(wiped)}"
+                    fresh = Node(arg, path, SHARDS[0].values[0])
                     group.nodes[arg] = fresh
                     fresh.run(r.CreateQueue(1, QID, SPEC, SPEC.arguments))
                     fresh.run(role(r.ROLE_FOLLOWER, epoch, arg))
