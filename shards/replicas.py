@@ -431,10 +431,11 @@ class Replicas:
         return out
 
     def _append(self, qid: int, leader: Leader) -> None:
-        """This turn's writes of the queue, if any, as an entry now."""
+        """This turn's writes of the queue, if any, as an entry now: the next commit
+        makes it durable here (for whichever core holds the queue then)."""
         records = self.persister.entries.pop(qid, None)
         if records:
-            self._append_records(qid, leader, records)
+            self.carried[0][qid] = self._append_records(qid, leader, records)
 
     def _append_records(self, qid: int, leader: Leader, records: list) -> int:
         size = sum(RECORD_BYTES + (len(rec[2][2]) + len(rec[2][3]) if rec[0] == PUT else 0)

@@ -368,6 +368,18 @@ def test_a_deleted_queue_leaves_its_group_and_a_stale_role_is_ignored(group):
         assert rows(node) == [] and QID not in node.store.queues()
 
 
+def test_a_leader_deposed_mid_turn_keeps_that_turn_in_its_log(group):
+    a = group.nodes["a"]
+    a.run(publish(1))
+    a.run(role(r.ROLE_FOLLOWER, 20, "a"))  # before the turn's commit began
+    a.take()
+    follower = a.shard.replicas.followers[QID]
+    assert follower.log.last_index == follower.durable_index == 1
+    assert a.rejected == [1]
+    a.store.checkpoint()
+    assert a.store.positions() == {QID: Position([(10, 1)], 1)}
+
+
 def test_a_wiped_follower_is_caught_up_by_a_snapshot(tmp_path, shard_class):
     tmp = str(tmp_path)
     group = make_group(tmp, shard_class, Limits(keep_entries=2))
