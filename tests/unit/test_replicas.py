@@ -53,8 +53,10 @@ class Node:
         self.shard.run(cmd, now)
 
     def take(self) -> list[r.ReplicaFrame]:
-        """Commit, then what it sent: frames returned, the rest kept."""
-        out = self.shard.commit_now(0.0) + self.shard.take_events()[0]
+        """What it sent, then its commit's (as the shard's loop orders them): frames
+        returned, the rest kept."""
+        out = self.shard.take_events()[0]
+        out += self.shard.commit_now(0.0)
         frames = []
         for event in out:
             if type(event) is r.ReplicaFrame:
