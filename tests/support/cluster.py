@@ -1,17 +1,34 @@
 """A Warren cluster for end-to-end tests: a real etcd (tests/support/etcd.py) and
 real `warren serve` nodes joined to it, each on free loopback ports with its
 own data directory. Nodes stop, start again on the same data, or die by
-kill -9; etcd stops and starts the same way."""
+kill -9; etcd stops and starts the same way. A replica group's keys are read
+from etcd as they are (Cluster.group)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+
+from warren.gateway.cluster import layout
 
 from .broker import RunningBroker, free_port
 from .etcd import EtcdServer, etcd_or_skip
+
+PREFIX = "/test"  # the nodes' --cluster-prefix
+
+
+@dataclass(frozen=True)
+class Group:
+    """A replica group's keys in etcd."""
+
+    leader: str | None  # None during an election
+    epoch: int  # the leader key's create revision
+    in_sync: list[str]
+    in_sync_revision: int  # the in-sync key's last write
 
 
 class Node(RunningBroker):
@@ -27,7 +44,7 @@ class Node(RunningBroker):
                          extra_args=["--cluster", endpoint, "--node-name", name,
                                      "--cluster-port", str(self.link_port),
                                      "--cluster-lease-ttl", str(lease_ttl),
-                                     "--cluster-prefix", "/test",
+                                     "--cluster-prefix", PREFIX,
                                      # guest logs in over a namespace's link too
                                      *(["--loopback-users", ""] if host != "127.0.0.1" else []),
                                      *(extra or [])])
@@ -36,7 +53,7 @@ class Node(RunningBroker):
         """The management API's JSON answer (None for an empty one)."""
         request = urllib.request.Request(self.http_url + "/api/" + path, method=method,
                                          data=None if body is None else json.dumps(body).encode())
-        request.add_header("Authorization", "Basic " + _base64(user))
+        request.add_header("Authorization", "Basic " + base64.b64encode(user.encode()).decode())
         request.add_header("Content-Type", "application/json")
         with urllib.request.urlopen(request, timeout=10) as answer:
             text = answer.read()
@@ -87,6 +104,21 @@ class Cluster:
     def __enter__(self) -> "Cluster":
         return self.start()
 
+    def group(self, queue: str, vhost: str = "/") -> Group:
+        """A replica group as etcd holds it now."""
+        keys = layout.Layout(PREFIX)
+        leader = self._get(keys.group_leader(vhost, queue))
+        in_sync = self._get(keys.group_isr(vhost, queue))
+        return Group(None if leader is None else layout.decode_leader(leader["value"]).node,
+                     0 if leader is None else int(leader["create_revision"]),
+                     [] if in_sync is None else layout.decode_in_sync(in_sync["value"]).nodes,
+                     0 if in_sync is None else int(in_sync["mod_revision"]))
+
+    def _get(self, key: bytes) -> dict | None:
+        """A key's value (decoded) and revisions in etcd, None if there is no such key."""
+        kvs = self.etcd.call("/v3/kv/range", {"key": base64.b64encode(key).decode()}).get("kvs")
+        return {**kvs[0], "value": base64.b64decode(kvs[0]["value"])} if kvs else None
+
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
@@ -104,8 +136,3 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
             last_error = error
         time.sleep(interval)
     raise AssertionError(f"{what}: not within {timeout} s (last error: {last_error!r})")
-
-
-def _base64(text: str) -> str:
-    import base64
-    return base64.b64encode(text.encode()).decode()
