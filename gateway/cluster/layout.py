@@ -38,12 +38,15 @@ from ..broker.exchange import arguments_key
 
 class QueueRecord(msgspec.Struct, array_like=True, tag=7):
     """A queue as etcd holds it: its definition with the shard of its home node,
-    that node, and the owner of an exclusive queue (a connection of `owner_node`)."""
+    that node, the owner of an exclusive queue (a connection of `owner_node`), and
+    a replicated quorum queue's members (its first is the home node; empty for
+    any other queue)."""
 
     definition: QueueDef
     node: str
     owner: int = 0
     owner_node: str = ""
+    members: list[str] = []
 
 
 class NodeInfo(msgspec.Struct):
@@ -170,6 +173,14 @@ def encode(record) -> bytes:
 
 def decode(value: bytes):
     return _decoder.decode(value)
+
+
+def encode_node(info: NodeInfo) -> bytes:
+    return msgspec.json.encode(info)
+
+
+def decode_node(value: bytes) -> NodeInfo:
+    return msgspec.json.decode(value, type=NodeInfo)
 
 
 def encode_group(value: Leader | InSync) -> bytes:

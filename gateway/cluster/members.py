@@ -103,3 +103,12 @@ class Members:
     def shards_on(self, node: str) -> int:
         info = self.known.get(node)
         return info.shards if info is not None else self.local_shards
+
+
+def group_members(first: str, size: int, running, known, replicas: dict[str, int]) -> list[str]:
+    """A new replicated queue's members: `first` (placed as any queue's home),
+    then the running nodes with the fewest replicas (`replicas`: node -> the
+    groups it is a member of), ties by name; `size` capped at the nodes known."""
+    others = sorted((n for n in running if n != first), key=lambda n: (replicas.get(n, 0), n))
+    return [first, *others][:max(1, min(size, len(known)))]
+

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import socket
 import ssl
 import time
 from typing import Callable
-
-import msgspec
 
 from warren.shards import records as r
 from warren.storage.metastore import MetaStore
@@ -31,8 +28,10 @@ from ..errors import AMQPError
 from ..values import QueueMeta, placement
 from . import layout as lay
 from .etcd import Compare, Etcd, EtcdError, EtcdUnavailable, KeyValue, Lease, Op
+from .joining import ClusterError, shared_secret, take_number
 from .members import Members
 from .peers import Peers, view_of
+from .quorum import Replicas
 from .relay import Relay
 from .sync import CatalogueSync
 from .wire import Identity
@@ -44,10 +43,6 @@ SEEN_WAIT = 2.0  # seconds a change waits for the other nodes to apply it, at mo
 CONFLICT = "conflict"  # a transaction lost to another node's change: run the command again
 
 
-class ClusterError(Exception):
-    """Why this node cannot join its cluster, in one line."""
-
-
 class ClusterNode:
     def __init__(self, gateway, config):
         self.gateway = gateway
@@ -55,8 +50,9 @@ class ClusterNode:
         self.name = config.node_name or f"warren@{socket.gethostname()}"
         self.layout = lay.Layout(config.cluster_prefix)
         self.members = Members(self.name, gateway.shards.count)
+        self.replicas = Replicas(self)
         self.sync = CatalogueSync(self.layout, self.name, self.members.locate,
-                                  self.members.shard_of)
+                                  self.members.shard_of, self.replicas.on_group)
         self.etcd = Etcd(config.cluster)
         self.number = 0
         self.secret = b""
@@ -83,7 +79,7 @@ class ClusterNode:
         deadline = self._loop.time() + START_WAIT
         while True:
             try:
-                self.number = await self._take_number()
+                self.number = await take_number(self.etcd, self.layout, self.name)
                 break
             except (EtcdUnavailable, EtcdError) as error:
                 if self._loop.time() > deadline:
@@ -91,7 +87,7 @@ class ClusterNode:
                                        f"({error}): start etcd or fix --cluster") from None
                 log.warning("waiting for etcd at %s (%s)", ",".join(self.config.cluster), error)
                 await asyncio.sleep(1.0)
-        self.secret = self.config.cluster_secret.encode() or await self._shared_secret()
+        self.secret = self.config.cluster_secret.encode() or await shared_secret(self.etcd, self.layout)
         g = self.gateway
         g.catalogue.qid_base = self.number << 52
         slot = self.config.ring_pairs() - 1
@@ -108,12 +104,12 @@ class ClusterNode:
         self.relay.on_reply = self._reply_here
         link_address = self.config.advertise or f"{self.config.bind}:{self.relay.port}"
         self.peers = Peers(self.members, g.shards.links, Identity(self.name, self.number, g.index),
-                           self.secret, g._on_events, g._shard_lost, g.remote_up,
+                           self.secret, g._on_events, g._shard_lost, self._remote_up,
                            g.down_shards.add, ssl=client_tls)
         g.node_number, g.peers = self.number, self.peers
         nodes, revision = await self.etcd.range(self.layout.nodes)
         for kv in nodes:
-            self.members.joined(_node_info(kv.value))
+            self.members.joined(lay.decode_node(kv.value))
         self.info = lay.NodeInfo(self.name, self.number, link_address, amqp_address,
                                  management, self.members.local_shards, time.time())
         await self._register()
@@ -124,6 +120,8 @@ class ClusterNode:
         if not any(self.layout.kind_of(k) == "vhost" for k in self.sync.values):
             self._defaults()
             await self._flush()
+        g.dispatcher.replication = self.replicas.from_shard
+        await self.replicas.start(self._lease.id)
         self._watches.append(self.etcd.watch(self.layout.nodes, revision + 1,
                                              self._nodes_changed, self._watch_failed,
                                              self._nodes_compacted))
@@ -135,6 +133,7 @@ class ClusterNode:
                  self.number, ",".join(self.config.cluster), len(self.members.running))
 
     async def stop(self) -> None:
+        await self.replicas.stop()
         for watch in self._watches:
             await watch.cancel()
         if self._committing or self.sync.pending():
@@ -159,43 +158,15 @@ class ClusterNode:
     def shard_started(self, link) -> None:
         slot = self.config.ring_pairs() - 1
         self.relay.shard_restarted(link.index, link.rings_for(slot))
+        self.replicas.shard_started(link)
 
     def shard_lost(self, link) -> None:
         self.relay.shard_lost(link.index)
 
-    async def _take_number(self) -> int:
-        """This node's number (1..63), kept in etcd for ever: ids of its clients'
-        channels carry it over the inter-node link."""
-        key = self.layout.number(self.name)
-        while True:
-            kv = await self.etcd.get(key)
-            if kv is not None:
-                return int(kv.value)
-            counter = await self.etcd.get(self.layout.next_number)
-            number = int(counter.value) if counter is not None else 1
-            if number >= 64:
-                raise ClusterError("a cluster has at most 63 nodes")
-            result = await self.etcd.txn(
-                [Compare.create_revision(key, "=", 0),
-                 Compare.mod_revision(self.layout.next_number, "=",
-                                      counter.mod_revision if counter else 0)],
-                [Op.put(key, str(number).encode()),
-                 Op.put(self.layout.next_number, str(number + 1).encode())])
-            if result.succeeded:
-                return number
-
-    async def _shared_secret(self) -> bytes:
-        """The inter-node link's secret, made by the first node (never logged)."""
-        made = secrets.token_hex(32).encode()
-        await self.etcd.txn([Compare.create_revision(self.layout.secret, "=", 0)],
-                            [Op.put(self.layout.secret, made)])
-        kv = await self.etcd.get(self.layout.secret)
-        return kv.value
-
     async def _register(self) -> None:
         self._lease = await Lease.grant(self.etcd, self.config.cluster_lease_ttl,
                                         self._lease_lost)
-        await self.etcd.put(self.layout.node(self.name), _encode_info(self.info),
+        await self.etcd.put(self.layout.node(self.name), lay.encode_node(self.info),
                             lease=self._lease.id)
         self.members.joined(self.info)
 
@@ -203,6 +174,7 @@ class ClusterNode:
         """etcd has (or may have) dropped this node: register again when it answers."""
         log.error("lost this node's registration in etcd; registering again")
         self._lease = None
+        self.replicas.lease_lost()
         self._unavailable()
         self._spawn(self._register_again())
 
@@ -210,6 +182,7 @@ class ClusterNode:
         while True:
             try:
                 await self._register()
+                self.replicas.lease_granted(self._lease.id)
                 return
             except (EtcdUnavailable, EtcdError):
                 await asyncio.sleep(1.0)
@@ -264,8 +237,13 @@ class ClusterNode:
                 [Op.put(key, lay.encode(record)) for key, record in txn.puts.items()]
                 + [Op.delete(key) for key in txn.deletes])
             if result.succeeded:
+                gone = self.sync.groups_at(txn.deletes)
                 self.sync.committed(txn, result.revision)
                 await self._created_in_shards(txn)
+                self.replicas.deleted(gone)
+                await self.replicas.created([record for record in txn.puts.values()
+                                             if type(record) is lay.QueueRecord
+                                             and record.members])
                 await self._seen_everywhere(result.revision)
             else:
                 outcome = CONFLICT
@@ -378,7 +356,7 @@ class ClusterNode:
     async def _nodes_compacted(self, revision: int) -> int:
         """The watch on the nodes missed what etcd compacted: read them again."""
         nodes, now = await self.etcd.range(self.layout.nodes)
-        running = {info.name: info for info in map(_node_info, (kv.value for kv in nodes))}
+        running = {info.name: info for info in map(lay.decode_node, (kv.value for kv in nodes))}
         for name in [n for n in self.members.running if n not in running]:
             self._nodes_changed([_Gone(self.layout.node(name))], now)
         for info in running.values():
@@ -434,7 +412,9 @@ class ClusterNode:
                 return
             existing = vhost.queues.get(d.spec.name)
             if existing is not None:
-                if existing.qid == d.qid and existing.shard == d.shard:
+                # (a replicated queue's route is its leader's, not its home's)
+                if existing.qid == d.qid and (existing.shard == d.shard
+                                              or d.qid in self.sync.groups):
                     return
                 catalogue.forget_queue(existing)
             c.apply(catalogue, g.access, g.registry.owner_of, change)
@@ -442,6 +422,7 @@ class ClusterNode:
             if d.spec.stored and d.shard < self.members.local_shards:
                 catalogue.meta.put_queue(d)
             self._adopt_links()
+            self.replicas.route(d.qid)
             return
         if kind is c.QueueForgotten:
             meta = catalogue.queues_by_qid.get(change.qid)
@@ -512,10 +493,11 @@ class ClusterNode:
                     self._loop.call_later(self.config.cluster_lease_ttl, self._still_down,
                                           name)
             else:
-                info = _node_info(event.kv.value)
+                info = lay.decode_node(event.kv.value)
                 if self.members.joined(info) and info.name != self.name:
                     log.info("node %s is up", info.name)
                     self._adopt_links()
+        self.replicas.nodes_changed()
 
     def _still_down(self, name: str) -> None:
         peer = self.peers.connections.get(name)
@@ -580,10 +562,16 @@ class ClusterNode:
             "x-queue-leader-locator") or arguments.get(
             "x-queue-master-locator") or self.config.queue_leader_locator
         node = self.members.place(spec_.vhost, spec_.name, locator, self.homes())
+        if spec_.queue_type == "quorum":
+            self.replicas.place(spec_, node)
         shard = placement(spec_.vhost, spec_.name, self.members.shards_on(node))
         index = self.members.shard_of(node, shard)
         self._adopt_links()
         return index
+
+    def _remote_up(self, link) -> None:
+        self.gateway.remote_up(link)
+        self.replicas.link_up(link)
 
     def node_of(self, meta: QueueMeta) -> str:
         return self.members.locate(meta.shard)[0]
@@ -606,12 +594,3 @@ class _Gone:
 
     def __init__(self, key: bytes):
         self.kv = KeyValue(key)
-
-
-def _encode_info(info: lay.NodeInfo) -> bytes:
-    return msgspec.json.encode(info)
-
-
-def _node_info(value: bytes) -> lay.NodeInfo:
-    return msgspec.json.decode(value, type=lay.NodeInfo)
-

@@ -40,12 +40,14 @@ from warren.shards.records import (
     DeleteQueue,
     GatewayLost,
     Get,
+    InSyncWritten,
     Progress,
     PublishCost,
     PurgeQueue,
     QueueInfo,
     QueueStatus,
     ReleaseHolders,
+    ReplicaRole,
     RingPair,
     Stop,
     Sync,
@@ -60,7 +62,8 @@ log = logging.getLogger("warren.cluster")
 
 _REQUESTS = frozenset((CreateQueue, QueueStatus, DeleteQueue, PurgeQueue, Consume, Cancel, Get,
                        QueueInfo, Sync))
-_SUPERVISORS = frozenset((Stop, GatewayLost))  # the root's own to send, never a peer's
+# the root's own to send, never a peer's
+_SUPERVISORS = frozenset((Stop, GatewayLost, ReplicaRole, InSyncWritten))
 
 
 class Relay:

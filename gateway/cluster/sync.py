@@ -39,7 +39,8 @@ class CatalogueSync:
     local shard index (a shard of this node or a link to another's);
     `shard_of(node, shard)` the other way."""
 
-    def __init__(self, layout: Layout, node: str, locate, shard_of):
+    def __init__(self, layout: Layout, node: str, locate, shard_of,
+                 on_group=lambda record, present: None):
         self.layout = layout
         self.node = node
         self.locate = locate
@@ -47,6 +48,11 @@ class CatalogueSync:
         self.revisions: dict[bytes, int] = {}  # key -> mod revision last seen
         self.values: dict[bytes, object] = {}  # key -> record last seen (etcd's view)
         self.queue_keys: dict[int, bytes] = {}  # qid -> its key, for QueueForgotten
+        # Replicated quorum queues: qid -> their record (etcd's, or this node's new
+        # one); on_group(record, present) hears each one come and go.
+        self.groups: dict[int, QueueRecord] = {}
+        self.placed: dict[tuple[str, str], list[str]] = {}  # a new queue's members, by name
+        self.on_group = on_group
         self.revision = 0  # etcd's revision this view is at
         # Connections of other nodes owning exclusive queues: id here -> (id there, node)
         self.foreign: dict[int, tuple[int, str]] = {}
@@ -104,9 +110,22 @@ class CatalogueSync:
 
     def _queue_record(self, put: c.QueuePut) -> QueueRecord:
         d = put.definition
+        group = self.groups.get(d.qid)
+        if group is not None:  # its home stays where placement put it, wherever it leads
+            return group
         node, shard = self.locate(d.shard)
         owner, owner_node = (0, "") if not put.owner else self.owner_in_cluster(put.owner)
-        return QueueRecord(QueueDef(d.spec, d.qid, shard), node, owner, owner_node)
+        members = self.placed.pop((d.spec.vhost, d.spec.name), [])
+        record = QueueRecord(QueueDef(d.spec, d.qid, shard), node, owner, owner_node, members)
+        if members:
+            self.groups[d.qid] = record
+        return record
+
+    def groups_at(self, keys: list[bytes]) -> list[QueueRecord]:
+        """The replicated queues' records among these keys'."""
+        records = (self.values.get(key) for key in keys)
+        return [record for record in records
+                if type(record) is QueueRecord and record.definition.qid in self.groups]
 
     def owner_in_cluster(self, owner: int) -> tuple[int, str]:
         """An exclusive queue's owner id here, as etcd names it: (id on its node,
@@ -138,12 +157,17 @@ class CatalogueSync:
         self.revisions[key] = revision
         if type(record) is QueueRecord:
             self.queue_keys[record.definition.qid] = key
+            if record.members:
+                self.groups[record.definition.qid] = record
+                self.on_group(record, True)
 
     def _gone(self, key: bytes) -> None:
         record = self.values.pop(key, None)
         self.revisions.pop(key, None)
         if type(record) is QueueRecord:
             self.queue_keys.pop(record.definition.qid, None)
+            if self.groups.pop(record.definition.qid, None) is not None:
+                self.on_group(record, False)
 
     def _removal(self, key: bytes, previous):
         if type(previous) is QueueRecord:
@@ -186,12 +210,16 @@ class CatalogueSync:
         self.values.clear()
         self.revisions.clear()
         self.queue_keys.clear()
+        groups, self.groups = self.groups, {}
         self.revision = revision
         seen: dict[bytes, object] = {}
         for key, value, mod_revision in kvs:
             record = decode(value)
             self._saw(key, record, mod_revision)
             seen[key] = record
+        for qid, record in groups.items():
+            if qid not in self.groups:
+                self.on_group(record, False)
         puts, removals = [], []
         for key, record in seen.items():
             if local.get(key) != record:

@@ -31,6 +31,9 @@ class Dispatcher:
         self.catalogue = catalogue
         self.alarms = alarms
         self.publish = publish
+        # in a cluster's root: (link, event) for a replicated queue's frames and
+        # in-sync proposals (cluster/quorum.py)
+        self.replication: Callable | None = None
 
     def dispatch(self, link: ShardLink, events: list) -> None:
         """Hand a shard's events to their channels. A failure while handling one
@@ -82,6 +85,9 @@ class Dispatcher:
                     channel = holders.get(event.holder)
                     if channel is not None:
                         channel.consumer_timed_out(event)
+                elif kind is r.ReplicaFrame or kind is r.InSyncProposal:
+                    if self.replication is not None:
+                        self.replication(link, event)
             except Exception as error:
                 if channel is not None:
                     channel.conn.fail(error)

@@ -138,6 +138,11 @@ class Management:
         cluster = self.gateway.cluster
         return cluster.node_of(meta) if cluster is not None else shapes.NODE
 
+    def replica_group(self, meta) -> dict | None:
+        """A replicated quorum queue's leader, members and online members."""
+        cluster = self.gateway.cluster
+        return cluster.replicas.shown(meta.qid) if cluster is not None else None
+
     def cluster_name(self) -> str:
         return self.gateway.catalogue.meta.cluster_name() or shapes.NODE
 

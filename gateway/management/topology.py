@@ -109,6 +109,10 @@ def _queue(management, meta, figure: dict | None) -> dict:
         "exclusive_consumer_tag": None,
         "message_stats": shapes.message_stats([figure]) if figure else {},
     }
+    group = management.replica_group(meta)
+    if group is not None:  # a replicated quorum queue: it is where its leader is
+        shown.update(group)
+        shown["node"] = group["leader"]
     if meta.spec.queue_type == "stream":  # its log's segments and their bytes on disk
         shown["segments"] = figure.get("segments", 0)
         shown["disk_bytes"] = figure.get("disk_bytes", 0)

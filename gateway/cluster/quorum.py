@@ -1,0 +1,276 @@
+"""Replicated quorum queues in the root: the shell between the elections
+(election.py), the catalogue's queue records and this node's shards.
+
+A quorum queue declared with more than one member is a replica group. Every
+member node's root declares it to its own shard (the same qid, on the shard
+its name places it on there), joins its election and tells that shard each
+role the election gives it (ReplicaRole). The shards' frames for one another
+go over the inter-node link as commands to the other node's shard (in order:
+one connection per node pair carries them), and a leader's wish for its
+in-sync set is written to etcd fenced by its epoch, one write at a time per
+group. Clients follow the leader: the queue's route here (QueueMeta.shard) is
+its leader's shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from warren.shards import records as r
+from warren.storage.metastore import QueueDef
+
+from ..broker import changes as c
+from ..values import placement
+from . import groups as g
+from .election import Elections
+from .layout import QueueRecord
+from .members import group_members
+
+log = logging.getLogger("warren")
+
+DEFAULT_SIZE = 3  # members of a quorum queue without x-quorum-initial-group-size
+LEADER_WAIT = 5.0  # seconds a declaration waits for its new group's first leader, at most
+
+
+class Replicas:
+    """The replica groups as node `node` (a ClusterNode) takes part in them."""
+
+    def __init__(self, node):
+        self.node = node
+        self.elections: Elections | None = None
+        self.names: dict[tuple[str, str], int] = {}  # (vhost, name) -> qid
+        self.roles: dict[int, tuple[int, int]] = {}  # qid -> (ROLE_*, epoch) told our shard
+        self._locks: dict[int, asyncio.Lock] = {}  # one in-sync write at a time per group
+        self._led: dict[int, list[asyncio.Future]] = {}  # qid -> who waits for a leader
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def groups(self) -> dict[int, QueueRecord]:
+        return self.node.sync.groups
+
+    # -- start and stop ------------------------------------------------------------
+
+    async def start(self, lease: int) -> None:
+        """Once registered and the catalogue loaded: join the groups naming this node."""
+        node = self.node
+        self.elections = Elections(node.etcd, node.layout, node.name, lease,
+                                   lambda: node.members.running, self._role)
+        await self.elections.start()
+        for record in list(self.groups.values()):
+            if node.name in record.members:
+                self.elections.join(*_group(record), record.members)
+
+    async def stop(self) -> None:
+        if self.elections is not None:
+            await self.elections.stop()
+        for task in list(self._tasks):
+            task.cancel()
+
+    # -- placement -----------------------------------------------------------------
+
+    def place(self, spec, first: str) -> None:
+        """A new quorum queue homed on `first`: its members, for its record."""
+        members = self.node.members
+        replicas: dict[str, int] = {}
+        for record in self.groups.values():
+            for name in record.members:
+                replicas[name] = replicas.get(name, 0) + 1
+        size = spec.arguments.get("x-quorum-initial-group-size", DEFAULT_SIZE)
+        chosen = group_members(first, size, members.running, members.known, replicas)
+        if len(chosen) > 1:
+            self.node.sync.placed[(spec.vhost, spec.name)] = chosen
+
+    def index_on(self, record: QueueRecord, node: str) -> int:
+        """The index here of the queue's shard on member `node`."""
+        spec = record.definition.spec
+        members = self.node.members
+        index = members.shard_of(node, placement(spec.vhost, spec.name,
+                                                 members.shards_on(node)))
+        if index >= len(self.node.gateway.shards.links):
+            self.node._adopt_links()
+        return index
+
+    # -- the groups' records --------------------------------------------------------
+
+    def on_group(self, record: QueueRecord, present: bool) -> None:
+        """A replicated queue's record came (present) or went (deleted)."""
+        qid = record.definition.qid
+        group = _group(record)
+        mine = self.node.name in record.members
+        if not present:
+            self.names.pop(group, None)
+            self.roles.pop(qid, None)
+            if mine:
+                self._local_link(record).send(r.DeleteQueue(0, qid, False, False))
+                if self.elections is not None:
+                    self.elections.leave(*group)
+            return
+        if self.names.get(group) == qid:
+            return
+        self.names[group] = qid
+        if mine:
+            self._declare(record)
+            if self.elections is not None:
+                self.elections.join(*group, record.members)
+        self.route(qid)
+
+    def _declare(self, record: QueueRecord) -> None:
+        d = record.definition
+        self._local_link(record).send(r.CreateQueue(0, d.qid, d.spec, d.spec.arguments))
+
+    def _local_link(self, record: QueueRecord):
+        return self.node.gateway.shards[self.index_on(record, self.node.name)]
+
+    async def created(self, records: list[QueueRecord]) -> None:
+        """This node declared these groups (their records are in etcd): their
+        keys made, and (bounded) until each has a leader, as RabbitMQ answers a
+        declaration once the queue runs."""
+        if self.elections is None:
+            return
+        waits = []
+        for record in records:
+            await self.elections.create_group(*_group(record), record.members)
+            qid = record.definition.qid
+            if not self._leader(record):
+                done = asyncio.get_running_loop().create_future()
+                self._led.setdefault(qid, []).append(done)
+                waits.append(done)
+        if waits:
+            await asyncio.wait(waits, timeout=LEADER_WAIT)
+
+    def deleted(self, records: list[QueueRecord]) -> None:
+        """This node deleted these groups' queues: their keys go."""
+        if self.elections is not None:
+            for record in records:
+                self._spawn(self.elections.delete_group(*_group(record)))
+
+    # -- roles and routes -------------------------------------------------------------
+
+    def _leader(self, record: QueueRecord) -> str:
+        view = self.elections.views.get(_group(record)) if self.elections else None
+        return view.leader if view is not None else ""
+
+    def route(self, qid: int) -> None:
+        """The queue's route here: its leader's shard (kept while it has none: the
+        old leader's node, if down, refuses what is sent to it)."""
+        record = self.groups.get(qid)
+        meta = self.node.gateway.catalogue.queues_by_qid.get(qid)
+        if record is None or meta is None:
+            return
+        leader = self._leader(record)
+        if leader:
+            shard = self.index_on(record, leader)
+            if shard != meta.shard:
+                meta.shard = shard
+                gateway = self.node.gateway
+                gateway.epoch += 1  # the routes channels remember are stale
+                if gateway.followers is not None:  # the other gateway processes' too
+                    gateway.followers.add(c.QueuePut(QueueDef(meta.spec, qid, shard), 0))
+            for done in self._led.pop(qid, ()):
+                if not done.done():
+                    done.set_result(None)
+
+    def shown(self, qid: int) -> dict | None:
+        """For the management API, as RabbitMQ shows a quorum queue (None for any
+        other queue): its leader (None while it has none), its members and those
+        whose node runs."""
+        record = self.groups.get(qid)
+        if record is None:
+            return None
+        running = self.node.members.running
+        return {"leader": self._leader(record) or None, "members": list(record.members),
+                "online": [name for name in record.members if name in running]}
+
+    def _role(self, vhost: str, name: str, role: g.Role) -> None:
+        """The elections: this node's role in a group changed."""
+        qid = self.names.get((vhost, name))
+        record = self.groups.get(qid) if qid is not None else None
+        if record is None:
+            return
+        kind = type(role)
+        if kind is g.Leading:
+            told = (r.ROLE_LEADER, role.epoch)
+        elif kind is g.Following or kind is g.Deposed:
+            # (deposed: a follower of its own epoch until it hears of the next)
+            told = (r.ROLE_FOLLOWER, role.epoch)
+        else:
+            told = None
+        if told is not None:
+            self.roles[qid] = told
+            self._tell(record, *told)
+        self.route(qid)
+
+    def _tell(self, record: QueueRecord, role: int, epoch: int) -> None:
+        view = self.elections.views.get(_group(record)) if self.elections else None
+        in_sync = list(view.in_sync or ()) if view is not None else []
+        self._local_link(record).send(r.ReplicaRole(record.definition.qid, role, epoch,
+                                                    list(record.members), in_sync,
+                                                    self.node.name))
+
+    def link_up(self, link) -> None:
+        """A link to another node's shard is back: the followers of its groups
+        there say hello again."""
+        node = getattr(link, "node", None)
+        for qid, (role, epoch) in list(self.roles.items()):
+            record = self.groups.get(qid)
+            if role == r.ROLE_FOLLOWER and record is not None and self._leader(record) == node \
+                    and self.index_on(record, node) == link.index:
+                self._tell(record, role, epoch)
+
+    def shard_started(self, link) -> None:
+        """One of this node's shards runs again: its groups declared and told again."""
+        for qid, record in list(self.groups.items()):
+            if self.node.name in record.members and \
+                    self.index_on(record, self.node.name) == link.index:
+                self._declare(record)
+                if qid in self.roles:
+                    self._tell(record, *self.roles[qid])
+
+    # -- what the shards send ------------------------------------------------------------
+
+    def from_shard(self, link, event) -> None:
+        """A ReplicaFrame (to another member's shard) or an InSyncProposal."""
+        record = self.groups.get(event.qid)
+        if record is None:
+            return
+        if type(event) is r.ReplicaFrame:
+            if event.node in record.members and event.node != self.node.name:
+                self.node.gateway.shards[self.index_on(record, event.node)].send(
+                    r.ReplicaFrame(event.qid, self.node.name, event.payload))
+        elif type(event) is r.InSyncProposal:
+            self._spawn(self._write_in_sync(link, record, event))
+
+    async def _write_in_sync(self, link, record: QueueRecord, event) -> None:
+        group = _group(record)
+        async with self._locks.setdefault(event.qid, asyncio.Lock()):
+            view = self.elections.views.get(group) if self.elections else None
+            ok = view is not None and view.role == g.Leading(event.epoch) and \
+                await self.elections.set_in_sync(*group, event.nodes)
+            view = self.elections.views.get(group) if self.elections else None
+            nodes = list(view.in_sync or ()) if view is not None else []
+        link.send(r.InSyncWritten(event.qid, event.epoch, nodes, ok))
+
+    # -- the node's news ------------------------------------------------------------------
+
+    def nodes_changed(self) -> None:
+        if self.elections is not None:
+            self.elections.nodes_changed()
+
+    def lease_lost(self) -> None:
+        if self.elections is not None:
+            self.elections.lease_lost()
+
+    def lease_granted(self, lease: int) -> None:
+        if self.elections is not None:
+            self.elections.lease_granted(lease)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _group(record: QueueRecord) -> tuple[str, str]:
+    spec = record.definition.spec
+    return spec.vhost, spec.name
