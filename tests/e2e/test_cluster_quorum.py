@@ -1,0 +1,138 @@
+"""Replicated quorum queues on a three-node cluster (issue 55): declared
+through one node they have three members, any node serves them through their
+leader, and killing the leader's node (kill -9) loses no confirmed message:
+another member leads within seconds and the old one rejoins as a follower."""
+
+from __future__ import annotations
+
+import base64
+
+import pika
+import pytest
+
+from warren.gateway.cluster import layout
+
+from ..support.cluster import Cluster, wait_for
+
+pytestmark = [pytest.mark.run_once, pytest.mark.slow]
+
+QUORUM = {"x-queue-type": "quorum"}
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+COUNT = 500
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with Cluster(tmp_path, gateways=2) as running:
+        yield running
+    for node in running.nodes:
+        if node.process is not None and node.process.poll() is None:
+            assert "Traceback" not in node.log_text(), node.log_text()
+
+
+def connect(node) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", node.port, credentials=pika.PlainCredentials("guest", "guest"),
+        connection_attempts=1))
+
+
+def publish(node, queue: str, bodies) -> None:
+    """Persistent messages with confirms: every one of them confirmed (pika
+    raises on a nack)."""
+    connection = connect(node)
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for body in bodies:
+            channel.basic_publish("", queue, body, PERSISTENT, mandatory=True)
+    finally:
+        connection.close()
+
+
+def consume_all(node, queue: str, expected: set[bytes], timeout: float = 20.0) -> set[bytes]:
+    """Consume until every body of `expected` came (duplicates allowed), acking."""
+    connection = connect(node)
+    got: set[bytes] = set()
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=200)
+        for method, _, body in channel.consume(queue, inactivity_timeout=timeout):
+            if method is None:
+                break
+            got.add(body)
+            channel.basic_ack(method.delivery_tag)
+            if expected <= got:
+                break
+        channel.cancel()
+    finally:
+        connection.close()
+    return got
+
+
+def shown(node, queue: str) -> dict:
+    return node.api(f"queues/%2F/{queue}")
+
+
+def group(cluster, queue: str) -> tuple[str | None, list[str]]:
+    """The group's leader (None during an election) and in-sync members, as etcd
+    holds them."""
+    keys = layout.Layout("/test")  # the Cluster's nodes' prefix
+
+    def value(key: bytes) -> bytes | None:
+        kvs = cluster.etcd.call("/v3/kv/range", {"key": base64.b64encode(key).decode()})
+        return base64.b64decode(kvs["kvs"][0]["value"]) if kvs.get("kvs") else None
+
+    leader, in_sync = value(keys.group_leader("/", queue)), value(keys.group_isr("/", queue))
+    return (None if leader is None else layout.decode_leader(leader).node,
+            [] if in_sync is None else layout.decode_in_sync(in_sync).nodes)
+
+
+def test_replicated_queue_survives_its_leaders_nodes(cluster):
+    n1, n2, n3 = cluster.nodes
+    connection = connect(n1)
+    connection.channel().queue_declare("rq", durable=True, arguments=QUORUM)
+    connection.close()
+    leader, in_sync = wait_for(lambda: (found := group(cluster, "rq"))[0] and found, 10,
+                               "a leader")
+    assert sorted(in_sync) == ["n1", "n2", "n3"]
+    for node in cluster.nodes:
+        wait_for(lambda node=node: shown(node, "rq")["leader"] == leader, 10,
+                 f"{node.name} shows the leader")
+        info = shown(node, "rq")
+        assert info["type"] == "quorum"
+        assert sorted(info["members"]) == ["n1", "n2", "n3"]
+        assert sorted(info["online"]) == ["n1", "n2", "n3"]
+        assert info["node"] == leader
+
+    by_name = {node.name: node for node in cluster.nodes}
+    other = next(node for node in cluster.nodes if node.name != leader)
+    first = {f"m{i}".encode() for i in range(COUNT)}
+    publish(other, "rq", sorted(first))
+
+    # The leader's node dies: another member leads, with every confirmed message.
+    by_name[leader].kill()
+    survivors = [node for node in cluster.nodes if node.name != leader]
+    second, _ = wait_for(lambda: (found := group(cluster, "rq"))[0] not in (None, leader)
+                         and found, 15, "a new leader")
+    assert second in {node.name for node in survivors}
+    through = survivors[0]
+    wait_for(lambda: shown(through, "rq")["leader"] == second, 10, "the route moved")
+    publish(through, "rq", [b"after"])
+    assert first | {b"after"} <= consume_all(through, "rq", first | {b"after"})
+
+    # The old leader comes back as a follower; then the new leader's node dies too.
+    more = {f"k{i}".encode() for i in range(100)}
+    publish(through, "rq", sorted(more))
+    by_name[leader].start()
+    wait_for(lambda: sorted(shown(through, "rq")["online"]) == ["n1", "n2", "n3"], 20,
+             "the old leader online again")
+    wait_for(lambda: sorted(group(cluster, "rq")[1]) == ["n1", "n2", "n3"], 20,
+             "the old leader in sync again")
+    assert group(cluster, "rq")[0] == second
+    by_name[second].kill()
+    last = next(node for node in cluster.nodes if node.name not in (second,))
+    third = wait_for(lambda: group(cluster, "rq")[0] not in (None, second)
+                     and group(cluster, "rq")[0], 15, "a third leader")
+    wait_for(lambda: shown(last, "rq")["leader"] == third, 10,
+             "the route moved again")
+    assert more <= consume_all(last, "rq", more)
