@@ -186,11 +186,16 @@ def run_round(cluster: Cluster, namespace: Namespace | None, fault: str, seed: i
     name = f"{fault}-{seed}"
     described, strike = FAULTS[fault]
     heal(cluster, namespace)
-    # the leader: the namespace's node for a partition, else the seed's pick
-    leader = cluster.nodes[-1] if fault == "partition" else rng.choice(cluster.nodes)
-    declare(leader, name)
-    epoch = wait_for(lambda: (g := cluster.group(name)).leader == leader.name and g.epoch, 15,
-                     f"{leader.name} elected leader of {name}")
+    # declared through the namespace's node for a partition (which it must lead),
+    # else through the seed's pick
+    declarer = cluster.nodes[-1] if fault == "partition" else rng.choice(cluster.nodes)
+    declare(declarer, name)
+    group = wait_for(lambda: (g := cluster.group(name)).leader and g, 15,
+                     f"a leader of {name} elected")
+    leader = next(n for n in cluster.nodes if n.name == group.leader)
+    epoch = group.epoch
+    if fault == "partition":
+        assert leader is declarer, f"{name}, declared through {declarer.name}: {group}"
     followers = [n for n in cluster.nodes if n is not leader]
     rng.shuffle(followers)
     workload = Workload(name, [(n.name, n.host, n.port) for n in followers]).start()

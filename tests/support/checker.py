@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import pika
+import pika.exceptions
 
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
@@ -256,6 +257,16 @@ def drain(host: str, port: int, workload: Workload, timeout: float = 30.0,
     got: list[int] = []
     parameters = pika.ConnectionParameters(host, port, connection_attempts=1,
                                            credentials=pika.PlainCredentials("guest", "guest"))
+    try:
+        return _drain(parameters, workload, got, timeout, quiet)
+    except pika.exceptions.AMQPError as error:
+        raise AssertionError(f"draining {workload.queue} through {host}:{port} failed after "
+                             f"{len(got)} of {len(workload.confirmed)} confirmed: "
+                             f"{error!r}") from error
+
+
+def _drain(parameters, workload: Workload, got: list[int], timeout: float,
+           quiet: float) -> list[int]:
     deadline = time.monotonic() + timeout
     with pika.BlockingConnection(parameters) as connection:
         consumer, counter = connection.channel(), connection.channel()
@@ -299,11 +310,11 @@ class Report:
 
     def row(self, round_name: str, fault: str) -> str:
         failover = "-" if self.failover is None else f"{self.failover:.2f}"
-        return (f"{round_name:<24} {fault:<34} {self.confirmed:>9} {len(self.lost):>5} "
+        return (f"{round_name:<24} {fault:<42} {self.confirmed:>9} {len(self.lost):>5} "
                 f"{self.duplicates:>5} {self.stall:>7.2f} {failover:>8}")
 
 
-HEADER = (f"{'round':<24} {'fault':<34} {'confirmed':>9} {'lost':>5} {'dupes':>5} "
+HEADER = (f"{'round':<24} {'fault':<42} {'confirmed':>9} {'lost':>5} {'dupes':>5} "
           f"{'stall s':>7} {'failover':>8}")
 
 
