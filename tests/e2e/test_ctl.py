@@ -14,12 +14,16 @@ import pytest
 
 from ..support.broker import ROOT, RunningBroker
 
-pytestmark = pytest.mark.slow  # started first: the two workers then finish together
+# Started first: the two workers then finish together. Once, with two gateway
+# processes: the command line speaks to the management API, and what it changes
+# must reach the gateway a client lands on, either one.
+pytestmark = [pytest.mark.slow, pytest.mark.run_once]
 
 
 @pytest.fixture(scope="module")
-def managed(tmp_path_factory, gateway_count):
-    broker = RunningBroker(tmp_path_factory.mktemp("ctl") / "data", management=True).start()
+def managed(tmp_path_factory):
+    broker = RunningBroker(tmp_path_factory.mktemp("ctl") / "data", management=True,
+                           gateways=2).start()
     yield broker
     broker.stop()
 
