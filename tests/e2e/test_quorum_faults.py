@@ -145,17 +145,23 @@ def namespace():
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, namespace, request):
+def cluster(tmp_path_factory, namespace):
     with Cluster(tmp_path_factory.mktemp("faults"), namespace=namespace) as running:
-        running.rows = []
         yield running
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and running.rows:
-        reporter.write_line("")
-        for line in [HEADER, *running.rows]:
-            reporter.write_line(line)
     for node in running.nodes:
         assert "Traceback" not in node.log_text(), node.log_text()
+
+
+@pytest.fixture(scope="module")
+def table(request):
+    """The rounds' rows, printed as one table once the module's rounds are done."""
+    rows: list[str] = []
+    yield rows
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and rows:
+        reporter.write_line("")
+        for line in [HEADER, *rows]:
+            reporter.write_line(line)
 
 
 def heal(cluster: Cluster, namespace: Namespace | None) -> None:
@@ -179,7 +185,8 @@ def declare(node: Node, queue: str) -> None:
         connection.channel().queue_declare(queue, durable=True, arguments=QUORUM)
 
 
-def run_round(cluster: Cluster, namespace: Namespace | None, fault: str, seed: int) -> None:
+def run_round(cluster: Cluster, namespace: Namespace | None, table: list[str], fault: str,
+              seed: int) -> None:
     if fault == "partition" and namespace is None:
         pytest.skip("no network namespace here: the partition round needs one")
     rng = random.Random(seed)
@@ -210,7 +217,7 @@ def run_round(cluster: Cluster, namespace: Namespace | None, fault: str, seed: i
     consumed = drain(followers[0].host, followers[0].port, workload)
     logs = {n.name: n.log_text() for n in cluster.nodes}
     report = check(workload, consumed, fault_at, logs)
-    cluster.rows.append(report.row(name, described))
+    table.append(report.row(name, described))
     print(HEADER, report.row(name, described), sep="\n")
 
     assert report.lost == [], f"{len(report.lost)} confirmed messages lost: {report.lost[:20]}"
@@ -230,11 +237,11 @@ ROUNDS = ["kill", "pause", "partition", "wipe", "etcd"]
 
 @pytest.mark.parametrize("fault,seed", [(f, 55 + i) for i, f in enumerate(ROUNDS)],
                          ids=[f"{f}-seed{55 + i}" for i, f in enumerate(ROUNDS)])
-def test_a_fault_loses_no_confirmed_message(cluster, namespace, fault, seed):
-    run_round(cluster, namespace, fault, seed)
+def test_a_fault_loses_no_confirmed_message(cluster, namespace, table, fault, seed):
+    run_round(cluster, namespace, table, fault, seed)
 
 
 @pytest.mark.soak
 @pytest.mark.parametrize("seed", range(100), ids=[f"seed{s}" for s in range(100)])
-def test_soak_rounds(cluster, namespace, seed):
-    run_round(cluster, namespace, ROUNDS[seed % len(ROUNDS)], seed)
+def test_soak_rounds(cluster, namespace, table, seed):
+    run_round(cluster, namespace, table, ROUNDS[seed % len(ROUNDS)], seed)
