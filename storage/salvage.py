@@ -19,6 +19,7 @@ from . import journal
 from .lmdbfile import BIGDATA, LmdbFile, Unreadable
 from .sealed import Damaged, unseal
 from .shardstore import (
+    Position,
     ShardStore,
     StoredMessage,
     StoredQueue,
@@ -29,7 +30,8 @@ from .shardstore import (
 )
 from .upgrade import MANIFEST_KEY, Manifest, manifest_value
 
-_RECORDS = {b"queues": StoredQueue, b"messages": StoredMessage, b"marks": _Mark, b"delivered": int}
+_RECORDS = {b"queues": StoredQueue, b"messages": StoredMessage, b"marks": _Mark, b"delivered": int,
+            b"replicas": Position}  # a replica salvaged without it would be served as a queue
 
 
 class Salvaged(msgspec.Struct):
@@ -58,7 +60,7 @@ def salvage(source: str, target: str) -> Salvaged:
     done = Salvaged()
     applied = 0
     os.makedirs(target)
-    env = lmdb.open(target, subdir=True, max_dbs=5,
+    env = lmdb.open(target, subdir=True, max_dbs=len(_RECORDS) + 1,
                     map_size=2 * _size(os.path.join(source, "data.mdb")) + (64 << 20))
     try:
         with env.begin(write=True) as txn:
@@ -94,7 +96,7 @@ def salvage(source: str, target: str) -> Salvaged:
 
 
 def _messages(path: str) -> dict[int, int]:
-    env = lmdb.open(path, readonly=True, subdir=True, max_dbs=5)
+    env = lmdb.open(path, readonly=True, subdir=True, max_dbs=len(_RECORDS) + 1)
     try:
         found: dict[int, int] = {}
         with env.begin() as txn:
@@ -146,7 +148,7 @@ def readable(file: LmdbFile, done: Salvaged) -> Iterator[tuple[bytes, bytes, byt
             if value is None or flags & ~BIGDATA:
                 continue
             for name in (b"messages", b"marks") if len(key) == 16 else (
-                    (b"queues", b"delivered") if len(key) == 8 else ()):
+                    (b"queues", b"delivered", b"replicas") if len(key) == 8 else ()):
                 if _reads(decoders[name], value):
                     yield name, key, value
                     break

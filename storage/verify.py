@@ -27,12 +27,13 @@ from .lmdbfile import LmdbFile, Unreadable
 from .metastore import _KINDS
 from .salvage import readable_messages
 from .sealed import Damaged, unseal
-from .shardstore import StoredMessage, StoredQueue, _Mark, journal_path, manifest_of
+from .shardstore import Position, StoredMessage, StoredQueue, _Mark, journal_path, manifest_of
 from .upgrade import FORMAT, Manifest, found_format
 
 SHARD_DBS = {b"manifest": Manifest, b"queues": StoredQueue, b"messages": StoredMessage,
-             b"marks": _Mark, b"delivered": int}
-OPTIONAL_DBS = {"delivered"}  # created when a shard first opens a store written before it
+             b"marks": _Mark, b"delivered": int, b"replicas": Position}
+# Created when a shard first opens a store written before them.
+OPTIONAL_DBS = {"delivered", "replicas"}
 META_DBS = {b"manifest": Manifest, **{kind.encode(): struct for kind, struct in _KINDS.items()},
             b"counters": None}
 
