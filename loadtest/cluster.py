@@ -51,7 +51,7 @@ PLACEMENTS = [("1->2", 0, 1), ("1->1", 0, 0)]
 
 
 def command(path: str, publisher_url: str, consumer_url: str, scenario: str, seconds: float,
-            pids: list[int], rate: float = 0.0) -> list[str]:
+            pids: list[int], rate: float = 0.0, queue_type: str = "") -> list[str]:
     """amqp-perf's command line for the bench's scenario `scenario`, its consumers on
     `consumer_url` when that is not the publishers' URL."""
     argv = [path, "--url", publisher_url]
@@ -63,6 +63,8 @@ def command(path: str, publisher_url: str, consumer_url: str, scenario: str, sec
         argv += ["--pid", ",".join(str(pid) for pid in pids)]
     if rate:
         argv += ["--rate", f"{rate:g}"]
+    if queue_type:
+        argv += ["--queue-type", queue_type]
     return argv
 
 
@@ -88,13 +90,14 @@ def cpu_us_per_message(row: dict[str, Any]) -> float | None:
 
 def measure(path: str, scenario: str, publisher_url: str, consumer_url: str,
             pids: list[int], seconds: float, *, rate: float = 0.0, broker: str = "cluster",
-            placement: str = "") -> dict[str, Any]:
+            placement: str = "", queue_type: str = "") -> dict[str, Any]:
     """Run amqp-perf once for the bench's scenario `scenario`, its publishers on
     `publisher_url` and its consumers on `consumer_url`, the broker's CPU summed over
     the process trees of `pids`; one row, never raising for amqp-perf's own failures."""
-    argv = command(path, publisher_url, consumer_url, scenario, seconds, pids, rate)
+    argv = command(path, publisher_url, consumer_url, scenario, seconds, pids, rate, queue_type)
     row: dict[str, Any] = {"type": "cluster", "scenario": scenario, "broker": broker,
-                           "placement": placement, "client": external.client_label(path),
+                           "placement": placement, "queue_type": queue_type or "classic",
+                           "client": external.client_label(path),
                            "client_scenario": argv[argv.index("--scenario") + 1],
                            "rate": rate, "status": "ok", "command": shlex.join(argv)}
     started = time.monotonic()
@@ -160,12 +163,13 @@ def _lines(header: list[str], rows: list[list[str]], text_columns: int) -> str:
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """The measured rows, one line each, the status last."""
-    header = ["scenario", "broker", "pub->con"] + [title for _, title, _ in COLUMNS] + ["status"]
-    lines = [[row["scenario"], row["broker"], row["placement"]]
+    header = ["scenario", "broker", "queue", "pub->con"] + [title for _, title, _ in COLUMNS] \
+        + ["status"]
+    lines = [[row["scenario"], row["broker"], row.get("queue_type", "classic"), row["placement"]]
              + [_cell(row.get(key), fmt) for key, _, fmt in COLUMNS]
              + [row["status"] + (": " + row["error"][:80] if row.get("error") else "")]
              for row in rows]
-    return _lines(header, lines, text_columns=3)
+    return _lines(header, lines, text_columns=4)
 
 
 def format_hops(hops: list[dict[str, Any]]) -> str:
@@ -396,6 +400,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds measured per scenario and placement (default 10)")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="messages/s of each publisher (default 0: as fast as it can)")
+    parser.add_argument("--queue-type", choices=("classic", "quorum"), default="",
+                        help="x-queue-type of the durable queues: quorum queues are replicated "
+                             "on every node of both clusters (default: not set = classic)")
     parser.add_argument("--brokers", default="rabbitmq,warren",
                         help="the clusters to measure, one after the other: rabbitmq, warren "
                              "(default both)")
@@ -440,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"# {cluster.label} {scenario} {placement}")
                     row = measure(options.external_client, scenario, cluster.urls[publisher],
                                   cluster.urls[consumer], cluster.pids(), options.duration,
-                                  rate=options.rate, broker=cluster.label, placement=placement)
+                                  rate=options.rate, broker=cluster.label, placement=placement,
+                                  queue_type=options.queue_type)
                     print_json(row)
                     rows.append(row)
                     measured[placement] = row

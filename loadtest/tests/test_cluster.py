@@ -77,6 +77,11 @@ def test_command_on_one_node_has_no_consumer_url_and_keeps_a_rate():
                     "--json", "--rate", "1000"]
 
 
+def test_command_asks_for_the_queue_type_given():
+    argv = cluster.command("amqp-perf", PUB, CON, "persistent-confirm", 5, [], queue_type="quorum")
+    assert argv[-2:] == ["--queue-type", "quorum"]
+
+
 def test_supports_consumer_url_reads_the_usage(fake, monkeypatch, tmp_path):
     assert not cluster.supports_consumer_url(fake.path)
     monkeypatch.setenv("FAKE_USAGE", "\n  -consumer-url string")
@@ -138,7 +143,8 @@ def test_tables_have_a_line_per_row_with_its_figures():
                      status="error", error="exit status 3"))
     lines = cluster.format_rows(rows).splitlines()
     assert len(lines) == 2 + len(rows)
-    assert lines[2].split() == ["transient-autoack", "rabbitmq", "1->2", "2,000", "1,500",
+    assert lines[2].split() == ["transient-autoack", "rabbitmq", "classic", "1->2", "2,000",
+                                "1,500",
                                 "1.00", "4.00", "-", "0.10", "50.0", "0", "0.25", "ok"]
     assert lines[4].endswith("error: exit status 3")
     hop = cluster.hop_cost(rows[0], rows[1])
