@@ -133,10 +133,12 @@ class Workload:
         """How many messages there are (each sent once or more)."""
         return self._made
 
-    def first_confirm_after(self, moment: float) -> float | None:
-        """When the first publish sent after `moment` was acked (None: not yet)."""
+    def first_confirm_after(self, moment: float, among: set[int] | None = None) -> float | None:
+        """When the first publish sent after `moment` was acked (None: not yet),
+        of the messages `among` if given."""
         with self._lock:
-            times = [a.answered for a in self.history if a.outcome == "acked" and a.sent >= moment]
+            times = [a.answered for a in self.history if a.outcome == "acked"
+                     and a.sent >= moment and (among is None or a.id in among)]
         return min(times, default=None)
 
     def wait_confirms(self, count: int, timeout: float) -> None:
@@ -304,7 +306,7 @@ class Report:
     lost: list[int]  # confirmed, never consumed
     duplicates: int  # consumptions beyond each message's first
     stall: float  # the longest gap between successive confirms while publishing ran
-    failover: float | None  # fault to the first confirm of a publish sent after it
+    failover: float | None  # fault to the first confirm of a publish sent after it, consumed
     unconfirmed: int  # published and never confirmed, however often sent again
     split: dict[int, set[str]] = field(default_factory=dict)  # epochs led by two nodes
 
@@ -323,8 +325,8 @@ def check(workload: Workload, consumed: list[int], fault_at: float,
     acks = sorted(a.answered for a in workload.history if a.outcome == "acked"
                   and workload.started <= a.answered <= workload.stopped)
     stall = max((b - a for a, b in zip(acks, acks[1:])), default=0.0)
-    after = workload.first_confirm_after(fault_at)
     seen = set(consumed)
+    after = workload.first_confirm_after(fault_at, among=seen)  # a lost one served nobody
     return Report(confirmed=len(workload.confirmed),
                   lost=sorted(workload.confirmed - seen),
                   duplicates=len(consumed) - len(seen),
