@@ -231,13 +231,14 @@ class ClusterNode:
 
     async def _commit(self, txn, waiters: list) -> None:
         outcome: object = None
+        # (read first: the watch may bring this very deletion back before the answer)
+        gone = self.sync.groups_at(txn.deletes)
         try:
             result = await self.etcd.txn(
                 [Compare.mod_revision(key, "=", revision) for key, revision in txn.compares],
                 [Op.put(key, lay.encode(record)) for key, record in txn.puts.items()]
                 + [Op.delete(key) for key in txn.deletes])
             if result.succeeded:
-                gone = self.sync.groups_at(txn.deletes)
                 self.sync.committed(txn, result.revision)
                 await self._created_in_shards(txn)
                 self.replicas.deleted(gone)
@@ -488,6 +489,7 @@ class ClusterNode:
                 if self.members.left(name):
                     log.warning("node %s is down", name)
                     self.peers.lost(name)
+                    self._tell_gateways()  # (told it is up again, they retry at once)
                     # What died with it is removed only if it stays gone and out of
                     # reach: an etcd that paused past every lease drops them all.
                     self._loop.call_later(self.config.cluster_lease_ttl, self._still_down,
