@@ -130,9 +130,18 @@ def test_replicated_queue_survives_its_leaders_nodes(cluster):
              "the old leader in sync again")
     assert group(cluster, "rq")[0] == second
     by_name[second].kill()
-    last = next(node for node in cluster.nodes if node.name not in (second,))
+    last = next(node for node in cluster.nodes if node.name != second)
     third = wait_for(lambda: group(cluster, "rq")[0] not in (None, second)
                      and group(cluster, "rq")[0], 15, "a third leader")
     wait_for(lambda: shown(last, "rq")["leader"] == third, 10,
              "the route moved again")
     assert more <= consume_all(last, "rq", more)
+
+    # Deleted through the running node that does not lead: its group's keys go too.
+    follower = next(node for node in cluster.nodes if node.name not in (second, third))
+    connection = connect(follower)
+    connection.channel().queue_delete("rq")
+    connection.close()
+    wait_for(lambda: group(cluster, "rq") == (None, []), 10, "the group's keys deleted")
+    for node in (follower, by_name[third]):
+        assert all(q["name"] != "rq" for q in node.api("queues"))
