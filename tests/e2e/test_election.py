@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 from collections.abc import Collection
 
 import pytest
@@ -20,6 +19,7 @@ from warren.gateway.cluster.election import Elections
 from warren.gateway.cluster.etcd import Etcd, EtcdError, EtcdUnavailable, Lease
 from warren.gateway.cluster.layout import InSync, Layout, encode_group
 
+from ..support.aio import run, until
 from ..support.etcd import etcd_server_fixture  # noqa: F401 (etcd_server)
 
 pytestmark = pytest.mark.run_once  # no broker: nothing depends on the gateway count
@@ -28,18 +28,6 @@ LAYOUT = Layout("/e")
 TTL = 2  # etcd's minimum
 NAMES = ("a", "b", "c")
 VHOST = "/"
-
-
-def run(scenario) -> None:
-    asyncio.run(asyncio.wait_for(scenario, 120))
-
-
-async def until(condition, timeout: float = 10.0, message: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {message}")
-        await asyncio.sleep(0.01)
 
 
 class Node:

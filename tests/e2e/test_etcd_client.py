@@ -22,22 +22,11 @@ from warren.gateway.cluster.etcd import (
     WatchEvent,
 )
 
+from ..support.aio import run, until
 from ..support.broker import free_port
 from ..support.etcd import etcd_or_skip, etcd_server_fixture  # noqa: F401 (etcd_server)
 
 pytestmark = pytest.mark.run_once  # no broker: nothing depends on the gateway count
-
-
-def run(scenario) -> None:
-    asyncio.run(asyncio.wait_for(scenario, 120))
-
-
-async def until(condition, timeout: float = 10.0, message: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {message}")
-        await asyncio.sleep(0.01)
 
 
 def b64(data: bytes) -> str:
