@@ -132,7 +132,8 @@ class Replicas:
         for record in records:
             await self.elections.create_group(*_group(record), record.members)
             qid = record.definition.qid
-            if not self._leader(record):
+            # (a node that is no member hears of no role, nor of the leader)
+            if self.node.name in record.members and not self._leader(record):
                 done = asyncio.get_running_loop().create_future()
                 self._led.setdefault(qid, []).append(done)
                 waits.append(done)

@@ -113,6 +113,8 @@ def _queue(management, meta, figure: dict | None) -> dict:
     if group is not None:  # a replicated quorum queue: it is where its leader is
         shown.update(group)
         shown["node"] = group["leader"]
+        if group["leader"] is None:  # as RabbitMQ shows one with no leader at all
+            shown["state"] = shown["messages"] = None
     if meta.spec.queue_type == "stream":  # its log's segments and their bytes on disk
         shown["segments"] = figure.get("segments", 0)
         shown["disk_bytes"] = figure.get("disk_bytes", 0)
