@@ -109,15 +109,26 @@ def test_replicated_queue_survives_its_leaders_nodes(cluster):
     first = {f"m{i}".encode() for i in range(COUNT)}
     publish(other, "rq", sorted(first))
 
-    # The leader's node dies: another member leads, with every confirmed message.
-    by_name[leader].kill()
+    # The leader's node dies: another member leads, with every confirmed message;
+    # a consumer through another node is cancelled (consumer_cancel_notify) and
+    # may consume again once the new leader serves.
     survivors = [node for node in cluster.nodes if node.name != leader]
+    watcher = connect(survivors[-1])
+    watching = watcher.channel()
+    watching.basic_qos(prefetch_count=1)
+    cancelled: list = []
+    watching.add_on_cancel_callback(cancelled.append)
+    watching.basic_consume("rq", lambda *delivery: None)
+    by_name[leader].kill()
+    wait_for(lambda: watcher.process_data_events(0) or cancelled, 15, "the consumer cancelled")
     second, _ = wait_for(lambda: (found := group(cluster, "rq"))[0] not in (None, leader)
                          and found, 15, "a new leader")
     assert second in {node.name for node in survivors}
     through = survivors[0]
     wait_for(lambda: shown(through, "rq")["leader"] == second, 10, "the route moved")
     publish(through, "rq", [b"after"])
+    watching.basic_consume("rq", lambda *delivery: None)
+    watcher.close()  # (its unacked delivery back in the queue)
     assert first | {b"after"} <= consume_all(through, "rq", first | {b"after"})
 
     # The old leader comes back as a follower; then the new leader's node dies too.
