@@ -85,11 +85,8 @@ class Replicas:
         """The index here of the queue's shard on member `node`."""
         spec = record.definition.spec
         members = self.node.members
-        index = members.shard_of(node, placement(spec.vhost, spec.name,
-                                                 members.shards_on(node)))
-        if index >= len(self.node.gateway.shards.links):
-            self.node._adopt_links()
-        return index
+        # (a member is a node met: its shards have their indexes and links here)
+        return members.shard_of(node, placement(spec.vhost, spec.name, members.shards_on(node)))
 
     # -- the groups' records --------------------------------------------------------
 
@@ -101,6 +98,7 @@ class Replicas:
         if not present:
             self.names.pop(group, None)
             self.roles.pop(qid, None)
+            self._locks.pop(qid, None)
             if mine:
                 self._local_link(record).send(r.DeleteQueue(0, qid, False, False))
                 if self.elections is not None:
