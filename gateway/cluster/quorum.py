@@ -115,7 +115,13 @@ class Replicas:
 
     def _declare(self, record: QueueRecord) -> None:
         d = record.definition
-        self._local_link(record).send(r.CreateQueue(0, d.qid, d.spec, d.spec.arguments))
+        self._local_link(record).send(r.CreateQueue(0, d.qid, d.spec, self._arguments(d.qid,
+                                                                                      d.spec)))
+
+    def _arguments(self, qid: int, spec) -> dict:
+        """The queue's arguments with its policy's, as its leader applies them."""
+        meta = self.node.gateway.catalogue.queues_by_qid.get(qid)
+        return meta.effective if meta is not None else spec.arguments
 
     def _local_link(self, record: QueueRecord):
         return self.node.gateway.shards[self.index_on(record, self.node.name)]
@@ -198,6 +204,9 @@ class Replicas:
         if told is not None:
             self.roles[qid] = told
             self._tell(record, *told)
+            if kind is g.Leading:  # a policy changed since its record was declared here
+                self._local_link(record).send(r.ConfigureQueue(
+                    qid, self._arguments(qid, record.definition.spec)))
         self.route(qid)
 
     def _tell(self, record: QueueRecord, role: int, epoch: int) -> None:
