@@ -272,9 +272,12 @@ class Publishing:
                 targets = _union(targets, self.broker.route(vhost, exchange, key, headers))
         if self.broker.down_shards and targets:
             # A queue on a node that is down counts as no route, as in RabbitMQ; a
-            # remembered route is made again when a node goes or comes (epoch).
+            # remembered route is made again when a node goes or comes (epoch). A
+            # quorum queue's stays: the publish is nacked, never acked as unroutable
+            # while its leader is away (it may be replicated elsewhere).
             down = self.broker.down_shards
-            targets = [meta for meta in targets if meta.shard not in down]
+            targets = [meta for meta in targets
+                       if meta.shard not in down or meta.spec.queue_type == "quorum"]
         try:
             persistent = _persistent(properties)
         except PropertiesError as error:
