@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 
 import pika
+import pika.exceptions
 import pytest
 
 from warren.gateway.cluster import layout
@@ -120,6 +121,15 @@ def test_replicated_queue_survives_its_leaders_nodes(cluster):
     watching.add_on_cancel_callback(cancelled.append)
     watching.basic_consume("rq", lambda *delivery: None)
     by_name[leader].kill()
+    during = connect(survivors[0])
+    channel = during.channel()
+    channel.confirm_delivery()
+    try:  # (not mandatory: a publish dropped as unroutable would be acked silently)
+        channel.basic_publish("", "rq", b"during", PERSISTENT)
+        first.add(b"during")  # acked: by a new leader already, so it must come back
+    except pika.exceptions.NackError:
+        pass
+    during.close()
     wait_for(lambda: watcher.process_data_events(0) or cancelled, 15, "the consumer cancelled")
     second, _ = wait_for(lambda: (found := group(cluster, "rq"))[0] not in (None, leader)
                          and found, 15, "a new leader")
