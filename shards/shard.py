@@ -280,6 +280,8 @@ class Shard:
                 if queue is None:
                     if qid in self.streams.streams:
                         self.persister.append(qid, cmd)
+                    elif qid in self.replicas.followers:
+                        accepted = False  # routed before the leader moved: nacked, not lost
                     continue
                 if queue.straight and queue.consumers:
                     # What _apply does with the one Deliver of the queue's short way

@@ -46,13 +46,16 @@ class Elections:
 
     def __init__(self, etcd: Etcd, layout: lay.Layout, me: str, lease: int,
                  running: Callable[[], Collection[str]],
-                 on_role: Callable[[str, str, g.Role], None]):
+                 on_role: Callable[[str, str, g.Role], None],
+                 on_leader: Callable[[str, str], None] = lambda vhost, name: None):
         self.etcd = etcd
         self.layout = layout
         self.me = me
         self.lease = lease
         self.running = running
         self.on_role = on_role
+        # every group's leader change, a member's or not (where clients go now)
+        self.on_leader = on_leader
         self.views: dict[Group, g.GroupView] = {}
         self._campaigns: dict[Group, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -251,8 +254,14 @@ class Elections:
     def _update(self, group: Group, change: Callable[..., g.Change], *args: Any) -> None:
         """Applies a change of groups.py (`change(view, me, *args)`) to a group's
         view, tells the roles it gives, and campaigns if it should now."""
-        view, roles = change(self._view(group), self.me, *args)
+        before = self._view(group)
+        view, roles = change(before, self.me, *args)
         self._keep(group, view)
+        if view.leader != before.leader:
+            try:
+                self.on_leader(*group)
+            except Exception:
+                log.exception("a replica group's leader change failed")
         for role in roles:
             try:
                 self.on_role(group[0], group[1], role)

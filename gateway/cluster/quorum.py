@@ -55,7 +55,7 @@ class Replicas:
         """Once registered and the catalogue loaded: join the groups naming this node."""
         node = self.node
         self.elections = Elections(node.etcd, node.layout, node.name, lease,
-                                   lambda: node.members.running, self._role)
+                                   lambda: node.members.running, self._role, self._leader_changed)
         await self.elections.start()
         for record in list(self.groups.values()):
             if node.name in record.members:
@@ -186,6 +186,13 @@ class Replicas:
         running = self.node.members.running
         return {"leader": self._leader(record) or None, "members": list(record.members),
                 "online": [name for name in record.members if name in running]}
+
+    def _leader_changed(self, vhost: str, name: str) -> None:
+        """Any group's leader changed: clients here go to the new one (a node that
+        is no member hears no role, only this)."""
+        qid = self.names.get((vhost, name))
+        if qid is not None:
+            self.route(qid)
 
     def _role(self, vhost: str, name: str, role: g.Role) -> None:
         """The elections: this node's role in a group changed."""

@@ -39,6 +39,7 @@ class Node:
         self.etcd = Etcd([endpoint])
         self.running = set(running)
         self.told: dict[str, list[g.Role]] = {}
+        self.leaders: dict[str, list[str]] = {}  # every leader heard of, member or not
         self.lease: Lease | None = None
         self._regranting: asyncio.Task | None = None
         self.elections: Elections
@@ -47,7 +48,7 @@ class Node:
         self.lease = await Lease.grant(self.etcd, TTL, self._lost if tell_lease_lost
                                        else lambda: None)
         self.elections = Elections(self.etcd, LAYOUT, self.name, self.lease.id,
-                                   lambda: self.running, self._told)
+                                   lambda: self.running, self._told, self._leader)
         await self.elections.start()
         return self
 
@@ -69,6 +70,9 @@ class Node:
     def _told(self, vhost: str, name: str, role: g.Role) -> None:
         assert vhost == VHOST
         self.told.setdefault(name, []).append(role)
+
+    def _leader(self, vhost: str, name: str) -> None:
+        self.leaders.setdefault(name, []).append(self.elections.views[(vhost, name)].leader)
 
     def role(self, group: str) -> g.Role:
         roles = [r for r in self.told.get(group, []) if not isinstance(r, g.Deposed)]
@@ -141,6 +145,22 @@ def test_one_leader_and_another_in_sync_member_once_its_lease_is_gone(etcd_serve
             assert old.told["q"].index(g.Deposed(epoch)) == old.told["q"].index(
                 g.Leading(epoch)) + 1
             assert await old.elections.set_in_sync(VHOST, "q", NAMES) is False
+        finally:
+            await stop(all_nodes)
+
+    run(scenario())
+
+
+def test_a_node_of_no_group_hears_each_of_its_leaders(etcd_server):
+    async def scenario():
+        all_nodes = await nodes(etcd_server.endpoint)
+        a, b, c = all_nodes
+        try:
+            await group(all_nodes, "q", members=("a", "b"))
+            await until(lambda: c.leaders.get("q", [""])[-1] == "a", message="c hears of a")
+            await a.etcd.revoke(a.lease.id)
+            await until(lambda: c.leaders["q"][-1] == "b", timeout=15, message="then of b")
+            assert c.told.get("q") is None  # no member: told no role
         finally:
             await stop(all_nodes)
 

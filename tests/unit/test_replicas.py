@@ -223,6 +223,14 @@ def test_a_confirm_waits_for_a_follower_and_the_in_sync_set(group):
     assert a.confirmed == [1, 2, 3]  # a and c
 
 
+def test_a_publish_that_reaches_a_follower_is_nacked_not_taken_for_unroutable(group):
+    b = group.nodes["b"]  # routed to b's shard before the gateway heard b no longer leads
+    b.run(publish(7))
+    group.pump()
+    assert (b.confirmed, b.rejected) == ([], [7])
+    assert rows(b) == rows(group.nodes["a"])  # nothing of it written
+
+
 def test_a_channels_confirms_stay_in_order_behind_a_held_one(group):
     a = group.nodes["a"]
     classic = QueueSpec("/", "classic", True, False, False, {})
