@@ -277,7 +277,9 @@ class Queue:
                      size: int) -> Message:
         seq = self.next_seq
         self.next_seq += 1
-        stored = self.stored and persistent
+        # A quorum queue keeps every message, as RabbitMQ's do (whatever the
+        # delivery mode): its replicas hold what its publishers were confirmed.
+        stored = self.stored and (persistent or self.quorum)
         if not self.tracked and expiration < 0:
             return Message(seq, content, stored)
         return self._rich_message(seq, content, stored, False, expiration, priority, size,

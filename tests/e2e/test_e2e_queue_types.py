@@ -88,7 +88,7 @@ def test_delivery_limit_dead_letters(broker):
     conn.close()
 
 
-def test_delivery_count_survives_restart(tmp_path):
+def test_delivery_count_and_transient_messages_survive_restart(tmp_path):
     broker = RunningBroker(tmp_path / "data", shards=2).start()
     try:
         conn = connect(broker)
@@ -96,6 +96,8 @@ def test_delivery_count_survives_restart(tmp_path):
         ch.confirm_delivery()
         quorum(ch, "kept")
         ch.basic_publish("", "kept", b"m", pika.BasicProperties(delivery_mode=2))
+        # A quorum queue keeps every message, whatever its delivery mode (RabbitMQ).
+        ch.basic_publish("", "kept", b"transient", pika.BasicProperties(delivery_mode=1))
         method, _props, _ = get_manual(ch, "kept")
         ch.basic_reject(method.delivery_tag, requeue=True)
         method, props, _ = get_manual(ch, "kept")
@@ -107,6 +109,7 @@ def test_delivery_count_survives_restart(tmp_path):
         ch = conn.channel()
         _method, props, body = get_manual(ch, "kept")
         assert body == b"m" and props.headers["x-delivery-count"] == 2
+        assert get_manual(ch, "kept")[2] == b"transient"
         conn.close()
     finally:
         broker.stop()
