@@ -319,7 +319,9 @@ class QueueInfoReply(_Record, tag=59):
 
 
 # A stream's row adds its log's segments and bytes on disk, then (consumer id,
-# offset it reads next) for each of its consumers (shards/streams.py).
+# offset it reads next) for each of its consumers (shards/streams.py). A replicated
+# queue's row on its leader's shard adds the two as 0, then its epoch, its commit
+# index and each member's index, members in sorted order (replication.Leader.status).
 QUEUE_INFO_FIELDS = ("qid", "ready", "unacked", "consumers", "ram_bytes", "published",
                      "delivered", "redelivered", "acked", "rejected", "expired", "dead_lettered",
                      "segments", "disk_bytes")

@@ -122,6 +122,11 @@ class Replicas:
                 self._sends(cmd.qid, leader)  # a snapshot waits for its follower to be out
         self._schedule(now)
 
+    def figures(self, qid: int) -> list[int]:
+        """What QueueInfoReply's row of a queue this shard leads adds (records.py)."""
+        leader = self.leaders.get(qid)
+        return [0, 0, *leader.status()] if leader is not None else []
+
     def create(self, cmd: CreateQueue) -> None:
         """A followed queue's record (CreateQueue): its rows come with the entries."""
         follower = self.followers[cmd.qid]

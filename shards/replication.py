@@ -385,6 +385,14 @@ class Leader:
             self.commit_index = index
             self._moved = True
 
+    def status(self) -> list[int]:
+        """For the status a user sees: the epoch, the commit index, then each
+        member's index in sorted order of names (our log's last, the others'
+        durable as they acknowledged it; 0 while unknown)."""
+        held = [self.log.last_index if node == self.me else max(self.peers[node].durable, 0)
+                for node in sorted(self.members | {self.me})]
+        return [self.epoch, self.commit_index, *held]
+
     def take_committed(self) -> int | None:
         """The commit index, if it moved since the last call."""
         moved, self._moved = self._moved, False

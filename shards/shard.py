@@ -331,7 +331,8 @@ class Shard:
         elif kind is QueueInfo:
             wanted = cmd.qids or list(self.queues) + list(self.streams.streams)
             self.outbox.add(QueueInfoReply(cmd.req, [
-                _queue_figures(self.queues[qid]) if qid in self.queues
+                _queue_figures(self.queues[qid]) + self.replicas.figures(qid)
+                if qid in self.queues
                 else self.streams.figures(qid) for qid in wanted
                 if qid in self.queues or qid in self.streams.streams],
                 self.commits.fsyncs, self.commits.messages))

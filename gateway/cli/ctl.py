@@ -142,6 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     clear.add_argument("name", help="user name")
     clear.add_argument("names", nargs="*", metavar="limit",
                        help="limits to remove, e.g. max-channels (default: all)")
+    command("quorum_status", "the members of a quorum queue in --vhost, one row each: "
+                             "its state, log and commit index, whether in sync "
+                             "(rabbitmq-queues quorum_status)").add_argument(
+        "name", help="queue name")
     command("purge-queue", "remove a queue's ready messages").add_argument(
         "name", help="queue name")
     command("delete-queue", "delete a queue").add_argument("name", help="queue name")

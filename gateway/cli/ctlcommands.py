@@ -38,6 +38,7 @@ OVERVIEW = ["product_name", "product_version", "cluster_name", "queue_totals.mes
 # lists the API has for all vhosts only: --vhost filters them by this field
 VHOST_FIELD = {"connections": "vhost", "channels": "vhost", "permissions": "vhost",
                "vhosts": "name"}
+QUORUM_STATUS = ["node", "raft_state", "log_index", "commit_index", "in_sync"]
 GOT = ["routing_key", "exchange", "message_count", "payload", "payload_bytes",
        "payload_encoding", "properties", "redelivered"]  # rabbitmqadmin's columns
 
@@ -75,6 +76,14 @@ def _show(client: Client, args, vhost: str) -> None:
         print(json.dumps(overview, indent=2))
         return
     print(render([overview], columns or OVERVIEW, args.format, whole_rows=False))
+
+
+def _quorum_status(client: Client, args, vhost: str) -> None:
+    rows = client.call("GET", f"quorum-status/{segment(vhost)}/{segment(args.name)}",
+                       what=f"quorum status of queue '{args.name}' in vhost '{vhost}'")
+    if args.format != "json":
+        rows = [{**row, "in_sync": "yes" if row["in_sync"] else "no"} for row in rows]
+    print(render(rows, QUORUM_STATUS, args.format, whole_rows=True))
 
 
 def _change(client: Client, method: str, path: str, what: str, done: str, body=None,

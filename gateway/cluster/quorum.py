@@ -179,13 +179,16 @@ class Replicas:
     def shown(self, qid: int) -> dict | None:
         """For the management API, as RabbitMQ shows a quorum queue (None for any
         other queue): its leader (None while it has none), its members and those
-        whose node runs."""
+        whose node runs; and Warren's in_sync, the in-sync set as etcd holds it."""
         record = self.groups.get(qid)
         if record is None:
             return None
         running = self.node.members.running
+        view = self.elections.views.get(_group(record)) if self.elections else None
         return {"leader": self._leader(record) or None, "members": list(record.members),
-                "online": [name for name in record.members if name in running]}
+                "online": [name for name in record.members if name in running],
+                "in_sync": [name for name in record.members
+                            if view is not None and name in (view.in_sync or ())]}
 
     def _leader_changed(self, vhost: str, name: str) -> None:
         """Any group's leader changed: clients here go to the new one (a node that

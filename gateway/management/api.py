@@ -24,6 +24,7 @@ from . import (
     metrics,
     overview,
     parameters,
+    quorum,
     routes,
     shapes,
     static,
@@ -56,7 +57,7 @@ HANDLERS = {
     "vhost_limits": limits.vhost_limits, "user_limits": limits.user_limits,
     "definitions": definitions.definitions,
     "aliveness_test": health.aliveness_test, "healthchecks": health.healthchecks,
-    "health": health.health,
+    "health": health.health, "quorum_status": quorum.quorum_status,
 }
 
 

@@ -49,6 +49,7 @@ queues/*/*                              GET,PUT,DELETE  queues
 queues/*/*/contents                     DELETE          queues
 queues/*/*/get                          POST            queues
 queues/*/*/bindings                     GET             queue_bindings
+quorum-status/*/*                       GET             quorum_status
 exchanges                               GET             exchanges
 exchanges/*                             GET             exchanges
 exchanges/*/*                           GET,PUT,DELETE  exchanges

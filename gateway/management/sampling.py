@@ -58,12 +58,20 @@ class Sampler:
                 continue  # the shard is down
             self.shard_fsyncs[index] = (reply.fsyncs, reply.messages)
             for entry in reply.queues:
-                values = dict(zip(r.QUEUE_INFO_FIELDS, entry))
-                if len(entry) > len(r.QUEUE_INFO_FIELDS):  # a stream's consumers' offsets
-                    pairs = entry[len(r.QUEUE_INFO_FIELDS):]
-                    values["stream_offsets"] = dict(zip(pairs[::2], pairs[1::2]))
-                figures[values["qid"]] = values
+                figures[entry[0]] = self.figure(entry)
         return figures
+
+    def figure(self, entry: list[int]) -> dict:
+        """One row of a QueueInfoReply, by name (records.QUEUE_INFO_FIELDS)."""
+        values = dict(zip(r.QUEUE_INFO_FIELDS, entry))
+        tail = entry[len(r.QUEUE_INFO_FIELDS):]
+        if tail:
+            meta = self.gateway.catalogue.queues_by_qid.get(entry[0])
+            if meta is not None and meta.spec.queue_type == "stream":  # its consumers' offsets
+                values["stream_offsets"] = dict(zip(tail[::2], tail[1::2]))
+            elif len(tail) >= 2:  # a replicated queue's leader: epoch, commit, members'
+                values["replication"] = tail
+        return values
 
     async def sample(self) -> None:
         """Take one sample of every counter a rate is shown for."""

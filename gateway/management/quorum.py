@@ -1,0 +1,62 @@
+"""Warren's own route for a quorum queue's members: GET /api/quorum-status/V/NAME,
+one row per member as `rabbitmq-queues quorum_status` prints them (what `warren
+ctl quorum_status` shows). The indexes are the leader's shard's: its own log's
+last index and the durable index each follower acknowledged."""
+
+from __future__ import annotations
+
+import asyncio
+
+from warren.shards import records as r
+
+from .http import Request, Response, bad_request, not_found
+
+ASK_TIMEOUT = 2.0  # seconds the leader's shard has to answer
+
+
+async def quorum_status(management, request: Request, rest: list[str]) -> Response:
+    vhost = management.vhost_named(request, rest[0])
+    meta = vhost.queues.get(rest[1])
+    if meta is None:
+        raise not_found()
+    kind = meta.spec.queue_type
+    if kind != "quorum":
+        raise bad_request(f"Cannot get quorum status of a {kind} queue")
+    group = management.replica_group(meta)
+    if group is None:  # one member: this queue's node leads it alone
+        return Response.json([_row(management.node_of(meta), "leader", None, None, True)])
+    leader = group["leader"]
+    held = await _leader_indexes(management, meta) if leader else None
+    epoch_commit, indexes = (held[:2], dict(zip(sorted(group["members"]), held[2:]))) \
+        if held else ((None, None), {})
+    commit = epoch_commit[1]
+    rows = []
+    for node in group["members"]:
+        state = "leader" if node == leader else \
+            "follower" if node in group["online"] else "noproc"
+        index = indexes.get(node)
+        rows.append(_row(node, state, index, None if index is None else min(index, commit),
+                         node in group["in_sync"]))
+    return Response.json(rows)
+
+
+def _row(node: str, state: str, log_index: int | None, commit_index: int | None,
+         in_sync: bool) -> dict:
+    return {"node": node, "raft_state": state, "log_index": log_index,
+            "commit_index": commit_index, "in_sync": in_sync}
+
+
+async def _leader_indexes(management, meta) -> list[int] | None:
+    """The leader's shard's row tail (epoch, commit index, members' indexes), or
+    None when it does not answer or no longer leads."""
+    future = asyncio.get_running_loop().create_future()
+    management.gateway.shards[meta.shard].request(
+        lambda req: r.QueueInfo(req, [meta.qid]),
+        lambda reply: future.done() or future.set_result(reply))
+    try:
+        reply = await asyncio.wait_for(future, ASK_TIMEOUT)
+    except TimeoutError:
+        return None
+    if type(reply) is not r.QueueInfoReply or not reply.queues:
+        return None
+    return management.sampler.figure(reply.queues[0]).get("replication")

@@ -1,0 +1,134 @@
+"""A replicated quorum queue's members as a user sees them (issue 55), on one
+shared three-node cluster: the management API's leader, members, online and
+Warren's in_sync, and `warren ctl quorum_status` (GET /api/quorum-status/V/N),
+one row per member with its state and the leader's shard's indexes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+from pathlib import Path
+
+import pika
+import pytest
+
+from ..support.cluster import Cluster, wait_for
+
+pytestmark = [pytest.mark.run_once, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+QUORUM = {"x-queue-type": "quorum"}
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with Cluster(tmp_path_factory.mktemp("members")) as running:
+        yield running
+    for node in running.nodes:
+        if node.process is not None and node.process.poll() is None:
+            assert "Traceback" not in node.log_text(), node.log_text()
+
+
+def connect(node) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", node.port, credentials=pika.PlainCredentials("guest", "guest"),
+        connection_attempts=1))
+
+
+def declare(node, queue: str, arguments: dict) -> None:
+    connection = connect(node)
+    try:
+        connection.channel().queue_declare(queue, durable=True, arguments=arguments)
+    finally:
+        connection.close()
+
+
+def publish(node, queue: str, count: int) -> None:
+    connection = connect(node)
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for i in range(count):
+            channel.basic_publish("", queue, f"m{i}".encode(), PERSISTENT, mandatory=True)
+    finally:
+        connection.close()
+
+
+def ctl(node, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "warren.gateway.cli.main", "ctl", "--url",
+                           node.http_url, *args], capture_output=True, text=True, timeout=30,
+                          cwd=ROOT)
+
+
+def status(node, queue: str) -> list[dict]:
+    return node.api(f"quorum-status/%2F/{queue}")
+
+
+def test_the_api_shows_the_in_sync_set(cluster):
+    n1 = cluster.nodes[0]
+    declare(n1, "shown", QUORUM)
+    group = wait_for(lambda: (found := cluster.group("shown")).leader and
+                     len(found.in_sync) == 3 and found, 10, "a leader, all in sync")
+    for node in cluster.nodes:
+        info = wait_for(lambda node=node: (found := node.api("queues/%2F/shown"))["leader"]
+                        and found, 10, f"{node.name} shows the leader")
+        assert info["leader"] == group.leader
+        assert sorted(info["in_sync"]) == sorted(group.in_sync) == ["n1", "n2", "n3"]
+        assert sorted(info["members"]) == sorted(info["online"]) == ["n1", "n2", "n3"]
+    listed = {q["name"]: q for q in n1.api("queues/%2F")}
+    assert sorted(listed["shown"]["in_sync"]) == ["n1", "n2", "n3"]
+
+
+def test_quorum_status_rows_per_member(cluster):
+    n1, n2, _ = cluster.nodes
+    declare(n1, "status", QUORUM)
+    wait_for(lambda: len(cluster.group("status").in_sync) == 3, 10, "all in sync")
+    publish(n2, "status", 20)
+    leader = cluster.group("status").leader
+
+    def settled():
+        rows = status(n2, "status")  # through a node, whichever leads
+        return all(row["log_index"] and row["log_index"] == rows[0]["commit_index"]
+                   for row in rows) and rows
+
+    rows = wait_for(settled, 10, "every member's index reported and committed")
+    assert sorted(row["node"] for row in rows) == ["n1", "n2", "n3"]
+    states = {row["node"]: row["raft_state"] for row in rows}
+    assert states[leader] == "leader"
+    assert sorted(states.values()) == ["follower", "follower", "leader"]
+    assert all(row["in_sync"] is True for row in rows)
+    assert all(row["commit_index"] == row["log_index"] for row in rows)
+
+    table = ctl(n1, "quorum_status", "status")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["node", "raft_state", "log_index", "commit_index", "in_sync"]
+    body = [line.split() for line in lines[2:]]
+    assert sorted(cells[0] for cells in body) == ["n1", "n2", "n3"]
+    assert all(cells[4] == "yes" for cells in body)
+    as_json = ctl(n1, "quorum_status", "status", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert sorted(row["node"] for row in json.loads(as_json.stdout)) == ["n1", "n2", "n3"]
+
+
+def test_quorum_status_refusals(cluster):
+    n1 = cluster.nodes[0]
+    declare(n1, "classic", {})
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        status(n1, "no-such-queue")
+    assert missing.value.code == 404
+    with pytest.raises(urllib.error.HTTPError) as classic:
+        status(n1, "classic")
+    assert classic.value.code == 400
+    assert "Cannot get quorum status of a classic queue" in classic.value.read().decode()
+    refused = ctl(n1, "quorum_status", "classic")
+    assert refused.returncode == 1
+    assert "Cannot get quorum status of a classic queue" in refused.stderr
+    declare(n1, "alone", {**QUORUM, "x-quorum-initial-group-size": 1})
+    [row] = status(n1, "alone")  # on the node placement chose
+    assert (row["node"], row["raft_state"], row["in_sync"]) == \
+        (n1.api("queues/%2F/alone")["node"], "leader", True)
+    assert row["log_index"] is None and row["commit_index"] is None
