@@ -202,7 +202,7 @@ def run_round(cluster: Cluster, namespace: Namespace | None, table: list[str], f
     declarer = cluster.nodes[-1] if fault == "partition" else rng.choice(cluster.nodes)
     declare(declarer, name)
     group = wait_for(lambda: (g := cluster.group(name)).leader and g, 15,
-                     f"a leader of {name} elected")
+                     f"a leader of {name}, declared through {declarer.name}, elected")
     leader = next(n for n in cluster.nodes if n.name == group.leader)
     epoch = group.epoch
     if fault == "partition":
