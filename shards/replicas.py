@@ -196,6 +196,12 @@ class Replicas:
     def _lead(self, cmd: ReplicaRole, now: float) -> None:
         qid = cmd.qid
         leader = self.leaders.get(qid)
+        if leader is not None and cmd.epoch == leader.epoch and \
+                frozenset(cmd.members) != leader.members:  # a member added or removed
+            leader.regroup(cmd.members, cmd.in_sync)
+            self._committed(leader)
+            self._sends(qid, leader)
+            return
         if leader is not None and cmd.epoch <= leader.epoch:
             return
         if leader is not None:  # elected again: the same queue, a new epoch

@@ -385,6 +385,21 @@ class Leader:
             self.commit_index = index
             self._moved = True
 
+    def regroup(self, members: Iterable[str], isr: Iterable[str]) -> None:
+        """The group's members changed in this epoch. The shell removed a leaving
+        member from the in-sync set (etcd's, `isr`) before telling us, so the
+        commit index never rests on it; a new member starts out of the set and
+        counts once caught up and added, as any lagging follower."""
+        self.members = frozenset(members) | {self.me}
+        self.isr = (frozenset(isr) & self.members) | {self.me}
+        for node in self.members - {self.me} - self.peers.keys():
+            self.peers[node] = _Peer(self.now)
+        for node in self.peers.keys() - self.members:
+            del self.peers[node]
+        if self.pending is not None:
+            self.pending &= self.members
+        self._advance()
+
     def status(self) -> list[int]:
         """For the status a user sees: the epoch, the commit index, then each
         member's index in sorted order of names (our log's last, the others'

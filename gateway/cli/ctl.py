@@ -146,6 +146,13 @@ def _parser() -> argparse.ArgumentParser:
                              "its state, log and commit index, whether in sync "
                              "(rabbitmq-queues quorum_status)").add_argument(
         "name", help="queue name")
+    for name, help in (("add_member", "add a member on a node to a quorum queue in --vhost "
+                                      "(rabbitmq-queues add_member)"),
+                       ("delete_member", "remove a quorum queue's member on a node, in "
+                                         "--vhost (rabbitmq-queues delete_member)")):
+        member = command(name, help)
+        member.add_argument("name", help="queue name")
+        member.add_argument("node", help="node name")
     command("purge-queue", "remove a queue's ready messages").add_argument(
         "name", help="queue name")
     command("delete-queue", "delete a queue").add_argument("name", help="queue name")

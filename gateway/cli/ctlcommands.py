@@ -38,6 +38,7 @@ OVERVIEW = ["product_name", "product_version", "cluster_name", "queue_totals.mes
 # lists the API has for all vhosts only: --vhost filters them by this field
 VHOST_FIELD = {"connections": "vhost", "channels": "vhost", "permissions": "vhost",
                "vhosts": "name"}
+EX_UNAVAILABLE = 69  # rabbitmq-queues' exit code for a refused member change
 QUORUM_STATUS = ["node", "raft_state", "log_index", "commit_index", "in_sync"]
 GOT = ["routing_key", "exchange", "message_count", "payload", "payload_bytes",
        "payload_encoding", "properties", "redelivered"]  # rabbitmqadmin's columns
@@ -84,6 +85,33 @@ def _quorum_status(client: Client, args, vhost: str) -> None:
     if args.format != "json":
         rows = [{**row, "in_sync": "yes" if row["in_sync"] else "no"} for row in rows]
     print(render(rows, QUORUM_STATUS, args.format, whole_rows=True))
+
+
+def _add_member(client: Client, args, vhost: str) -> None:
+    print(f"Adding a replica for queue {args.name} on node {args.node}...")
+    _member(client, "POST", args, vhost)
+
+
+def _delete_member(client: Client, args, vhost: str) -> None:
+    print(f"Removing a replica of queue {args.name} on node {args.node}...")
+    _member(client, "DELETE", args, vhost)
+
+
+def _member(client: Client, method: str, args, vhost: str) -> None:
+    """A member change, failing as rabbitmq-queues does: `Error: reason`, exit 69."""
+    sys.stdout.flush()
+    try:
+        client.call(method, f"quorum-members/{segment(vhost)}/{segment(args.name)}/"
+                            f"{segment(args.node)}", what=f"{method} member")
+    except CtlError as error:
+        if error.status == 404:
+            reason = "not_found"
+        elif error.status == 400:
+            reason = error.answer.get("reason", "")
+        else:
+            raise
+        print(f"Error: {reason}", file=sys.stderr)
+        raise SystemExit(EX_UNAVAILABLE) from None
 
 
 def _change(client: Client, method: str, path: str, what: str, done: str, body=None,

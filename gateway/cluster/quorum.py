@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import msgspec
+
 from warren.shards import records as r
 from warren.storage.metastore import QueueDef
 
@@ -24,7 +26,8 @@ from ..broker import changes as c
 from ..values import placement
 from . import groups as g
 from .election import Elections
-from .layout import QueueRecord
+from .etcd import Compare, EtcdError, EtcdUnavailable, Op
+from .layout import QueueRecord, encode
 from .members import group_members
 
 log = logging.getLogger("warren")
@@ -40,6 +43,7 @@ class Replicas:
         self.node = node
         self.elections: Elections | None = None
         self.names: dict[tuple[str, str], int] = {}  # (vhost, name) -> qid
+        self.members: dict[int, tuple[str, ...]] = {}  # qid -> its members as handled here
         self.roles: dict[int, tuple[int, int]] = {}  # qid -> (ROLE_*, epoch) told our shard
         self._locks: dict[int, asyncio.Lock] = {}  # one in-sync write at a time per group
         self._led: dict[int, list[asyncio.Future]] = {}  # qid -> who waits for a leader
@@ -97,21 +101,87 @@ class Replicas:
         mine = self.node.name in record.members
         if not present:
             self.names.pop(group, None)
-            self.roles.pop(qid, None)
+            self.members.pop(qid, None)
             self._locks.pop(qid, None)
             if mine:
-                self._local_link(record).send(r.DeleteQueue(0, qid, False, False))
-                if self.elections is not None:
-                    self.elections.leave(*group)
+                self._drop(record)
             return
-        if self.names.get(group) == qid:
+        members = tuple(record.members)
+        before = self.members.get(qid)
+        if self.names.get(group) == qid and before == members:
             return
         self.names[group] = qid
-        if mine:
+        self.members[qid] = members
+        was = before is not None and self.node.name in before
+        if mine and not was:
             self._declare(record)
-            if self.elections is not None:
-                self.elections.join(*group, record.members)
+        elif was and not mine:  # removed from the group: its rows go
+            self._drop(record)
+        if mine and self.elections is not None:
+            self.elections.join(*group, record.members)
+            if was and qid in self.roles:  # the members changed: our shard hears of it
+                self._spawn(self._regroup(record))
         self.route(qid)
+
+    def _drop(self, record: QueueRecord) -> None:
+        """No longer a member (the queue deleted, or this node removed)."""
+        self.roles.pop(record.definition.qid, None)
+        self._local_link(record).send(r.DeleteQueue(0, record.definition.qid, False, False))
+        if self.elections is not None:
+            self.elections.leave(*_group(record))
+
+    async def _regroup(self, record: QueueRecord) -> None:
+        """Tell our shard the group's new members; as its leader, first write the
+        in-sync set without the members removed, so that the commit index never
+        rests on one (a deposed leader's write fails: its successor does it)."""
+        qid = record.definition.qid
+        group = _group(record)
+        async with self._locks.setdefault(qid, asyncio.Lock()):
+            view = self.elections.views.get(group)
+            told = self.roles.get(qid)
+            if view is None or told is None:
+                return
+            if told[0] == r.ROLE_LEADER:
+                in_sync = [name for name in view.in_sync or () if name in record.members]
+                if view.role != g.Leading(told[1]) or (
+                        len(in_sync) != len(view.in_sync or ())
+                        and not await self.elections.set_in_sync(*group, in_sync)):
+                    return
+            if self.groups.get(qid) is record:  # (a later change tells its own)
+                self._tell(record, *told)
+
+    async def change_members(self, vhost: str, name: str, node: str, add: bool) -> str:
+        """Add `node` to a replicated queue's members, or remove it: its record
+        changed in etcd (compared with the revision seen here), each member's root
+        acting on it as the watch brings it. "" when done (or nothing to do), else
+        RabbitMQ's error: node_not_running, last_node."""
+        qid = self.names.get((vhost, name))
+        for _ in range(10):  # another change won the compare: again, on what it wrote
+            record = self.groups.get(qid) if qid is not None else None
+            if record is None:
+                return "not_found"
+            if add and node not in self.node.members.running:
+                return "node_not_running"
+            if (node in record.members) == add:
+                return ""
+            if not add and len(record.members) == 1:
+                return "last_node"
+            members = [*record.members, node] if add else \
+                [member for member in record.members if member != node]
+            sync = self.node.sync
+            key = sync.queue_keys[qid]
+            changed = msgspec.structs.replace(record, members=members)
+            try:
+                result = await self.node.etcd.txn(
+                    [Compare.mod_revision(key, "=", sync.revisions.get(key, 0))],
+                    [Op.put(key, encode(changed))])
+            except (EtcdUnavailable, EtcdError) as error:
+                log.error("cannot change the members of %s in %s (%s)", name, vhost, error)
+                return "etcd_unavailable"
+            if result.succeeded:
+                return ""
+            await asyncio.sleep(0.1)  # the watch brings the change that won
+        return "conflict"
 
     def _declare(self, record: QueueRecord) -> None:
         d = record.definition

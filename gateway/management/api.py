@@ -58,6 +58,7 @@ HANDLERS = {
     "definitions": definitions.definitions,
     "aliveness_test": health.aliveness_test, "healthchecks": health.healthchecks,
     "health": health.health, "quorum_status": quorum.quorum_status,
+    "quorum_members": quorum.quorum_members,
 }
 
 

@@ -1,7 +1,9 @@
-"""Warren's own route for a quorum queue's members: GET /api/quorum-status/V/NAME,
+"""Warren's own routes for a quorum queue's members: GET /api/quorum-status/V/NAME,
 one row per member as `rabbitmq-queues quorum_status` prints them (what `warren
-ctl quorum_status` shows). The indexes are the leader's shard's: its own log's
-last index and the durable index each follower acknowledged."""
+ctl quorum_status` shows; the indexes are the leader's shard's: its own log's
+last index and the durable index each follower acknowledged); POST and DELETE
+/api/quorum-members/V/NAME/NODE add and remove a member (`warren ctl add_member`,
+`delete_member`), answered with RabbitMQ's errors."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import asyncio
 from warren.shards import records as r
 
 from .http import Request, Response, bad_request, not_found
+from .rights import require_admin
 
 ASK_TIMEOUT = 2.0  # seconds the leader's shard has to answer
 
@@ -38,6 +41,31 @@ async def quorum_status(management, request: Request, rest: list[str]) -> Respon
         rows.append(_row(node, state, index, None if index is None else min(index, commit),
                          node in group["in_sync"]))
     return Response.json(rows)
+
+
+async def quorum_members(management, request: Request, rest: list[str]) -> Response:
+    require_admin(request)
+    vhost = management.vhost_named(request, rest[0])
+    meta = vhost.queues.get(rest[1])
+    if meta is None:
+        raise not_found()
+    add = request.method == "POST"
+    kind = meta.spec.queue_type
+    if kind != "quorum":
+        raise bad_request(f"Cannot add members to a {kind} queue" if add
+                          else f"Cannot remove members from a {kind} queue")
+    cluster = management.gateway.cluster
+    if cluster is None:
+        raise bad_request("node_not_running")
+    if management.replica_group(meta) is None:
+        raise bad_request("Warren changes the members of a quorum queue declared with "
+                          "more than one member only")
+    error = await cluster.replicas.change_members(vhost.name, meta.spec.name, rest[2], add)
+    if error == "not_found":
+        raise not_found()
+    if error:
+        raise bad_request(error)
+    return Response(204)
 
 
 def _row(node: str, state: str, log_index: int | None, commit_index: int | None,

@@ -50,6 +50,7 @@ queues/*/*/contents                     DELETE          queues
 queues/*/*/get                          POST            queues
 queues/*/*/bindings                     GET             queue_bindings
 quorum-status/*/*                       GET             quorum_status
+quorum-members/*/*/*                    POST,DELETE     quorum_members
 exchanges                               GET             exchanges
 exchanges/*                             GET             exchanges
 exchanges/*/*                           GET,PUT,DELETE  exchanges

@@ -46,13 +46,14 @@ def declare(node, queue: str, arguments: dict) -> None:
         connection.close()
 
 
-def publish(node, queue: str, count: int) -> None:
+def publish(node, queue: str, count: int, prefix: str = "m") -> None:
     connection = connect(node)
     try:
         channel = connection.channel()
         channel.confirm_delivery()
         for i in range(count):
-            channel.basic_publish("", queue, f"m{i}".encode(), PERSISTENT, mandatory=True)
+            channel.basic_publish("", queue, f"{prefix}{i}".encode(), PERSISTENT,
+                                  mandatory=True)
     finally:
         connection.close()
 
@@ -132,3 +133,72 @@ def test_quorum_status_refusals(cluster):
     assert (row["node"], row["raft_state"], row["in_sync"]) == \
         (n1.api("queues/%2F/alone")["node"], "leader", True)
     assert row["log_index"] is None and row["commit_index"] is None
+
+
+def consume(node, queue: str, count: int) -> set[bytes]:
+    connection = connect(node)
+    got: set[bytes] = set()
+    try:
+        channel = connection.channel()
+        for method, _, body in channel.consume(queue, inactivity_timeout=10):
+            if method is None:
+                break
+            got.add(body)
+            channel.basic_ack(method.delivery_tag)
+            if len(got) == count:
+                break
+        channel.cancel()
+    finally:
+        connection.close()
+    return got
+
+
+def test_a_member_added_catches_up_and_one_removed_leaves(cluster):
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "grown", {**QUORUM, "x-quorum-initial-group-size": 2})
+    members = wait_for(lambda: (found := n1.api("queues/%2F/grown"))["leader"] and
+                       len(found["in_sync"]) == 2 and found["members"], 10, "two in sync")
+    [outside] = [node.name for node in cluster.nodes if node.name not in members]
+    publish(n2, "grown", 30)
+
+    added = ctl(n3, "add_member", "grown", outside)
+    assert added.returncode == 0, added.stderr
+    assert added.stdout == f"Adding a replica for queue grown on node {outside}...\n"
+    wait_for(lambda: sorted(cluster.group("grown").in_sync) == ["n1", "n2", "n3"], 15,
+             "the new member caught up and in sync")
+    rows = wait_for(lambda: (found := status(n1, "grown")) and len({
+        row["log_index"] for row in found}) == 1 and found, 10, "every member holds the log")
+    assert sorted(row["node"] for row in rows) == ["n1", "n2", "n3"]
+    again = ctl(n1, "add_member", "grown", outside)  # a member already: no error
+    assert again.returncode == 0, again.stderr
+
+    leader = cluster.group("grown").leader
+    follower = next(name for name in members if name != leader)
+    removed = ctl(n2, "delete_member", "grown", follower)
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout == f"Removing a replica of queue grown on node {follower}...\n"
+    wait_for(lambda: follower not in cluster.group("grown").in_sync
+             and follower not in n1.api("queues/%2F/grown")["members"], 10, "it left")
+    publish(n1, "grown", 5, "after")  # confirmed by the two members left
+    moved = ctl(n1, "delete_member", "grown", leader)  # the leader: another one leads
+    assert moved.returncode == 0, moved.stderr
+    wait_for(lambda: cluster.group("grown").leader not in (None, leader), 15, "a new leader")
+    [last] = wait_for(lambda: len(found := n1.api("queues/%2F/grown")["members"]) == 1
+                      and found, 10, "one member left")
+    wait_for(lambda: n1.api("queues/%2F/grown")["leader"] == last, 10, "routed to it")
+    assert len(consume(n2, "grown", 35)) == 35
+    refused = ctl(n1, "delete_member", "grown", last)
+    assert (refused.returncode, refused.stderr) == (69, "Error: last_node\n")
+
+
+def test_member_changes_refused_as_rabbitmq_does(cluster):
+    n1 = cluster.nodes[0]
+    declare(n1, "plain", {})
+    declare(n1, "replicated", QUORUM)
+    for args, error in ((("add_member", "plain", "n2"),
+                         "Cannot add members to a classic queue"),
+                        (("add_member", "nowhere", "n2"), "not_found"),
+                        (("add_member", "replicated", "n9"), "node_not_running")):
+        result = ctl(n1, *args)
+        assert (result.returncode, result.stderr) == (69, f"Error: {error}\n"), args
+    assert ctl(n1, "delete_member", "replicated", "n9").returncode == 0  # not a member
