@@ -153,6 +153,16 @@ def _parser() -> argparse.ArgumentParser:
         member = command(name, help)
         member.add_argument("name", help="queue name")
         member.add_argument("node", help="node name")
+    grow = command("grow", "add a member on a node to every quorum queue that lacks one "
+                           "there (all, or those with an even number of members)")
+    grow.add_argument("node", help="node name")
+    grow.add_argument("strategy", help="all or even")
+    grow.add_argument("--vhost-pattern", default=".*", help="regular expression of the vhosts")
+    grow.add_argument("--queue-pattern", default=".*", help="regular expression of the queues")
+    shrink = command("shrink", "remove a node's member from every quorum queue")
+    shrink.add_argument("node", help="node name")
+    shrink.add_argument("--errors-only", action="store_true",
+                        help="list only the queues it could not be removed from")
     command("purge-queue", "remove a queue's ready messages").add_argument(
         "name", help="queue name")
     command("delete-queue", "delete a queue").add_argument("name", help="queue name")

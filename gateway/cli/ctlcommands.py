@@ -38,7 +38,8 @@ OVERVIEW = ["product_name", "product_version", "cluster_name", "queue_totals.mes
 # lists the API has for all vhosts only: --vhost filters them by this field
 VHOST_FIELD = {"connections": "vhost", "channels": "vhost", "permissions": "vhost",
                "vhosts": "name"}
-EX_UNAVAILABLE = 69  # rabbitmq-queues' exit code for a refused member change
+EX_USAGE, EX_UNAVAILABLE = 64, 69  # rabbitmq-queues' exit codes: bad arguments, refused
+MEMBER_CHANGES = ["vhost", "name", "size", "result"]
 QUORUM_STATUS = ["node", "raft_state", "log_index", "commit_index", "in_sync"]
 GOT = ["routing_key", "exchange", "message_count", "payload", "payload_bytes",
        "payload_encoding", "properties", "redelivered"]  # rabbitmqadmin's columns
@@ -95,6 +96,27 @@ def _add_member(client: Client, args, vhost: str) -> None:
 def _delete_member(client: Client, args, vhost: str) -> None:
     print(f"Removing a replica of queue {args.name} on node {args.node}...")
     _member(client, "DELETE", args, vhost)
+
+
+def _grow(client: Client, args, vhost: str) -> None:
+    if args.strategy not in ("all", "even"):
+        print(f'Error (argument validation): "strategy \'{args.strategy}\' is not recognised."',
+              file=sys.stderr)
+        raise SystemExit(EX_USAGE)
+    if args.format != "json":
+        print(f"Growing {args.strategy} quorum queues on {args.node}...")
+    rows = client.call("POST", f"quorum-grow/{segment(args.node)}",
+                       {"strategy": args.strategy, "vhost_pattern": args.vhost_pattern,
+                        "queue_pattern": args.queue_pattern}, what="grow")
+    print(render(rows, MEMBER_CHANGES, args.format, whole_rows=True))
+
+
+def _shrink(client: Client, args, vhost: str) -> None:
+    if args.format != "json":
+        print(f"Shrinking quorum queues on {args.node}...")
+    rows = client.call("POST", f"quorum-shrink/{segment(args.node)}",
+                       {"errors_only": args.errors_only}, what="shrink")
+    print(render(rows, MEMBER_CHANGES, args.format, whole_rows=True))
 
 
 def _member(client: Client, method: str, args, vhost: str) -> None:

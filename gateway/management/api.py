@@ -58,7 +58,8 @@ HANDLERS = {
     "definitions": definitions.definitions,
     "aliveness_test": health.aliveness_test, "healthchecks": health.healthchecks,
     "health": health.health, "quorum_status": quorum.quorum_status,
-    "quorum_members": quorum.quorum_members,
+    "quorum_members": quorum.quorum_members, "quorum_grow": quorum.quorum_grow,
+    "quorum_shrink": quorum.quorum_shrink,
 }
 
 

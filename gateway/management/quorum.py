@@ -3,15 +3,18 @@ one row per member as `rabbitmq-queues quorum_status` prints them (what `warren
 ctl quorum_status` shows; the indexes are the leader's shard's: its own log's
 last index and the durable index each follower acknowledged); POST and DELETE
 /api/quorum-members/V/NAME/NODE add and remove a member (`warren ctl add_member`,
-`delete_member`), answered with RabbitMQ's errors."""
+`delete_member`), answered with RabbitMQ's errors; POST /api/quorum-grow/NODE and
+/api/quorum-shrink/NODE add it to or remove it from many queues (`warren ctl grow`,
+`shrink`), answered with a row per queue as rabbitmq-queues prints them."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 from warren.shards import records as r
 
-from .http import Request, Response, bad_request, not_found
+from .http import Request, Response, bad_request, flag, not_found
 from .rights import require_admin
 
 ASK_TIMEOUT = 2.0  # seconds the leader's shard has to answer
@@ -66,6 +69,67 @@ async def quorum_members(management, request: Request, rest: list[str]) -> Respo
     if error:
         raise bad_request(error)
     return Response(204)
+
+
+async def quorum_grow(management, request: Request, rest: list[str]) -> Response:
+    """Adds the node to every replicated quorum queue the patterns match (all,
+    or those with an even number of members) that lacks it."""
+    require_admin(request)
+    body = request.json()
+    strategy = body.get("strategy", "all")
+    if strategy not in ("all", "even"):
+        raise bad_request(f"strategy '{strategy}' is not recognised.")
+    try:
+        vhosts = re.compile(str(body.get("vhost_pattern", ".*")))
+        names = re.compile(str(body.get("queue_pattern", ".*")))
+    except re.error as error:
+        raise bad_request(f"invalid pattern: {error}") from None
+    node = rest[0]
+    rows = []
+    for meta, group in _groups(management):
+        members = group["members"]
+        if node in members or (strategy == "even" and len(members) % 2) or \
+                not vhosts.search(meta.spec.vhost) or not names.search(meta.spec.name):
+            continue
+        error = await management.gateway.cluster.replicas.change_members(
+            meta.spec.vhost, meta.spec.name, node, True)
+        rows.append(_changed(meta, len(members) + (not error), error))
+    return Response.json(rows)
+
+
+async def quorum_shrink(management, request: Request, rest: list[str]) -> Response:
+    """Removes the node from every replicated quorum queue it is a member of."""
+    require_admin(request)
+    errors_only = flag(request.json(), "errors_only", False)
+    node = rest[0]
+    rows = []
+    for meta, group in _groups(management):
+        members = group["members"]
+        if node not in members:
+            continue
+        error = await management.gateway.cluster.replicas.change_members(
+            meta.spec.vhost, meta.spec.name, node, False)
+        if error == "last_node":
+            error = "the last node cannot be removed"
+        if error or not errors_only:
+            rows.append(_changed(meta, len(members) - (not error), error))
+    return Response.json(rows)
+
+
+def _groups(management):
+    """Every replicated quorum queue, with its group as the API shows it."""
+    if management.gateway.cluster is None:
+        return
+    for _, vhost in sorted(management.gateway.catalogue.vhosts.items()):
+        for _, meta in sorted(vhost.queues.items()):
+            group = management.replica_group(meta)
+            if group is not None:
+                yield meta, group
+
+
+def _changed(meta, size: int, error: str) -> dict:
+    return {"vhost": meta.spec.vhost, "name": meta.spec.name, "size": size,
+            "result": f"error: {error}" if error else "ok"}
 
 
 def _row(node: str, state: str, log_index: int | None, commit_index: int | None,

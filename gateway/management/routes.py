@@ -51,6 +51,8 @@ queues/*/*/get                          POST            queues
 queues/*/*/bindings                     GET             queue_bindings
 quorum-status/*/*                       GET             quorum_status
 quorum-members/*/*/*                    POST,DELETE     quorum_members
+quorum-grow/*                           POST            quorum_grow
+quorum-shrink/*                         POST            quorum_shrink
 exchanges                               GET             exchanges
 exchanges/*                             GET             exchanges
 exchanges/*/*                           GET,PUT,DELETE  exchanges

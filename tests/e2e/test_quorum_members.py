@@ -202,3 +202,43 @@ def test_member_changes_refused_as_rabbitmq_does(cluster):
         result = ctl(n1, *args)
         assert (result.returncode, result.stderr) == (69, f"Error: {error}\n"), args
     assert ctl(n1, "delete_member", "replicated", "n9").returncode == 0  # not a member
+
+
+def test_shrink_and_grow_a_node(cluster):
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "spread-a", QUORUM)
+    declare(n1, "spread-b", QUORUM)
+    declare(n1, "solo", {**QUORUM, "x-quorum-initial-group-size": 2})
+    wait_for(lambda: all(len(cluster.group(q).in_sync) == size for q, size in
+                         (("spread-a", 3), ("spread-b", 3), ("solo", 2))), 10, "all in sync")
+    gone, solo_node = n1.api("queues/%2F/solo")["members"]
+    assert ctl(n1, "delete_member", "solo", gone).returncode == 0
+    wait_for(lambda: n1.api("queues/%2F/solo")["members"] == [solo_node], 10, "one member")
+    shrunk = ctl(n1, "shrink", solo_node, "--json")
+    assert shrunk.returncode == 0, shrunk.stderr
+    rows = {row["name"]: row for row in json.loads(shrunk.stdout)}
+    assert rows["solo"] == {"vhost": "/", "name": "solo", "size": 1,
+                            "result": "error: the last node cannot be removed"}
+    assert rows["spread-a"]["result"] == rows["spread-b"]["result"] == "ok"
+    assert rows["spread-a"]["size"] == 2
+    wait_for(lambda: solo_node not in n1.api("queues/%2F/spread-a")["members"], 10, "shrunk")
+    errors = ctl(n2, "shrink", solo_node, "--errors-only")
+    assert errors.returncode == 0, errors.stderr
+    lines = errors.stdout.splitlines()
+    assert lines[0] == f"Shrinking quorum queues on {solo_node}..."
+    assert ["/", "solo", "1"] in [line.split()[:3] for line in lines[3:]]
+    assert all("error: the last node cannot be removed" in line for line in lines[3:])
+
+    even = ctl(n1, "grow", solo_node, "even", "--queue-pattern", "^spread-a$", "--json")
+    assert even.returncode == 0, even.stderr
+    assert json.loads(even.stdout) == [{"vhost": "/", "name": "spread-a", "size": 3,
+                                        "result": "ok"}]
+    wait_for(lambda: len(cluster.group("spread-a").in_sync) == 3, 15, "grown and in sync")
+    grown = ctl(n1, "grow", solo_node, "all", "--vhost-pattern", "^/$")
+    assert grown.returncode == 0, grown.stderr
+    assert grown.stdout.startswith(f"Growing all quorum queues on {solo_node}...\n")
+    assert "spread-b" in grown.stdout and "spread-a" not in grown.stdout
+    wait_for(lambda: len(cluster.group("spread-b").in_sync) == 3, 15, "grown and in sync")
+    wrong = ctl(n1, "grow", solo_node, "some")
+    assert (wrong.returncode, wrong.stderr) == (
+        64, "Error (argument validation): \"strategy 'some' is not recognised.\"\n")
