@@ -33,9 +33,10 @@ async def quorum_status(management, request: Request, rest: list[str]) -> Respon
         return Response.json([_row(management.node_of(meta), "leader", None, None, True)])
     leader = group["leader"]
     held = await _leader_indexes(management, meta) if leader else None
-    epoch_commit, indexes = (held[:2], dict(zip(sorted(group["members"]), held[2:]))) \
-        if held else ((None, None), {})
-    commit = epoch_commit[1]
+    if held and len(held) - 2 != len(group["members"]):
+        held = None  # the leader's shard not yet told of a member change
+    commit, indexes = (held[1], dict(zip(sorted(group["members"]), held[2:]))) \
+        if held else (None, {})
     rows = []
     for node in group["members"]:
         state = "leader" if node == leader else \
