@@ -47,6 +47,7 @@ class Replicas:
         self.roles: dict[int, tuple[int, int]] = {}  # qid -> (ROLE_*, epoch) told our shard
         self._locks: dict[int, asyncio.Lock] = {}  # one in-sync write at a time per group
         self._led: dict[int, list[asyncio.Future]] = {}  # qid -> who waits for a leader
+        self._leaving: dict[int, QueueRecord] = {}  # removed while leading: until replaced
         self._tasks: set[asyncio.Task] = set()
 
     @property
@@ -103,7 +104,7 @@ class Replicas:
             self.names.pop(group, None)
             self.members.pop(qid, None)
             self._locks.pop(qid, None)
-            if mine:
+            if mine or self._leaving.pop(qid, None) is not None:
                 self._drop(record)
             return
         members = tuple(record.members)
@@ -116,19 +117,26 @@ class Replicas:
         if mine and not was:
             self._declare(record)
         elif was and not mine:  # removed from the group: its rows go
-            self._drop(record)
+            self._drop(record, removed=True)
         if mine and self.elections is not None:
             self.elections.join(*group, record.members)
             if was and qid in self.roles:  # the members changed: our shard hears of it
                 self._spawn(self._regroup(record))
         self.route(qid)
 
-    def _drop(self, record: QueueRecord) -> None:
+    def _drop(self, record: QueueRecord, removed: bool = False) -> None:
         """No longer a member (the queue deleted, or this node removed)."""
-        self.roles.pop(record.definition.qid, None)
-        self._local_link(record).send(r.DeleteQueue(0, record.definition.qid, False, False))
+        qid = record.definition.qid
+        told = self.roles.pop(qid, None)
         if self.elections is not None:
             self.elections.leave(*_group(record))
+        if removed and told is not None and told[0] == r.ROLE_LEADER:
+            # Publishes reach our shard until another member leads: as a follower
+            # it nacks them (a deleted queue would take them as unroutable).
+            self._tell(record, r.ROLE_FOLLOWER, told[1])
+            self._leaving[qid] = record
+            return
+        self._local_link(record).send(r.DeleteQueue(0, qid, False, False))
 
     async def _regroup(self, record: QueueRecord) -> None:
         """Tell our shard the group's new members; as its leader, first write the
@@ -264,8 +272,13 @@ class Replicas:
         """Any group's leader changed: clients here go to the new one (a node that
         is no member hears no role, only this)."""
         qid = self.names.get((vhost, name))
-        if qid is not None:
-            self.route(qid)
+        if qid is None:
+            return
+        leaving = self._leaving.get(qid)
+        if leaving is not None and self._leader(leaving) not in ("", self.node.name):
+            del self._leaving[qid]  # replaced: our rows go
+            self._local_link(leaving).send(r.DeleteQueue(0, qid, False, False))
+        self.route(qid)
 
     def _role(self, vhost: str, name: str, role: g.Role) -> None:
         """The elections: this node's role in a group changed."""
