@@ -70,6 +70,8 @@ def world(managed):
     call(managed, "PUT", "/api/permissions/r-v/r-u", {"configure": ".*", "write": ".*",
                                                       "read": ".*"})
     call(managed, "PUT", "/api/queues/r-v/r-q", {"durable": True})
+    call(managed, "PUT", "/api/queues/r-v/r-qq", {"durable": True,
+                                                  "arguments": {"x-queue-type": "quorum"}})
     call(managed, "PUT", "/api/exchanges/r-v/r-x", {"type": "direct"})
     call(managed, "PUT", "/api/exchanges/r-v/r-x2", {"type": "fanout"})
     call(managed, "POST", "/api/bindings/r-v/e/r-x/q/r-q", {"routing_key": "k"})
@@ -104,6 +106,9 @@ def sample_paths(broker, world) -> dict[tuple[str, ...], str]:
         "queues": "queues", "queues/*": "queues/r-v", "queues/*/*": "queues/r-v/r-q",
         "queues/*/*/contents": "queues/r-v/r-q/contents", "queues/*/*/get": "queues/r-v/r-q/get",
         "queues/*/*/bindings": "queues/r-v/r-q/bindings",
+        "quorum-status/*/*": "quorum-status/r-v/r-qq",
+        "quorum-members/*/*/*": "quorum-members/r-v/r-qq/n",
+        "quorum-grow/*": "quorum-grow/n", "quorum-shrink/*": "quorum-shrink/n",
         "exchanges": "exchanges", "exchanges/*": "exchanges/r-v",
         "exchanges/*/*": "exchanges/r-v/r-x", "exchanges/*/*/publish": "exchanges/r-v/r-x/publish",
         "exchanges/*/*/bindings/source": "exchanges/r-v/r-x/bindings/source",
