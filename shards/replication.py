@@ -41,7 +41,7 @@ class Limits(NamedTuple):
     keep_entries: int = 10_000  # entries kept in RAM for followers that lag
     keep_bytes: int = 64 << 20
     in_flight: int = 4 << 20  # bytes sent to a follower and not yet acknowledged
-    silence: float = 10.0  # seconds a lagging follower stays in sync without catching up
+    silence: float = 3.0  # seconds a follower may stay behind where the log was then
     max_lag: int = 5_000  # entries a follower may lag and stay in sync
     retry: float = 5.0  # seconds without an answer before what is in flight goes again
 
@@ -201,6 +201,10 @@ class Leader:
         self.deposed = False  # a newer epoch was seen: nothing more is sent or committed
         self.now = now
         self.pending: frozenset[str] | None = None  # the in-sync set being written
+        # (time, last index) at each tick: a follower that holds what the log held at
+        # a time counts as caught up at that time, so under a steady flood a follower
+        # a batch or two behind stays in sync, and one that stops answering does not.
+        self.marks: deque[tuple[float, int]] = deque()
         self.peers = {node: _Peer(now) for node in self.members - {me}}
         self._moved = False
 
@@ -335,6 +339,10 @@ class Leader:
     def tick(self, now: float) -> None:
         """Send again what a follower has not answered for `retry` seconds."""
         self.now = now
+        marks = self.marks
+        marks.append((now, self.log.last_index))
+        while len(marks) > 1 and marks[1][0] <= now - self.limits.silence:
+            marks.popleft()
         for peer in self.peers.values():
             self._caught_up(peer)
             if peer.in_flight and now - peer.heard_at > self.limits.retry:
@@ -342,8 +350,15 @@ class Leader:
                 peer.rewind(peer.floor)
 
     def _caught_up(self, peer: _Peer) -> None:
-        if peer.state == STREAM and peer.durable >= self.log.last_index:
+        if peer.state != STREAM:
+            return
+        if peer.durable >= self.log.last_index:
             peer.caught_up_at = self.now
+            return
+        for at, index in reversed(self.marks):
+            if peer.durable >= index:
+                peer.caught_up_at = max(peer.caught_up_at, at)
+                return
 
     def isr_proposal(self, now: float) -> frozenset[str] | None:
         """The in-sync set as it should be (None: as it is, or a write is under
