@@ -88,7 +88,9 @@ class Elections:
                 found.setdefault(where[:2], {})[where[2]] = kv
         for group in set(self.views) | set(found):
             keys = found.get(group, {})
-            self._update(group, g.reloaded, keys.get("leader"), keys.get("isr"), revision)
+            self._forget_stale(keys.get("leader"))
+            self._update(group, g.reloaded, keys.get("leader"), keys.get("isr"), revision,
+                         self.lease)
         return revision
 
     async def _compacted(self, revision: int) -> int:
@@ -106,7 +108,10 @@ class Elections:
             where = self.layout.group_of(event.kv.key)
             if where is None:
                 continue
-            self._update(where[:2], g.applied, where[2], event.kv, event.type == "DELETE")
+            deleted = event.type == "DELETE"
+            if where[2] == "leader" and not deleted:
+                self._forget_stale(event.kv)
+            self._update(where[:2], g.applied, where[2], event.kv, deleted, self.lease)
 
     # -- membership ----------------------------------------------------------------
 
@@ -240,7 +245,8 @@ class Elections:
     def _read_back(self, group: Group, result: TxnResult) -> None:
         """A failed transaction's reads of the group's two keys, into its view."""
         leader, isr = (kvs[0] if kvs else None for kvs in result.responses)
-        self._update(group, g.reloaded, leader, isr, result.revision)
+        self._forget_stale(leader)
+        self._update(group, g.reloaded, leader, isr, result.revision, self.lease)
 
     # -- the views -----------------------------------------------------------------
 
@@ -250,6 +256,18 @@ class Elections:
             view = self.views[group] = g.GroupView(self.layout.group_leader(*group),
                                                    self.layout.group_isr(*group))
         return view
+
+    def _forget_stale(self, kv: KeyValue | None) -> None:
+        """An earlier run of this node's leader key: its lease goes now (with it
+        every key that run left), so the group elects at once, not a TTL later."""
+        if kv is not None and g.stale(kv, self.me, self.lease):
+            self._spawn(self._revoke(kv.lease))
+
+    async def _revoke(self, lease: int) -> None:
+        try:
+            await self.etcd.revoke(lease)
+        except (EtcdUnavailable, EtcdError):
+            pass  # it runs out by itself within its TTL
 
     def _update(self, group: Group, change: Callable[..., g.Change], *args: Any) -> None:
         """Applies a change of groups.py (`change(view, me, *args)`) to a group's

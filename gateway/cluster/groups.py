@@ -134,26 +134,35 @@ def isr_deleted(view: GroupView, me: str, revision: int) -> Change:
     return _retold(replace(view, in_sync=None, isr_epoch=0, isr_revision=revision), me)
 
 
-def applied(view: GroupView, me: str, field: str, kv: KeyValue, deleted: bool) -> Change:
-    """A watch event on the group's `field` ("leader" or "isr") key."""
+def stale(kv: KeyValue, me: str, lease: int) -> bool:
+    """A leader key of this node's name under another lease: an earlier run of this
+    node (killed before its lease ran out) led, and this run must not take that
+    epoch for its own: its log may lack what that run had sent."""
+    return bool(lease) and kv.lease != lease and lay.decode_leader(kv.value).node == me
+
+
+def applied(view: GroupView, me: str, field: str, kv: KeyValue, deleted: bool,
+            lease: int = 0) -> Change:
+    """A watch event on the group's `field` ("leader" or "isr") key; `lease`, this
+    node's."""
     if field == "leader":
         if deleted:
             return leader_deleted(view, me, kv.mod_revision)
-        return leader_put(view, me, lay.decode_leader(kv.value).node, kv.create_revision,
-                          kv.mod_revision)
+        node = "" if stale(kv, me, lease) else lay.decode_leader(kv.value).node
+        return leader_put(view, me, node, kv.create_revision, kv.mod_revision)
     if deleted:
         return isr_deleted(view, me, kv.mod_revision)
     return isr_put(view, me, lay.decode_in_sync(kv.value), kv.mod_revision)
 
 
 def reloaded(view: GroupView, me: str, leader: KeyValue | None, isr: KeyValue | None,
-             revision: int) -> Change:
+             revision: int, lease: int = 0) -> Change:
     """Both keys as read at `revision` (None: absent then)."""
     told: list[Role] = []
     if leader is None:
         view, roles = leader_deleted(view, me, revision)
     else:
-        view, roles = applied(view, me, "leader", leader, False)
+        view, roles = applied(view, me, "leader", leader, False, lease)
     told += roles
     if isr is None:
         view, roles = isr_deleted(view, me, revision)

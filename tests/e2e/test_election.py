@@ -167,6 +167,31 @@ def test_a_node_of_no_group_hears_each_of_its_leaders(etcd_server):
     run(scenario())
 
 
+def test_a_node_restarted_before_its_lease_ran_out_does_not_lead_its_old_epoch(etcd_server):
+    async def scenario():
+        all_nodes = await nodes(etcd_server.endpoint)
+        a, b, c = all_nodes
+        again = None
+        try:
+            await group(all_nodes, "q")
+            await until(lambda: one_leader(all_nodes, "q") is a, message="a leads")
+            epoch = a.led("q")[-1]
+            await a.elections.stop()  # killed: its lease lives on in etcd for a while
+            a.lease._task.cancel()  # no more keep-alives: as a process killed
+            again = await Node("a", etcd_server.endpoint).start()  # a's next run
+            again.elections.join(VHOST, "q", NAMES)
+            # Its earlier run's key goes at once (its lease revoked), and a new epoch
+            # is elected well within the TTL; a's new run never leads the old one.
+            await until(lambda: any(e > epoch for n in (again, b, c) for e in n.led("q")),
+                        timeout=TTL, message="a new epoch")
+            assert epoch not in again.led("q")
+        finally:
+            await stop([b, c] + ([again] if again else []))
+            await a.etcd.close()
+
+    run(scenario())
+
+
 def test_a_node_out_of_the_in_sync_set_never_leads(etcd_server):
     async def scenario():
         all_nodes = await nodes(etcd_server.endpoint)
