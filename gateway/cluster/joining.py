@@ -42,3 +42,13 @@ async def shared_secret(etcd: Etcd, layout: lay.Layout) -> bytes:
                    [Op.put(layout.secret, made)])
     kv = await etcd.get(layout.secret)
     return kv.value
+
+
+def never_reuse_ids(catalogue, number: int) -> None:
+    """A wiped data directory counts queue ids afresh: past every id etcd knows of
+    node `number`, so a new queue never takes an old one's id (a replicated
+    queue's id names its group on every member)."""
+    taken = [qid - catalogue.qid_base for qid in catalogue.queues_by_qid if qid >> 52 == number]
+    if taken:
+        meta = catalogue.meta
+        meta.set_next_qid(max(max(taken) + 1, meta.load().next_qid))

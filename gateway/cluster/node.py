@@ -28,7 +28,7 @@ from ..errors import AMQPError
 from ..values import QueueMeta, placement
 from . import layout as lay
 from .etcd import Compare, Etcd, EtcdError, EtcdUnavailable, KeyValue, Lease, Op
-from .joining import ClusterError, shared_secret, take_number
+from .joining import ClusterError, never_reuse_ids, shared_secret, take_number
 from .members import Members
 from .peers import Peers, view_of
 from .quorum import Replicas
@@ -114,6 +114,7 @@ class ClusterNode:
                                  management, self.members.local_shards, time.time())
         await self._register()
         await self._reload()
+        never_reuse_ids(self.gateway.catalogue, self.number)
         self._declare_own_queues()
         self._adopt_links()
         await self._forget_own_transient()

@@ -6,6 +6,7 @@ another member leads within seconds and the old one rejoins as a follower."""
 from __future__ import annotations
 
 import base64
+import shutil
 
 import pika
 import pika.exceptions
@@ -166,3 +167,21 @@ def test_replicated_queue_survives_its_leaders_nodes(cluster):
     wait_for(lambda: group(cluster, "rq") == (None, []), 10, "the group's keys deleted")
     for node in (follower, by_name[third]):
         assert all(q["name"] != "rq" for q in node.api("queues"))
+
+
+def test_a_wiped_node_gives_a_new_queue_a_new_id(cluster):
+    """A data directory wiped counts queue ids afresh; a quorum queue declared
+    through the node afterwards took its first queue's id, and with it that
+    queue's group: answered, but never in etcd nor on the other nodes."""
+    n1, n2, _ = cluster.nodes
+    for name in ("first", "second"):
+        if name == "second":
+            n1.kill()
+            shutil.rmtree(n1.data_dir)
+            n1.start()
+            wait_for(lambda: all(n["running"] for n in n2.api("nodes")), 30, "n1 back")
+        conn = connect(n1)
+        conn.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+        conn.close()
+        wait_for(lambda: name in {q["name"] for q in n2.api("queues")}, 10, f"{name} on n2")
+        wait_for(lambda: cluster.group(name).leader, 15, f"a leader of {name}")
