@@ -14,7 +14,7 @@ import pytest
 
 from warren.gateway.cluster import layout
 
-from ..support.cluster import Cluster, wait_for
+from ..support.cluster import Cluster, connect, wait_for
 
 pytestmark = [pytest.mark.run_once, pytest.mark.slow]
 
@@ -27,15 +27,7 @@ COUNT = 500
 def cluster(tmp_path):
     with Cluster(tmp_path, gateways=2) as running:
         yield running
-    for node in running.nodes:
-        if node.process is not None and node.process.poll() is None:
-            assert "Traceback" not in node.log_text(), node.log_text()
-
-
-def connect(node) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(
-        "127.0.0.1", node.port, credentials=pika.PlainCredentials("guest", "guest"),
-        connection_attempts=1))
+    running.assert_no_traceback()
 
 
 def publish(node, queue: str, bodies) -> None:

@@ -16,7 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from ..support.cluster import Cluster, wait_for
+from ..support.cluster import Cluster, connect, wait_for
 
 pytestmark = [pytest.mark.run_once, pytest.mark.slow]
 
@@ -29,15 +29,7 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 def cluster(tmp_path_factory):
     with Cluster(tmp_path_factory.mktemp("members")) as running:
         yield running
-    for node in running.nodes:
-        if node.process is not None and node.process.poll() is None:
-            assert "Traceback" not in node.log_text(), node.log_text()
-
-
-def connect(node) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(
-        "127.0.0.1", node.port, credentials=pika.PlainCredentials("guest", "guest"),
-        connection_attempts=1))
+    running.assert_no_traceback()
 
 
 def declare(node, queue: str, arguments: dict) -> None:

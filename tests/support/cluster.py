@@ -13,6 +13,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import pika
+
 from warren.gateway.cluster import layout
 
 from .broker import RunningBroker, free_port
@@ -101,6 +103,12 @@ class Cluster:
                 node.stop()
         self.etcd.cleanup()
 
+    def assert_no_traceback(self) -> None:
+        """The nodes still running logged no traceback."""
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                assert "Traceback" not in node.log_text(), node.log_text()
+
     def __enter__(self) -> "Cluster":
         return self.start()
 
@@ -136,3 +144,10 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
             last_error = error
         time.sleep(interval)
     raise AssertionError(f"{what}: not within {timeout} s (last error: {last_error!r})")
+
+
+def connect(node) -> pika.BlockingConnection:
+    """A pika connection to a node, one attempt."""
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", node.port, credentials=pika.PlainCredentials("guest", "guest"),
+        connection_attempts=1))
