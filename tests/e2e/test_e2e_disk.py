@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import struct
-import threading
 
 import pika
 import pytest
@@ -196,39 +195,35 @@ def test_full_disk_nacks_raises_the_alarm_and_the_shard_goes_on(roomy_tmpfs):
 
 
 def test_disk_alarm_clears_after_a_flood_grew_the_journal_and_a_purge(tmp_path):
-    """A flood grows the shard's journal to a checkpoint's worth (20 MiB) and the
-    alarm goes on; a checkpoint after the flood shrinks the journal back, so the alarm
-    clears. A journal that never shrank kept it on for good on a disk this small."""
-    with mounted_tmpfs(tmp_path / "disk", "64m") as disk:
-        free = shutil.disk_usage(disk).free
-        broker = RunningBroker(disk / "data", shards=1,
-                               extra_args=["--disk-free-limit", str(free - 8 * MB)])
+    """A flood grows the shard's journal (up to a checkpoint's worth); a ballast then
+    takes the disk below the limit by half what the journal grew, so the alarm goes
+    on; after a purge, a checkpoint shrinks the journal back and the alarm clears.
+    A journal that never shrank kept it on for good on a disk this small."""
+    with mounted_tmpfs(tmp_path / "disk", "80m") as disk:
+        limit = 20 * MB  # above half the most a journal grows
+        broker = RunningBroker(disk / "data", shards=1, extra_args=["--disk-free-limit", str(limit)])
         broker.log_path = tmp_path / "broker.log"
         broker.start()
+        journal_file = disk / "data" / "shard-0" / "journal"
         publisher = ConfirmPublisher(broker.port, "flood")
-        # At once: one checkpoint's worth. In a thread: the alarm may go on before
-        # the broker has read it all, and then holds the rest unread until it clears.
-        flood = threading.Thread(target=publisher.publish, args=(20,),
-                                 kwargs={"body": b"j" * MB}, daemon=True)
         try:
-            flood.start()
+            publisher.publish(20, body=b"j" * MB)  # at once: up to a checkpoint's worth
+            wait_until(lambda: len(publisher.acked) == 20, timeout=30)
+            # the checkpoint after it has applied the journal (and grown LMDB)
+            wait_until(lambda: not journal.read(str(journal_file)), timeout=20)
+            grown = os.path.getsize(journal_file) - journal.GROW_BY
+            assert grown >= journal.GROW_BY, "the flood did not grow the journal: no point"
+            ballast = shutil.disk_usage(disk).free - limit + grown // 2
+            with open(disk / "ballast", "wb") as f:
+                f.write(bytes(ballast))
             wait_until(lambda: "resource alarm disk on: ('gateway'" in broker.log_text(),
                        timeout=20)
-            journal_file = disk / "data" / "shard-0" / "journal"
-            # what the point is about
-            wait_until(lambda: os.path.getsize(journal_file) >= 12 * MB, timeout=20)
             conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
-            purged = conn.channel().queue_purge("flood").method.message_count
+            assert conn.channel().queue_purge("flood").method.message_count == 20
+            conn.close()
             wait_until(lambda: "resource alarm disk off: ('gateway'" in broker.log_text(),
                        timeout=20)
-            flood.join(20)
-            wait_until(lambda: len(publisher.acked | publisher.nacked) == 20, timeout=20)
-            # What the alarm held back came after the purge: gone too, and the journal
-            # shrinks again after the checkpoint that took it.
-            rest = conn.channel().queue_purge("flood").method.message_count
-            assert purged + rest == len(publisher.acked)
-            conn.close()
-            wait_until(lambda: os.path.getsize(journal_file) <= journal.GROW_BY, timeout=20)
+            assert os.path.getsize(journal_file) == journal.GROW_BY
         finally:
             publisher.close()
             broker.stop()
