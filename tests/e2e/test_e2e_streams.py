@@ -220,7 +220,8 @@ def test_next_last_and_a_timestamp(broker):
     time.sleep(1.1)  # the timestamp argument counts whole seconds
     since = datetime.datetime.now(datetime.timezone.utc)
     publish(ch, queue, [b"new"])
-    assert read(conn, queue, 2, offset=since.replace(microsecond=0)) == [(1, b"new")]
+    assert read(conn, queue, 2, offset=since.replace(microsecond=0),
+                timeout=1.0) == [(1, b"new")]
     assert read(conn, queue, 1, offset="last") == [(1, b"new")]
 
     nexts = conn.channel()
@@ -346,7 +347,7 @@ def test_a_deleted_stream_declared_again_starts_empty(broker):
     assert cancelled == [tag]
     stream(ch, queue)
     publish(ch, queue, [b"c"])
-    assert read(conn, queue, 2) == [(0, b"c")]
+    assert read(conn, queue, 2, timeout=1.0) == [(0, b"c")]  # and nothing before it
 
 
 def test_a_restarted_shard_serves_its_streams_again(fresh_broker):
