@@ -1,15 +1,15 @@
 """Replicated quorum queues in the root: the shell between the elections
 (election.py), the catalogue's queue records and this node's shards.
 
-A quorum queue declared with more than one member is a replica group. Every
-member node's root declares it to its own shard (the same qid, on the shard
-its name places it on there), joins its election and tells that shard each
-role the election gives it (ReplicaRole). The shards' frames for one another
-go over the inter-node link as commands to the other node's shard (in order:
-one connection per node pair carries them), and a leader's wish for its
-in-sync set is written to etcd fenced by its epoch, one write at a time per
-group. Clients follow the leader: the queue's route here (QueueMeta.shard) is
-its leader's shard.
+A quorum queue declared in a cluster is a replica group (of one member or more,
+as RabbitMQ's Raft groups). Every member node's root declares it to its own
+shard (the same qid, on the shard its name places it on there), joins its
+election and tells that shard each role the election gives it (ReplicaRole).
+The shards' frames for one another go over the inter-node link as commands to
+the other node's shard (in order: one connection per node pair carries them),
+and a leader's wish for its in-sync set is written to etcd fenced by its epoch,
+one write at a time per group. Clients follow the leader: the queue's route
+here (QueueMeta.shard) is its leader's shard.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Replicas:
                 replicas[name] = replicas.get(name, 0) + 1
         size = spec.arguments.get("x-quorum-initial-group-size", DEFAULT_SIZE)
         chosen = group_members(first, size, members.running, members.known, replicas)
-        if len(chosen) > 1:
+        if chosen:
             self.node.sync.placed[(spec.vhost, spec.name)] = chosen
 
     def index_on(self, record: QueueRecord, node: str) -> int:

@@ -29,7 +29,7 @@ async def quorum_status(management, request: Request, rest: list[str]) -> Respon
     if kind != "quorum":
         raise bad_request(f"Cannot get quorum status of a {kind} queue")
     group = management.replica_group(meta)
-    if group is None:  # one member: this queue's node leads it alone
+    if group is None:  # not replicated (alone, or declared before a cluster): its node leads
         return Response.json([_row(management.node_of(meta), "leader", None, None, True)])
     leader = group["leader"]
     held = await _leader_indexes(management, meta) if leader else None
@@ -62,8 +62,8 @@ async def quorum_members(management, request: Request, rest: list[str]) -> Respo
     if cluster is None:
         raise bad_request("node_not_running")
     if management.replica_group(meta) is None:
-        raise bad_request("Warren changes the members of a quorum queue declared with "
-                          "more than one member only")
+        raise bad_request(f"queue '{meta.spec.name}' in vhost '{vhost.name}' is not replicated "
+                          "(declared before its node joined a cluster)")
     error = await cluster.replicas.change_members(vhost.name, meta.spec.name, rest[2], add)
     if error == "not_found":
         raise not_found()

@@ -122,11 +122,28 @@ def test_quorum_status_refusals(cluster):
     refused = ctl(n1, "quorum_status", "classic")
     assert refused.returncode == 1
     assert "Cannot get quorum status of a classic queue" in refused.stderr
+
+
+def test_a_queue_of_one_member_is_a_group_that_grows(cluster):
+    """As a Raft group of one of RabbitMQ's: it leads alone, then takes a member."""
+    n1 = cluster.nodes[0]
     declare(n1, "alone", {**QUORUM, "x-quorum-initial-group-size": 1})
-    [row] = status(n1, "alone")  # on the node placement chose
-    assert (row["node"], row["raft_state"], row["in_sync"]) == \
-        (n1.api("queues/%2F/alone")["node"], "leader", True)
-    assert row["log_index"] is None and row["commit_index"] is None
+    publish(n1, "alone", 20)
+    [row] = wait_for(lambda: (found := status(n1, "alone")) and found[0]["log_index"]
+                     and found, 10, "its leader's indexes")
+    home = n1.api("queues/%2F/alone")["node"]  # the node placement chose
+    assert (row["node"], row["raft_state"], row["in_sync"]) == (home, "leader", True)
+    assert row["commit_index"] == row["log_index"]
+    other = next(node.name for node in cluster.nodes if node.name != home)
+    added = ctl(n1, "add_member", "alone", other)
+    assert added.returncode == 0, added.stderr
+    wait_for(lambda: sorted(cluster.group("alone").in_sync) == sorted([home, other]), 15,
+             "the new member caught up")
+    removed = ctl(n1, "delete_member", "alone", home)
+    assert removed.returncode == 0, removed.stderr
+    wait_for(lambda: n1.api("queues/%2F/alone")["leader"] == other, 15, "the new member leads")
+    expected = {f"m{i}".encode() for i in range(20)}
+    assert consume(n1, "alone", expected) == expected
 
 
 def consume(node, queue: str, expected: set[bytes]) -> set[bytes]:
