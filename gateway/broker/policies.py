@@ -40,14 +40,32 @@ def problems(policy: PolicyDef) -> str | None:
         return f"invalid pattern '{policy.pattern}': {pattern}"
     if not isinstance(policy.definition, dict) or not policy.definition:
         return "definition must be a non-empty object"
+    unknown = sorted((key, value) for key, value in policy.definition.items()
+                     if key not in QUEUE_KEYS and key not in EXCHANGE_KEYS)
+    if unknown:  # `queue-type` among them: a policy never sets a queue's type
+        settings = ",".join(f"{{{_erlang(key)},{_erlang(value)}}}" for key, value in unknown)
+        return f"Validation failed\n\n[{settings}] are not recognised policy settings\n"
     for key, value in policy.definition.items():
-        argument = QUEUE_KEYS.get(key) or EXCHANGE_KEYS.get(key)
-        if argument is None:
-            return f"unrecognised policy key '{key}'"
+        argument = QUEUE_KEYS.get(key) or EXCHANGE_KEYS[key]
         error = _CHECKS[argument](value)
         if error:
             return f"invalid value for '{key}': {error}"
     return None
+
+
+def _erlang(value) -> str:
+    """A JSON value as RabbitMQ's texts print it (an Erlang term)."""
+    if isinstance(value, str):
+        return '<<"%s">>' % value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ",".join(_erlang(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "#{" + ",".join(f"{_erlang(k)} => {_erlang(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def exchanges_named(definition: dict) -> list[str]:

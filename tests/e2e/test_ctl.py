@@ -77,7 +77,7 @@ def test_users_vhosts_permissions_policies(managed):
     assert {"vhost": "/", "name": "cap", "pattern": "^capped", "apply-to": "queues",
             "definition": {"max-length": 3}, "priority": 4} in policies
     bad = ctl(managed, "set-policy", "bad", ".*", '{"colour": 1}', check=False)
-    assert bad.returncode == 1 and "unrecognised policy key 'colour'" in bad.stderr
+    assert bad.returncode == 1 and '[{<<"colour">>,1}] are not recognised policy settings' in bad.stderr
     ctl(managed, "clear-policy", "cap")
     ctl(managed, "--vhost", "ctl-vhost", "clear-permissions", "dave")
     ctl(managed, "delete-user", "dave")
