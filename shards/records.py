@@ -316,6 +316,7 @@ class QueueInfoReply(_Record, tag=59):
     queues: list[list[int]]
     fsyncs: int = 0  # the shard's commits so far
     messages: int = 0  # records written by them
+    followed: list[int] = []  # asked for all: the replicated queues it follows (no row)
 
 
 # A stream's row adds its log's segments and bytes on disk, then (consumer id,

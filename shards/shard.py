@@ -335,7 +335,8 @@ class Shard:
                 if qid in self.queues
                 else self.streams.figures(qid) for qid in wanted
                 if qid in self.queues or qid in self.streams.streams],
-                self.commits.fsyncs, self.commits.messages))
+                self.commits.fsyncs, self.commits.messages,
+                [] if cmd.qids else list(self.replicas.records)))
         elif kind is Stop:
             self.running = False
         elif kind is Sync:

@@ -65,6 +65,8 @@ class Replicas:
         for record in list(self.groups.values()):
             if node.name in record.members:
                 self.elections.join(*_group(record), record.members)
+        for link in node.gateway.shards.links[:node.members.local_shards]:
+            self._sweep(link)
 
     async def stop(self) -> None:
         if self.elections is not None:
@@ -327,6 +329,33 @@ class Replicas:
                 self._declare(record)
                 if qid in self.roles:
                     self._tell(record, *self.roles[qid])
+        if self.elections is not None:  # (at the node's start: once the catalogue is in)
+            self._sweep(link)
+
+    def _sweep(self, link) -> None:
+        """A shard's rows of queues the cluster no longer has there, deleted: a group
+        this node was removed from, or a queue deleted, while it was down (the member
+        removed or the queue deleted while it runs deletes them at once). Every
+        queue a shard holds is in the catalogue before the shard has it, and out of
+        it before the shard deletes it, so the rest are left behind."""
+        catalogue = self.node.gateway.catalogue
+
+        def swept(reply) -> None:
+            if type(reply) is not r.QueueInfoReply:
+                return  # the shard is down: swept when it starts again
+            for qid in [row[0] for row in reply.queues] + reply.followed:
+                record = self.groups.get(qid)
+                if record is None:
+                    kept = qid in catalogue.queues_by_qid
+                else:
+                    kept = self.node.name in record.members or qid in self._leaving
+                if kept:
+                    continue
+                log.info("queue %d's rows in shard %d deleted: its queue is gone or has no "
+                         "member here", qid, link.index)
+                link.send(r.DeleteQueue(0, qid, False, False))
+
+        link.request(lambda req: r.QueueInfo(req, []), swept)
 
     # -- what the shards send ------------------------------------------------------------
 

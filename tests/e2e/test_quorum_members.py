@@ -16,7 +16,10 @@ import pika
 import pika.exceptions
 import pytest
 
-from ..support.cluster import Cluster, connect, wait_for
+from warren.gateway.cluster import layout
+from warren.storage.inspect import _ShardView
+
+from ..support.cluster import PREFIX, Cluster, connect, wait_for
 
 pytestmark = [pytest.mark.run_once, pytest.mark.slow]
 
@@ -290,3 +293,40 @@ def test_shrink_and_grow_a_node(cluster):
     wrong = ctl(n1, "grow", solo_node, "some")
     assert (wrong.returncode, wrong.stderr) == (
         64, "Error (argument validation): \"strategy 'some' is not recognised.\"\n")
+
+
+def test_rows_of_a_queue_left_or_deleted_while_a_node_was_down_go_at_its_return(cluster):
+    """Removed from one group and another group deleted while its node was stopped:
+    at its start the node's shard drops the rows it kept of both."""
+    n1, n2, n3 = cluster.nodes
+    for queue in ("departed", "vanished"):  # both led by n1
+        declare(n1, queue, {**QUORUM, "x-queue-leader-locator": "client-local"})
+        publish(n1, queue, 20)
+    wait_for(lambda: all(sorted(cluster.group(q).in_sync) == ["n1", "n2", "n3"]
+                         for q in ("departed", "vanished")), 15, "all in sync")
+    keys = layout.Layout(PREFIX)
+    qids = [layout.decode(cluster._get(keys.queue_key("/", q))["value"]).definition.qid
+            for q in ("departed", "vanished")]
+    down = n3
+    down.stop()
+    store = str(down.data_dir / "shard-0")
+
+    def held() -> list[int]:
+        view = _ShardView(store)
+        try:
+            return [view.counts(qid)[0] for qid in qids]
+        finally:
+            view.env.close()
+    assert held() == [20, 20]  # (else this test tests nothing)
+    assert ctl(n1, "delete_member", "departed", down.name).returncode == 0
+    connection = connect(n1)
+    connection.channel().queue_delete("vanished")
+    connection.close()
+    down.start()
+    for qid in qids:
+        wait_for(lambda qid=qid: f"queue {qid}'s rows in shard 0 deleted" in down.log_text(),
+                 15, f"queue {qid} swept")
+    down.stop()
+    assert held() == [0, 0]
+    down.start()
+    wait_for(lambda: all(len(n.running_nodes()) == 3 for n in cluster.nodes), 30, "all running")
