@@ -58,14 +58,34 @@ log = logging.getLogger("warren.shard")
 TIMER = "replicas"  # the shard's timer key: retries, in-sync proposals, hellos again
 TICK = 0.5  # seconds between them
 CHUNK_BYTES = 1 << 20  # a snapshot's frame carries about this much content
+# A snapshot's chunks sent and not yet taken by the follower, at most: what it
+# costs in RAM on the way (the shard's outbox, the root, the link) stays bounded
+# however large the queue, and each chunk's content is read from the store as it
+# goes.
+SNAPSHOT_WINDOW = 4
 RECORD_BYTES = 16  # what a record costs beyond its content, for the entries' bounds
 
-# A frame's payload: msgpack [kind, ...] with the fields of replication.py's message.
-SEND, CHUNK, END, HELLO, ACK, REFUSED, RESEND, RESET = range(8)
+# A frame's payload: msgpack [kind, ...] with the fields of replication.py's message;
+# TOOK (epoch, index, chunk number) is the shells' own: a snapshot's chunk taken.
+SEND, CHUNK, END, HELLO, ACK, REFUSED, RESEND, RESET, TOOK = range(9)
 _TO_FOLLOWER = (SEND, CHUNK, END)
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
+
+
+class _Sending:
+    """A snapshot on its way to one follower: the chunks still to read, how many
+    went, and the last the follower took."""
+
+    __slots__ = ("index", "last_epoch", "chunks", "sent", "took")
+
+    def __init__(self, index: int, last_epoch: int, chunks: Iterator[list[tuple]]):
+        self.index = index
+        self.last_epoch = last_epoch
+        self.chunks = chunks
+        self.sent = 0
+        self.took = -1
 
 
 class Replicas:
@@ -94,6 +114,7 @@ class Replicas:
         self.carried: tuple[dict, dict] = ({}, {})  # of commits that failed: the next covers
         self.spill: list | None = None  # events of a commit's start or end (_emit)
         self.deferred: dict[int, ReplicaRole] = {}  # promotions waiting for the commit
+        self.sending: dict[tuple[int, str], _Sending] = {}  # (qid, follower) -> its snapshot
         for qid, (stored, position) in self.persister.replicas.items():
             self.records[qid] = stored
             last_epoch = position.starts[-1][0] if position.starts else 0
@@ -138,6 +159,7 @@ class Replicas:
         goes, and the confirms that waited for it leave as the queue took them."""
         self.persister.replicated.discard(qid)
         self.persister.entries.pop(qid, None)
+        self._stop_sending(qid)
         if self.leaders.pop(qid, None) is not None:
             self._settle_waits(qid, None)
         if self.followers.pop(qid, None) is not None:
@@ -254,6 +276,7 @@ class Replicas:
         shard = self.shard
         leader = self.leaders.pop(qid, None)
         self.persister.replicated.discard(qid)
+        self._stop_sending(qid)
         queue = shard.queues.pop(qid, None)
         if leader is not None:
             self._append(qid, leader)
@@ -291,6 +314,11 @@ class Replicas:
                 leader.reset(node, *frame[1:])
             elif kind == REFUSED:
                 leader.refused(node, *frame[1:])
+            elif kind == TOOK:
+                sending = self.sending.get((qid, node))
+                if sending is not None and frame[1:3] == [leader.epoch, sending.index]:
+                    sending.took = max(sending.took, frame[3])
+                    self._pace(qid, leader, node)
             elif frame[1] > leader.epoch:  # entries of a newer leader: we are deposed
                 leader.refused(node, frame[1])
             else:
@@ -308,6 +336,8 @@ class Replicas:
                                    [Entry(*entry) for entry in frame[4]])
         elif kind == CHUNK:
             out = follower.snapshot_chunk(frame[1], frame[2], frame[3], frame[4])
+            if out and type(out[-1]) is Apply:  # the leader sends more as we take them
+                self._send(qid, node, (TOOK, frame[1], frame[2], frame[5]))
         else:
             out = follower.snapshot_end(frame[1], frame[2], frame[3])
         written = False
@@ -331,6 +361,9 @@ class Replicas:
 
     def _sends(self, qid: int, leader: Leader) -> None:
         """What the leader has for its followers, snapshots read from the queue."""
+        for key in [key for key in self.sending if key[0] == qid]:
+            if not leader.snapshotting(key[1]):  # cut off: its follower said hello
+                del self.sending[key]
         snapshots = False
         for send in leader.take_sends():
             if type(send) is Send:
@@ -342,17 +375,41 @@ class Replicas:
             self._sends(qid, leader)
 
     def _snapshot(self, qid: int, leader: Leader, node: str) -> bool:
-        """The queue's rows as of the leader's last entry, in chunks. (Writes of this
-        turn not yet in an entry may be in them too: the entry that follows writes
-        them again, to the same end.)"""
+        """The queue's rows as of the leader's last entry, in chunks sent as the
+        follower takes them. A chunk read later holds the rows as they are then,
+        and the entries after the snapshot's index write every change since again,
+        to the same end (as do writes of this turn not yet in an entry)."""
         index = leader.log.last_index
         last_epoch = leader.snapshot_started(node, index)
         if last_epoch is None:
             return False
-        for number, records in enumerate(self._rows(qid, CHUNK_BYTES)):
-            self._send(qid, node, (CHUNK, leader.epoch, index, number == 0, records))
-        self._send(qid, node, (END, leader.epoch, index, last_epoch))
-        return True
+        self.sending[(qid, node)] = _Sending(index, last_epoch, self._rows(qid, CHUNK_BYTES))
+        return self._pace(qid, leader, node)
+
+    def _stop_sending(self, qid: int) -> None:
+        for key in [key for key in self.sending if key[0] == qid]:
+            del self.sending[key]
+
+    def _pace(self, qid: int, leader: Leader, node: str) -> bool:
+        """Send the snapshot's next chunks while fewer than SNAPSHOT_WINDOW are
+        untaken. True once its end went: the entries after it may go."""
+        sending = self.sending.get((qid, node))
+        if sending is None:
+            return False
+        if not leader.snapshotting(node):  # replaced, cut off, or deposed
+            del self.sending[(qid, node)]
+            return False
+        while sending.sent - sending.took <= SNAPSHOT_WINDOW:
+            records = next(sending.chunks, None)
+            if records is None:
+                del self.sending[(qid, node)]
+                self._send(qid, node, (END, leader.epoch, sending.index, sending.last_epoch))
+                leader.snapshot_sent(node)
+                return True
+            self._send(qid, node, (CHUNK, leader.epoch, sending.index, sending.sent == 0,
+                                   records, sending.sent))
+            sending.sent += 1
+        return False
 
     def _rows(self, qid: int, limit: int) -> Iterator[list[tuple]]:
         """The led queue's rows as records, about `limit` bytes of content at a time

@@ -60,8 +60,10 @@ class Send(NamedTuple):
 class Snapshot(NamedTuple):
     """The follower needs the leader's store: the shell reads it as of some index,
     calls `snapshot_started(node, index)`, and sends it in chunks (the follower's
-    `snapshot_chunk`, the first marked, then `snapshot_end`) ahead of any later
-    Send to that node; a newer Snapshot for the node replaces one under way."""
+    `snapshot_chunk`, the first marked, then `snapshot_end`) at its own pace, as
+    the follower takes them; `snapshot_sent(node)` once all are sent, and the
+    entries after it follow. A newer Snapshot for the node replaces one under way,
+    and the shell stops one that is not `snapshotting` any more."""
     node: str
     epoch: int
 
@@ -170,6 +172,7 @@ class _Peer:
         self.in_flight: deque[tuple[int, int]] = deque()  # (last index, bytes) per Send
         self.in_flight_bytes = 0
         self.greet = False  # matched (a hello, a snapshot): a Send tells it so, if empty
+        self.loading = False  # a snapshot's chunks are still being sent: no Send yet
         self.heard_at = now  # its last answer, for the retry
         self.caught_up_at = now  # when it last held everything, for the in-sync set
 
@@ -220,7 +223,8 @@ class Leader:
         if self.deposed:
             return out
         for node, peer in self.peers.items():
-            if peer.state == STREAM and (peer.sent < self.log.last_index or peer.greet):
+            if peer.state == STREAM and not peer.loading and (
+                    peer.sent < self.log.last_index or peer.greet):
                 if peer.sent + 1 < self.log.first_kept:
                     peer.state = WANT  # behind the kept entries
                 else:
@@ -268,6 +272,7 @@ class Leader:
         if peer is None or epoch < self.epoch or self.deposed:
             return
         peer.heard_at = self.now
+        peer.loading = False  # (a snapshot under way is cut off: it starts afresh)
         prefix = last_index == 0 or (last_index <= self.log.last_index
                                      and self.log.epoch_at(last_index) == last_epoch)
         if prefix and last_index + 1 >= self.log.first_kept:
@@ -290,12 +295,25 @@ class Leader:
         if peer.state != LOADING or self.deposed:
             return None
         peer.state = STREAM
+        peer.loading = True
         peer.durable = -1  # nothing known until it acks the snapshot
         peer.floor = index  # acks below it are of the log the snapshot replaced
         peer.rewind(index)
         peer.greet = True
         peer.heard_at = self.now
         return self.log.epoch_at(index) or 0
+
+    def snapshotting(self, node: str) -> bool:
+        """Whether the snapshot the shell sends this follower is still wanted."""
+        peer = self.peers.get(node)
+        return peer is not None and peer.loading and peer.state == STREAM \
+            and not self.deposed
+
+    def snapshot_sent(self, node: str) -> None:
+        """Every chunk of the snapshot is sent: the entries after it go now."""
+        peer = self.peers.get(node)
+        if peer is not None:
+            peer.loading = False
 
     def acked(self, node: str, epoch: int, index: int) -> None:
         peer = self.peers.get(node)

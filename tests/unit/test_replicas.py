@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from warren.shards import records as r
+from warren.shards import replicas
 from warren.shards.persister import Persister
 from warren.shards.replication import Limits
 from warren.shards.stats import StatsLog
@@ -419,6 +420,42 @@ def test_a_wiped_follower_is_caught_up_by_a_snapshot(tmp_path, shard_class):
     assert a.confirmed[-1] == 5
     shrink(group, "a", 40.0)  # b out
     assert a.confirmed[-1] == 6  # the snapshot's follower counts
+    for node in group.nodes.values():
+        node.close()
+
+
+def test_a_large_snapshot_goes_a_window_of_chunks_at_a_time(tmp_path, shard_class):
+    """However large the queue, at most SNAPSHOT_WINDOW chunks are on their way
+    before the follower takes one; meanwhile the queue changes, and the follower
+    ends with the leader's rows all the same."""
+    tmp = str(tmp_path)
+    group = make_group(tmp, shard_class, Limits(keep_entries=2))
+    a, c = group.nodes["a"], group.nodes["c"]
+    body = b"s" * (600 << 10)  # two to a chunk
+    for seq in range(1, 17):
+        a.run(publish(seq, body + b"%d" % seq))
+        group.pump()
+    c.close()
+    fresh = Node("c", tmp + "/c-new", shard_class)
+    group.nodes["c"] = fresh
+    fresh.run(r.CreateQueue(1, QID, SPEC, SPEC.arguments))
+    fresh.run(role(r.ROLE_FOLLOWER, 10, "c"))
+    group.pump()
+    a.shard.run_timers(20.0)  # out of the in-sync set: its snapshot starts
+    group.waiting += [("a", frame) for frame in a.take()]
+    (proposal,) = group.proposals("a")
+    a.run(r.InSyncWritten(QID, proposal.epoch, proposal.nodes, True), 20.0)
+    chunks = [msgspec.msgpack.decode(f.payload) for f in a.take() if f.node == "c"]
+    chunks = [frame for frame in chunks if frame[0] == replicas.CHUNK]
+    assert len(chunks) == replicas.SNAPSHOT_WINDOW  # then it waits for the follower
+    group.waiting += [("a", r.ReplicaFrame(QID, "c", msgspec.msgpack.encode(frame)))
+                      for frame in chunks]
+    a.run(r.Get(3, QID, 60, False))  # the queue changes under the snapshot: one acked
+    a.run(r.Settle(QID, 60, [1], r.SETTLE_ACK))
+    group.pump()
+    assert [row[0][0] for row in rows(fresh)] == list(range(2, 17))
+    assert rows(fresh) == rows(a)
+    assert not a.shard.replicas.sending
     for node in group.nodes.values():
         node.close()
 

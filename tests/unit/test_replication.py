@@ -157,6 +157,7 @@ class Group(RuleBasedStateMachine):
                     items = self.stores[node][:index]
                     chunks = [items[:index // 2], items[index // 2:]]
                     self.net.append((out.node, node, (out.epoch, index, last_epoch, chunks)))
+                    leader.snapshot_sent(out.node)  # its chunks all went, in order
             else:
                 self.net.append((out.node, node, out))
         self.check_in_flight(leader)
@@ -393,6 +394,10 @@ def test_a_divergent_follower_is_dropped_then_snapshot():
     leader.isr_written({"a", "c"})
     assert leader.take_sends() == [Snapshot("b", 2)]
     assert leader.snapshot_started("b", 1) == 1
+    assert leader.snapshotting("b") and leader.take_sends() == []  # behind its chunks
+    leader.snapshot_sent("b")
+    assert not leader.snapshotting("b")
+    assert [(s.node, s.first_index, s.entries) for s in leader.take_sends()] == [("b", 2, [])]
     follower = Follower("g", "b", 1, 2)
     follower.hello(2)
     assert follower.snapshot_chunk(2, 1, True, ["x"]) == [Clear(), Apply(["x"])]
@@ -422,6 +427,7 @@ def test_a_follower_behind_the_kept_entries_is_snapshot_and_rejoins():
     leader.hello("c", 1, 0, 0, 0)  # entry 1 is no longer kept
     assert leader.take_sends() == [Snapshot("c", 1)]
     assert leader.snapshot_started("c", 10) == 1
+    leader.snapshot_sent("c")
     follower = Follower("g", "c", 0, 0, limits=LIMITS)
     follower.hello(1)
     follower.snapshot_chunk(1, 10, True, list(range(10)))
