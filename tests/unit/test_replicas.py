@@ -391,10 +391,20 @@ def test_a_leader_deposed_mid_turn_keeps_that_turn_in_its_log(group):
     assert a.store.positions() == {QID: Position([(10, 1)], 1)}
 
 
+def wiped(group: Group, name: str, tmp: str, shard_class) -> Node:
+    """Member `name` again on an empty store, told its role."""
+    group.nodes[name].close()
+    fresh = group.nodes[name] = Node(name, f"{tmp}/{name}-new", shard_class)
+    fresh.run(r.CreateQueue(1, QID, SPEC, SPEC.arguments))
+    fresh.run(role(r.ROLE_FOLLOWER, 10, name))
+    group.pump()
+    return fresh
+
+
 def test_a_wiped_follower_is_caught_up_by_a_snapshot(tmp_path, shard_class):
     tmp = str(tmp_path)
     group = make_group(tmp, shard_class, Limits(keep_entries=2))
-    a, c = group.nodes["a"], group.nodes["c"]
+    a = group.nodes["a"]
     a.run(r.Get(2, QID, 60, False))
     for seq in range(1, 6):
         a.run(publish(seq, b"m%d" % seq))
@@ -403,12 +413,7 @@ def test_a_wiped_follower_is_caught_up_by_a_snapshot(tmp_path, shard_class):
     a.run(r.Settle(QID, 60, [1], r.SETTLE_REQUEUE))
     group.pump()
     assert a.confirmed == [1, 2, 3, 4, 5]
-    c.close()
-    fresh = Node("c", tmp + "/c-new", shard_class)
-    group.nodes["c"] = fresh
-    fresh.run(r.CreateQueue(1, QID, SPEC, SPEC.arguments))
-    fresh.run(role(r.ROLE_FOLLOWER, 10, "c"))
-    group.pump()
+    fresh = wiped(group, "c", tmp, shard_class)
     assert rows(fresh) == []  # too far behind: a snapshot, once out of the in-sync set
     shrink(group, "a", 20.0)
     assert rows(fresh) == rows(a) != []
@@ -430,26 +435,21 @@ def test_a_large_snapshot_goes_a_window_of_chunks_at_a_time(tmp_path, shard_clas
     ends with the leader's rows all the same."""
     tmp = str(tmp_path)
     group = make_group(tmp, shard_class, Limits(keep_entries=2))
-    a, c = group.nodes["a"], group.nodes["c"]
+    a = group.nodes["a"]
     body = b"s" * (600 << 10)  # two to a chunk
     for seq in range(1, 17):
         a.run(publish(seq, body + b"%d" % seq))
         group.pump()
-    c.close()
-    fresh = Node("c", tmp + "/c-new", shard_class)
-    group.nodes["c"] = fresh
-    fresh.run(r.CreateQueue(1, QID, SPEC, SPEC.arguments))
-    fresh.run(role(r.ROLE_FOLLOWER, 10, "c"))
-    group.pump()
+    fresh = wiped(group, "c", tmp, shard_class)
     a.shard.run_timers(20.0)  # out of the in-sync set: its snapshot starts
     group.waiting += [("a", frame) for frame in a.take()]
     (proposal,) = group.proposals("a")
     a.run(r.InSyncWritten(QID, proposal.epoch, proposal.nodes, True), 20.0)
-    chunks = [msgspec.msgpack.decode(f.payload) for f in a.take() if f.node == "c"]
-    chunks = [frame for frame in chunks if frame[0] == replicas.CHUNK]
+    frames = a.take()
+    group.waiting += [("a", frame) for frame in frames]
+    chunks = [frame for frame in frames if frame.node == "c"
+              and msgspec.msgpack.decode(frame.payload)[0] == replicas.CHUNK]
     assert len(chunks) == replicas.SNAPSHOT_WINDOW  # then it waits for the follower
-    group.waiting += [("a", r.ReplicaFrame(QID, "c", msgspec.msgpack.encode(frame)))
-                      for frame in chunks]
     a.run(r.Get(3, QID, 60, False))  # the queue changes under the snapshot: one acked
     a.run(r.Settle(QID, 60, [1], r.SETTLE_ACK))
     group.pump()
