@@ -336,7 +336,9 @@ class Replicas:
                                    [Entry(*entry) for entry in frame[4]])
         elif kind == CHUNK:
             out = follower.snapshot_chunk(frame[1], frame[2], frame[3], frame[4])
-            if out and type(out[-1]) is Apply:  # the leader sends more as we take them
+            if out and type(out[-1]) is Apply and len(frame) > 5:
+                # the leader sends more as we take them (one before the window
+                # came sends its chunks numberless, all at once)
                 self._send(qid, node, (TOOK, frame[1], frame[2], frame[5]))
         else:
             out = follower.snapshot_end(frame[1], frame[2], frame[3])
