@@ -1,7 +1,9 @@
 """End-to-end tests: each module runs once per gateway count of --gateways
 (default 1 and 2): whichever gateway process a client lands on, the broker must
 behave the same. A module marked run_once runs once (its brokers choose their
-gateway processes themselves); a test marked shard_side runs with the first count."""
+gateway processes themselves); a test marked shard_side runs with the first count,
+one marked most_gateways with the last (a broker-wide behaviour that spans the
+gateway processes: one gateway is its simpler case)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ def pytest_generate_tests(metafunc):
         counts = [int(n) for n in metafunc.config.getoption("--gateways").split(",")]
         if metafunc.definition.get_closest_marker("shard_side"):
             counts = counts[:1]
+        elif metafunc.definition.get_closest_marker("most_gateways"):
+            counts = counts[-1:]
         metafunc.parametrize("gateway_count", counts, indirect=True, scope="module",
                              ids=[f"gateways{n}" for n in counts])
 

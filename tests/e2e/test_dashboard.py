@@ -30,6 +30,8 @@ from ..support.broker import RunningBroker, managed_broker, wait_until
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="Playwright is not installed (pip install -e '.[test]')")
 expect = sync_api.expect
+# The figures the page shows are the root's, gathered from every gateway process
+pytestmark = pytest.mark.most_gateways
 
 TIMEOUT_MS = 30_000  # each wait for the page; it refreshes every 2 s in these tests
 expect.set_options(timeout=TIMEOUT_MS)

@@ -23,7 +23,8 @@ from ..support.confirmpublisher import ConfirmPublisher
 from ..support.rawclient import RawClient
 from .test_e2e_basic import shard_pids, shard_processes
 
-pytestmark = pytest.mark.slow  # started first: the two workers then finish together
+# started first (slow); the alarms are the root's, followed by every gateway
+pytestmark = [pytest.mark.slow, pytest.mark.most_gateways]
 
 MB = 1 << 20
 

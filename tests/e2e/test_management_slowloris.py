@@ -17,6 +17,9 @@ import pytest
 from ..support.broker import RunningBroker, wait_until
 from .test_management_api import call
 
+# HTTP is the root's; the AMQP clients beside it land on any gateway process
+pytestmark = pytest.mark.most_gateways
+
 DESCRIPTORS = 256  # the broker's limit, soft and hard: HTTP may hold 64 of them
 PER_ADDRESS = 8
 TIMEOUT = 4.0
