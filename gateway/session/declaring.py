@@ -206,7 +206,8 @@ class Declaring:
         self.state.allow("configure", "queue", name)
         existing = vhost.queues.get(name)
         if existing is not None:
-            self.state.link(existing)  # 404 while its node is down, before any 406
+            if not self.state.between_leaders(existing):
+                self.state.link(existing)  # 404 while its node is down, before any 406
             self.state.check_exclusive(existing, redeclared_exclusive=method.exclusive)
         else:
             self._writable(f"declare {queue_name(vhost.name, name)}")
@@ -246,11 +247,15 @@ class Declaring:
             return
 
         def answered(reply: r.Reply) -> None:
+            if reply.refused == r.Refusal.SHARD_DOWN and self.state.between_leaders(meta):
+                reply = r.Reply(0)  # its leader went meanwhile
             if reply.refused:
                 raise self.state.refusal(reply.refused, meta)
             self.state.send(m.QueueDeclareOk(queue=meta.spec.name, message_count=reply.message_count,
                                        consumer_count=reply.consumer_count))
 
+        if self.state.between_leaders(meta):
+            return answered(r.Reply(0))
         self.request(self.state.link(meta), lambda req: r.QueueStatus(req, meta.qid), answered)
 
     def queue_bind(self, method: m.QueueBind) -> None:

@@ -195,6 +195,13 @@ class ChannelState:
             return home_node_down(node, meta.spec.vhost, meta.spec.name)
         return refusal_error(refused, meta.spec.vhost, meta.spec.name)
 
+    def between_leaders(self, meta: QueueMeta) -> bool:
+        """A replicated queue whose leader is out of reach (an election, or no
+        majority): RabbitMQ declares it all the same, counting nothing."""
+        link = self.broker.link(meta.shard)
+        return meta.spec.queue_type == "quorum" and not link.alive \
+            and getattr(link, "node", None) is not None
+
     def link(self, meta: QueueMeta) -> Shard:
         """The queue's shard; 404 when it is on a node that is out of reach."""
         link = self.broker.link(meta.shard)

@@ -330,3 +330,36 @@ def test_rows_of_a_queue_left_or_deleted_while_a_node_was_down_go_at_its_return(
     assert held() == [0, 0]
     down.start()
     wait_for(lambda: all(len(n.running_nodes()) == 3 for n in cluster.nodes), 30, "all running")
+
+
+def test_a_queue_between_leaders_is_declared_counting_nothing_as_rabbitmq_does(cluster):
+    """Its only member's node stopped: a declaration through another node, passive
+    or not, is answered (0 messages, 0 consumers), as RabbitMQ answers it; a get
+    is 404 (RabbitMQ closes the connection with 541)."""
+    n1, n2, n3 = cluster.nodes
+    arguments = {**QUORUM, "x-quorum-initial-group-size": 1,
+                 "x-queue-leader-locator": "client-local"}
+    declare(n3, "stranded", arguments)
+    publish(n3, "stranded", 3)
+    n3.stop()
+    try:
+        wait_for(lambda: "n3" not in n1.running_nodes(), 15, "n3 seen down")
+        connection = connect(n1)
+        channel = connection.channel()
+        ok = channel.queue_declare("stranded", passive=True).method
+        assert (ok.message_count, ok.consumer_count) == (0, 0)
+        ok = channel.queue_declare("stranded", durable=True, arguments=arguments).method
+        assert (ok.queue, ok.message_count) == ("stranded", 0)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.basic_get("stranded")
+        assert refused.value.reply_code == 404
+        assert connection.is_open
+        connection.close()
+    finally:
+        n3.start()
+        wait_for(lambda: all(len(n.running_nodes()) == 3 for n in cluster.nodes), 30,
+                 "all running")
+    connection = connect(n1)
+    assert wait_for(lambda: connection.channel().queue_declare(
+        "stranded", passive=True).method.message_count == 3, 15, "its leader back")
+    connection.close()
