@@ -13,6 +13,7 @@ import pytest
 
 from ..support import broker as brokers
 from ..support.broker import RunningBroker
+from ..support.checker import FAULT_ROWS, HEADER
 
 
 def pytest_generate_tests(metafunc):
@@ -25,6 +26,15 @@ def pytest_generate_tests(metafunc):
             counts = counts[-1:]
         metafunc.parametrize("gateway_count", counts, indirect=True, scope="module",
                              ids=[f"gateways{n}" for n in counts])
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """The fault rounds' table (test_quorum_faults.py), when this process ran them."""
+    rows = config.stash.get(FAULT_ROWS, [])
+    if rows:
+        terminalreporter.write_sep("-", f"{len(rows)} fault rounds")
+        for line in [HEADER, *rows]:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import pika
 import pytest
 
-from ..support.checker import HEADER, Workload, check, drain, leaders
+from ..support.checker import FAULT_ROWS, HEADER, Workload, check, drain, leaders
 from ..support.cluster import Cluster, Node, wait_for
 from ..support.netns import Namespace
 
@@ -158,14 +158,9 @@ def cluster(tmp_path_factory, namespace):
 
 @pytest.fixture(scope="module")
 def table(request):
-    """The rounds' rows, printed as one table once the module's rounds are done."""
-    rows: list[str] = []
-    yield rows
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and rows:
-        reporter.write_line("")
-        for line in [HEADER, *rows]:
-            reporter.write_line(line)
+    """The rounds' rows: printed as one table at the end of the run
+    (tests/e2e/conftest.py; a worker of -n N has no terminal of its own)."""
+    return request.config.stash.setdefault(FAULT_ROWS, [])
 
 
 def heal(cluster: Cluster, namespace: Namespace | None) -> None:

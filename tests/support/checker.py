@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import pika
 import pika.exceptions
+import pytest
 
 from warren.gateway.amqp import frames
 from warren.gateway.amqp import methods as m
@@ -315,6 +316,8 @@ class Report:
         return (f"{round_name:<24} {fault:<42} {self.confirmed:>9} {len(self.lost):>5} "
                 f"{self.duplicates:>5} {self.stall:>7.2f} {failover:>8}")
 
+
+FAULT_ROWS = pytest.StashKey[list]()  # the run's rounds, for the table at its end
 
 HEADER = (f"{'round':<24} {'fault':<42} {'confirmed':>9} {'lost':>5} {'dupes':>5} "
           f"{'stall s':>7} {'failover':>8}")
