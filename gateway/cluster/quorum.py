@@ -65,7 +65,7 @@ class Replicas:
         for record in list(self.groups.values()):
             if node.name in record.members:
                 self.elections.join(*_group(record), record.members)
-        for link in node.gateway.shards.links[:node.members.local_shards]:
+        for link in node.gateway.shards.local():
             self._sweep(link)
 
     async def stop(self) -> None:
