@@ -341,6 +341,7 @@ class WarrenCluster:
                                        f"{self.tmp}")
             for url in self.urls:
                 _wait_amqp(url, 60.0)
+            _wait_linked(self.urls, 60.0)
         except BaseException:
             self.stop()
             raise
@@ -385,6 +386,35 @@ def _wait_amqp(url: str, timeout: float) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def _wait_linked(urls: list[str], timeout: float) -> None:
+    """Until every node reaches a queue on every other: a node accepts clients
+    before its links to the others are up, and a queue on a node it has no link
+    to yet answers 404 (its node out of reach). A probe queue on each node (the
+    nodes place queues where they are declared), declared passively through
+    the others, then deleted."""
+    deadline = time.monotonic() + timeout
+    for home, url in enumerate(urls):
+        probe = f"warren.bench.linked.{home}"
+        client = FastClient(url, timeout=5)
+        client.queue_declare(client.open_channel(), probe, durable=True)
+        for other in urls:
+            if other == url:
+                continue
+            while True:
+                peer = FastClient(other, timeout=5)
+                try:
+                    peer.queue_declare(peer.open_channel(), probe, passive=True)
+                    break
+                except AMQPError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+                finally:
+                    peer.abort()
+        client.queue_delete(client.open_channel(), probe)
+        client.close()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
