@@ -14,7 +14,7 @@ import pytest
 
 from warren.gateway.cluster import layout
 
-from ..support.cluster import Cluster, connect, wait_for
+from ..support.cluster import Cluster, connect, consume_until, wait_for
 
 pytestmark = [pytest.mark.run_once, pytest.mark.slow]
 
@@ -41,26 +41,6 @@ def publish(node, queue: str, bodies) -> None:
             channel.basic_publish("", queue, body, PERSISTENT, mandatory=True)
     finally:
         connection.close()
-
-
-def consume_all(node, queue: str, expected: set[bytes], timeout: float = 20.0) -> set[bytes]:
-    """Consume until every body of `expected` came (duplicates allowed), acking."""
-    connection = connect(node)
-    got: set[bytes] = set()
-    try:
-        channel = connection.channel()
-        channel.basic_qos(prefetch_count=200)
-        for method, _, body in channel.consume(queue, inactivity_timeout=timeout):
-            if method is None:
-                break
-            got.add(body)
-            channel.basic_ack(method.delivery_tag)
-            if expected <= got:
-                break
-        channel.cancel()
-    finally:
-        connection.close()
-    return got
 
 
 def shown(node, queue: str) -> dict:
@@ -132,7 +112,7 @@ def test_replicated_queue_survives_its_leaders_nodes(cluster):
     publish(through, "rq", [b"after"])
     watching.basic_consume("rq", lambda *delivery: None)
     watcher.close()  # (its unacked delivery back in the queue)
-    assert first | {b"after"} <= consume_all(through, "rq", first | {b"after"})
+    assert first | {b"after"} <= consume_until(through, "rq", first | {b"after"})
 
     # The old leader comes back as a follower; then the new leader's node dies too.
     more = {f"k{i}".encode() for i in range(100)}
@@ -149,7 +129,7 @@ def test_replicated_queue_survives_its_leaders_nodes(cluster):
                      and group(cluster, "rq")[0], 15, "a third leader")
     wait_for(lambda: shown(last, "rq")["leader"] == third, 10,
              "the route moved again")
-    assert more <= consume_all(last, "rq", more)
+    assert more <= consume_until(last, "rq", more)
 
     # Deleted through the running node that does not lead: its group's keys go too.
     follower = next(node for node in cluster.nodes if node.name not in (second, third))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Collection
+import contextlib
+from collections.abc import AsyncIterator, Collection
 
 import pytest
 
@@ -98,6 +99,17 @@ async def nodes(endpoint: str, tell_lease_lost: bool = True,
     return made
 
 
+@contextlib.asynccontextmanager
+async def started(endpoint: str, tell_lease_lost: bool = True,
+                  regrant: bool = False) -> AsyncIterator[list[Node]]:
+    """The three nodes, started, and stopped however the scenario ends."""
+    all_nodes = await nodes(endpoint, tell_lease_lost, regrant)
+    try:
+        yield all_nodes
+    finally:
+        await stop(all_nodes)
+
+
 async def stop(all_nodes: list[Node]) -> None:
     for node in all_nodes:
         await node.stop()
@@ -124,8 +136,7 @@ def one_leader(all_nodes: list[Node], name: str) -> Node | None:
 
 def test_one_leader_and_another_in_sync_member_once_its_lease_is_gone(etcd_server):
     async def scenario():
-        all_nodes = await nodes(etcd_server.endpoint)
-        try:
+        async with started(etcd_server.endpoint) as all_nodes:
             await group(all_nodes, "q")
             await until(lambda: one_leader(all_nodes, "q"), message="one leader")
             old = one_leader(all_nodes, "q")
@@ -145,24 +156,19 @@ def test_one_leader_and_another_in_sync_member_once_its_lease_is_gone(etcd_serve
             assert old.told["q"].index(g.Deposed(epoch)) == old.told["q"].index(
                 g.Leading(epoch)) + 1
             assert await old.elections.set_in_sync(VHOST, "q", NAMES) is False
-        finally:
-            await stop(all_nodes)
 
     run(scenario())
 
 
 def test_a_node_of_no_group_hears_each_of_its_leaders(etcd_server):
     async def scenario():
-        all_nodes = await nodes(etcd_server.endpoint)
-        a, b, c = all_nodes
-        try:
+        async with started(etcd_server.endpoint) as all_nodes:
+            a, b, c = all_nodes
             await group(all_nodes, "q", members=("a", "b"))
             await until(lambda: c.leaders.get("q", [""])[-1] == "a", message="c hears of a")
             await a.etcd.revoke(a.lease.id)
             await until(lambda: c.leaders["q"][-1] == "b", timeout=15, message="then of b")
             assert c.told.get("q") is None  # no member: told no role
-        finally:
-            await stop(all_nodes)
 
     run(scenario())
 
@@ -194,9 +200,8 @@ def test_a_node_restarted_before_its_lease_ran_out_does_not_lead_its_old_epoch(e
 
 def test_a_node_out_of_the_in_sync_set_never_leads(etcd_server):
     async def scenario():
-        all_nodes = await nodes(etcd_server.endpoint)
-        a, b, c = all_nodes
-        try:
+        async with started(etcd_server.endpoint) as all_nodes:
+            a, b, c = all_nodes
             await group(all_nodes, "q")
             await until(lambda: one_leader(all_nodes, "q") is a, message="a leads")
             assert await a.elections.set_in_sync(VHOST, "q", ("a", "c"))
@@ -209,8 +214,6 @@ def test_a_node_out_of_the_in_sync_set_never_leads(etcd_server):
             assert not b.led("q") and one_leader(all_nodes, "q") is c
             kv = await b.etcd.get(LAYOUT.group_leader(VHOST, "q"))
             assert kv is not None and kv.value == b'{"node":"c"}'
-        finally:
-            await stop(all_nodes)
 
     run(scenario())
 
@@ -219,9 +222,8 @@ def test_a_deposed_leader_that_has_not_heard_of_it_cannot_write_the_in_sync_set(
     async def scenario():
         # a's lease loss is not told to its elections, and its watch stops: it
         # believes it leads until etcd refuses its write
-        all_nodes = await nodes(etcd_server.endpoint, tell_lease_lost=False)
-        a = all_nodes[0]
-        try:
+        async with started(etcd_server.endpoint, tell_lease_lost=False) as all_nodes:
+            a = all_nodes[0]
             await group(all_nodes, "q")
             await until(lambda: one_leader(all_nodes, "q") is a, message="a leads")
             epoch = a.led("q")[-1]
@@ -236,8 +238,6 @@ def test_a_deposed_leader_that_has_not_heard_of_it_cannot_write_the_in_sync_set(
             assert isinstance(a.role("q"), g.Following)
             kv = await a.etcd.get(LAYOUT.group_isr(VHOST, "q"))
             assert kv is not None and b'"a"' in kv.value and b'"b"' in kv.value
-        finally:
-            await stop(all_nodes)
 
     run(scenario())
 
@@ -274,8 +274,7 @@ def test_an_etcd_restart_leaves_one_leader_and_no_error(etcd_server, caplog):
         errors: list[dict] = []
         asyncio.get_running_loop().set_exception_handler(lambda _loop, error:
                                                          errors.append(error))
-        all_nodes = await nodes(etcd_server.endpoint, regrant=True)
-        try:
+        async with started(etcd_server.endpoint, regrant=True) as all_nodes:
             await group(all_nodes, "q")
             await until(lambda: one_leader(all_nodes, "q") is not None, message="one leader")
             old = one_leader(all_nodes, "q")
@@ -292,8 +291,6 @@ def test_an_etcd_restart_leaves_one_leader_and_no_error(etcd_server, caplog):
                         message="an election after the restart")
             await until(lambda: one_leader(all_nodes, "q") is not None, timeout=15,
                         message="one leader of the first group")
-        finally:
-            await stop(all_nodes)
         assert not errors, errors
 
     run(scenario())
@@ -301,8 +298,7 @@ def test_an_etcd_restart_leaves_one_leader_and_no_error(etcd_server, caplog):
 
 def test_a_compaction_while_the_watches_were_down_reloads_the_groups(etcd_server):
     async def scenario():
-        all_nodes = await nodes(etcd_server.endpoint, regrant=True)
-        try:
+        async with started(etcd_server.endpoint, regrant=True) as all_nodes:
             await group(all_nodes, "q")
             await until(lambda: one_leader(all_nodes, "q") is not None, message="one leader")
             old = one_leader(all_nodes, "q")
@@ -325,17 +321,14 @@ def test_a_compaction_while_the_watches_were_down_reloads_the_groups(etcd_server
             assert not [e for e in old.led("q") if e > epoch]
             for node in all_nodes:
                 assert node.elections.views[(VHOST, "q")].in_sync == tuple(others)
-        finally:
-            await stop(all_nodes)
 
     run(scenario())
 
 
 def test_a_leader_that_leaves_steps_down_and_a_deleted_group_deposes_its_leader(etcd_server):
     async def scenario():
-        all_nodes = await nodes(etcd_server.endpoint)
-        a, b, c = all_nodes
-        try:
+        async with started(etcd_server.endpoint) as all_nodes:
+            a, b, c = all_nodes
             await group(all_nodes, "q")
             await until(lambda: one_leader(all_nodes, "q") is a, message="a leads")
             a.elections.leave(VHOST, "q")
@@ -348,7 +341,5 @@ def test_a_leader_that_leaves_steps_down_and_a_deleted_group_deposes_its_leader(
             assert not (await b.etcd.range(LAYOUT.group_key(VHOST, "q")))[0]
             await until(lambda: (VHOST, "q") not in a.elections.views,
                         message="a, no member, forgets the deleted group")
-        finally:
-            await stop(all_nodes)
 
     run(scenario())

@@ -19,7 +19,7 @@ import pytest
 from warren.gateway.cluster import layout
 from warren.storage.inspect import _ShardView
 
-from ..support.cluster import PREFIX, Cluster, connect, wait_for
+from ..support.cluster import PREFIX, Cluster, connect, consume_until, wait_for
 
 pytestmark = [pytest.mark.run_once, pytest.mark.slow]
 
@@ -146,26 +146,7 @@ def test_a_queue_of_one_member_is_a_group_that_grows(cluster):
     assert removed.returncode == 0, removed.stderr
     wait_for(lambda: n1.api("queues/%2F/alone")["leader"] == other, 15, "the new member leads")
     expected = {f"m{i}".encode() for i in range(20)}
-    assert consume(n1, "alone", expected) == expected
-
-
-def consume(node, queue: str, expected: set[bytes]) -> set[bytes]:
-    """Consume until every body of `expected` came (others may come too), acking."""
-    connection = connect(node)
-    got: set[bytes] = set()
-    try:
-        channel = connection.channel()
-        for method, _, body in channel.consume(queue, inactivity_timeout=10):
-            if method is None:
-                break
-            got.add(body)
-            channel.basic_ack(method.delivery_tag)
-            if expected <= got:
-                break
-        channel.cancel()
-    finally:
-        connection.close()
-    return got
+    assert consume_until(n1, "alone", expected, timeout=10) == expected
 
 
 def publish_until(node, stop: threading.Event, acked: set[bytes]) -> None:
@@ -237,7 +218,7 @@ def test_a_member_added_catches_up_and_one_removed_leaves(cluster):
     wait_for(lambda: n1.api("queues/%2F/grown")["leader"] == last, 10, "routed to it")
     first = {f"m{i}".encode() for i in range(30)} | {f"after{i}".encode() for i in range(5)}
     expected = first | acked
-    assert consume(n2, "grown", expected) >= expected
+    assert consume_until(n2, "grown", expected, timeout=10) >= expected
     refused = ctl(n1, "delete_member", "grown", last)
     assert (refused.returncode, refused.stderr) == (69, "Error: last_node\n")
 

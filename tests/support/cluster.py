@@ -151,3 +151,23 @@ def connect(node) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.ConnectionParameters(
         "127.0.0.1", node.port, credentials=pika.PlainCredentials("guest", "guest"),
         connection_attempts=1))
+
+
+def consume_until(node, queue: str, expected: set[bytes], timeout: float = 20.0) -> set[bytes]:
+    """Consume until every body of `expected` came (duplicates allowed), acking."""
+    connection = connect(node)
+    got: set[bytes] = set()
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=200)
+        for method, _, body in channel.consume(queue, inactivity_timeout=timeout):
+            if method is None:
+                break
+            got.add(body)
+            channel.basic_ack(method.delivery_tag)
+            if expected <= got:
+                break
+        channel.cancel()
+    finally:
+        connection.close()
+    return got
