@@ -9,15 +9,10 @@ last index and the durable index each follower acknowledged); POST and DELETE
 
 from __future__ import annotations
 
-import asyncio
 import re
-
-from warren.shards import records as r
 
 from .http import Request, Response, bad_request, flag, not_found
 from .rights import require_admin
-
-ASK_TIMEOUT = 2.0  # seconds the leader's shard has to answer
 
 
 async def quorum_status(management, request: Request, rest: list[str]) -> Response:
@@ -142,14 +137,7 @@ def _row(node: str, state: str, log_index: int | None, commit_index: int | None,
 async def _leader_indexes(management, meta) -> list[int] | None:
     """The leader's shard's row tail (epoch, commit index, members' indexes), or
     None when it does not answer or no longer leads."""
-    future = asyncio.get_running_loop().create_future()
-    management.gateway.shards[meta.shard].request(
-        lambda req: r.QueueInfo(req, [meta.qid]),
-        lambda reply: future.done() or future.set_result(reply))
-    try:
-        reply = await asyncio.wait_for(future, ASK_TIMEOUT)
-    except TimeoutError:
-        return None
-    if type(reply) is not r.QueueInfoReply or not reply.queues:
+    reply = await management.sampler.ask(management.gateway.shards[meta.shard], [meta.qid])
+    if reply is None or not reply.queues:
         return None
     return management.sampler.figure(reply.queues[0]).get("replication")

@@ -18,6 +18,7 @@ from .rates import SAMPLE_INTERVAL, Rates
 log = logging.getLogger("warren.management")
 
 COUNTED = ("published", "delivered", "redelivered", "acked")  # per queue, with rates
+ASK_TIMEOUT = 2.0  # seconds a shard has to answer a QueueInfo
 
 
 class Sampler:
@@ -38,25 +39,28 @@ class Sampler:
                                               {name: values[name] for name in COUNTED})
         return figures
 
+    async def ask(self, link, qids: list[int]) -> r.QueueInfoReply | None:
+        """A shard's QueueInfoReply for these queues (all of them when empty); None
+        when the shard is down or does not answer within ASK_TIMEOUT."""
+        future = asyncio.get_running_loop().create_future()
+        link.request(lambda req: r.QueueInfo(req, qids),
+                     lambda reply: future.done() or future.set_result(reply))
+        try:
+            reply = await asyncio.wait_for(future, ASK_TIMEOUT)
+        except TimeoutError:
+            return None
+        return reply if type(reply) is r.QueueInfoReply else None
+
     async def _queue_info(self) -> dict[int, dict]:
         """Per qid, the shards' QueueInfo fields (a shard that is down or does not
-        answer within 2 s leaves its queues out)."""
-        loop = asyncio.get_running_loop()
-        futures = []
-        for link in self.gateway.shards:
-            future = loop.create_future()
-            futures.append((link.index, future))
-            link.request(lambda req: r.QueueInfo(req, []),
-                         lambda reply, f=future: f.done() or f.set_result(reply))
+        answer leaves its queues out)."""
+        links = list(self.gateway.shards)
+        replies = await asyncio.gather(*(self.ask(link, []) for link in links))
         figures: dict[int, dict] = {}
-        for index, future in futures:
-            try:
-                reply = await asyncio.wait_for(future, 2.0)
-            except TimeoutError:
+        for link, reply in zip(links, replies):
+            if reply is None:
                 continue
-            if type(reply) is not r.QueueInfoReply:
-                continue  # the shard is down
-            self.shard_fsyncs[index] = (reply.fsyncs, reply.messages)
+            self.shard_fsyncs[link.index] = (reply.fsyncs, reply.messages)
             for entry in reply.queues:
                 figures[entry[0]] = self.figure(entry)
         return figures
