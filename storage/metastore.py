@@ -145,8 +145,11 @@ class MetaStore:
             txn.put(_NEXT_QID, seal(self._encode(qid + 1)), db=self._dbs["counters"])
         return qid
 
-    def set_next_qid(self, qid: int) -> None:
-        self._put("counters", _NEXT_QID, qid)
+    def raise_next_qid(self, at_least: int) -> None:
+        """The next queue id is at least `at_least` (ids already taken elsewhere)."""
+        with self.env.begin(write=True) as txn:
+            if self._counter(txn, _NEXT_QID, 1) < at_least:
+                txn.put(_NEXT_QID, seal(self._encode(at_least)), db=self._dbs["counters"])
 
     def stores(self) -> set[int] | None:
         """The shard stores (K of DATA/shard-K) this directory has had; None before

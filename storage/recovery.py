@@ -238,7 +238,7 @@ def _rebuild(meta: MetaStore, orphans: list[StoreReport], shard_paths: dict[int,
             top = max(top, qid)
     for name in vhosts:
         meta.put_vhost(VHostDef(name))
-    meta.set_next_qid(max(top + 1, meta.load().next_qid))
+    meta.raise_next_qid(top + 1)
     return [f"rebuilt {meta.env.path()} from the shard stores: {queues} queues with {messages} "
             f"messages in {len(vhosts)} vhosts ({', '.join(sorted(vhosts))})",
             "lost with the old meta/: users and permissions (the default user is created "

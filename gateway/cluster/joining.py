@@ -50,5 +50,4 @@ def never_reuse_ids(catalogue, number: int) -> None:
     queue's id names its group on every member)."""
     taken = [qid - catalogue.qid_base for qid in catalogue.queues_by_qid if qid >> 52 == number]
     if taken:
-        meta = catalogue.meta
-        meta.set_next_qid(max(max(taken) + 1, meta.load().next_qid))
+        catalogue.meta.raise_next_qid(max(taken) + 1)

@@ -281,3 +281,12 @@ def test_what_is_stored_loads_back_the_same(tmp_path):
     assert (vhost.queues["kept"].qid, vhost.queues["kept"].shard) == (meta.qid, meta.shard)
     routed = loaded.route(vhost, vhost.exchanges["x"], "k", dict)
     assert [m.spec.name for m in routed] == ["kept"]
+
+
+def test_the_next_queue_id_is_raised_never_lowered(tmp_path):
+    meta = MetaStore(str(tmp_path / "meta"))
+    assert meta.allocate_qid() == 1
+    meta.raise_next_qid(10)  # ids up to 9 are taken elsewhere (etcd, the shard stores)
+    meta.raise_next_qid(5)
+    assert meta.allocate_qid() == 10
+    assert meta.load().next_qid == 11
